@@ -1,0 +1,3 @@
+from attnviz.cli import main
+
+main()

@@ -1,0 +1,478 @@
+"""Checkpoint files → named tensors, lazily and safely.
+
+A `TensorStore` answers shapes and dtypes without reading tensor data (safetensors headers are
+parsed here, with size caps, before the library ever maps the file) and reads a tensor, or a block
+of its rows, only when asked. Pickle checkpoints go through `torch.load(weights_only=True)` only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import struct
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnviz.errors import CheckpointError, UsageError, printable
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_HEADER_BYTES = 64 * 1024 * 1024  # a 100 GB checkpoint's header is well under 1 MB
+MAX_TENSORS = 200_000
+MAX_ZIP_ENTRIES = 500_000
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+SAFETENSORS_SUFFIX = ".safetensors"
+MIN_TORCH_FOR_PICKLES = (2, 10)
+
+# safetensors dtype name → bytes per element
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3"})
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: str  # safetensors dtype name
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class TensorStore:
+    """Named tensors of one checkpoint. Subclasses implement `_info` and `_read`."""
+
+    def __init__(self, source: str, fmt: str, config: dict[str, Any] | None = None) -> None:
+        self.source = source
+        self.format = fmt
+        self.config: dict[str, Any] = config or {}
+        self.metadata: dict[str, str] = {}
+        self._names: dict[str, str] = {}  # normalized name → raw name
+
+    def _set_names(self, raw_names: Iterable[str]) -> None:
+        self._names = normalize_names(raw_names)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names
+
+    def info(self, name: str) -> TensorInfo:
+        return self._info(self._raw(name))
+
+    def read(self, name: str) -> torch.Tensor:
+        """The whole tensor, on the CPU."""
+        return self._read(self._raw(name), None)
+
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of the first axis (reading only those rows where the format can)."""
+        return self._read(self._raw(name), (start, stop))
+
+    def _raw(self, name: str) -> str:
+        try:
+            return self._names[name]
+        except KeyError:
+            raise CheckpointError(
+                f"tensor {printable(name)!r} is not in the checkpoint", "", self.source
+            ) from None
+
+    def _info(self, raw: str) -> TensorInfo:
+        raise NotImplementedError
+
+    def _read(self, raw: str, rows: tuple[int, int] | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def normalize_names(raw_names: Iterable[str]) -> dict[str, str]:
+    """Strip wrapper prefixes (DDP's `module.`, torch.compile's `_orig_mod.`) all names share."""
+    raw = list(raw_names)
+    names = {name: name for name in raw}
+    for prefix in WRAPPER_PREFIXES:
+        if raw and all(name.startswith(prefix) for name in names):
+            names = {name[len(prefix) :]: original for name, original in names.items()}
+    return names
+
+
+class DictStore(TensorStore):
+    """Tensors already in memory (random initialization, tests)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], source: str = "<memory>",
+                 fmt: str = "memory", config: dict[str, Any] | None = None) -> None:
+        super().__init__(source, fmt, config)
+        self._tensors = dict(tensors)
+        self._set_names(self._tensors)
+
+    def _info(self, raw: str) -> TensorInfo:
+        tensor = self._tensors[raw]
+        return TensorInfo(tuple(tensor.shape), torch_dtype_name(tensor.dtype))
+
+    def _read(self, raw: str, rows: tuple[int, int] | None) -> torch.Tensor:
+        tensor = self._tensors[raw]
+        return tensor if rows is None else tensor[rows[0] : rows[1]]
+
+
+def torch_dtype_name(dtype: Any) -> str:
+    """safetensors' name for a torch dtype ("F32" for torch.float32)."""
+    import torch
+
+    names = {
+        torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+        torch.uint8: "U8", torch.bool: "BOOL",
+    }  # fmt: skip
+    return names.get(dtype, str(dtype).removeprefix("torch."))
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors
+
+
+def _check_regular_file(path: Path) -> os.stat_result:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the file: {exc.strerror}", "check the path",
+                              printable(str(path))) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError("not a regular file", "pass a checkpoint file or model folder",
+                              printable(str(path)))
+    return st
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
+    """Parse and validate a safetensors header: (tensors, metadata, data start)."""
+    where = printable(str(path))
+    size = _check_regular_file(path).st_size
+    bad = "the file is not a valid safetensors checkpoint"
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{bad}: shorter than its 8-byte header length", "", where)
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > MAX_HEADER_BYTES:
+            raise CheckpointError(f"{bad}: header of {header_len} bytes exceeds the "
+                                  f"{MAX_HEADER_BYTES}-byte limit", "", where)
+        if 8 + header_len > size:
+            raise CheckpointError(f"{bad}: header runs past the end of the file (truncated?)",
+                                  "", where)
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{bad}: header is not valid UTF-8 JSON", "", where) from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{bad}: header is not a JSON object", "", where)
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise CheckpointError(f"{bad}: __metadata__ must map strings to strings", "", where)
+    if len(header) > MAX_TENSORS:
+        raise CheckpointError(f"{bad}: {len(header)} tensors exceed the limit of {MAX_TENSORS}",
+                              "", where)
+    data_len = size - 8 - header_len
+    tensors = {name: _parse_entry(name, entry, data_len, where) for name, entry in header.items()}
+    _check_offsets(header, data_len, where)
+    return tensors, metadata, 8 + header_len
+
+
+def _parse_entry(name: str, entry: Any, data_len: int, where: str) -> TensorInfo:
+    bad = f"the safetensors header entry for {printable(name)!r} is invalid"
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{bad}: not an object", "", where)
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_SIZES:
+        raise CheckpointError(f"{bad}: unknown dtype {printable(str(dtype))!r}", "", where)
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise CheckpointError(f"{bad}: shape must be a list of non-negative integers", "", where)
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(type(n) is int for n in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_len):
+        raise CheckpointError(f"{bad}: data offsets outside the file's data", "", where)
+    if offsets[1] - offsets[0] != math.prod(shape) * DTYPE_SIZES[dtype]:
+        raise CheckpointError(f"{bad}: shape {tuple(shape)} of {dtype} does not match its "
+                              f"{offsets[1] - offsets[0]} bytes", "", where)
+    return TensorInfo(tuple(shape), dtype)
+
+
+def _check_offsets(header: dict[str, Any], data_len: int, where: str) -> None:
+    spans = sorted(tuple(entry["data_offsets"]) for entry in header.values())
+    end = 0
+    for begin, stop in spans:
+        if begin < end:
+            raise CheckpointError("the file is not a valid safetensors checkpoint: tensors "
+                                  "overlap", "", where)
+        end = max(end, stop)
+
+
+class SafetensorsStore(TensorStore):
+    """A .safetensors file: header parsed up front, data memory-mapped on first read."""
+
+    def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
+        super().__init__(printable(str(path)), "safetensors", config)
+        self.path = path
+        self._tensors, self.metadata, _ = read_safetensors_header(path)
+        self._handle: Any = None
+        self._set_names(self._tensors)
+
+    def _info(self, raw: str) -> TensorInfo:
+        return self._tensors[raw]
+
+    def _read(self, raw: str, rows: tuple[int, int] | None) -> torch.Tensor:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            if self._handle is None:
+                self._handle = safe_open(str(self.path), framework="pt", device="cpu")
+            if rows is None:
+                return self._handle.get_tensor(raw)
+            return self._handle.get_slice(raw)[rows[0] : rows[1]]
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"cannot read tensor {printable(raw)!r}: "
+                                  f"{type(exc).__name__}", "the file may be damaged",
+                                  self.source) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# torch pickles
+
+
+def check_torch_zip(path: Path) -> bool:
+    """Refuse zip checkpoints that could decompress into a bomb or lie about sizes.
+
+    Returns False for files that are not zip archives (legacy torch format or raw pickles).
+    """
+    where = printable(str(path))
+    size = _check_regular_file(path).st_size
+    if not zipfile.is_zipfile(path):
+        return False
+    bad = "the file is not a safe PyTorch zip checkpoint"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        raise CheckpointError(f"{bad}: damaged zip directory", "", where) from None
+    if len(entries) > MAX_ZIP_ENTRIES:
+        raise CheckpointError(f"{bad}: {len(entries)} entries", "", where)
+    tops = set()
+    for entry in entries:
+        parts = entry.filename.split("/")
+        if entry.filename.startswith("/") or ".." in parts or "\\" in entry.filename:
+            raise CheckpointError(f"{bad}: entry name {printable(entry.filename)!r}", "", where)
+        tops.add(parts[0])
+        if entry.compress_type != zipfile.ZIP_STORED or entry.compress_size != entry.file_size:
+            raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} is compressed "
+                                  "(torch never compresses; this may be a decompression bomb)",
+                                  "re-save it with torch.save or convert it to safetensors", where)
+        if entry.header_offset + entry.file_size > size:
+            raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} claims more bytes "
+                                  "than the file holds", "", where)
+    if len(tops) > 1:
+        raise CheckpointError(f"{bad}: entries under several top folders", "", where)
+    return True
+
+
+def _require_safe_torch() -> None:
+    import torch
+
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if version < MIN_TORCH_FOR_PICKLES:
+        raise CheckpointError(
+            f"loading pickle checkpoints safely needs torch >= 2.10, this is {torch.__version__}",
+            "upgrade torch, or convert the checkpoint to .safetensors",
+        )
+
+
+def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a torch pickle, with weights_only=True always passed explicitly."""
+    import pickle
+
+    import torch
+
+    _require_safe_torch()
+    where = printable(str(path))
+    is_zip = check_torch_zip(path)
+    try:
+        # weights_only is passed explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD only overrides a
+        # missing argument. No pickle_module, no safe globals, and no retry without it.
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"refused to unpickle: the file needs {_unsafe_globals(path)}, which could run code",
+            "convert it to .safetensors in a trusted environment", where) from None
+    except Exception as exc:  # torch raises many types for damaged files; none are ours to show
+        raise CheckpointError(f"not a readable PyTorch checkpoint ({type(exc).__name__})",
+                              "check that the file is a complete torch.save output",
+                              where) from None
+    tensors = flatten_state_dict(obj)
+    if not tensors:
+        raise CheckpointError("the checkpoint holds no tensors", "", where)
+    return tensors
+
+
+def _unsafe_globals(path: Path) -> str:
+    import torch
+
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:
+        names = []
+    if not names:
+        return "objects that are not plain tensors"
+    shown = ", ".join(printable(name, 60) for name in names[:3])
+    return f"the global{'s' if len(names) > 1 else ''} {shown}"
+
+
+def flatten_state_dict(obj: Any) -> dict[str, torch.Tensor]:
+    """Find the state dict inside a loaded checkpoint ({"state_dict": …}, {"model": …}, bare)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):  # unreachable with weights_only, kept for clarity
+        return {}
+    if not isinstance(obj, Mapping):
+        return {}
+    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if tensors:
+        return tensors
+    for key in NESTING_KEYS:
+        if isinstance(obj.get(key), Mapping):
+            found = flatten_state_dict(obj[key])
+            if found:
+                return found
+    return {}
+
+
+class PickleStore(DictStore):
+    """A .pt/.pth/.bin file loaded with weights_only=True (zip files memory-mapped)."""
+
+    def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
+        super().__init__(load_pickle_tensors(path), printable(str(path)), "torch", config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face folders
+
+
+class ShardedStore(TensorStore):
+    """Several files behind one name space (an HF index); shards are opened on first use."""
+
+    def __init__(self, folder: Path, weight_map: dict[str, str], fmt: str,
+                 config: dict[str, Any] | None) -> None:
+        super().__init__(printable(str(folder)), fmt, config)
+        self.folder = folder
+        self._weight_map = weight_map
+        self._shards: dict[str, TensorStore] = {}
+        self._set_names(weight_map)
+
+    def shard_of(self, raw: str) -> TensorStore:
+        file_name = self._weight_map[raw]
+        if file_name not in self._shards:
+            path = safe_child(self.folder, file_name)
+            self._shards[file_name] = open_file(path, self.config)
+        shard = self._shards[file_name]
+        if raw not in shard._names.values():
+            raise CheckpointError(f"shard {printable(file_name)!r} lacks tensor "
+                                  f"{printable(raw)!r} that the index promises",
+                                  "re-download the model", self.source)
+        return shard
+
+    def _info(self, raw: str) -> TensorInfo:
+        shard = self.shard_of(raw)
+        return shard._info(raw)
+
+    def _read(self, raw: str, rows: tuple[int, int] | None) -> torch.Tensor:
+        return self.shard_of(raw)._read(raw, rows)
+
+    @property
+    def opened_shards(self) -> list[str]:
+        return sorted(self._shards)
+
+
+def safe_child(folder: Path, file_name: str) -> Path:
+    """`folder/file_name`, refusing names that leave the folder or are not regular files."""
+    where = printable(str(folder))
+    if not isinstance(file_name, str) or not file_name or "/" in file_name or "\\" in file_name \
+            or file_name in (".", ".."):
+        raise CheckpointError(f"the index names shard {printable(str(file_name))!r}, which is not "
+                              "a plain file name inside the folder", "", where)
+    path = folder / file_name
+    if path.resolve().parent != folder.resolve():
+        raise CheckpointError(f"shard {printable(file_name)!r} resolves outside the folder", "",
+                              where)
+    if not path.exists():
+        raise CheckpointError(f"shard {printable(file_name)!r} named in the index is missing",
+                              "re-download the model", where)
+    _check_regular_file(path)
+    return path
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    _check_regular_file(path)
+    if path.stat().st_size > MAX_HEADER_BYTES:
+        raise CheckpointError(f"{what} is too large", "", printable(str(path)))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{what} is not valid JSON (line {getattr(exc, 'lineno', '?')})",
+                              "fix or re-download it", printable(str(path))) from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what} is not a JSON object", "", printable(str(path)))
+    return data
+
+
+def open_hf_folder(folder: Path) -> TensorStore:
+    config_path = folder / "config.json"
+    config = read_json(config_path, "config.json") if config_path.exists() else None
+    for index_name, fmt in (("model.safetensors.index.json", "safetensors"),
+                            ("pytorch_model.bin.index.json", "torch")):
+        if (folder / index_name).exists():
+            index = read_json(folder / index_name, index_name)
+            weight_map = index.get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+            ):
+                raise CheckpointError(f"{index_name} has no valid weight_map",
+                                      "re-download the model", printable(str(folder)))
+            return ShardedStore(folder, weight_map, f"{fmt} (sharded)", config)
+    candidates = [p for p in sorted(folder.iterdir())
+                  if p.is_file() and p.name.endswith((SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES))]
+    preferred = [p for p in candidates if p.name in ("model.safetensors", "pytorch_model.bin")]
+    chosen = preferred[:1] or candidates
+    if len(chosen) != 1:
+        found = ", ".join(printable(p.name, 40) for p in candidates[:5]) or "none"
+        raise CheckpointError(f"the folder holds {len(candidates)} checkpoint files ({found})",
+                              "pass one file, or a Hugging Face model folder",
+                              printable(str(folder)))
+    return open_file(chosen[0], config)
+
+
+def open_file(path: Path, config: dict[str, Any] | None = None) -> TensorStore:
+    name = path.name.lower()
+    if name.endswith(SAFETENSORS_SUFFIX):
+        return SafetensorsStore(path, config)
+    if name.endswith(PICKLE_SUFFIXES):
+        return PickleStore(path, config)
+    raise UsageError(f"unknown checkpoint format {printable(path.suffix or path.name)!r}",
+                     "use .safetensors, .pt, .pth, .bin or a model folder", printable(str(path)))
+
+
+def open_checkpoint(path: Path | str) -> TensorStore:
+    """Open a checkpoint file or folder, reading headers only."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError("no such file or folder", "check the path", printable(str(path)))
+    if path.is_dir():
+        return open_hf_folder(path)
+    return open_file(path)

@@ -1,0 +1,62 @@
+"""attnviz's error hierarchy. Lower layers raise these; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    DATA = 1  # bad data, a failed check, an output that cannot be written
+    USAGE = 2  # command-line misuse
+
+
+class AttnvizError(Exception):
+    """A failure the user can fix. `what` says what is wrong, `fix` how to fix it."""
+
+    exit_code: ExitCode = ExitCode.DATA
+
+    def __init__(self, what: str, fix: str = "", where: str = "") -> None:
+        super().__init__(what)
+        self.what = what
+        self.fix = fix
+        self.where = where
+
+    def one_line(self) -> str:
+        text = self.what
+        if self.where:
+            text += f" ({self.where})"
+        if self.fix:
+            text += f" — {self.fix}"
+        # One line, always: library texts and file names may carry newlines.
+        return " ".join(text.split())
+
+
+class UsageError(AttnvizError):
+    """Arguments that cannot work together or are out of range."""
+
+    exit_code = ExitCode.USAGE
+
+
+class CheckpointError(AttnvizError):
+    """A checkpoint that cannot be read, or whose contents contradict themselves."""
+
+
+class LayoutError(CheckpointError):
+    """Tensors or config that do not fit the attention layout they claim."""
+
+
+class CheckFailed(AttnvizError):
+    """A numerical check attnviz ran did not hold (e.g. the split proof exceeded its tolerance)."""
+
+
+class OutputError(AttnvizError):
+    """An output path that cannot be written safely."""
+
+
+def printable(text: str, limit: int = 80) -> str:
+    """Escape control characters and shorten: names from files may be hostile."""
+    escaped = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+    if len(escaped) > limit:
+        escaped = escaped[: limit - 1] + "…"
+    return escaped

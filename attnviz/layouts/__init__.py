@@ -1,0 +1,105 @@
+"""The registry of layout families: each recognizes its key names and builds AttentionLayers.
+
+Adding a family is one module with `FAMILY` and `find(store, hints)`, plus one entry below.
+Families are tried in order; a key claimed by an earlier family is not offered to later ones.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+from attnviz.checkpoint import TensorStore
+from attnviz.errors import UsageError, printable
+from attnviz.layer import AttentionLayer
+from attnviz.layouts import torch_mha
+from attnviz.layouts.base import HeadHints, natural_key
+
+Finder = Callable[[TensorStore, HeadHints], list[AttentionLayer]]
+
+FAMILIES: dict[str, Finder] = {}
+
+
+def register(module: ModuleType) -> None:
+    FAMILIES[module.FAMILY] = module.find
+
+
+for _module in (torch_mha,):
+    register(_module)
+
+# Key fragments that mark a tensor as attention-related; unclaimed ones are reported, not dropped.
+_ATTENTION_HINT = re.compile(r"(attn|attention|self_attention|selfattention|encdecattention)",
+                             re.IGNORECASE)
+_NOT_WEIGHTS = re.compile(r"(inv_freq|masked_bias|norm|rotary|relative_attention_bias)",
+                          re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything recognized in one checkpoint."""
+
+    layers: list[AttentionLayer]
+    unclassified: list[str]  # prefixes of attention-looking tensors no family claimed
+
+
+def claimed_keys(layer: AttentionLayer) -> set[str]:
+    refs = (layer.q_weight, layer.k_weight, layer.v_weight, layer.o_weight, layer.q_bias,
+            layer.k_bias, layer.v_bias, layer.o_bias, layer.bias_k, layer.bias_v)
+    return {r.key for r in refs if r is not None}
+
+
+def find_layers(store: TensorStore, hints: HeadHints | None = None) -> Inventory:
+    """Recognize every attention layer in `store` (reads headers only)."""
+    hints = hints or HeadHints()
+    layers: list[AttentionLayer] = []
+    claimed: set[str] = set()
+    for finder in FAMILIES.values():
+        for layer in finder(store, hints):
+            keys = claimed_keys(layer)
+            if keys & claimed:
+                continue
+            layers.append(layer)
+            claimed |= keys
+    layers.sort(key=lambda layer: natural_key(layer.name))
+    return Inventory(layers, _unclassified(store, claimed, layers))
+
+
+def _unclassified(store: TensorStore, claimed: set[str], layers: list[AttentionLayer]) -> list[str]:
+    names = {layer.name for layer in layers}
+    groups = set()
+    for key in store.keys():
+        if key in claimed or not _ATTENTION_HINT.search(key) or _NOT_WEIGHTS.search(key):
+            continue
+        if key.endswith(".bias") and key.rsplit(".", 1)[0] in names:
+            continue  # e.g. GPT-2's attn.bias, a causal-mask buffer beside a recognized layer
+        match = _ATTENTION_HINT.search(key)
+        end = key.find(".", match.end()) if match else -1
+        groups.add(key if end < 0 else key[:end])
+    return sorted(groups, key=natural_key)
+
+
+def select_layer(inventory: Inventory, spec: str | None, source: str) -> AttentionLayer:
+    """A layer by index (0, -1) or by name; the only layer when `spec` is None."""
+    layers = inventory.layers
+    if not layers:
+        raise UsageError("no attention layer recognized", "run 'attnviz inspect' on it to see "
+                         "what it holds", source)
+    if spec is None:
+        if len(layers) > 1:
+            raise UsageError(f"the checkpoint has {len(layers)} attention layers",
+                             "choose one with --layer INDEX or --layer NAME "
+                             "(see 'attnviz inspect')", source)
+        return layers[0]
+    if re.fullmatch(r"-?\d+", spec):
+        index = int(spec)
+        if not -len(layers) <= index < len(layers):
+            raise UsageError(f"layer index {index} is out of range",
+                             f"choose 0..{len(layers) - 1}", source)
+        return layers[index]
+    for layer in layers:
+        if layer.name == spec or layer.name == spec.rstrip("."):
+            return layer
+    raise UsageError(f"no attention layer named {printable(spec)!r}",
+                     "see 'attnviz inspect' for the names", source)

@@ -1,0 +1,1 @@
+"""Renderers: they display computed results and never compute attention themselves."""
