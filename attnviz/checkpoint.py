@@ -221,7 +221,7 @@ class SafetensorsStore(TensorStore):
     """A .safetensors file: header parsed up front, data memory-mapped on first read."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(printable(str(path)), "safetensors", config)
+        super().__init__(printable(str(path), 200), "safetensors", config)
         self.path = path
         self._tensors, self.metadata, _ = read_safetensors_header(path)
         self._handle: Any = None
@@ -358,7 +358,7 @@ class PickleStore(DictStore):
     """A .pt/.pth/.bin file loaded with weights_only=True (zip files memory-mapped)."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(load_pickle_tensors(path), printable(str(path)), "torch", config)
+        super().__init__(load_pickle_tensors(path), printable(str(path), 200), "torch", config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,7 +370,7 @@ class ShardedStore(TensorStore):
 
     def __init__(self, folder: Path, weight_map: dict[str, str], fmt: str,
                  config: dict[str, Any] | None) -> None:
-        super().__init__(printable(str(folder)), fmt, config)
+        super().__init__(printable(str(folder), 200), fmt, config)
         self.folder = folder
         self._weight_map = weight_map
         self._shards: dict[str, TensorStore] = {}

@@ -189,6 +189,53 @@ def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
                           "report this with the checkpoint")
 
 
+@app.command()
+def inspect(
+    checkpoint: Annotated[Path, typer.Argument(help=(
+        "A .safetensors or .pt/.pth/.bin file, or a Hugging Face model folder."))],
+    layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
+        "Show per-head slices and norms of one layer (index or name); reads its tensors."))]
+    = None,
+    num_heads: NumHeads = None,
+    num_kv_heads: NumKvHeads = None,
+    head_dim: HeadDim = None,
+    scan: Annotated[bool, typer.Option("--scan", help=(
+        "Read every attention tensor (one at a time) and count NaN/Inf values."))] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document.")] = False,
+) -> None:
+    """List every attention layer in a checkpoint: geometry, weight shapes, heads (headers only)."""
+    from attnviz import inspect as inspect_mod
+    from attnviz import sources
+    from attnviz.layouts import select_layer
+    from attnviz.layouts.base import HeadHints
+
+    inventory, store = sources.open_inventory(checkpoint,
+                                              HeadHints(num_heads, num_kv_heads, head_dim))
+    doc = inspect_mod.inventory_json(inventory, store)
+    detail = None
+    if layer is not None:
+        chosen = select_layer(inventory, layer, store.source)
+        if not chosen.heads_known:
+            raise UsageError(f"the number of heads of layer {chosen.name!r} is unknown",
+                             "pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                             "--layer")
+        detail = inspect_mod.layer_detail(chosen, store)
+        doc["layer_detail"] = {"name": chosen.name, **detail.to_json()}
+    non_finite = inspect_mod.scan_non_finite(inventory, store) if scan else None
+    if non_finite is not None:
+        doc["non_finite"] = non_finite
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    from attnviz.render.tables import print_detail, print_inventory
+
+    console = _console()
+    print_inventory(console, doc, non_finite if non_finite is not None else
+                    (detail.non_finite if detail else None))
+    if detail is not None:
+        print_detail(console, detail)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,70 @@
+"""Shared test helpers: run the real CLI, read figures back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnviz.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_weights"
+
+
+@pytest.fixture
+def cli():
+    runner = CliRunner()
+
+    def invoke(*args: str, **kwargs):
+        return runner.invoke(app, [str(a) for a in args], **kwargs)
+
+    return invoke
+
+
+def assert_clean_error(result, code: int, *fragments: str) -> None:
+    """One `error: …` line on stderr, the right exit code, no traceback, nothing on stdout."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert result.stdout.strip() == ""
+
+
+def read_image(path: Path) -> np.ndarray:
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(path))
+    return image[..., :3] if image.ndim == 3 else image
+
+
+def colored_runs(image: np.ndarray, axis: int, min_frac: float = 0.04) -> list[tuple[int, int]]:
+    """Runs of columns (axis=1) or rows (axis=0) dense with saturated pixels: heatmap panels.
+
+    Text, axes and background are grey; heatmaps (and colour bars) are coloured, so projecting
+    the coloured pixels onto one axis separates the panels without golden images.
+    """
+    saturation = image.max(axis=2) - image.min(axis=2)
+    colored = saturation > 0.04  # text and axes are grey (saturation 0)
+    other = 0 if axis == 1 else 1
+    density = colored.mean(axis=other)
+    dense = density > 0.1
+    # Bridge thin gaps: head-boundary lines drawn across a heatmap are grey too.
+    gap = max(3, int(0.01 * len(dense)))
+    for i in range(len(dense)):
+        if not dense[i] and dense[max(0, i - gap):i].any() and dense[i + 1:i + 1 + gap].any():
+            dense[i] = True
+    runs, start = [], None
+    for i, flag in enumerate(list(dense) + [False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            if i - start >= min_frac * len(dense):
+                runs.append((start, i))
+            start = None
+    return runs
