@@ -58,6 +58,7 @@ class TensorStore:
         self.format = fmt
         self.config: dict[str, Any] = config or {}
         self.metadata: dict[str, str] = {}
+        self.folder: Path | None = None  # the model folder, when opened as one (vocab files)
         self._names: dict[str, str] = {}  # normalized name → raw name
 
     def _set_names(self, raw_names: Iterable[str]) -> None:
@@ -433,6 +434,12 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def open_hf_folder(folder: Path) -> TensorStore:
+    store = _open_folder_weights(folder)
+    store.folder = folder
+    return store
+
+
+def _open_folder_weights(folder: Path) -> TensorStore:
     config_path = folder / "config.json"
     config = read_json(config_path, "config.json") if config_path.exists() else None
     for index_name, fmt in (("model.safetensors.index.json", "safetensors"),

@@ -236,6 +236,150 @@ def inspect(
         print_detail(console, detail)
 
 
+@app.command()
+def heatmap(
+    sentences: Annotated[list[str] | None, typer.Argument(help=(
+        "One or more sentences (quote each). Tokens are words and punctuation marks."))] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help=(
+        "Read sentences from a text file, one per line."))] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", "-w", help=(
+        "A checkpoint; default: the bundled 2-layer model with induction heads."))] = None,
+    layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
+        "Bundled model: all (default), N, -1 or A:B. Checkpoint: which attention layer."))]
+    = None,
+    head: Annotated[int | None, typer.Option("--head", help="Show only this head.")] = None,
+    average: Annotated[bool, typer.Option("--average", help="Show the mean over heads.")]
+    = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help=(
+        "Write a figure: a grid of heads per sentence (.png, .svg, .pdf)."))] = None,
+    query: Annotated[str | None, typer.Option("--query", "-q", help=(
+        "Break one query token down head by head: its q_h, each key's k_h, scores, weights "
+        "(an index, or a word)."))] = None,
+    sentence: Annotated[int, typer.Option("--sentence", help=(
+        "Which sentence --query refers to (1-based)."))] = 1,
+    export: Annotated[Path | None, typer.Option("--export", help=(
+        "Write maps, inputs, mask and tokens to a .safetensors file."))] = None,
+    stats: Annotated[bool, typer.Option("--stats/--no-stats", help=(
+        "Print the head-statistics table."))] = True,
+    maps: Annotated[bool, typer.Option("--maps/--no-maps", help=(
+        "Print the terminal heatmaps."))] = True,
+    as_json: Annotated[bool, typer.Option("--json", help=(
+        "Print tokens and head statistics as one JSON document."))] = False,
+    causal: Annotated[bool, typer.Option("--causal", help=(
+        "Decoder-style masking: query i sees keys 0..i (the bundled model always is)."))]
+    = False,
+    positions: Annotated[str, typer.Option("--positions", help=(
+        "Standalone layers: add 'sinusoidal' position encodings to the inputs, or 'none'."))]
+    = "none",
+    device: Annotated[str, typer.Option("--device", help=(
+        "auto (a GPU when present), cpu, cuda, cuda:N or mps."))] = "auto",
+    random: Annotated[bool, typer.Option("--random", help=(
+        "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))] = False,
+    embed_dim: Annotated[int, typer.Option("--embed-dim", "-E", help="Random init: E.")] = 64,
+    num_heads: NumHeads = None,
+    num_kv_heads: NumKvHeads = None,
+    head_dim: HeadDim = None,
+    kdim: Annotated[int | None, typer.Option(help="Random init: key width.")] = None,
+    vdim: Annotated[int | None, typer.Option(help="Random init: value width.")] = None,
+    seed: Annotated[int, typer.Option(help="Random init: seed.")] = 0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help=(
+        "Longest sentence accepted (attention costs O(L²) per head)."))] = 256,
+    max_sentences: Annotated[int, typer.Option("--max-sentences", help=(
+        "Most sentences accepted in one batch."))] = 64,
+) -> None:
+    """Run attention on sentences (one padded batch) and show every head's map, its statistics,
+    and a figure."""
+    from attnviz import heatmap as heatmap_mod
+    from attnviz import inputs, sources
+    from attnviz.layouts.base import HeadHints
+    from attnviz.output import check_output_path
+    from attnviz.render.figure import FIGURE_SUFFIXES
+
+    texts = list(sentences or []) + (inputs.read_sentences(file) if file else [])
+    batch = inputs.make_batch(texts, max_tokens, max_sentences)
+    sources_in = [p for p in (weights, file) if p is not None]
+    out_path = check_output_path(out, FIGURE_SUFFIXES, sources_in) if out else None
+    export_path = (check_output_path(export, (".safetensors",), sources_in, "--export")
+                   if export else None)
+    if out_path is not None and out_path == export_path:
+        raise UsageError("--out and --export name the same file", "choose two names")
+    if random and weights is not None:
+        raise UsageError("--random and --weights exclude each other", "choose one")
+    if not 1 <= sentence <= len(batch.tokens):
+        raise UsageError(f"--sentence {sentence} is out of range",
+                         f"choose 1..{len(batch.tokens)}", "--sentence")
+    query_index = (heatmap_mod.find_query(batch.tokens[sentence - 1], query)
+                   if query is not None else None)
+    spec = sources.RandomSpec(embed_dim, sources.DEFAULT_NUM_HEADS if num_heads is None
+                              else num_heads, kdim, vdim, True, seed=seed) if random else None
+    request = heatmap_mod.HeatmapRequest(batch, weights, layer, spec,
+                                         HeadHints(num_heads, num_kv_heads, head_dim), causal,
+                                         positions, device)
+    attention_run = heatmap_mod.run(request)
+    render_heatmap(attention_run, head, average, out_path, export_path, query_index,
+                   sentence - 1, stats, maps, as_json)
+
+
+def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path: Path | None,
+                   export_path: Path | None, query_index: int | None, sentence_index: int,
+                   show_stats: bool, show_maps: bool, as_json: bool) -> None:
+    from attnviz import heatmap as heatmap_mod
+    from attnviz import stats as stats_mod
+    from attnviz import views
+    from attnviz.attention import check_finite_maps, query_breakdown
+
+    for captured in attention_run.layers:
+        views.check_head(head, captured.weights.shape[1])
+    check_finite_maps(attention_run)
+    head_stats = [s for captured in attention_run.layers for s in stats_mod.head_stats(
+        captured.weights, attention_run.batch.tokens, captured.index)]
+    selected = views.select_maps(attention_run, head, average)
+    breakdown = None
+    if query_index is not None:
+        layer_index = attention_run.layers[-1].index
+        breakdown = query_breakdown(attention_run, layer_index, sentence_index, query_index)
+    if export_path is not None:
+        heatmap_mod.export(attention_run, export_path)
+    if out_path is not None:
+        from attnviz.render.figure import heatmap_figure, save_figure
+
+        save_figure(heatmap_figure(selected, attention_run.source), out_path)
+    if as_json:
+        typer.echo(json.dumps(heatmap_mod.run_json(attention_run, head_stats, breakdown),
+                              indent=2))
+        return
+    from attnviz.render import heatmap as render
+
+    console = _console()
+    console.print(Text_(f"source  {attention_run.source}   device {attention_run.device}"))
+    console.print(Text_(f"inputs  {attention_run.inputs_described}"))
+    for captured in attention_run.layers:
+        console.print(Text_(f"layer {captured.index} ({captured.layer.name or 'top level'}): "
+                            f"{captured.method}" + ("; causal" if attention_run.causal else "")))
+    for note in attention_run.notes:
+        console.print(Text_(f"note: {note}"))
+    console.print()
+    if show_maps:
+        fitted = [views.downsample(v, 48, max(8, console.width - 10)) for v in selected]
+        render.print_maps(console, fitted, attention_run.batch.sentences)
+    if show_stats:
+        console.print()
+        render.print_stats(console, head_stats)
+    if breakdown is not None:
+        console.print()
+        tokens = attention_run.batch.tokens[sentence_index]
+        render.print_query(console, breakdown, tokens)
+    for path in (out_path, export_path):
+        if path is not None:
+            console.print(f"wrote {path}")
+
+
+def Text_(text: str) -> Any:  # noqa: N802 - a tiny shim so rich markup in tokens is not parsed
+    from rich.text import Text
+
+    return Text(text)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,115 @@
+"""`attnviz heatmap`: choose the weights, build the batch, run attention, export.
+
+Sources: the bundled attention-only model (default), one layer of a checkpoint (`--weights`), or a
+randomly initialized nn.MultiheadAttention (`--random`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnviz.errors import UsageError
+from attnviz.inputs import POSITION_SCHEMES, Batch
+from attnviz.layouts.base import HeadHints
+from attnviz.sources import RandomSpec
+
+
+@dataclass(frozen=True)
+class HeatmapRequest:
+    batch: Batch
+    weights: Path | None = None
+    layer: str | None = None
+    random: RandomSpec | None = None
+    hints: HeadHints = HeadHints()
+    causal: bool = False
+    positions: str = "none"
+    device: str = "auto"
+
+
+def run(request: HeatmapRequest) -> Any:
+    """The AttentionRun for a request (all checks before any tensor is allocated)."""
+    from attnviz import sources, tinymodel
+    from attnviz.attention import resolve_device, run_layer
+    from attnviz.checkpoint import open_checkpoint
+    from attnviz.layouts import find_layers, select_layer
+    from attnviz.views import parse_layers
+
+    if request.positions not in POSITION_SCHEMES:
+        raise UsageError(f"unknown --positions {request.positions!r}",
+                         f"use {' or '.join(POSITION_SCHEMES)}", "--positions")
+    device = resolve_device(request.device)
+    if request.random is not None:
+        layer, store = sources.random_mha(request.random)
+        return run_layer(layer, None, request.batch, request.causal, request.positions, device,
+                         store)
+    store = tinymodel.open_bundled() if request.weights is None else \
+        open_checkpoint(request.weights)
+    if tinymodel.is_tiny_model(store):
+        if request.positions != "none":
+            raise UsageError("the bundled model has its own learned positions",
+                             "drop --positions", "--positions")
+        count = int(store.metadata.get("num_layers", "0") or 0)
+        return tinymodel.run_tiny(store, request.batch, parse_layers(request.layer, count),
+                                  device)
+    inventory = find_layers(store, request.hints)
+    layer = select_layer(inventory, request.layer, store.source)
+    if not layer.heads_known:
+        raise UsageError(f"the number of heads of layer {layer.name!r} is unknown",
+                         "pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                         "--num-heads")
+    return run_layer(layer, store, request.batch, request.causal or layer.causal,
+                     request.positions, device, store)
+
+
+def export(run: Any, path: Path) -> None:
+    """attn.{layer} (B, H, L, S), inputs.{layer} (B, L, E), mask (B, L), metadata tokens."""
+    import torch
+    from safetensors.torch import save_file
+
+    from attnviz.inputs import padding_mask
+    from attnviz.output import atomic_output
+
+    tensors = {"mask": (~padding_mask(run.batch)).to(torch.int64).contiguous()}
+    for captured in run.layers:
+        tensors[f"attn.{captured.index}"] = captured.weights.float().contiguous()
+        tensors[f"inputs.{captured.index}"] = captured.inputs.float().contiguous()
+    metadata = {"tokens": json.dumps(run.batch.tokens), "source": run.source,
+                "inputs": run.inputs_described, "causal": str(run.causal).lower()}
+    with atomic_output(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def find_query(tokens: list[str], spec: str) -> int:
+    """--query INDEX (negative counts from the end) or TOKEN (its first occurrence)."""
+    try:
+        index = int(spec)
+    except ValueError:
+        if spec.lower() in tokens:
+            return tokens.index(spec.lower())
+        raise UsageError(f"token {spec!r} is not in the sentence",
+                         f"choose one of {', '.join(dict.fromkeys(tokens))}", "--query") from None
+    if not -len(tokens) <= index < len(tokens):
+        raise UsageError(f"query index {index} is out of range",
+                         f"the sentence has {len(tokens)} tokens", "--query")
+    return index % len(tokens)
+
+
+def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    doc: dict[str, Any] = {
+        "source": run.source,
+        "device": run.device,
+        "causal": run.causal,
+        "inputs": run.inputs_described,
+        "sentences": run.batch.sentences,
+        "tokens": run.batch.tokens,
+        "layers": [{"index": c.index, "name": c.layer.name, "num_heads": c.layer.num_heads,
+                    "method": c.method} for c in run.layers],
+        "head_stats": [s.to_json() for s in head_stats],
+    }
+    if breakdown is not None:
+        doc["query"] = asdict(breakdown)
+    return doc
