@@ -88,10 +88,9 @@ def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int) -> li
             counts[name] += int(rows.sum())
     means = {name: (sums[name] / counts[name]).tolist() if counts[name] else None
              for name in sums}
-    return [HeadStats(layer, h, *(means[name][h] if means[name] is not None else None
-                                  for name in ("entropy", "max_weight", "distance",
-                                               *PATTERNS)))
-            for h in range(H)]
+    return [HeadStats(layer=layer, head=h, **{
+        name: means[name][h] if means[name] is not None else None for name in sums})
+        for h in range(H)]
 
 
 def induction_score(weights: torch.Tensor, tokens: list[list[str]]) -> list[float]:

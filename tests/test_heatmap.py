@@ -1,0 +1,221 @@
+"""heatmap: the batched forward equals torch's own module; padding, masks, figures, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_clean_error, colored_runs, read_image
+from safetensors import safe_open
+
+from attnviz.attention import layer_attention
+from attnviz.checkpoint import DictStore
+from attnviz.forward import load_weights
+from attnviz.inputs import hashed_vector, make_batch
+from attnviz.layer import AttentionLayer, TensorRef
+from attnviz.stats import head_stats
+
+SENTENCES = ["the cat sat on the mat", "a dog", "one two three four five six seven eight"]
+
+
+def _export(cli, tmp_path, *args):
+    path = tmp_path / "maps.safetensors"
+    result = cli("heatmap", *args, "--export", path, "--no-maps", "--no-stats")
+    assert result.exit_code == 0, result.output
+    with safe_open(str(path), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta = f.metadata()
+    return tensors, json.loads(meta["tokens"])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_export_equals_separately_built_torch_module(cli, tmp_path, causal):
+    args = ["--random", "-E", "32", "-H", "4", "--seed", "3", *SENTENCES]
+    tensors, tokens = _export(cli, tmp_path, *args, *(["--causal"] if causal else []))
+    torch.manual_seed(3)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+    with torch.no_grad():  # attnviz's random init draws visible biases after torch's init
+        mha.in_proj_bias.normal_(0.0, 0.1)
+        mha.out_proj.bias.normal_(0.0, 0.1)
+    mha.eval()
+    x, mask = tensors["inputs.0"], tensors["mask"]
+    L = x.shape[1]
+    attn_mask = torch.ones(L, L, dtype=torch.bool).triu(1) if causal else None
+    with torch.no_grad():
+        _, expected = mha(x, x, x, key_padding_mask=mask == 0, attn_mask=attn_mask,
+                          need_weights=True, average_attn_weights=False)
+    assert tensors["attn.0"].shape == (3, 4, L, L)
+    torch.testing.assert_close(tensors["attn.0"], expected, atol=1e-6, rtol=1e-5)
+    assert tokens == [s.split() for s in SENTENCES]
+    assert mask.sum(1).tolist() == [6, 2, 8]
+    # the inputs are what the README says: the hashed vector of each token
+    assert torch.equal(x[0, 1], hashed_vector("cat", 32))
+    assert torch.equal(x[0, 0], x[0, 4])  # "the" twice: the same vector
+
+
+def test_rows_sum_to_one_and_causal_mask_holds(cli, tmp_path):
+    tensors, tokens = _export(cli, tmp_path, "--random", "--causal", *SENTENCES)
+    attn = tensors["attn.0"]
+    for b, toks in enumerate(tokens):
+        n = len(toks)
+        real = attn[b, :, :n, :n]
+        torch.testing.assert_close(real.sum(-1), torch.ones(real.shape[:2]))
+        assert torch.all(real.triu(1) == 0)
+        assert torch.all(attn[b, :, :n, n:] == 0)  # padding keys get nothing
+
+
+def test_padding_invariance(cli, tmp_path):
+    batched, _ = _export(cli, tmp_path, "--random", "-H", "2", *SENTENCES)
+    for b, sentence in enumerate(SENTENCES):
+        alone, tokens = _export(cli, tmp_path, "--random", "-H", "2", sentence)
+        n = len(tokens[0])
+        torch.testing.assert_close(batched["attn.0"][b, :, :n, :n], alone["attn.0"][0],
+                                   atol=1e-6, rtol=1e-5)
+
+
+def _gqa_layer(E=32, H=4, H_kv=2, d=12, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {"q.weight": torch.randn(H * d, E, generator=gen) / 4,
+               "k.weight": torch.randn(H_kv * d, E, generator=gen) / 4,
+               "v.weight": torch.randn(H_kv * d, E, generator=gen) / 4,
+               "o.weight": torch.randn(E, H * d, generator=gen) / 4,
+               "q.bias": torch.randn(H * d, generator=gen)}
+    store = DictStore(tensors)
+
+    def ref(key):
+        return TensorRef(key, tuple(tensors[key].shape), "F32")
+
+    layer = AttentionLayer("gqa", "test", E, E, E, H, H_kv, d, ref("q.weight"), ref("k.weight"),
+                           ref("v.weight"), ref("o.weight"), q_bias=ref("q.bias"))
+    return layer, store, tensors
+
+
+@pytest.mark.parametrize("H,H_kv,d", [(4, 2, 12), (4, 1, 8), (6, 3, 4), (2, 2, 24)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_and_non_square_layers_agree_with_sdpa(H, H_kv, d, causal):
+    layer, store, t = _gqa_layer(H=H, H_kv=H_kv, d=d)
+    batch = make_batch(SENTENCES)
+    x = torch.randn(3, batch.max_len, 32, generator=torch.Generator().manual_seed(1))
+    pad = torch.arange(batch.max_len)[None] >= torch.tensor(batch.lengths)[:, None]
+    out, attn, method = layer_attention(layer, load_weights(layer, store), x, x, x, pad, causal)
+    assert method.startswith("explicit per head")
+    B, L = x.shape[:2]
+    q = (x @ t["q.weight"].T + t["q.bias"]).view(B, L, H, d).transpose(1, 2)
+    k = (x @ t["k.weight"].T).view(B, L, H_kv, d).transpose(1, 2)
+    v = (x @ t["v.weight"].T).view(B, L, H_kv, d).transpose(1, 2)
+    allowed = ~pad[:, None, None, :]
+    if causal:
+        allowed = allowed & torch.ones(L, L, dtype=torch.bool).tril()
+    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    expected = ctx.transpose(1, 2).reshape(B, L, H * d) @ t["o.weight"].T
+    for b, n in enumerate(batch.lengths):
+        torch.testing.assert_close(out[b, :n], expected[b, :n], atol=1e-5, rtol=1e-5)
+    # the weights: softmax of the scaled scores with kv head h // (H / H_kv)
+    scores = (q @ k.repeat_interleave(H // H_kv, 1).transpose(-1, -2)) / d**0.5
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    for b, n in enumerate(batch.lengths):
+        torch.testing.assert_close(attn[b, :, :n], weights[b, :, :n], atol=1e-6, rtol=1e-5)
+
+
+def test_head_statistics_label_clear_patterns():
+    tokens = [["a", "b", "c", "d", "a", "b", "c", "d"]]
+    n = 8
+    prev = torch.zeros(1, 1, n, n)
+    prev[0, 0, 0, 0] = 1.0
+    for i in range(1, n):
+        prev[0, 0, i, i - 1] = 1.0
+    induction = torch.zeros(1, 1, n, n)
+    for i in range(n):
+        induction[0, 0, i, i - 3 if i >= 4 else 0] = 1.0  # token after the earlier copy
+    uniform = torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]
+    stats = head_stats(torch.cat([prev, induction, uniform[None, None]], 1), tokens, 0)
+    assert [s.label for s in stats] == ["previous-token", "induction", ""]
+    assert stats[0].previous == pytest.approx(1.0)
+    assert stats[1].induction == pytest.approx(1.0)
+    assert stats[0].distance == pytest.approx(7 / 8)
+    import math
+
+    assert stats[2].entropy == pytest.approx(sum(math.log(i) for i in range(1, 9)) / 8)
+
+
+def test_figure_has_one_panel_per_sentence_and_head(cli, tmp_path):
+    out = tmp_path / "maps.png"
+    result = cli("heatmap", "--random", "-E", "48", "-H", "3", "the cat sat on the mat", "a dog ran",
+                 "--out", out, "--no-maps", "--no-stats")
+    assert result.exit_code == 0, result.output
+    image = read_image(out)
+    assert image.std() > 0.05
+    columns = [r for r in colored_runs(image, axis=1) if r[1] - r[0] > 0.1 * image.shape[1]]
+    rows = [r for r in colored_runs(image, axis=0) if r[1] - r[0] > 0.1 * image.shape[0]]
+    assert (len(rows), len(columns)) == (2, 3)
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".pdf"])
+def test_figure_formats(cli, tmp_path, suffix):
+    out = tmp_path / f"maps{suffix}"
+    assert cli("heatmap", "--random", "a b c", "--out", out).exit_code == 0
+    head = out.read_bytes()[:5]
+    assert head.startswith(b"%PDF") if suffix == ".pdf" else b"<" in head
+
+
+def test_terminal_output_fits_80_columns(cli):
+    result = cli("heatmap", "--random", "-H", "4", *SENTENCES, "--query", "cat")
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "L0 · head 3" in result.stdout
+    assert "query 1 'cat'" in result.stdout
+
+
+def test_long_sentences_are_downsampled(cli):
+    words = " ".join(f"w{i}" for i in range(120))
+    result = cli("heatmap", "--random", words, "--max-tokens", "200", "--head", "0")
+    assert result.exit_code == 0, result.output
+    assert "downsampled to fit" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_json_has_tokens_and_stats(cli):
+    result = cli("heatmap", "--random", "-H", "2", "x y x y", "--json")
+    doc = json.loads(result.stdout)
+    assert doc["tokens"] == [["x", "y", "x", "y"]]
+    assert len(doc["head_stats"]) == 2
+    assert {"entropy", "induction", "label"} <= set(doc["head_stats"][0])
+
+
+def test_checkpoint_layer_heatmap(cli, tmp_path):
+    path = tmp_path / "enc.pt"
+    torch.manual_seed(0)
+    encoder = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32), 2,
+                                          enable_nested_tensor=False)
+    torch.save(encoder.state_dict(), path)
+    tensors, _ = _export(cli, tmp_path, "--weights", path, "--layer", "1", "-H", "2", "a b c")
+    mha = encoder.layers[1].self_attn.eval()
+    x = tensors["inputs.0"].transpose(0, 1)  # the encoder's MHA is sequence-first
+    with torch.no_grad():
+        _, expected = mha(x, x, x, need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(tensors["attn.0"], expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["   "], "sentence 1 is empty"),
+    ([], "no sentence given"),
+    (["a b", "--head", "9"], "head 9 is out of range"),
+    (["a b", "--query", "zebra"], "token 'zebra' is not in the sentence"),
+    (["a b", "--query", "5"], "query index 5 is out of range"),
+    (["a b", "--sentence", "2"], "--sentence 2 is out of range"),
+    (["a b c d", "--max-tokens", "3"], "more than --max-tokens 3"),
+    (["a", "b", "--max-sentences", "1"], "exceed --max-sentences 1"),
+    (["a b", "--device", "cuda:0"], "CUDA is not available"),
+    (["a b", "--device", "tpu"], "device"),
+    (["a b", "--positions", "rope"], "unknown --positions"),
+    (["a b", "--out", "x.gif"], "cannot tell the output format"),
+    (["a b", "--export", "x.npz"], "cannot tell the output format"),
+])
+def test_bad_input(cli, tmp_path, monkeypatch, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    assert_clean_error(cli("heatmap", "--random", *args, "--out", "maps.png")
+                       if "--out" not in args else cli("heatmap", "--random", *args), 2,
+                       fragment)
+    assert list(tmp_path.iterdir()) == []
