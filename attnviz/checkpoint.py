@@ -12,6 +12,7 @@ import math
 import os
 import stat
 import struct
+import warnings
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -215,7 +216,13 @@ def _check_offsets(header: dict[str, Any], data_len: int, where: str) -> None:
         if begin < end:
             raise CheckpointError("the file is not a valid safetensors checkpoint: tensors "
                                   "overlap", "", where)
-        end = max(end, stop)
+        if begin > end:
+            raise CheckpointError("the file is not a valid safetensors checkpoint: a gap "
+                                  "between tensors", "", where)
+        end = stop
+    if end != data_len:
+        raise CheckpointError(f"the file is not a valid safetensors checkpoint: its tensors "
+                              f"cover {end} of {data_len} data bytes", "", where)
 
 
 class SafetensorsStore(TensorStore):
@@ -257,9 +264,12 @@ def check_torch_zip(path: Path) -> bool:
     """
     where = printable(str(path))
     size = _check_regular_file(path).st_size
-    if not zipfile.is_zipfile(path):
-        return False
     bad = "the file is not a safe PyTorch zip checkpoint"
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+    except (zipfile.BadZipFile, OSError, ValueError):
+        raise CheckpointError(f"{bad}: damaged zip directory", "", where) from None
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
@@ -308,7 +318,9 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         # weights_only is passed explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD only overrides a
         # missing argument. No pickle_module, no safe globals, and no retry without it.
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"refused to unpickle: the file needs {_unsafe_globals(path)}, which could run code",
@@ -328,12 +340,41 @@ def _unsafe_globals(path: Path) -> str:
 
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:
-        names = []
+    except Exception:  # it reads zip checkpoints only
+        names = _scan_pickle_globals(path)
     if not names:
         return "objects that are not plain tensors"
     shown = ", ".join(printable(name, 60) for name in names[:3])
     return f"the global{'s' if len(names) > 1 else ''} {shown}"
+
+
+def _scan_pickle_globals(path: Path, limit: int = 16 * 1024 * 1024) -> list[str]:
+    """Globals a raw or legacy-format pickle names, read by opcode (nothing is executed)."""
+    import io
+    import pickletools
+
+    try:
+        import torch._weights_only_unpickler as wo
+
+        allowed = set(wo._get_allowed_globals())
+    except (ImportError, AttributeError):
+        allowed = set()
+    with open(path, "rb") as f:
+        stream = io.BytesIO(f.read(limit))
+    found: list[str] = []
+    strings: list[str] = []
+    try:
+        while stream.tell() < len(stream.getbuffer()):
+            for opcode, arg, _ in pickletools.genops(stream):
+                if opcode.name == "GLOBAL":
+                    found.append(str(arg).replace(" ", "."))
+                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    found.append(f"{strings[-2]}.{strings[-1]}")
+                elif isinstance(arg, str):
+                    strings.append(arg)
+    except Exception:  # damaged or ended: report what was seen
+        pass
+    return [name for name in dict.fromkeys(found) if name not in allowed]
 
 
 def flatten_state_dict(obj: Any) -> dict[str, torch.Tensor]:
@@ -375,6 +416,8 @@ class ShardedStore(TensorStore):
         self.folder = folder
         self._weight_map = weight_map
         self._shards: dict[str, TensorStore] = {}
+        for file_name in sorted(set(weight_map.values())):
+            safe_child(folder, file_name)  # every shard named must be a file inside the folder
         self._set_names(weight_map)
 
     def shard_of(self, raw: str) -> TensorStore:

@@ -142,8 +142,8 @@ def test_head_statistics_label_clear_patterns():
 
 def test_figure_has_one_panel_per_sentence_and_head(cli, tmp_path):
     out = tmp_path / "maps.png"
-    result = cli("heatmap", "--random", "-E", "48", "-H", "3", "the cat sat on the mat", "a dog ran",
-                 "--out", out, "--no-maps", "--no-stats")
+    result = cli("heatmap", "--random", "-E", "48", "-H", "3", "the cat sat on the mat",
+                 "a dog ran", "--out", out, "--no-maps", "--no-stats")
     assert result.exit_code == 0, result.output
     image = read_image(out)
     assert image.std() > 0.05
