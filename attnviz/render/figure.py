@@ -12,11 +12,12 @@ FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_HEAD_LABELS = 16
 
 
-def new_figure(width: float, height: float) -> Any:
+def new_figure(width: float, height: float, constrained: bool = True) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    fig = Figure(figsize=(width, height), dpi=100,
+                 layout="constrained" if constrained else None)
     FigureCanvasAgg(fig)
     return fig
 
@@ -67,47 +68,96 @@ def _centers(boundaries: list[int], length: int) -> list[float]:
 
 
 MAX_TICK_LABELS = 40
+FIGURE_MAX_CELLS = 512  # a heatmap panel is at most ~300 px wide
 
 
 def heatmap_figure(views: list[Any], title: str) -> Any:
-    """A grid: one row per (sentence, layer), one column per head, one shared colour scale."""
+    """A grid: one row per (sentence, layer), one column per head, one shared colour scale.
+
+    The panels are tiled into one image on one Axes (white gaps between them): creating and
+    laying out an Axes per panel costs ~30 ms each, which makes a 12 × 12 grid take seconds.
+    """
+    import numpy as np
+
     rows_keys = list(dict.fromkeys((v.sentence, v.layer) for v in views))
     heads = list(dict.fromkeys(v.head for v in views))
-    n_rows, n_cols = len(rows_keys), len(heads)
-    side = 2.4 if max(len(v.row_labels) for v in views) <= 16 else 3.2
-    fig = new_figure(1.2 + side * n_cols, 0.8 + side * n_rows)
-    axes = fig.subplots(n_rows, n_cols, squeeze=False)
-    vmax = max(float(v.values.max()) for v in views) or 1.0
     by_key = {(v.sentence, v.layer, v.head): v for v in views}
-    image = None
+    size = max(max(v.values.shape) for v in views)  # cells per panel side
+    gap = max(1, size // 6)
+    step = size + gap
+    n_rows, n_cols = len(rows_keys), len(heads)
+    sentences = list(dict.fromkeys(sentence for sentence, _ in rows_keys))
+    # Below the last row of each sentence, room for that sentence's key labels.
+    label_room = int(size * 0.45) + gap if len(sentences) > 1 else 0
+    offsets, y = [], 0
+    for r, (sentence, _) in enumerate(rows_keys):
+        offsets.append(y)
+        last_of_sentence = r + 1 == n_rows or rows_keys[r + 1][0] != sentence
+        y += step + (label_room if last_of_sentence and r + 1 < n_rows else 0)
+    mosaic = np.full((y - gap, n_cols * step - gap), np.nan, dtype=np.float32)
+    for r, (sentence, layer) in enumerate(rows_keys):
+        for c, head in enumerate(heads):
+            view = by_key.get((sentence, layer, head))
+            if view is not None:
+                rows, cols = view.values.shape
+                mosaic[offsets[r] : offsets[r] + rows, c * step : c * step + cols] = view.values
+    side = min(2.2 if size <= 16 else 2.8, max(1.2, 18 / max(n_rows, n_cols)))
+    extra_height = side * (mosaic.shape[0] / step - n_rows)
+    max_labels = max(2, int(side * 72 / 9))
+    margin_left, margin_bottom, margin_top, margin_right = 0.9, 0.8, 0.45, 1.0  # inches
+    width = margin_left + margin_right + side * n_cols
+    height = margin_bottom + margin_top + side * n_rows + extra_height
+    fig = new_figure(width, height, constrained=False)
+    ax = fig.add_axes((margin_left / width, margin_bottom / height,
+                       1 - (margin_left + margin_right) / width,
+                       1 - (margin_bottom + margin_top) / height))
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+    vmax = max(float(v.values.max()) for v in views) or 1.0
+    image = ax.imshow(mosaic, cmap=cmap, vmin=0.0, vmax=vmax, interpolation="nearest",
+                      aspect="auto")
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.tick_params(length=0, labelsize=6)
+    first = {sentence: by_key[(sentence, layer, heads[0])] for sentence, layer in rows_keys
+             if (sentence, layer, heads[0]) in by_key}
+    y_pos, y_text = [], []
+    for r, (sentence, _) in enumerate(rows_keys):
+        labels = first[sentence].row_labels
+        for i in _label_steps(len(labels), max_labels):
+            y_pos.append(offsets[r] + i)
+            y_text.append(labels[i][:12])
+    ax.set_yticks(y_pos, y_text)
+    last_sentence = rows_keys[-1][0]
+    x_pos, x_text = [], []
+    for c in range(n_cols):
+        labels = first[last_sentence].col_labels
+        for i in _label_steps(len(labels), max_labels):
+            x_pos.append(c * step + i)
+            x_text.append(labels[i][:12])
+    ax.set_xticks(x_pos, x_text, rotation=90)
     for r, (sentence, layer) in enumerate(rows_keys):
         last_of_sentence = r + 1 == n_rows or rows_keys[r + 1][0] != sentence
+        if last_of_sentence and sentence != last_sentence:
+            labels = first[sentence].col_labels
+            rows = first[sentence].values.shape[0]
+            for c in range(n_cols):
+                for i in _label_steps(len(labels), max_labels):
+                    ax.text(c * step + i, offsets[r] + rows - 0.3, labels[i][:12], fontsize=6,
+                            rotation=90, ha="center", va="top")
         for c, head in enumerate(heads):
-            ax = axes[r][c]
             view = by_key.get((sentence, layer, head))
-            if view is None:
-                ax.set_axis_off()
-                continue
-            image = ax.imshow(view.values, cmap="viridis", vmin=0.0, vmax=vmax,
-                              interpolation="nearest", aspect="auto")
-            ax.set_title(f"s{sentence + 1} · {view.title}", fontsize=8)
-            _ticks(ax.set_yticks, view.row_labels, c == 0)
-            _ticks(ax.set_xticks, view.col_labels, last_of_sentence, rotation=90)
-            if c == 0:
-                ax.set_ylabel("query", fontsize=8)
-            if last_of_sentence:
-                ax.set_xlabel("key", fontsize=8)
-    if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight")
-    fig.suptitle(title, fontsize=10)
+            if view is not None:
+                ax.text(c * step - 0.5, offsets[r] - 0.7, f"s{sentence + 1} · {view.title}",
+                        fontsize=7, va="bottom", ha="left")
+    ax.set_xlabel("key", fontsize=8)
+    ax.set_ylabel("query", fontsize=8)
+    bar = fig.add_axes((1 - 0.75 / width, 0.25, 0.15 / width, 0.5))
+    fig.colorbar(image, cax=bar, label="attention weight")
+    fig.suptitle(title, fontsize=9)
     return fig
 
 
-def _ticks(setter: Any, labels: list[str], show: bool, rotation: int = 0) -> None:
-    if not show:
-        setter([])
-        return
-    step = max(1, -(-len(labels) // MAX_TICK_LABELS))
-    positions = list(range(0, len(labels), step))
-    kwargs = {"rotation": rotation} if rotation else {}
-    setter(positions, [labels[i][:12] for i in positions], fontsize=7, **kwargs)
+def _label_steps(count: int, most: int) -> range:
+    return range(0, count, max(1, -(-count // min(most, MAX_TICK_LABELS))))

@@ -115,8 +115,8 @@ def proof_line(proof: Proof) -> Text:
                 "padded key):\n")
     text.append(f"  max |Δ output| = {proof.output_diff:.1e}   "
                 f"max |Δ weights| = {proof.weights_diff:.1e}   "
-                f"(tolerance {proof.tolerance:.0e})   ")
-    text.append("✓ equal to float32 round-off" if ok else "✗ FAILED",
+                f"(tolerance {proof.tolerance:.0e})\n  ")
+    text.append("✓ equal to float32 round-off" if ok else "✗ FAILED: above the tolerance",
                 style="bold green" if ok else "bold red")
     return text
 
