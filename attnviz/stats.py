@@ -45,46 +45,44 @@ class HeadStats:
         return {**asdict(self), "label": self.label}
 
 
-def pattern_masks(tokens: list[str], length: int) -> dict[str, torch.Tensor]:
-    """(L, S) float masks of the keys each pattern points at, for one unpadded sentence."""
+def pattern_masks(tokens: list[str]) -> dict[str, torch.Tensor]:
+    """(n, n) bool masks of the keys each pattern points at, for one unpadded sentence."""
     n = len(tokens)
-    masks = {name: torch.zeros(length, length) for name in PATTERNS}
-    for i in range(n):
-        masks["self"][i, i] = 1.0
-        if i >= 1:
-            masks["first"][i, 0] = 1.0
-            masks["previous"][i, i - 1] = 1.0
-        for j in range(i):
-            if tokens[j] == tokens[i]:
-                masks["duplicate"][i, j] = 1.0
-                if j + 1 < i:
-                    masks["induction"][i, j + 1] = 1.0
-    return masks
+    ids = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
+    token_ids = torch.tensor([ids[t] for t in tokens])
+    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)  # key j < query i
+    same = (token_ids[:, None] == token_ids[None, :]) & earlier
+    # induction target (i, j+1) for every earlier copy j of token i, with j + 1 < i
+    induction = torch.zeros(n, n, dtype=torch.bool)
+    induction[:, 1:] = same[:, :-1]
+    induction &= earlier
+    eye = torch.eye(n, dtype=torch.bool)
+    first = torch.zeros(n, n, dtype=torch.bool)
+    first[1:, 0] = True
+    return {"previous": eye.roll(-1, 1) & earlier if n > 1 else eye & earlier, "first": first,
+            "self": eye, "duplicate": same, "induction": induction}
 
 
 def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int) -> list[HeadStats]:
     """Statistics of maps (B, H, L, S) for sentences with the given (unpadded) tokens."""
-    B, H, L, S = weights.shape
+    H = weights.shape[1]
     sums = {name: torch.zeros(H, dtype=torch.float64) for name in
             ("entropy", "max_weight", "distance", *PATTERNS)}
     counts = dict.fromkeys(sums, 0)
     for b, toks in enumerate(tokens):
         n = len(toks)
-        a = weights[b, :, :n, :n].double()  # (H, n, n) real queries and keys only
-        pos = torch.arange(n, dtype=torch.float64)
-        plogp = torch.where(a > 0, a * a.clamp_min(1e-30).log(), torch.zeros_like(a))
-        sums["entropy"] += -plogp.sum(-1).sum(-1)
-        sums["max_weight"] += a.max(-1).values.sum(-1)
-        sums["distance"] += (a * (pos[:, None] - pos[None, :]).abs()).sum(-1).sum(-1)
+        a = weights[b, :, :n, :n].float()  # (H, n, n) real queries and keys only
+        pos = torch.arange(n, dtype=torch.float32)
+        plogp = torch.special.xlogy(a, a)  # 0 · log 0 = 0
+        sums["entropy"] += -plogp.sum((-1, -2)).double()
+        del plogp
+        sums["max_weight"] += a.amax(-1).sum(-1).double()
+        sums["distance"] += (a * (pos[:, None] - pos[None, :]).abs()).sum((-1, -2)).double()
         for name in ("entropy", "max_weight", "distance"):
             counts[name] += n
-        masks = pattern_masks(toks, n)
-        for name in PATTERNS:
-            mask = masks[name].double()
-            rows = mask.sum(-1) > 0  # queries for which this pattern exists
-            if name == "self":
-                rows = torch.ones(n, dtype=torch.bool)
-            sums[name] += (a * mask).sum(-1)[:, rows].sum(-1)
+        for name, mask in pattern_masks(toks).items():
+            rows = mask.any(-1)  # queries for which this pattern exists
+            sums[name] += (a * mask).sum(-1)[:, rows].sum(-1).double()
             counts[name] += int(rows.sum())
     means = {name: (sums[name] / counts[name]).tolist() if counts[name] else None
              for name in sums}

@@ -219,3 +219,40 @@ def test_bad_input(cli, tmp_path, monkeypatch, args, fragment):
                        if "--out" not in args else cli("heatmap", "--random", *args), 2,
                        fragment)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_head_statistics_equal_a_naive_loop():
+    import math
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = [["a", "b", "a", "c", "b", "a"], ["x", "x", "y"]]
+    maps = torch.softmax(torch.randn(2, 2, 6, 6, generator=gen), -1)
+    stats = head_stats(maps, tokens, 0)
+    for h in range(2):
+        sums = {"entropy": 0.0, "previous": 0.0, "first": 0.0, "dup": 0.0, "ind": 0.0}
+        counts = {"entropy": 0, "previous": 0, "first": 0, "dup": 0, "ind": 0}
+        for b, toks in enumerate(tokens):
+            n = len(toks)
+            a = maps[b, h, :n, :n]
+            for i in range(n):
+                sums["entropy"] -= sum(float(p) * math.log(float(p)) for p in a[i] if p > 0)
+                counts["entropy"] += 1
+                if i:
+                    sums["previous"] += float(a[i, i - 1])
+                    sums["first"] += float(a[i, 0])
+                    counts["previous"] += 1
+                    counts["first"] += 1
+                copies = [j for j in range(i) if toks[j] == toks[i]]
+                if copies:
+                    sums["dup"] += sum(float(a[i, j]) for j in copies)
+                    counts["dup"] += 1
+                targets = [j + 1 for j in copies if j + 1 < i]
+                if targets:
+                    sums["ind"] += sum(float(a[i, j]) for j in targets)
+                    counts["ind"] += 1
+        s = stats[h]
+        assert s.entropy == pytest.approx(sums["entropy"] / counts["entropy"], rel=1e-5)
+        assert s.previous == pytest.approx(sums["previous"] / counts["previous"], rel=1e-5)
+        assert s.first == pytest.approx(sums["first"] / counts["first"], rel=1e-5)
+        assert s.duplicate == pytest.approx(sums["dup"] / counts["dup"], rel=1e-5)
+        assert s.induction == pytest.approx(sums["ind"] / counts["ind"], rel=1e-5)
