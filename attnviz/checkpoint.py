@@ -45,6 +45,7 @@ FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3"})
 class TensorInfo:
     shape: tuple[int, ...]
     dtype: str  # safetensors dtype name
+    offsets: tuple[int, int] | None = None  # byte range in a safetensors data section
 
     @property
     def numel(self) -> int:
@@ -92,6 +93,10 @@ class TensorStore:
 
     def _info(self, raw: str) -> TensorInfo:
         raise NotImplementedError
+
+    def numpy_view(self, name: str) -> Any | None:
+        """A memory-mapped numpy view of the tensor where the format allows, else None."""
+        return None
 
     def _read(self, raw: str, rows: tuple[int, int] | None) -> torch.Tensor:
         raise NotImplementedError
@@ -206,7 +211,7 @@ def _parse_entry(name: str, entry: Any, data_len: int, where: str) -> TensorInfo
     if offsets[1] - offsets[0] != math.prod(shape) * DTYPE_SIZES[dtype]:
         raise CheckpointError(f"{bad}: shape {tuple(shape)} of {dtype} does not match its "
                               f"{offsets[1] - offsets[0]} bytes", "", where)
-    return TensorInfo(tuple(shape), dtype)
+    return TensorInfo(tuple(shape), dtype, (offsets[0], offsets[1]))
 
 
 def _check_offsets(header: dict[str, Any], data_len: int, where: str) -> None:
@@ -231,12 +236,30 @@ class SafetensorsStore(TensorStore):
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
         super().__init__(printable(str(path), 200), "safetensors", config)
         self.path = path
-        self._tensors, self.metadata, _ = read_safetensors_header(path)
+        self._tensors, self.metadata, self._data_start = read_safetensors_header(path)
         self._handle: Any = None
         self._set_names(self._tensors)
 
     def _info(self, raw: str) -> TensorInfo:
         return self._tensors[raw]
+
+    def numpy_view(self, name: str) -> Any | None:
+        """A read-only memory map of a float tensor, without torch (None for other dtypes).
+
+        bfloat16 comes back as its raw uint16 bits: `as_float32` widens a slice of it.
+        """
+        return self._numpy_raw(self._raw(name))
+
+    def _numpy_raw(self, raw: str) -> Any | None:
+        import numpy as np
+
+        info = self._tensors[raw]
+        dtype = {"F32": np.float32, "F16": np.float16, "F64": np.float64,
+                 "BF16": np.uint16}.get(info.dtype)
+        if dtype is None or info.offsets is None or info.numel == 0:
+            return None
+        return np.memmap(self.path, dtype=dtype, mode="r", offset=self._data_start +
+                         info.offsets[0], shape=info.shape)
 
     def _read(self, raw: str, rows: tuple[int, int] | None) -> torch.Tensor:
         from safetensors import SafetensorError, safe_open
@@ -251,6 +274,15 @@ class SafetensorsStore(TensorStore):
             raise CheckpointError(f"cannot read tensor {printable(raw)!r}: "
                                   f"{type(exc).__name__}", "the file may be damaged",
                                   self.source) from None
+
+
+def as_float32(block: Any, dtype: str) -> Any:
+    """A float32 numpy copy of a slice of `numpy_view` output."""
+    import numpy as np
+
+    if dtype == "BF16":  # bfloat16 is the top half of a float32
+        return (np.asarray(block, dtype=np.uint32) << 16).view(np.float32)
+    return np.asarray(block, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -435,6 +467,11 @@ class ShardedStore(TensorStore):
     def _info(self, raw: str) -> TensorInfo:
         shard = self.shard_of(raw)
         return shard._info(raw)
+
+    def numpy_view(self, name: str) -> Any | None:
+        raw = self._raw(name)
+        shard = self.shard_of(raw)
+        return shard._numpy_raw(raw) if isinstance(shard, SafetensorsStore) else None
 
     def _read(self, raw: str, rows: tuple[int, int] | None) -> torch.Tensor:
         return self.shard_of(raw)._read(raw, rows)

@@ -111,34 +111,75 @@ class LayerDetail:
 
 
 def layer_detail(layer: AttentionLayer, store: TensorStore) -> LayerDetail:
-    """Per-head slices and norms, reading one projection at a time."""
-    import torch
-
-    from attnviz.forward import read_ref
-
+    """Per-head slices and their norms, streaming one head's slice at a time."""
     H, H_kv = layer.num_heads, layer.num_kv_heads
     assert H is not None and H_kv is not None
     non_finite: dict[str, int] = {}
     norms: dict[str, list[float]] = {}
     for name, r in weight_refs(layer).items():
-        tensor = read_ref(store, r).float()
-        non_finite[r.describe()] = int((~torch.isfinite(tensor)).sum().item())
         if name == "q":
             spans = [layer.q_rows(h) for h in range(H)]
         elif name == "o":
-            tensor = tensor.T  # W_o is split by columns
             spans = [layer.o_cols(h) for h in range(H)]
         else:
             spans = [layer.kv_rows(g) for g in range(H_kv)]
-        norms[name] = [torch.linalg.matrix_norm(tensor[a:b]).item() for a, b in spans]
-        del tensor
+        norms[name], non_finite[r.describe()] = slice_norms(store, r, spans, name == "o")
     for r in bias_refs(layer).values():
-        non_finite[r.describe()] = int((~torch.isfinite(read_ref(store, r).float())).sum())
+        non_finite[r.describe()] = slice_norms(store, r, [(0, r.shape[0])], False)[1]
     heads = [HeadRow(h, layer.q_rows(h), layer.o_cols(h), layer.kv_head_of(h),
                      layer.kv_rows(layer.kv_head_of(h)), norms["q"][h],
                      norms["k"][layer.kv_head_of(h)], norms["v"][layer.kv_head_of(h)],
                      norms["o"][h]) for h in range(H)]
     return LayerDetail(layer, heads, non_finite)
+
+
+def slice_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]],
+                by_columns: bool) -> tuple[list[float], int]:
+    """Frobenius norms (of the finite values) of row or column spans that together cover
+    `ref`, and its NaN/Inf count.
+
+    Safetensors data is read through a numpy memory map one span at a time (no torch import,
+    no whole-tensor copy); other formats go through torch.
+    """
+    view = store.numpy_view(ref.key)
+    if view is None:
+        return _torch_norms(store, ref, spans, by_columns)
+    import numpy as np
+
+    from attnviz.checkpoint import as_float32
+
+    canonical = view.reshape(-1) if ref.flatten else (view.T if ref.transposed else view)
+    norms, bad = [], 0
+    for start, stop in spans:
+        squares = 0.0
+        if by_columns:
+            blocks = [canonical[:, start:stop]]
+        else:
+            absolute = ref.take(((start, stop),)).row_ranges or ((start, stop),)
+            blocks = [canonical[a:b] for a, b in absolute]
+        for block in blocks:
+            values = as_float32(block, ref.dtype).astype(np.float64)
+            finite = np.isfinite(values)
+            bad += int(values.size - finite.sum())
+            squares += float(np.square(values[finite]).sum())
+        norms.append(squares**0.5)
+    return norms, bad  # the spans cover the whole reference, so `bad` counts all of it
+
+
+def _torch_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]],
+                 by_columns: bool) -> tuple[list[float], int]:
+    import torch
+
+    from attnviz.forward import read_ref
+
+    tensor = read_ref(store, ref).float()
+    bad = int((~torch.isfinite(tensor)).sum().item())
+    if tensor.ndim == 1:
+        tensor = tensor[:, None]
+    if by_columns:
+        tensor = tensor.T
+    clean = torch.nan_to_num(tensor, nan=0.0, posinf=0.0, neginf=0.0)
+    return [torch.linalg.matrix_norm(clean[a:b]).item() for a, b in spans], bad
 
 
 def scan_non_finite(inventory: Inventory, store: TensorStore) -> dict[str, int]:
