@@ -121,7 +121,7 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     _, attn, method = layer_attention(layer, weights, x.to(device), key.to(device),
                                       value.to(device), pad.to(device), causal)
     notes = []
-    if layer.positions not in ("none", "learned"):
+    if layer.positions not in ("none", "learned", "sinusoidal"):
         notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
                      "layer runs without them (use --positions sinusoidal to add absolute "
                      "positions to the inputs)")

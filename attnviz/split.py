@@ -326,9 +326,12 @@ def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[Split
     weights = load_weights(layer, store)
     check_finite(weights)
     notes = []
-    if layer.positions not in ("none", "learned"):
-        notes.append(f"this layer's family applies {layer.positions} position encoding to q and "
-                     "k; the proof runs the projections and softmax without it, which is what "
-                     "the head split concerns")
+    if layer.positions.startswith("rope"):
+        notes.append(f"this layer's family rotates q and k ({layer.positions}) after the head "
+                     "split; the proof runs the projections and softmax without it, which is "
+                     "what the head split concerns")
+    elif layer.positions in ("alibi", "relative bias"):
+        notes.append(f"this layer's family adds a {layer.positions} term to the scores; the "
+                     "proof runs without it, which does not touch the head split")
     report = SplitReport(layer, split_projections(layer), prove_split(layer, weights, seed), notes)
     return report, weights

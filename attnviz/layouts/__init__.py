@@ -14,7 +14,7 @@ from types import ModuleType
 from attnviz.checkpoint import TensorStore
 from attnviz.errors import UsageError, printable
 from attnviz.layer import AttentionLayer
-from attnviz.layouts import torch_mha
+from attnviz.layouts import bert, fused_qkv, gpt2, gpt_bigcode, neox, qkv_proj, t5, torch_mha
 from attnviz.layouts.base import HeadHints, natural_key
 
 Finder = Callable[[TensorStore, HeadHints], list[AttentionLayer]]
@@ -26,14 +26,14 @@ def register(module: ModuleType) -> None:
     FAMILIES[module.FAMILY] = module.find
 
 
-for _module in (torch_mha,):
+for _module in (torch_mha, bert, gpt2, gpt_bigcode, qkv_proj, fused_qkv, neox, t5):
     register(_module)
 
 # Key fragments that mark a tensor as attention-related; unclaimed ones are reported, not dropped.
 _ATTENTION_HINT = re.compile(r"(attn|attention|self_attention|selfattention|encdecattention)",
                              re.IGNORECASE)
-_NOT_WEIGHTS = re.compile(r"(inv_freq|masked_bias|norm|rotary|relative_attention_bias)",
-                          re.IGNORECASE)
+_NOT_WEIGHTS = re.compile(r"(inv_freq|masked_bias|norm|rotary|relative_attention_bias|ln_attn|"
+                          r"distance_embedding|relative_position)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
