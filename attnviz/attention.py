@@ -7,6 +7,7 @@ rows and columns are real. Renderers slice; they never recompute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,11 +32,14 @@ SDPA_TOLERANCE = 1e-4  # explicit per-head output vs F.scaled_dot_product_attent
 class LayerAttention:
     index: int  # position of the layer in the model (0 for a standalone layer)
     layer: AttentionLayer
-    weights: torch.Tensor  # (B, H, L, S) float32 on the CPU
+    weights: torch.Tensor | None  # (B, H, L, S) float32 on the CPU; None when streamed
     inputs: torch.Tensor  # (B, L, E) the vectors entering the layer
     method: str  # which computation produced the weights
     key_inputs: torch.Tensor | None = None  # (B, S, kdim) when kdim ≠ E, else None (= inputs)
     value_inputs: torch.Tensor | None = None
+    # Streamed long inputs keep only display-sized maps and statistics (see attnviz.streaming).
+    views: list[Any] | None = None
+    stats: list[Any] | None = None
 
 
 @dataclass
@@ -108,8 +112,9 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
 
 
 def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, causal: bool,
-              positions: str, device: torch.device, weights_store: TensorStore) -> AttentionRun:
-    """One standalone layer on a padded batch."""
+              positions: str, device: torch.device, weights_store: TensorStore,
+              allow_stream: bool = True) -> AttentionRun:
+    """One standalone layer on a padded batch; long inputs stream head by head."""
     x, described = input_vectors(batch, layer.embed_dim, store, positions)
     # Self-attention over the same sentence; kdim/vdim ≠ E layers get vectors of their width.
     key = x if layer.kdim == layer.embed_dim else input_vectors(batch, layer.kdim, None,
@@ -117,10 +122,22 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     value = x if layer.vdim == layer.embed_dim else input_vectors(batch, layer.vdim, None,
                                                                   positions)[0]
     pad = padding_mask(batch)
+    notes = []
+    from attnviz import streaming
+
+    extra = 1 if layer.bias_k is not None else 0
+    if allow_stream and streaming.full_maps_bytes(batch, layer.num_heads or 0, extra) > \
+            streaming.MAP_BUDGET_BYTES:
+        streamed = streaming.stream_layer(layer, weights_store, batch, x, key, value, pad,
+                                          causal, device)
+        notes.append("long input: maps computed one head at a time and kept only at display "
+                     f"size (≤ {streaming.DISPLAY_CELLS} per side); --export or --query keep "
+                     "the full maps")
+        return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
+                            causal, weights_store, notes)
     weights = load_weights(layer, weights_store, device=str(device))
     _, attn, method = layer_attention(layer, weights, x.to(device), key.to(device),
                                       value.to(device), pad.to(device), causal)
-    notes = []
     if layer.positions not in ("none", "learned", "sinusoidal"):
         notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
                      "layer runs without them (use --positions sinusoidal to add absolute "
@@ -190,6 +207,13 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
 def check_finite_maps(run: AttentionRun) -> None:
     """NaN/Inf in the maps (from NaN weights or overflow) are reported, never drawn."""
     for captured in run.layers:
+        if captured.weights is None:
+            bad = sum(int((~torch.isfinite(torch.from_numpy(v.values))).sum())
+                      for v in captured.views or [])
+            if bad:
+                raise CheckFailed(f"layer {captured.index} produced non-finite attention "
+                                  "weights", "check the weights with 'attnviz inspect --scan'")
+            continue
         for b, n in enumerate(run.batch.lengths):
             bad = int((~torch.isfinite(captured.weights[b, :, :n, :n])).sum())
             if bad:

@@ -314,7 +314,8 @@ def heatmap(
                               else num_heads, kdim, vdim, True, seed=seed) if random else None
     request = heatmap_mod.HeatmapRequest(batch, weights, layer, spec,
                                          HeadHints(num_heads, num_kv_heads, head_dim), causal,
-                                         positions, device)
+                                         positions, device,
+                                         keep_full_maps=export is not None or query is not None)
     attention_run = heatmap_mod.run(request)
     render_heatmap(attention_run, head, average, out_path, export_path, query_index,
                    sentence - 1, stats, maps, as_json)
@@ -329,10 +330,11 @@ def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path
     from attnviz.attention import check_finite_maps, query_breakdown
 
     for captured in attention_run.layers:
-        views.check_head(head, captured.weights.shape[1])
+        views.check_head(head, captured.layer.num_heads or 0)
     check_finite_maps(attention_run)
-    head_stats = [s for captured in attention_run.layers for s in stats_mod.head_stats(
-        captured.weights, attention_run.batch.tokens, captured.index)]
+    head_stats = [s for captured in attention_run.layers for s in (
+        captured.stats if captured.weights is None else stats_mod.head_stats(
+            captured.weights, attention_run.batch.tokens, captured.index))]
     selected = views.select_maps(attention_run, head, average)
     breakdown = None
     if query_index is not None:

@@ -131,25 +131,34 @@ def per_head_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.
     assert H is not None
     qs, ks, vs, scores, attns = [], [], [], [], []
     out = torch.zeros(*query.shape[:-1], layer.embed_dim, dtype=query.dtype, device=query.device)
-    mask = _merged_mask(key_padding_mask, attn_mask, weights.bias_k is not None)
+    mask = merged_mask(key_padding_mask, attn_mask, weights.bias_k is not None)
     for h in range(H):
+        q_h, k_h, v_h, s_h, a_h = head_attention(layer, weights, h, query, key, value, mask)
         q0, q1 = layer.q_rows(h)
-        k0, k1 = layer.kv_rows(layer.kv_head_of(h))
-        q_h = _project(query, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1))  # (B, L, d)
-        k_h = _project(key, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1))  # (B, S, d)
-        v_h = _project(value, weights.W_v[k0:k1], _rows(weights.b_v, k0, k1))  # (B, S, d)
-        if weights.bias_k is not None:
-            k_h = _append_position(k_h, weights.bias_k[k0:k1])  # (B, S+1, d)
-            v_h = _append_position(v_h, weights.bias_v[k0:k1])
-        s_h = layer.effective_scale * (q_h @ k_h.transpose(-1, -2))  # (B, L, S)
-        masked = s_h if mask is None else s_h.masked_fill(mask, float("-inf"))
-        a_h = torch.softmax(masked, dim=-1)  # (B, L, S)
         out = out + (a_h @ v_h) @ weights.W_o[:, q0:q1].T  # (B, L, E)
         qs.append(q_h), ks.append(k_h), vs.append(v_h), scores.append(s_h), attns.append(a_h)
     if weights.b_o is not None:
         out = out + weights.b_o
     stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
     return HeadParts(stack(qs), stack(ks), stack(vs), stack(scores), stack(attns), out)
+
+
+def head_attention(layer: AttentionLayer, weights: LayerWeights, head: int, query: torch.Tensor,
+                   key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, ...]:
+    """One head from its slices: (q_h, k_h, v_h, scaled scores, weights); mask from
+    `merged_mask` (True = masked)."""
+    q0, q1 = layer.q_rows(head)
+    k0, k1 = layer.kv_rows(layer.kv_head_of(head))
+    q_h = _project(query, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1))  # (B, L, d)
+    k_h = _project(key, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1))  # (B, S, d)
+    v_h = _project(value, weights.W_v[k0:k1], _rows(weights.b_v, k0, k1))  # (B, S, d)
+    if weights.bias_k is not None:
+        k_h = _append_position(k_h, weights.bias_k[k0:k1])  # (B, S+1, d)
+        v_h = _append_position(v_h, weights.bias_v[k0:k1])
+    s_h = layer.effective_scale * (q_h @ k_h.transpose(-1, -2))  # (B, L, S)
+    masked = s_h if mask is None else s_h.masked_fill(mask, float("-inf"))
+    return q_h, k_h, v_h, s_h, torch.softmax(masked, dim=-1)
 
 
 def reshaped_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.Tensor,
@@ -170,7 +179,7 @@ def reshaped_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.
         v = torch.cat([v, weights.bias_v.view(1, H_kv, 1, d).expand(B, -1, -1, -1)], dim=2)
     k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, S, d), as transformers' repeat_kv
     v = v.repeat_interleave(H // H_kv, dim=1)
-    mask = _merged_mask(key_padding_mask, attn_mask, weights.bias_k is not None)
+    mask = merged_mask(key_padding_mask, attn_mask, weights.bias_k is not None)
     allowed = None if mask is None else ~mask.unsqueeze(1)  # SDPA: True = may attend
     ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=layer.effective_scale)
     out = F.linear(ctx.transpose(1, 2).reshape(B, L, H * d), weights.W_o, weights.b_o)
@@ -192,7 +201,7 @@ def _append_position(t: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
     return torch.cat([t, extra.view(1, 1, -1).expand(t.shape[0], 1, -1)], dim=1)
 
 
-def _merged_mask(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
+def merged_mask(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor | None,
                  extra_key: bool) -> torch.Tensor | None:
     """One bool mask (B or 1, L or 1, S) with True = masked, padded for a bias_k column."""
     mask = None

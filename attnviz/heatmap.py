@@ -26,6 +26,7 @@ class HeatmapRequest:
     causal: bool = False
     positions: str = "none"
     device: str = "auto"
+    keep_full_maps: bool = False  # --export and --query need every head's full map
 
 
 def run(request: HeatmapRequest) -> Any:
@@ -43,7 +44,7 @@ def run(request: HeatmapRequest) -> Any:
     if request.random is not None:
         layer, store = sources.random_mha(request.random)
         return run_layer(layer, None, request.batch, request.causal, request.positions, device,
-                         store)
+                         store, not request.keep_full_maps)
     store = tinymodel.open_bundled() if request.weights is None else \
         open_checkpoint(request.weights)
     if tinymodel.is_tiny_model(store):
@@ -60,7 +61,7 @@ def run(request: HeatmapRequest) -> Any:
                          "pass --num-heads (and --num-kv-heads for grouped-query layers)",
                          "--num-heads")
     return run_layer(layer, store, request.batch, request.causal or layer.causal,
-                     request.positions, device, store)
+                     request.positions, device, store, not request.keep_full_maps)
 
 
 def export(run: Any, path: Path) -> None:

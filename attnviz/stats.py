@@ -11,6 +11,7 @@ All statistics average over the real (non-padding) query positions of every sent
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -45,22 +46,31 @@ class HeadStats:
         return {**asdict(self), "label": self.label}
 
 
-def pattern_masks(tokens: list[str]) -> dict[str, torch.Tensor]:
-    """(n, n) bool masks of the keys each pattern points at, for one unpadded sentence."""
+@functools.lru_cache(maxsize=8)  # streaming asks once per head for the same sentences
+def pattern_pairs(tokens: tuple[str, ...]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(query, key) index pairs each pattern points at, for one unpadded sentence."""
     n = len(tokens)
     ids = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
     token_ids = torch.tensor([ids[t] for t in tokens])
-    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)  # key j < query i
-    same = (token_ids[:, None] == token_ids[None, :]) & earlier
-    # induction target (i, j+1) for every earlier copy j of token i, with j + 1 < i
-    induction = torch.zeros(n, n, dtype=torch.bool)
-    induction[:, 1:] = same[:, :-1]
-    induction &= earlier
-    eye = torch.eye(n, dtype=torch.bool)
-    first = torch.zeros(n, n, dtype=torch.bool)
-    first[1:, 0] = True
-    return {"previous": eye.roll(-1, 1) & earlier if n > 1 else eye & earlier, "first": first,
-            "self": eye, "duplicate": same, "induction": induction}
+    positions = torch.arange(n)
+    # earlier copies of the query's token; tokens rarely repeat, so the pairs stay few
+    same = (token_ids[:, None] == token_ids[None, :]).tril(-1)
+    dup_q, dup_k = same.nonzero(as_tuple=True)
+    keep = dup_k + 1 < dup_q  # induction target: the token after the copy, before the query
+    return {
+        "previous": (positions[1:], positions[:-1]),
+        "first": (positions[1:], torch.zeros(n - 1, dtype=torch.long)),
+        "self": (positions, positions),
+        "duplicate": (dup_q, dup_k),
+        "induction": (dup_q[keep], dup_k[keep] + 1),
+    }
+
+
+@functools.lru_cache(maxsize=2)
+def _distances(n: int) -> torch.Tensor:
+    """|i - j| for an n × n map."""
+    pos = torch.arange(n, dtype=torch.float32)
+    return (pos[:, None] - pos[None, :]).abs()
 
 
 def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int) -> list[HeadStats]:
@@ -72,18 +82,19 @@ def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int) -> li
     for b, toks in enumerate(tokens):
         n = len(toks)
         a = weights[b, :, :n, :n].float()  # (H, n, n) real queries and keys only
-        pos = torch.arange(n, dtype=torch.float32)
-        plogp = torch.special.xlogy(a, a)  # 0 · log 0 = 0
-        sums["entropy"] += -plogp.sum((-1, -2)).double()
-        del plogp
+        sums["entropy"] -= torch.special.xlogy(a, a).sum((-1, -2)).double()  # 0 · log 0 = 0
         sums["max_weight"] += a.amax(-1).sum(-1).double()
-        sums["distance"] += (a * (pos[:, None] - pos[None, :]).abs()).sum((-1, -2)).double()
+        sums["distance"] += (a * _distances(n)).sum((-1, -2)).double()
         for name in ("entropy", "max_weight", "distance"):
             counts[name] += n
-        for name, mask in pattern_masks(toks).items():
-            rows = mask.any(-1)  # queries for which this pattern exists
-            sums[name] += (a * mask).sum(-1)[:, rows].sum(-1).double()
-            counts[name] += int(rows.sum())
+        for name, (queries, keys) in pattern_pairs(tuple(toks)).items():
+            if len(queries) == 0:
+                continue
+            mass = torch.zeros(H, n, dtype=torch.float64)  # per query: weight on its targets
+            mass.index_add_(1, queries, a[:, queries, keys].double())
+            rows = torch.unique(queries)
+            sums[name] += mass[:, rows].sum(-1)
+            counts[name] += len(rows)
     means = {name: (sums[name] / counts[name]).tolist() if counts[name] else None
              for name in sums}
     return [HeadStats(layer=layer, head=h, **{

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from attnviz.attention import AttentionRun
 from attnviz.errors import UsageError
 
@@ -24,6 +22,10 @@ class MapView:
     row_labels: list[str]
     col_labels: list[str]
     downsampled: bool
+    # token index spans each displayed row/column covers, after downsampling (None: one each)
+    row_spans: tuple[tuple[int, int], ...] | None = None
+    col_spans: tuple[tuple[int, int], ...] | None = None
+    tokens: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # original (rows, cols)
 
     @property
     def title(self) -> str:
@@ -66,6 +68,11 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
     for b, tokens in enumerate(run.batch.tokens):
         n = len(tokens)
         for captured in run.layers:
+            if captured.weights is None:  # streamed: display-sized views were kept instead
+                views += [v for v in captured.views or [] if v.sentence == b and (
+                    v.head is None if average else (head is None and v.head is not None)
+                    or v.head == head)]
+                continue
             maps = captured.weights[b, :, :n, :]  # (H, n, S)
             extra = maps.shape[-1] - run.batch.max_len  # bias_k columns sit after the padding
             keys = list(range(n)) + list(range(run.batch.max_len, maps.shape[-1]))
@@ -86,13 +93,28 @@ def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:
     rows, cols = view.values.shape
     if rows <= max_rows and cols <= max_cols:
         return view
-    values = torch.from_numpy(view.values)
+    import numpy as np
+
     row_blocks, col_blocks = _blocks(rows, max_rows), _blocks(cols, max_cols)
-    summed = torch.stack([values[:, a:b].sum(1) for a, b in col_blocks], 1)
-    averaged = torch.stack([summed[a:b].mean(0) for a, b in row_blocks], 0)
-    return MapView(view.sentence, view.layer, view.head, averaged.numpy(),
-                   _block_labels(view.row_labels, row_blocks),
-                   _block_labels(view.col_labels, col_blocks), True)
+    summed = np.add.reduceat(view.values, [a for a, _ in col_blocks], axis=1)
+    sizes = np.array([b - a for a, b in row_blocks], dtype=np.float32)[:, None]
+    averaged = np.add.reduceat(summed, [a for a, _ in row_blocks], axis=0) / sizes
+    row_spans = _compose(view.row_spans or _unit(rows), row_blocks)
+    col_spans = _compose(view.col_spans or _unit(cols), col_blocks)
+    tokens = view.tokens or (tuple(view.row_labels), tuple(view.col_labels))
+    return MapView(view.sentence, view.layer, view.head, averaged.astype(np.float32),
+                   _span_labels(tokens[0], row_spans), _span_labels(tokens[1], col_spans), True,
+                   row_spans, col_spans, tokens)
+
+
+def _unit(n: int) -> tuple[tuple[int, int], ...]:
+    return tuple((i, i + 1) for i in range(n))
+
+
+def _compose(spans: tuple[tuple[int, int], ...], blocks: list[tuple[int, int]]
+             ) -> tuple[tuple[int, int], ...]:
+    """Token spans of blocks of already-spanned rows."""
+    return tuple((spans[a][0], spans[b - 1][1]) for a, b in blocks)
 
 
 def _blocks(n: int, parts: int) -> list[tuple[int, int]]:
@@ -101,5 +123,5 @@ def _blocks(n: int, parts: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(parts)]
 
 
-def _block_labels(labels: list[str], blocks: list[tuple[int, int]]) -> list[str]:
-    return [labels[a] if b - a == 1 else f"{a}-{b - 1}" for a, b in blocks]
+def _span_labels(labels: tuple[str, ...], spans: tuple[tuple[int, int], ...]) -> list[str]:
+    return [labels[a] if b - a == 1 else f"{a}-{b - 1}" for a, b in spans]

@@ -256,3 +256,44 @@ def test_head_statistics_equal_a_naive_loop():
         assert s.first == pytest.approx(sums["first"] / counts["first"], rel=1e-5)
         assert s.duplicate == pytest.approx(sums["dup"] / counts["dup"], rel=1e-5)
         assert s.induction == pytest.approx(sums["ind"] / counts["ind"], rel=1e-5)
+
+
+def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
+    """Streaming (one head at a time, display-sized maps) must show what the full maps show."""
+    import json as json_mod
+
+    from attnviz import streaming
+
+    words = " ".join(f"w{i % 37}" for i in range(90))
+    args = ["heatmap", "--random", "-H", "4", words, "a b a b", "--json", "--causal"]
+    full = json_mod.loads(cli(*args).stdout)
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(streaming, "DISPLAY_CELLS", 32)
+    streamed = json_mod.loads(cli(*args).stdout)
+    assert streamed["layers"][0]["method"].startswith("explicit per head, streamed")
+    for a, b in zip(full["head_stats"], streamed["head_stats"], strict=True):
+        for key in ("entropy", "max_weight", "distance", "previous", "induction", "duplicate"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    out = tmp_path / "long.png"
+    result = cli("heatmap", "--random", "-H", "4", words, "--out", out, "--no-stats")
+    assert result.exit_code == 0, result.output
+    assert "long input: maps computed one head at a time" in result.stdout
+    assert "downsampled to fit" in result.stdout
+    assert read_image(out).std() > 0.05
+
+
+def test_downsampling_keeps_rows_summing_to_one():
+    import numpy as np
+
+    from attnviz.views import MapView, downsample
+
+    values = np.random.default_rng(0).random((100, 100)).astype(np.float32)
+    values /= values.sum(1, keepdims=True)
+    labels = [f"t{i}" for i in range(100)]
+    small = downsample(MapView(0, 0, 0, values, labels, labels, False), 30, 7)
+    assert small.values.shape == (30, 7)
+    np.testing.assert_allclose(small.values.sum(1), 1.0, rtol=1e-5)
+    assert small.col_spans[0] == (0, 14) and small.col_labels[0] == "0-13"
+    smaller = downsample(small, 3, 3)  # downsampling twice composes the token spans
+    assert smaller.row_spans == ((0, 33), (33, 67), (67, 100))
+    np.testing.assert_allclose(smaller.values.sum(1), 1.0, rtol=1e-5)

@@ -1,0 +1,64 @@
+"""Long inputs in bounded memory: one head's (B, L, S) map at a time, reduced at once to
+display-sized maps and statistics, never all heads' full L × S maps together.
+
+Memory: O(B · L · S) for one head (plus O(H · B · c²) for c × c display maps), against
+O(B · H · L · S) for the full maps; time is the same O(H · B · L · S · d) work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from attnviz.attention import AttentionRun, LayerAttention
+from attnviz.forward import causal_mask, head_attention, load_weights, merged_mask
+from attnviz.inputs import Batch
+from attnviz.layer import AttentionLayer
+from attnviz.stats import head_stats
+from attnviz.views import MapView, downsample
+
+MAP_BUDGET_BYTES = 256 * 2**20  # beyond this, heatmap streams instead of keeping full maps
+DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
+
+
+def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0) -> int:
+    return len(batch.tokens) * num_heads * batch.max_len * (batch.max_len + extra_keys) * 4
+
+
+def stream_layer(layer: AttentionLayer, store, batch: Batch, x: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, pad: torch.Tensor, causal: bool,
+                 device: torch.device) -> LayerAttention:
+    """Per-head maps → display views (per sentence and head, plus their mean) and statistics."""
+    weights = load_weights(layer, store, device=str(device))
+    x, key, value, pad = x.to(device), key.to(device), value.to(device), pad.to(device)
+    mask = merged_mask(pad if bool(pad.any()) else None,
+                       causal_mask(x.shape[1], device) if causal else None,
+                       weights.bias_k is not None)
+    H = layer.num_heads or 0
+    views: list[MapView] = []
+    stats = []
+    sums: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for h in range(H):
+            attn = head_attention(layer, weights, h, x, key, value, mask)[-1].float().cpu()
+            stats += [replace(s, head=h) for s in head_stats(attn[:, None], batch.tokens, 0)]
+            for b, tokens in enumerate(batch.tokens):
+                n = len(tokens)
+                extra = attn.shape[-1] - batch.max_len  # bias_k columns follow the padding
+                values = attn[b, :n, :n] if not extra else torch.cat(
+                    [attn[b, :n, :n], attn[b, :n, batch.max_len:]], -1)
+                labels = tokens + ["<bias_k>"] * extra
+                view = downsample(MapView(b, 0, h, values.numpy(), list(tokens), labels, False),
+                                  DISPLAY_CELLS, DISPLAY_CELLS)
+                views.append(view)
+                sums[b] = sums.get(b, 0) + torch.from_numpy(view.values)
+            del attn
+    means = [replace(views[b], head=None, values=(sums[b] / H).numpy())
+             for b in range(len(batch.tokens))]
+    method = "explicit per head, streamed (one head's map at a time)"
+    return LayerAttention(0, layer, None, x.cpu(), method, views=views + means, stats=stats)
+
+
+def streamed_run(run: AttentionRun) -> bool:
+    return any(layer.weights is None for layer in run.layers)
