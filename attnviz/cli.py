@@ -230,8 +230,7 @@ def inspect(
     from attnviz.render.tables import print_detail, print_inventory
 
     console = _console()
-    print_inventory(console, doc, non_finite if non_finite is not None else
-                    (detail.non_finite if detail else None))
+    print_inventory(console, doc, non_finite, data_read=detail is not None)
     if detail is not None:
         print_detail(console, detail)
 

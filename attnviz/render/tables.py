@@ -71,7 +71,7 @@ def layers_table(layers: list[dict[str, Any]]) -> Table:
 
 
 def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str, int] | None,
-                    ) -> None:
+                    data_read: bool = False) -> None:
     console.print(Text.assemble(("source  ", "bold"), f"{doc['source']}  ({doc['format']})"))
     for key, layers in layer_groups(doc["layers"]).items():
         console.print()
@@ -98,10 +98,10 @@ def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str,
     for prefix in doc["unclassified"]:
         console.print(Text(f"unclassified: {printable(prefix)} looks like attention but matches "
                            "no known layout", style="yellow"))
-    if non_finite is None:
+    if non_finite is None and not data_read:
         console.print(Text("tensor data not read (headers only); --scan checks every attention "
                            "tensor for NaN/Inf, --layer L shows per-head slices", style="dim"))
-    else:
+    elif non_finite is not None:
         print_non_finite(console, non_finite)
 
 
@@ -122,13 +122,11 @@ def print_detail(console: Console, detail: LayerDetail) -> None:
     console.print(Text(f"layer {layer.name or '(top level)'}: {layer.num_heads} query heads, "
                        f"{layer.num_kv_heads} key/value heads, d = {layer.head_dim}", style="bold"))
     grouped = layer.num_kv_heads != layer.num_heads
-    table = Table(show_edge=False, pad_edge=False, header_style="bold")
-    columns = ["head", "W_q rows", "W_o cols"] + (["kv head", "W_k/W_v rows"] if grouped else
-                                                  ["W_k/W_v rows"])
-    columns += ["‖W_q,h‖", "‖W_k,h‖" if not grouped else "‖W_k,kv‖",
-                "‖W_v,h‖" if not grouped else "‖W_v,kv‖", "‖W_o,h‖"]
+    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
+    columns = ["head", "W_q rows", "W_o cols"] + (["kv head"] if grouped else [])
+    columns += ["W_k/W_v rows", "‖W_q‖", "‖W_k‖", "‖W_v‖", "‖W_o‖"]
     for title in columns:
-        table.add_column(title, justify="right")
+        table.add_column(title, justify="right", no_wrap=True)
     for h in detail.heads:
         cells = [str(h.head), f"{h.q_rows[0]}:{h.q_rows[1]}", f"{h.o_cols[0]}:{h.o_cols[1]}"]
         if grouped:
@@ -137,6 +135,6 @@ def print_detail(console: Console, detail: LayerDetail) -> None:
         cells += [f"{n:.4g}" for n in (h.q_norm, h.k_norm, h.v_norm, h.o_norm)]
         table.add_row(*cells)
     console.print(table)
-    console.print(Text("norms are Frobenius norms of each head's slice; rows index the (out, in) "
-                       "matrices above", style="dim"))
+    console.print(Text("‖·‖ = Frobenius norm of the head's slice (W_k/W_v: of its kv head's "
+                       "rows); rows and columns index the (out, in) matrices above", style="dim"))
     print_non_finite(console, detail.non_finite)
