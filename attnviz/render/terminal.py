@@ -47,14 +47,20 @@ def summary(report: SplitReport, source: str) -> Text:
     return text
 
 
-def projection_title(proj: ProjectionSplit) -> Text:
+def projection_title(proj: ProjectionSplit, prefix: str = "") -> Text:
     text = Text()
     text.append(f"{PROJECTION_TITLES[proj.name]} {fmt_shape(proj.shape)}", style="bold")
-    text.append(f" · split by {proj.split} · stored at {proj.stored_at}")
+    text.append(f" · split by {proj.split} · stored at {_relative(proj.stored_at, prefix)}")
     return text
 
 
-def projection_table(proj: ProjectionSplit, num_heads: int) -> Table:
+def _relative(stored_at: str, prefix: str) -> str:
+    """Drop the layer's own prefix: it is printed once above the tables."""
+    return stored_at[len(prefix) + 1:] if prefix and stored_at.startswith(prefix + ".") \
+        else stored_at
+
+
+def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") -> Table:
     axis = "rows" if proj.split == "rows" else "cols"
     table = Table(show_edge=False, pad_edge=False)
     is_kv = proj.name in ("k", "v")
@@ -68,7 +74,7 @@ def projection_table(proj: ProjectionSplit, num_heads: int) -> Table:
     for h in proj.heads:
         color = hex_color(head_rgb(h.head, num_heads))
         cells = [Text(str(h.head), style=f"bold {color}"), f"{h.start}:{h.stop}",
-                 fmt_shape(h.shape), h.stored_at]
+                 fmt_shape(h.shape), _relative(h.stored_at, prefix)]
         if h.query_heads:
             cells.append(_span(h.query_heads))
         table.add_row(*cells)
@@ -128,8 +134,8 @@ def print_split(console: Console, report: SplitReport, picture: BandPicture | No
     console.print(summary(report, source))
     for proj in report.projections.values():
         console.print()
-        console.print(projection_title(proj))
-        console.print(projection_table(proj, layer.num_heads))
+        console.print(projection_title(proj, layer.name))
+        console.print(projection_table(proj, layer.num_heads, layer.name))
     if picture is not None:
         console.print()
         console.print(band_view(picture, layer.num_heads, layer.embed_dim))
