@@ -285,6 +285,8 @@ def heatmap(
         "Longest sentence accepted (attention costs O(L²) per head)."))] = 256,
     max_sentences: Annotated[int, typer.Option("--max-sentences", help=(
         "Most sentences accepted in one batch."))] = 64,
+    max_panels: Annotated[int, typer.Option("--max-panels", help=(
+        "Most heatmap panels in one --out figure."))] = 256,
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
@@ -314,7 +316,10 @@ def heatmap(
     request = heatmap_mod.HeatmapRequest(batch, weights, layer, spec,
                                          HeadHints(num_heads, num_kv_heads, head_dim), causal,
                                          positions, device,
-                                         keep_full_maps=export is not None or query is not None)
+                                         keep_full_maps=export is not None or query is not None,
+                                         max_panels=max_panels if out_path else None,
+                                         panels_per_map=1 if head is not None or average
+                                         else None)
     attention_run = heatmap_mod.run(request)
     render_heatmap(attention_run, head, average, out_path, export_path, query_index,
                    sentence - 1, stats, maps, as_json)

@@ -27,6 +27,18 @@ class HeatmapRequest:
     positions: str = "none"
     device: str = "auto"
     keep_full_maps: bool = False  # --export and --query need every head's full map
+    max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
+    panels_per_map: int | None = None  # heads shown per layer and sentence (1 for --head)
+
+
+def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
+    """Refuse a figure of more panels than --max-panels before any work is done."""
+    if request.max_panels is None:
+        return
+    panels = len(request.batch.tokens) * layers * (request.panels_per_map or heads)
+    if panels > request.max_panels:
+        raise UsageError(f"the figure would have {panels} panels, more than --max-panels "
+                         f"{request.max_panels}", "raise --max-panels, or pick --layer/--head")
 
 
 def run(request: HeatmapRequest) -> Any:
@@ -43,6 +55,7 @@ def run(request: HeatmapRequest) -> Any:
     device = resolve_device(request.device)
     if request.random is not None:
         layer, store = sources.random_mha(request.random)
+        check_panels(request, 1, layer.num_heads or 0)
         return run_layer(layer, None, request.batch, request.causal, request.positions, device,
                          store, not request.keep_full_maps)
     store = tinymodel.open_bundled() if request.weights is None else \
@@ -52,14 +65,17 @@ def run(request: HeatmapRequest) -> Any:
             raise UsageError("the bundled model has its own learned positions",
                              "drop --positions", "--positions")
         count = int(store.metadata.get("num_layers", "0") or 0)
-        return tinymodel.run_tiny(store, request.batch, parse_layers(request.layer, count),
-                                  device)
+        chosen = parse_layers(request.layer, count)
+        check_panels(request, count if chosen is None else len(chosen),
+                     int(store.metadata.get("num_heads", "0") or 0))
+        return tinymodel.run_tiny(store, request.batch, chosen, device)
     inventory = find_layers(store, request.hints)
     layer = select_layer(inventory, request.layer, store.source)
     if not layer.heads_known:
         raise UsageError(f"the number of heads of layer {layer.name!r} is unknown",
                          "pass --num-heads (and --num-kv-heads for grouped-query layers)",
                          "--num-heads")
+    check_panels(request, 1, layer.num_heads or 0)
     return run_layer(layer, store, request.batch, request.causal or layer.causal,
                      request.positions, device, store, not request.keep_full_maps)
 

@@ -212,6 +212,7 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     (["a b", "--positions", "rope"], "unknown --positions"),
     (["a b", "--out", "x.gif"], "cannot tell the output format"),
     (["a b", "--export", "x.npz"], "cannot tell the output format"),
+    (["a b", "c", "--out", "m.png", "--max-panels", "15"], "16 panels, more than --max-panels"),
 ])
 def test_bad_input(cli, tmp_path, monkeypatch, args, fragment):
     monkeypatch.chdir(tmp_path)
