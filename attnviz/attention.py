@@ -177,6 +177,9 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     against the maps the run produced."""
     captured = run.layer(layer_index)
     layer = captured.layer
+    if layer.positions.startswith("rope") and captured.method.startswith("transformers"):
+        raise UsageError("--query does not apply rotary position embeddings yet",
+                         "use 'attnviz split --model … --verify' to check this layer's heads")
     n = run.batch.lengths[sentence]
     x = captured.inputs[sentence : sentence + 1, :n]
     key = x if captured.key_inputs is None else captured.key_inputs[sentence : sentence + 1, :n]

@@ -489,7 +489,13 @@ def safe_child(folder: Path, file_name: str) -> Path:
         raise CheckpointError(f"the index names shard {printable(str(file_name))!r}, which is not "
                               "a plain file name inside the folder", "", where)
     path = folder / file_name
-    if path.resolve().parent != folder.resolve():
+    target = path.resolve()
+    # The Hugging Face cache links snapshots/<rev>/<file> to ../../blobs/<hash>: allow that, and
+    # nothing else outside the folder.
+    blobs = folder.resolve().parent.parent / "blobs"
+    inside = target.parent == folder.resolve() or (
+        folder.resolve().parent.name == "snapshots" and target.parent == blobs)
+    if not inside:
         raise CheckpointError(f"shard {printable(file_name)!r} resolves outside the folder", "",
                               where)
     if not path.exists():

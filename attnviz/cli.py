@@ -129,6 +129,11 @@ def split(
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the facts as one JSON document.")]
     = False,
+    model: Annotated[str | None, typer.Option("--model", "-m", help=(
+        "A Hugging Face model folder or cached hub id; --layer is its layer index."))] = None,
+    verify: Annotated[bool, typer.Option("--verify", help=(
+        "--model: recompute the layer's attention from attnviz's slices and compare with the "
+        "model's own weights (needs attnviz[hf])."))] = False,
 ) -> None:
     """Show how the heads split W_q, W_k, W_v (by rows) and W_o (by columns), and prove it
     against torch's own forward."""
@@ -139,6 +144,14 @@ def split(
 
     inputs = [weights] if weights else []
     png_path = check_output_path(png, FIGURE_SUFFIXES, inputs, "--png") if png else None
+    if verify and model is None:
+        raise UsageError("--verify needs --model", "pass a Hugging Face model folder")
+    if model is not None:
+        if weights is not None or embed_dim is not None:
+            raise UsageError("--model excludes --weights and the random-init options", "")
+        split_model(model, layer, HeadHints(num_heads, num_kv_heads, head_dim), seed, png_path,
+                    as_json, verify)
+        return
     if weights is None:
         if layer is not None or num_kv_heads is not None or head_dim is not None:
             raise UsageError("--layer, --num-kv-heads and --head-dim need --weights", "")
@@ -156,8 +169,35 @@ def split(
     run_split(attn_layer, store, seed, png_path, as_json)
 
 
+VERIFY_SENTENCES = ["the cat sat on the mat and the cat slept",
+                    "heads split the projection, not the input"]
+
+
+def split_model(model: str, layer: str | None, hints: Any, seed: int, png_path: Path | None,
+                as_json: bool, verify: bool) -> None:
+    """split on one layer of a Hugging Face model, optionally verified against the model."""
+    from attnviz import sources
+    from attnviz.layouts import select_layer
+
+    folder = Path(model)
+    if not folder.is_dir() or verify:
+        from attnviz import hf
+
+        folder = hf.resolve_folder(model)
+    inventory, store = sources.open_inventory(folder, hints)
+    attn_layer = select_layer(inventory, layer if layer is not None else "0", store.source)
+    result = None
+    if verify:
+        from attnviz import hf
+
+        loaded = hf.load_model(str(folder))
+        index = inventory.layers.index(attn_layer)
+        result = hf.verify_layer(loaded, index, VERIFY_SENTENCES)
+    run_split(attn_layer, store, seed, png_path, as_json, result)
+
+
 def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
-              as_json: bool) -> None:
+              as_json: bool, verified: Any = None) -> None:
     from attnviz import split as split_mod
 
     report, layer_weights = split_mod.make_report(attn_layer, store, seed)
@@ -171,6 +211,11 @@ def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
     if as_json:
         doc = report.to_json()
         doc["source"] = store.source
+        if verified is not None:
+            doc["verify"] = {"layer": verified.layer_index, "max_abs_diff": verified.max_diff,
+                             "per_head": verified.per_head, "tolerance": verified.tolerance,
+                             "positions": verified.positions, "passed": verified.passed,
+                             "sentences": VERIFY_SENTENCES}
         typer.echo(json.dumps(doc, indent=2))
     else:
         from attnviz.render.terminal import LABEL_WIDTH, print_split
@@ -179,8 +224,18 @@ def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
         picture = split_mod.band_picture(attn_layer, layer_weights.W_q,
                                          max_cols=max(8, min(console.width, 120) - LABEL_WIDTH))
         print_split(console, report, picture, split_mod.explanation(attn_layer), store.source)
+        if verified is not None:
+            from attnviz.render.terminal import verify_lines
+
+            console.print(verify_lines(verified, VERIFY_SENTENCES))
         if png_path is not None:
             console.print(f"wrote {png_path}")
+    if verified is not None and not verified.passed:
+        from attnviz.errors import CheckFailed
+
+        raise CheckFailed(f"attnviz's per-head recomputation differs from the model's own "
+                          f"attention by {verified.max_diff:.2e}, above {verified.tolerance:.0e}",
+                          "report this with the model")
     if report.proof is not None and not report.proof.passed:
         from attnviz.errors import CheckFailed
 
@@ -272,6 +327,13 @@ def heatmap(
     = "none",
     device: Annotated[str, typer.Option("--device", help=(
         "auto (a GPU when present), cpu, cuda, cuda:N or mps."))] = "auto",
+    model: Annotated[str | None, typer.Option("--model", "-m", help=(
+        "A Hugging Face model folder or a hub id in the local cache (needs attnviz[hf])."))]
+    = None,
+    dtype: Annotated[str, typer.Option("--dtype", help=(
+        "--model: float32, bfloat16 or float16."))] = "float32",
+    device_map: Annotated[str | None, typer.Option("--device-map", help=(
+        "--model: 'auto' spreads a large model over devices (needs accelerate)."))] = None,
     random: Annotated[bool, typer.Option("--random", help=(
         "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))] = False,
     embed_dim: Annotated[int, typer.Option("--embed-dim", "-E", help="Random init: E.")] = 64,
@@ -304,13 +366,20 @@ def heatmap(
                    if export else None)
     if out_path is not None and out_path == export_path:
         raise UsageError("--out and --export name the same file", "choose two names")
-    if random and weights is not None:
-        raise UsageError("--random and --weights exclude each other", "choose one")
+    if sum((random, weights is not None, model is not None)) > 1:
+        raise UsageError("--random, --weights and --model exclude each other", "choose one")
     if not 1 <= sentence <= len(batch.tokens):
         raise UsageError(f"--sentence {sentence} is out of range",
                          f"choose 1..{len(batch.tokens)}", "--sentence")
-    query_index = (heatmap_mod.find_query(batch.tokens[sentence - 1], query)
-                   if query is not None else None)
+    if model is None and query is not None:
+        heatmap_mod.find_query(batch.tokens[sentence - 1], query)  # fail before any work
+    if model is not None:  # the model's own tokenizer decides the tokens
+        attention_run = heatmap_mod.run_model(model, texts, layer, device, dtype, device_map,
+                                              max_tokens, head is not None or average,
+                                              max_panels if out_path else None)
+        render_heatmap(attention_run, head, average, out_path, export_path, query,
+                       sentence - 1, stats, maps, as_json)
+        return
     spec = sources.RandomSpec(embed_dim, sources.DEFAULT_NUM_HEADS if num_heads is None
                               else num_heads, kdim, vdim, True, seed=seed) if random else None
     request = heatmap_mod.HeatmapRequest(batch, weights, layer, spec,
@@ -321,12 +390,12 @@ def heatmap(
                                          panels_per_map=1 if head is not None or average
                                          else None)
     attention_run = heatmap_mod.run(request)
-    render_heatmap(attention_run, head, average, out_path, export_path, query_index,
+    render_heatmap(attention_run, head, average, out_path, export_path, query,
                    sentence - 1, stats, maps, as_json)
 
 
 def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path: Path | None,
-                   export_path: Path | None, query_index: int | None, sentence_index: int,
+                   export_path: Path | None, query: str | None, sentence_index: int,
                    show_stats: bool, show_maps: bool, as_json: bool) -> None:
     from attnviz import heatmap as heatmap_mod
     from attnviz import stats as stats_mod
@@ -341,7 +410,8 @@ def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path
             captured.weights, attention_run.batch.tokens, captured.index))]
     selected = views.select_maps(attention_run, head, average)
     breakdown = None
-    if query_index is not None:
+    if query is not None:
+        query_index = heatmap_mod.find_query(attention_run.batch.tokens[sentence_index], query)
         layer_index = attention_run.layers[-1].index
         breakdown = query_breakdown(attention_run, layer_index, sentence_index, query_index)
     if export_path is not None:

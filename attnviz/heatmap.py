@@ -130,3 +130,20 @@ def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
     if breakdown is not None:
         doc["query"] = asdict(breakdown)
     return doc
+
+
+def run_model(spec: str, sentences: list[str], layer: str | None, device: str, dtype: str,
+              device_map: str | None, max_tokens: int, one_per_layer: bool,
+              max_panels: int | None) -> Any:
+    """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra)."""
+    from attnviz import hf
+    from attnviz.views import parse_layers
+
+    loaded = hf.load_model(spec, device, dtype, device_map)
+    chosen = parse_layers(layer, len(loaded.layers))
+    count = len(loaded.layers) if chosen is None else len(chosen)
+    heads = max(layer.num_heads or 0 for layer in loaded.layers)
+    check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
+                                max_panels=max_panels, panels_per_map=1 if one_per_layer
+                                else None), count, heads)
+    return hf.run_model(loaded, sentences, chosen, max_tokens)

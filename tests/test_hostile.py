@@ -261,3 +261,25 @@ def test_bit_flips(tmp_path, small_checkpoints, flips, suffix):
     path = tmp_path / f"flipped{suffix}"
     path.write_bytes(bytes(blob))
     _open_and_recognize(path)
+
+
+def test_hub_cache_symlinks_are_followed_but_nothing_else(cli, tmp_path):
+    import shutil
+
+    from conftest import SAMPLES
+
+    snapshot = tmp_path / "models--x--y" / "snapshots" / "abc"
+    blobs = tmp_path / "models--x--y" / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for source in (SAMPLES / "llama-sharded-tiny").iterdir():
+        shutil.copy(source, blobs / source.name)
+        (snapshot / source.name).symlink_to(Path("../../blobs") / source.name)
+    result = cli("inspect", snapshot, "--json")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["layers"]) == 2
+    elsewhere = tmp_path / "plain"
+    elsewhere.mkdir()
+    for source in (SAMPLES / "llama-sharded-tiny").iterdir():
+        (elsewhere / source.name).symlink_to(blobs / source.name)
+    assert_clean_error(cli("inspect", elsewhere), 1, "resolves outside the folder")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import colorsys
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -147,3 +148,20 @@ def print_split(console: Console, report: SplitReport, picture: BandPicture | No
     if report.proof is not None:
         console.print()
         console.print(proof_line(report.proof))
+
+
+def verify_lines(result: Any, sentences: list[str]) -> Text:
+    """The model check of `split --model --verify`."""
+    text = Text()
+    text.append("verify ", style="bold")
+    text.append(f"layer {result.layer_index}'s attention recomputed by attnviz from its per-head "
+                f"W_q/W_k slices ({result.positions}) on the block's captured input, against "
+                f"the model's own weights, for {len(sentences)} sentences:\n")
+    worst = ", ".join(f"{d:.1e}" for d in result.per_head)
+    text.append(f"  max |Δ| per head: {worst}\n  max |Δ| = {result.max_diff:.1e}   (tolerance "
+                f"{result.tolerance:.0e})\n  ")
+    text.append("✓ the model's heads are these slices" if result.passed else "✗ FAILED",
+                style="bold green" if result.passed else "bold red")
+    for note in result.notes:
+        text.append(f"\n  note: {note}", style="yellow")
+    return text
