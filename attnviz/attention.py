@@ -211,12 +211,7 @@ def check_finite_maps(run: AttentionRun) -> None:
     """NaN/Inf in the maps (from NaN weights or overflow) are reported, never drawn."""
     for captured in run.layers:
         if captured.weights is None:
-            bad = sum(int((~torch.isfinite(torch.from_numpy(v.values))).sum())
-                      for v in captured.views or [])
-            if bad:
-                raise CheckFailed(f"layer {captured.index} produced non-finite attention "
-                                  "weights", "check the weights with 'attnviz inspect --scan'")
-            continue
+            continue  # streamed maps were checked head by head as they were computed
         for b, n in enumerate(run.batch.lengths):
             bad = int((~torch.isfinite(captured.weights[b, :, :n, :n])).sum())
             if bad:

@@ -156,7 +156,7 @@ def head_attention(layer: AttentionLayer, weights: LayerWeights, head: int, quer
     if weights.bias_k is not None:
         k_h = _append_position(k_h, weights.bias_k[k0:k1])  # (B, S+1, d)
         v_h = _append_position(v_h, weights.bias_v[k0:k1])
-    s_h = layer.effective_scale * (q_h @ k_h.transpose(-1, -2))  # (B, L, S)
+    s_h = (q_h * layer.effective_scale) @ k_h.transpose(-1, -2)  # (B, L, S); scale the small side
     masked = s_h if mask is None else s_h.masked_fill(mask, float("-inf"))
     return q_h, k_h, v_h, s_h, torch.softmax(masked, dim=-1)
 

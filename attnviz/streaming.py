@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 
 from attnviz.attention import AttentionRun, LayerAttention
-from attnviz.forward import causal_mask, head_attention, load_weights, merged_mask
+from attnviz.errors import CheckFailed
+from attnviz.forward import causal_mask, load_weights, merged_mask
 from attnviz.inputs import Batch
 from attnviz.layer import AttentionLayer
 from attnviz.stats import head_stats
@@ -39,10 +41,27 @@ def stream_layer(layer: AttentionLayer, store, batch: Batch, x: torch.Tensor, ke
     views: list[MapView] = []
     stats = []
     sums: dict[int, torch.Tensor] = {}
+    non_finite = False
     with torch.no_grad():
+        # Whole projections once (O(B · L · H · d), small next to one head's L × S map), then
+        # per-head slices of them: the same rows of W_q/W_k that head_attention takes.
+        q_all = F.linear(x, weights.W_q, weights.b_q) * layer.effective_scale  # (B, L, H·d)
+        k_all = F.linear(key, weights.W_k, weights.b_k)  # (B, S, H_kv·d)
+        if weights.bias_k is not None:
+            k_all = torch.cat([k_all, weights.bias_k.view(1, 1, -1).expand(len(k_all), 1, -1)],
+                              1)
         for h in range(H):
-            attn = head_attention(layer, weights, h, x, key, value, mask)[-1].float().cpu()
-            stats += [replace(s, head=h) for s in head_stats(attn[:, None], batch.tokens, 0)]
+            q0, q1 = layer.q_rows(h)
+            k0, k1 = layer.kv_rows(layer.kv_head_of(h))
+            scores = q_all[..., q0:q1] @ k_all[..., k0:k1].transpose(-1, -2)  # (B, L, S)
+            attn = torch.softmax(scores if mask is None else
+                                 scores.masked_fill(mask, float("-inf")), dim=-1)
+            attn, scores = attn.float().cpu(), scores.float().cpu()
+            if not bool(torch.isfinite(attn).all()):
+                non_finite = True
+            stats += [replace(s, head=h) for s in head_stats(attn[:, None], batch.tokens, 0,
+                                                             scores[:, None])]
+            del scores
             for b, tokens in enumerate(batch.tokens):
                 n = len(tokens)
                 extra = attn.shape[-1] - batch.max_len  # bias_k columns follow the padding
@@ -56,6 +75,9 @@ def stream_layer(layer: AttentionLayer, store, batch: Batch, x: torch.Tensor, ke
             del attn
     means = [replace(views[b], head=None, values=(sums[b] / H).numpy())
              for b in range(len(batch.tokens))]
+    if non_finite:
+        raise CheckFailed("the layer produced non-finite attention weights",
+                          "check the weights with 'attnviz inspect --scan'")
     method = "explicit per head, streamed (one head's map at a time)"
     return LayerAttention(0, layer, None, x.cpu(), method, views=views + means, stats=stats)
 

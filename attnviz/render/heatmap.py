@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -13,8 +15,10 @@ _RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 3
 ROW_LABEL_WIDTH = 8
 COL_LABEL_ROWS = 4
 GAP = 3
+LEVELS = 24  # colour levels of the terminal ramp
 
 
+@functools.lru_cache(maxsize=1024)
 def ramp(value: float) -> str:
     value = min(max(value, 0.0), 1.0) * (len(_RAMP) - 1)
     i = min(int(value), len(_RAMP) - 2)
@@ -38,11 +42,20 @@ def panel_lines(view: MapView, cell: int) -> list[Text]:
         lines.append(text)
     for label, row in zip(view.row_labels, view.values, strict=True):
         text = Text(label[:ROW_LABEL_WIDTH].rjust(ROW_LABEL_WIDTH) + " ", style="dim")
+        # Runs of equal colour become one segment: terminals show 24 levels apart anyway, and
+        # long rows of separate segments make rich slow.
+        run_style, run_text = None, ""
         for value in row:
             if value == 0.0:
-                text.append("·".rjust(cell), style="grey27")  # masked (causal) or exactly zero
+                style, chars = "grey27", "·".rjust(cell)  # masked (causal) or exactly zero
             else:
-                text.append("█" * cell, style=ramp(float(value)))
+                style, chars = ramp(round(float(value) * LEVELS) / LEVELS), "█" * cell
+            if style != run_style and run_text:
+                text.append(run_text, style=run_style)
+                run_text = ""
+            run_style, run_text = style, run_text + chars
+        if run_text:
+            text.append(run_text, style=run_style)
         lines.append(text)
     return lines
 
