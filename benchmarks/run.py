@@ -1,0 +1,422 @@
+"""attnviz's performance targets, each measured against a baseline run in the same invocation.
+
+    python benchmarks/run.py [--repeats 3] [--quick] [--workdir DIR] [--keep]
+
+Builds its own inputs (synthetic TinyLlama-layout checkpoints, an nn.MultiheadAttention layer,
+random attention maps) in a temporary folder, runs every command --repeats times interleaved with
+its baseline (medians of whole-process wall time, and of each process's own peak RSS from GNU
+`/usr/bin/time -f %M`, else a tiny Python wrapper), and prints a table of ratios with pass/fail,
+plain and as Markdown. Exits 0 unless the script itself breaks. --quick: smaller sizes and one
+repeat, a smoke run whose verdicts are only indicative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import timeit
+from dataclasses import dataclass
+from pathlib import Path
+
+PY = sys.executable
+ATTNVIZ = str(Path(PY).with_name("attnviz"))  # this environment's console script
+GNU_TIME = "/usr/bin/time"
+PEAK_WRAPPER = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+                "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss; "
+                "open(sys.argv[1], 'w').write(str(peak)); sys.exit(rc)")
+TIMEOUT_S = 300  # per command
+E, H, H_KV, D, INTER, VOCAB = 2048, 32, 4, 64, 5632, 32000  # TinyLlama-1.1B
+LAYER_SHAPES = {"self_attn.q_proj.weight": (H * D, E), "self_attn.k_proj.weight": (H_KV * D, E),
+                "self_attn.v_proj.weight": (H_KV * D, E), "self_attn.o_proj.weight": (E, H * D),
+                "mlp.gate_proj.weight": (INTER, E), "mlp.up_proj.weight": (INTER, E),
+                "mlp.down_proj.weight": (E, INTER), "input_layernorm.weight": (E,),
+                "post_attention_layernorm.weight": (E,)}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    layers: int  # the big checkpoint
+    small_layers: int  # the small one (peak memory should not depend on size)
+    tokens: int  # target 3's sequence (quick: still past heatmap's full-map budget, so it
+    #              streams) and target 4's long map
+    grid: int  # target 4's grid: grid × grid maps of 32 tokens
+
+
+FULL, QUICK = Sizes(22, 5, 4096, 12), Sizes(4, 1, 2560, 4)
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float  # medians over the repeats
+    peak_mb: float
+    stdout: str  # of the last run
+    error: str = ""  # why the command failed (it is not run again)
+
+    def show(self, unit: str) -> str:
+        if self.error:
+            return "error"
+        return f"{self.seconds:.2f} s" if unit == "s" else f"{self.peak_mb:.0f} MB"
+
+
+@dataclass(frozen=True)
+class Row:
+    target: str
+    ours: str  # what attnviz did
+    ours_value: str
+    baseline: str  # what it is compared with
+    base_value: str
+    ratio: float | None  # ours / baseline
+    limit: str
+    passed: bool
+    note: str = ""
+
+
+class CommandFailed(Exception):
+    pass
+
+
+def run_once(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS in MB of this command's process alone, and its stdout."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peak, out, err = (Path(tmp) / name for name in ("peak", "out", "err"))
+        wrapped = ([GNU_TIME, "-f", "%M", "-o", str(peak), *cmd] if os.access(GNU_TIME, os.X_OK)
+                   else [PY, "-c", PEAK_WRAPPER, str(peak), *cmd])
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            start = time.perf_counter()
+            proc = subprocess.Popen(wrapped, stdin=subprocess.DEVNULL, stdout=stdout,
+                                    stderr=stderr, start_new_session=True)
+            killer = threading.Timer(TIMEOUT_S, _kill_group, (proc.pid,))
+            killer.start()
+            rc = proc.wait()
+            seconds = time.perf_counter() - start
+            killer.cancel()
+        if rc != 0:
+            lines = err.read_text(errors="replace").strip().splitlines() or ["(no stderr)"]
+            shown = " ".join([Path(cmd[0]).name, *(Path(c).name for c in cmd[1:3])])
+            raise CommandFailed(f"`{shown} …` exited {rc}: {lines[-1][:160]}")
+        kb = float(peak.read_text().split()[-1])
+        return seconds, kb / 1024, out.read_text()
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def measure(commands: dict[str, list[str]], repeats: int, warmup: bool) -> dict[str, Run]:
+    """Each command `repeats` times, interleaved (load changes hit all alike); medians."""
+    samples: dict[str, list[tuple[float, float, str]]] = {name: [] for name in commands}
+    errors: dict[str, str] = {}
+    for i in range(-1 if warmup else 0, repeats):  # -1: a warm-up (page cache, .pyc files)
+        for name, cmd in commands.items():
+            if name not in errors:
+                try:
+                    sample = run_once(cmd)
+                except CommandFailed as exc:
+                    errors[name] = str(exc)
+                    continue
+                if i >= 0:
+                    samples[name].append(sample)
+    return {name: Run(*(statistics.median(s[k] for s in runs) for k in (0, 1)), runs[-1][2])
+            if name not in errors else Run(math.nan, math.nan, "", errors[name])
+            for name, runs in samples.items()}
+
+
+def compare(target: str, ours: Run, ours_text: str, base: Run, base_text: str, unit: str,
+            limit: float, check=None) -> Row:
+    """A ratio row, passing when ours / base ≤ limit and check(ours) → (ok, note) holds."""
+    shown = ours_text, ours.show(unit), base_text, base.show(unit)
+    if ours.error or base.error:
+        return Row(target, *shown, None, f"≤ {limit}", False, ours.error or base.error)
+    ratio = (ours.seconds / base.seconds if unit == "s" else ours.peak_mb / base.peak_mb)
+    ok, note = check(ours) if check else (True, "")
+    return Row(target, *shown, ratio, f"≤ {limit}", ratio <= limit and ok, note)
+
+
+def write_llama(folder: Path, layers: int) -> int:
+    """An HF folder (config.json + model.safetensors) written tensor by tensor, so the writer
+    holds one tensor at most: random bf16 attention weights, zeros elsewhere. Returns bytes."""
+    import torch
+
+    shapes = {"model.embed_tokens.weight": (VOCAB, E), "model.norm.weight": (E,),
+              "lm_head.weight": (VOCAB, E)}
+    shapes |= {f"model.layers.{i}.{k}": s for i in range(layers) for k, s in LAYER_SHAPES.items()}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + 2 *
+                                                                          math.prod(shape)]}
+        offset += 2 * math.prod(shape)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    gen, zeros = torch.Generator().manual_seed(layers), memoryview(bytes(1 << 24))
+    folder.mkdir(parents=True)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for name, shape in shapes.items():
+            if ".self_attn." in name:
+                values = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+                f.write(values.view(torch.int16).numpy().tobytes())
+                continue
+            for start in range(0, 2 * math.prod(shape), len(zeros)):
+                f.write(zeros[:min(len(zeros), 2 * math.prod(shape) - start)])
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": E,
+              "num_attention_heads": H, "num_key_value_heads": H_KV, "num_hidden_layers": layers,
+              "intermediate_size": INTER, "vocab_size": VOCAB, "torch_dtype": "bfloat16"}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return 8 + len(raw) + offset
+
+
+SCRIPTS = {"baseline_header.py": """\
+import sys
+from pathlib import Path
+import torch  # noqa: F401 - the baseline pays torch's import, as a torch user does
+from safetensors import safe_open
+shapes = {}
+for path in sorted(Path(sys.argv[1]).glob("*.safetensors")):
+    with safe_open(path, framework="pt") as f:
+        for key in f.keys():
+            shapes[key] = f.get_slice(key).get_shape()
+print(len(shapes))
+""", "baseline_norms.py": f"""\
+import json, sys
+import torch
+from safetensors import safe_open
+H, H_KV, D, prefix = {H}, {H_KV}, {D}, f"model.layers.{{sys.argv[2]}}.self_attn."
+with safe_open(sys.argv[1] + "/model.safetensors", framework="pt") as f:
+    w = {{n: f.get_tensor(prefix + n + "_proj.weight").float() for n in "qkvo"}}
+norm = torch.linalg.matrix_norm
+print(json.dumps({{"q": [norm(w["q"][h * D:(h + 1) * D]).item() for h in range(H)],
+                  "k": [norm(w["k"][g * D:(g + 1) * D]).item() for g in range(H_KV)],
+                  "v": [norm(w["v"][g * D:(g + 1) * D]).item() for g in range(H_KV)],
+                  "o": [norm(w["o"][:, h * D:(h + 1) * D]).item() for h in range(H)]}}))
+""", "baseline_mha.py": """\
+import sys
+import torch
+torch.manual_seed(0)
+mha = torch.nn.MultiheadAttention(1024, 16, batch_first=True)
+x = torch.randn(1, int(sys.argv[1]), 1024)
+with torch.no_grad():
+    _, weights = mha(x, x, x, need_weights=True, average_attn_weights=False)
+print(tuple(weights.shape))
+"""}  # written into the workdir
+
+
+def startup(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    m = measure({"base": [PY, "-c", "import torch"], "ours": [ATTNVIZ, "--help"]}, repeats, True)
+    return [compare("1 start-up", m["ours"], "`attnviz --help`", m["base"],
+                    '`python -c "import torch"`', "s", 0.25)]
+
+
+def inspect_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    big, small = workdir / f"llama-{sizes.layers}", workdir / f"llama-{sizes.small_layers}"
+    gb = write_llama(big, sizes.layers) / 1e9
+    small_gb = write_llama(small, sizes.small_layers) / 1e9
+    header = str(workdir / "baseline_header.py")
+    m = measure({"base": [PY, header, str(big)], "ours": [ATTNVIZ, "inspect", str(big), "--json"],
+                 "small": [ATTNVIZ, "inspect", str(small), "--json"]}, repeats, True)
+
+    def all_layers(run: Run) -> tuple[bool, str]:
+        found = len(json.loads(run.stdout)["layers"])
+        return found == sizes.layers, f"{found} of {sizes.layers} layers found"
+
+    def under_600(run: Run) -> tuple[bool, str]:
+        return run.peak_mb < 600, f"and < 600 MB; header baseline {m['base'].show('MB')}"
+
+    rows = [compare(f"2a inspect time, {gb:.1f} GB {sizes.layers}-layer LLaMA", m["ours"],
+                    "`inspect DIR --json`", m["base"], "torch + safe_open: keys, slice shapes",
+                    "s", 1.5, all_layers),
+            compare("2b inspect peak memory vs size", m["ours"],
+                    f"`inspect DIR --json`, {gb:.1f} GB", m["small"],
+                    f"same, {small_gb:.1f} GB ({sizes.small_layers} layers)", "MB", 1.2,
+                    under_600)]
+    layer = min(10, sizes.layers - 1)
+    norms = str(workdir / "baseline_norms.py")
+    m = measure({"base": [PY, norms, str(big), str(layer)],
+                 "ours": [ATTNVIZ, "inspect", str(big), "--layer", str(layer), "--json"]},
+                repeats, True)
+
+    def same_norms(run: Run) -> tuple[bool, str]:
+        detail, base = json.loads(run.stdout)["layer_detail"], json.loads(m["base"].stdout)
+        if detail["name"].rstrip(".") != f"model.layers.{layer}.self_attn":
+            return False, f"--layer {layer} chose {detail['name']!r}"
+        worst = max(abs(head[f"{n}_norm"] / base[n][head[key]] - 1) for head in detail["heads"]
+                    for n, key in (("q", "head"), ("k", "kv_head"), ("v", "kv_head"),
+                                   ("o", "head")))
+        return worst <= 1e-4, f"norms equal baseline's: max rel Δ {worst:.1e} (≤ 1e-4)"
+
+    rows.append(compare(f"2c per-head norms, layer {layer}", m["ours"],
+                        f"`inspect DIR --layer {layer} --json`", m["base"],
+                        "torch + safe_open + matrix_norm", "s", 1.0, same_norms))
+    return rows
+
+
+def long_sequence(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    layer, words, png = (workdir / n for n in ("mha1024.safetensors", "words.txt", "long.png"))
+    save_file(torch.nn.MultiheadAttention(1024, 16, batch_first=True).state_dict(), str(layer),
+              metadata={"num_heads": "16"})
+    words.write_text(" ".join(f"w{i}" for i in range(sizes.tokens)) + "\n")
+    mha = str(workdir / "baseline_mha.py")
+    m = measure({"base": [PY, mha, str(sizes.tokens)],
+                 "ours": [ATTNVIZ, "heatmap", "--weights", str(layer), "--file", str(words),
+                          "--max-tokens", "5000", "--out", str(png), "--no-maps"]},
+                repeats, False)
+
+    def wrote_png(run: Run) -> tuple[bool, str]:
+        ok = png.is_file() and png.stat().st_size > 0
+        return ok, "" if ok else "no PNG written"
+
+    what, ours = f"{sizes.tokens} tokens, E=1024, H=16", "`heatmap -w FILE -f WORDS -o PNG`"
+    base = "MHA forward, per-head weights (no_grad)"
+    return [compare(f"3a long sequence memory ({what})", m["ours"], ours, m["base"], base, "MB",
+                    0.6, wrote_png),
+            compare(f"3b long sequence time ({what})", m["ours"], ours, m["base"], base, "s", 2.0,
+                    wrote_png)]
+
+
+def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnviz.render.figure import FIGURE_MAX_CELLS, heatmap_figure, save_figure
+    from attnviz.views import MapView, downsample
+
+    rng = np.random.default_rng(0)
+
+    def attention(n: int) -> np.ndarray:
+        a = rng.random((n, n), dtype=np.float32)
+        return a / a.sum(1, keepdims=True)
+
+    g, words, long_words = sizes.grid, [f"w{i}" for i in range(32)], [f"w{i}" for i in
+                                                                        range(sizes.tokens)]
+    grid = [MapView(0, layer, head, attention(32), words, words, False)
+            for layer in range(g) for head in range(g)]
+    long = MapView(0, 0, 0, attention(sizes.tokens), long_words, long_words, False)
+
+    def ours_grid() -> None:
+        save_figure(heatmap_figure(grid, "grid"), workdir / "grid.png")
+
+    def ours_long() -> None:
+        shown = downsample(long, FIGURE_MAX_CELLS, FIGURE_MAX_CELLS)
+        save_figure(heatmap_figure([shown], "long"), workdir / "long_map.png")
+
+    def naive_grid() -> None:
+        fig, axes = plt.subplots(g, g, figsize=(1.5 * g, 1.5 * g))
+        for ax, view in zip(axes.flat, grid, strict=True):
+            ax.imshow(view.values)
+            ax.set_xticks(range(32), words, rotation=90, fontsize=4)
+            ax.set_yticks(range(32), words, fontsize=4)
+            ax.set_title(view.title, fontsize=5)
+        fig.savefig(workdir / "naive_grid.png")
+        plt.close(fig)
+
+    def naive_long() -> None:
+        fig, ax = plt.subplots()
+        ax.imshow(long.values)
+        fig.savefig(workdir / "naive_long.png")
+        plt.close(fig)
+
+    t = {fn.__name__: statistics.median(timeit.repeat(fn, "gc.enable()", number=1,
+                                                     repeat=repeats))
+         for fn in (ours_grid, naive_grid, ours_long, naive_long)}
+    rows = []
+    for ours, naive, what, limit, naive_text in (
+            ("ours_grid", "naive_grid", f"{g}×{g} grid of 32-token maps", 3.0,
+             f"naive `plt.subplots({g}, {g})`, ticks on every panel"),
+            ("ours_long", "naive_long", f"one {sizes.tokens}-token map", 1.0,
+             "naive `imshow` of the full array")):
+        rows.append(Row(f"4{'ab'[len(rows)]} figure: {what}", "render + save in-process"
+                        + (" (downsample first)" if ours == "ours_long" else ""),
+                        f"{t[ours]:.2f} s", naive_text, f"{t[naive]:.2f} s", t[ours] / t[naive],
+                        f"≤ {limit:.0f} s", t[ours] <= limit, "absolute; ratio for context"))
+    return rows
+
+
+def print_tables(rows: list[Row], heading: str) -> None:
+    plain = [("target", "attnviz", "baseline", "ratio", "limit", "result")] + [
+        (r.target, r.ours_value, r.base_value, "–" if r.ratio is None else f"{r.ratio:.2f}",
+         r.limit, "pass" if r.passed else "FAIL") for r in rows]
+    widths = [max(len(line[i]) for line in plain) for i in range(6)]
+    print(heading)
+    for line in plain[:1] + [tuple("-" * w for w in widths)] + plain[1:]:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    print("\nMarkdown:\n\n" + heading + "\n")
+    print("| target | attnviz | baseline | ratio | limit | result | note |\n" + "|---" * 7 + "|")
+    for r in rows:
+        cells = (r.target, f"{r.ours}: {r.ours_value}", f"{r.baseline}: {r.base_value}",
+                 "–" if r.ratio is None else f"{r.ratio:.2f}", r.limit,
+                 "pass" if r.passed else "**FAIL**", r.note)
+        print("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, help="runs per command (default 3; --quick 1)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes: a smoke run")
+    parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
+    parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
+    args = parser.parse_args()
+    sizes, repeats = (QUICK, args.repeats or 1) if args.quick else (FULL, args.repeats or 3)
+    if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
+        parser.error(f"--workdir {args.workdir} is not empty (it is deleted afterwards)")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="attnviz-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if shutil.disk_usage(workdir).free < 4e9:
+        shutil.rmtree(workdir)
+        parser.error(f"{workdir} has less than 4 GB free")
+    import torch
+
+    began, rows = time.perf_counter(), []
+    steps = ((startup, ("1 start-up",)),
+             (inspect_targets, ("2a inspect time", "2b inspect memory", "2c per-head norms")),
+             (long_sequence, ("3a long sequence memory", "3b long sequence time")),
+             (figures, ("4a figure grid", "4b long figure")))
+    try:
+        for name, text in SCRIPTS.items():
+            (workdir / name).write_text(text)
+        for step, names in steps:
+            print(f"[{time.perf_counter() - began:4.0f} s] {', '.join(names)} …", file=sys.stderr,
+                  flush=True)
+            try:
+                rows += step(workdir, sizes, repeats)
+            except (CommandFailed, OSError, ValueError, KeyError, TypeError) as exc:
+                # the step itself broke: each of its targets counts as failed
+                rows += [Row(name, "–", "error", "–", "–", None, "–", False,
+                             f"{type(exc).__name__}: {exc}") for name in names]
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    heading = (f"attnviz benchmarks, {datetime.date.today()}, {os.cpu_count()} CPU cores, "
+               f"torch {torch.__version__}, Python {platform.python_version()}, medians of "
+               f"{repeats}{', --quick' if args.quick else ''}, "
+               f"{time.perf_counter() - began:.0f} s in all")
+    print()
+    print_tables(rows, heading)
+    if args.keep:
+        print(f"\ninputs kept in {workdir}")
+    print(f"\n{sum(r.passed for r in rows)} passed, {sum(not r.passed for r in rows)} failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
