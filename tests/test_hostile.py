@@ -283,3 +283,18 @@ def test_hub_cache_symlinks_are_followed_but_nothing_else(cli, tmp_path):
     for source in (SAMPLES / "llama-sharded-tiny").iterdir():
         (elsewhere / source.name).symlink_to(blobs / source.name)
     assert_clean_error(cli("inspect", elsewhere), 1, "resolves outside the folder")
+
+
+def test_unicode_sentences_and_misuse_of_every_command(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli("heatmap", "--random", "naïve café 東京 😀 δ-test", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tokens"][0][:3] == ["naïve", "café", "東京"]
+    assert_clean_error(cli("inspect", "missing.safetensors"), 2, "no such file")
+    assert_clean_error(cli("inspect"), 2, "Missing argument")
+    assert_clean_error(cli("inspect", tmp_path, "--layer", "0"), 1, "0 checkpoint files")
+    assert_clean_error(cli("split", "-H", "nope"), 2, "--num-heads")
+    assert_clean_error(cli("heatmap", "--random", "x " * 300), 2, "--max-tokens")
+    assert_clean_error(cli("heatmap", "--random", "a", "--device", "mps"), 2, "MPS")
+    assert_clean_error(cli("nosuchcommand"), 2, "No such command")
+    assert list(tmp_path.iterdir()) == []
