@@ -417,11 +417,9 @@ def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path
     if export_path is not None:
         heatmap_mod.export(attention_run, export_path)
     if out_path is not None:
-        from attnviz.render.figure import FIGURE_MAX_CELLS, heatmap_figure, save_figure
+        from attnviz.render.figure import heatmap_figure, save_figure
 
-        # imshow of pre-downsampled maps: a panel never needs more cells than pixels.
-        shown = [views.downsample(v, FIGURE_MAX_CELLS, FIGURE_MAX_CELLS) for v in selected]
-        save_figure(heatmap_figure(shown, attention_run.source), out_path)
+        save_figure(heatmap_figure(selected, attention_run.source), out_path)
     if as_json:
         typer.echo(json.dumps(heatmap_mod.run_json(attention_run, head_stats, breakdown),
                               indent=2))

@@ -298,8 +298,8 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnviz.render.figure import FIGURE_MAX_CELLS, heatmap_figure, save_figure
-    from attnviz.views import MapView, downsample
+    from attnviz.render.figure import heatmap_figure, save_figure
+    from attnviz.views import MapView
 
     rng = np.random.default_rng(0)
 
@@ -316,9 +316,8 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     def ours_grid() -> None:
         save_figure(heatmap_figure(grid, "grid"), workdir / "grid.png")
 
-    def ours_long() -> None:
-        shown = downsample(long, FIGURE_MAX_CELLS, FIGURE_MAX_CELLS)
-        save_figure(heatmap_figure([shown], "long"), workdir / "long_map.png")
+    def ours_long() -> None:  # heatmap_figure downsamples the full map to its panel's pixels
+        save_figure(heatmap_figure([long], "long"), workdir / "long_map.png")
 
     def naive_grid() -> None:
         fig, axes = plt.subplots(g, g, figsize=(1.5 * g, 1.5 * g))
@@ -346,7 +345,7 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
             ("ours_long", "naive_long", f"one {sizes.tokens}-token map", 1.0,
              "naive `imshow` of the full array")):
         rows.append(Row(f"4{'ab'[len(rows)]} figure: {what}", "render + save in-process"
-                        + (" (downsample first)" if ours == "ours_long" else ""),
+                        + (" (downsampling included)" if ours == "ours_long" else ""),
                         f"{t[ours]:.2f} s", naive_text, f"{t[naive]:.2f} s", t[ours] / t[naive],
                         f"≤ {limit:.0f} s", t[ours] <= limit, "absolute; ratio for context"))
     return rows

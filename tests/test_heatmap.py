@@ -280,7 +280,49 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "long input: maps computed one head at a time" in result.stdout
     assert "downsampled to fit" in result.stdout
-    assert read_image(out).std() > 0.05
+    assert "mean of heads" not in result.stdout  # only with --average, as for full maps
+    image = read_image(out)
+    assert image.std() > 0.05
+    panels = [r for r in colored_runs(image, axis=1) if r[1] - r[0] > 0.1 * image.shape[1]]
+    assert len(panels) == 4
+
+
+def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
+    """A short sentence's view (no downsampling needed) must own its values: a view into the
+    head's (B, L, S) map would keep every head's full map in memory."""
+    from attnviz import heatmap as heatmap_mod
+    from attnviz import streaming
+    from attnviz.inputs import make_batch
+    from attnviz.sources import RandomSpec
+
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(streaming, "DISPLAY_CELLS", 32)
+    batch = make_batch([" ".join(f"w{i}" for i in range(60)), "a b c"])
+    run = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, random=RandomSpec(16, 2)))
+    short = [v for v in run.layers[0].views if v.sentence == 1]
+    assert len(short) == 3 and all(not v.downsampled for v in short)  # 2 heads + their mean
+    assert all(v.values.flags.owndata for v in short[:2])
+
+
+def test_figure_downsamples_maps_larger_than_their_panel():
+    """imshow gets at most one cell per pixel, each a block sum of keys, so rows still sum to 1
+    (nearest-neighbour resampling by matplotlib would instead drop most cells)."""
+    import numpy as np
+
+    from attnviz.render.figure import FIGURE_DPI, heatmap_figure, panel_inches
+    from attnviz.views import MapView
+
+    n = 1000
+    values = np.random.default_rng(0).random((n, n)).astype(np.float32)
+    values /= values.sum(1, keepdims=True)
+    labels = [f"t{i}" for i in range(n)]
+    views = [MapView(0, 0, h, values, labels, labels, False) for h in range(2)]
+    fig = heatmap_figure(views, "big")
+    mosaic = fig.axes[0].images[0].get_array()
+    pixels = int(panel_inches(views) * FIGURE_DPI)
+    assert mosaic.shape[0] == pixels < n
+    panel = np.asarray(mosaic[:, :pixels])
+    np.testing.assert_allclose(panel.sum(1), 1.0, rtol=1e-5)
 
 
 def test_downsampling_keeps_rows_summing_to_one():

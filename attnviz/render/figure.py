@@ -10,13 +10,14 @@ from attnviz.split import MatrixPanel
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_HEAD_LABELS = 16
+FIGURE_DPI = 100
 
 
 def new_figure(width: float, height: float, constrained: bool = True) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=100,
+    fig = Figure(figsize=(width, height), dpi=FIGURE_DPI,
                  layout="constrained" if constrained else None)
     FigureCanvasAgg(fig)
     return fig
@@ -68,7 +69,14 @@ def _centers(boundaries: list[int], length: int) -> list[float]:
 
 
 MAX_TICK_LABELS = 40
-FIGURE_MAX_CELLS = 512  # a heatmap panel is at most ~300 px wide
+
+
+def panel_inches(views: list[Any]) -> float:
+    """The side of one square panel: smaller as the grid grows, so the figure stays ~18 in."""
+    n_rows = len(dict.fromkeys((v.sentence, v.layer) for v in views))
+    n_cols = len(dict.fromkeys(v.head for v in views))
+    size = max(max(v.values.shape) for v in views)
+    return min(2.2 if size <= 16 else 2.8, max(1.2, 18 / max(n_rows, n_cols)))
 
 
 def heatmap_figure(views: list[Any], title: str) -> Any:
@@ -76,9 +84,17 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
 
     The panels are tiled into one image on one Axes (white gaps between them): creating and
     laying out an Axes per panel costs ~30 ms each, which makes a 12 × 12 grid take seconds.
+    A map with more cells than its panel has pixels is downsampled first (key blocks summed,
+    query blocks averaged): matplotlib would otherwise resample every cell of it, and with
+    nearest-neighbour interpolation silently drop most of them.
     """
     import numpy as np
 
+    from attnviz.views import downsample
+
+    side = panel_inches(views)
+    pixels = int(side * FIGURE_DPI)
+    views = [downsample(v, pixels, pixels) for v in views]
     rows_keys = list(dict.fromkeys((v.sentence, v.layer) for v in views))
     heads = list(dict.fromkeys(v.head for v in views))
     by_key = {(v.sentence, v.layer, v.head): v for v in views}
@@ -101,7 +117,6 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
             if view is not None:
                 rows, cols = view.values.shape
                 mosaic[offsets[r] : offsets[r] + rows, c * step : c * step + cols] = view.values
-    side = min(2.2 if size <= 16 else 2.8, max(1.2, 18 / max(n_rows, n_cols)))
     extra_height = side * (mosaic.shape[0] / step - n_rows)
     max_labels = max(2, int(side * 72 / 9))
     margin_left, margin_bottom, margin_top, margin_right = 0.9, 0.8, 0.45, 1.0  # inches
