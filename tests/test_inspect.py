@@ -130,6 +130,15 @@ def test_help_and_version_import_neither_torch_nor_matplotlib():
     assert _imports_after(code) == set()
 
 
+def test_shell_completion_imports_neither_torch_nor_matplotlib():
+    code = ("import contextlib, io, os\nfrom attnviz.cli import main\n"
+            "os.environ.update(_ATTNVIZ_COMPLETE='complete_bash', COMP_WORDS='attnviz he',"
+            " COMP_CWORD='1')\nsys.argv = ['attnviz']\nout = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+            "    main()\nassert out.getvalue().split() == ['heatmap'], out.getvalue()\n")
+    assert _imports_after(code) == set()
+
+
 def test_header_only_inspect_does_not_import_torch(tmp_path):
     _, _, st, _ = _mha_files(tmp_path)
     code = ("from attnviz.cli import app\nfrom typer.testing import CliRunner\n"
