@@ -128,8 +128,7 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     extra = 1 if layer.bias_k is not None else 0
     if allow_stream and streaming.full_maps_bytes(batch, layer.num_heads or 0, extra) > \
             streaming.MAP_BUDGET_BYTES:
-        streamed = streaming.stream_layer(layer, weights_store, batch, x, key, value, pad,
-                                          causal, device)
+        streamed = streaming.stream_layer(layer, weights_store, batch, x, key, causal, device)
         notes.append("long input: maps computed one head at a time and kept only at display "
                      f"size (≤ {streaming.DISPLAY_CELLS} per side); --export or --query keep "
                      "the full maps")

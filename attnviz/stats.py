@@ -73,12 +73,23 @@ def _distances(n: int) -> torch.Tensor:
     return (pos[:, None] - pos[None, :]).abs()
 
 
+StatSums = tuple[dict[str, torch.Tensor], dict[str, int]]  # per-head sums (H,), and counts
+
+
 def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int,
                scores: torch.Tensor | None = None) -> list[HeadStats]:
-    """Statistics of maps (B, H, L, S) for sentences with the given (unpadded) tokens.
+    """Statistics of maps (B, H, L, S) for sentences with the given (unpadded) tokens."""
+    return finish_stats(stat_sums(weights, tokens, scores), layer)
+
+
+def stat_sums(weights: torch.Tensor, tokens: list[list[str]],
+              scores: torch.Tensor | None = None) -> StatSums:
+    """The sums and counts behind head_stats' means, so that maps computed in pieces (one
+    sentence at a time) add up to the same statistics.
 
     With the pre-softmax `scores` the maps came from, entropy is computed without a logarithm
-    per entry: since a = softmax(s), -Σ a ln a = lse - Σ a s, and lse = s_jmax - ln a_jmax.
+    per entry: since a = softmax(s), ln a = s - lse with lse = s_jmax - ln a_jmax, so
+    -Σ a ln a = lse · Σ a - Σ a s (Σ a < 1 when a bias_k key, outside the real keys, takes some).
     """
     H = weights.shape[1]
     sums = {name: torch.zeros(H, dtype=torch.float64) for name in
@@ -94,7 +105,9 @@ def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int,
             s = scores[b, :, :n, :n].float()
             lse = s.gather(-1, top_index[..., None])[..., 0] - top.log()  # (H, n)
             # einsum reduces without an (H, n, n) temporary: several times faster than a * s
-            sums["entropy"] += (lse - torch.einsum("hij,hij->hi", a, s)).sum(-1).double()
+            # a row whose real keys all underflowed to 0 adds 0 (not inf · 0)
+            mass = torch.where(top > 0, lse * a.sum(-1), 0.0)
+            sums["entropy"] += (mass - torch.einsum("hij,hij->hi", a, s)).sum(-1).double()
         sums["max_weight"] += top.sum(-1).double()
         sums["distance"] += torch.einsum("hij,ij->h", a, _distances(n)).double()
         for name in ("entropy", "max_weight", "distance"):
@@ -107,9 +120,23 @@ def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int,
             rows = torch.unique(queries)
             sums[name] += mass[:, rows].sum(-1)
             counts[name] += len(rows)
+    return sums, counts
+
+
+def add_sums(a: StatSums | None, b: StatSums) -> StatSums:
+    if a is None:
+        return b
+    return ({name: a[0][name] + b[0][name] for name in a[0]},
+            {name: a[1][name] + b[1][name] for name in a[1]})
+
+
+def finish_stats(totals: StatSums, layer: int, first_head: int = 0) -> list[HeadStats]:
+    """Means from sums and counts; heads numbered from first_head."""
+    sums, counts = totals
     means = {name: (sums[name] / counts[name]).tolist() if counts[name] else None
              for name in sums}
-    return [HeadStats(layer=layer, head=h, **{
+    H = len(sums["entropy"])
+    return [HeadStats(layer=layer, head=first_head + h, **{
         name: means[name][h] if means[name] is not None else None for name in sums})
         for h in range(H)]
 

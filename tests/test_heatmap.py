@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_clean_error, colored_runs, read_image
+from conftest import SAMPLES, assert_clean_error, colored_runs, read_image
 from safetensors import safe_open
 
 from attnviz.attention import layer_attention
@@ -302,6 +302,41 @@ def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
     short = [v for v in run.layers[0].views if v.sentence == 1]
     assert len(short) == 3 and all(not v.downsampled for v in short)  # 2 heads + their mean
     assert all(v.values.flags.owndata for v in short[:2])
+
+
+@pytest.mark.parametrize("source", ["bias_kv", "gqa"])
+def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
+    """Sentence by sentence over real tokens only (bias_k column, causal, grouped-query heads):
+    the same maps and statistics as the padded batch's full forward."""
+    import numpy as np
+
+    from attnviz import heatmap as heatmap_mod
+    from attnviz import streaming
+    from attnviz.inputs import make_batch
+    from attnviz.sources import RandomSpec
+
+    batch = make_batch(["the cat sat on the mat the cat sat", "a dog ran", "x y x y x"])
+    request = (heatmap_mod.HeatmapRequest(batch, random=RandomSpec(16, 4, add_bias_kv=True),
+                                          causal=True) if source == "bias_kv" else
+               heatmap_mod.HeatmapRequest(batch, SAMPLES / "llama-gqa-tiny", layer="1"))
+    full = heatmap_mod.run(request).layers[0]
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    streamed = heatmap_mod.run(request).layers[0]
+    assert full.weights is not None and streamed.weights is None
+    H = full.layer.num_heads
+    for view in streamed.views:
+        n = len(batch.tokens[view.sentence])
+        maps = full.weights[view.sentence, :, :n]  # (H, n, S): real queries
+        keys = list(range(n)) + list(range(batch.max_len, maps.shape[-1]))  # + bias_k column
+        expected = maps[:, :, keys].mean(0) if view.head is None else maps[view.head][:, keys]
+        np.testing.assert_allclose(view.values, expected.numpy(), atol=1e-6)
+    assert len(streamed.views) == len(batch.tokens) * (H + 1)
+    full_stats = head_stats(full.weights, batch.tokens, 0)
+    for a, b in zip(full_stats, streamed.stats, strict=True):
+        assert a.head == b.head
+        for key in ("entropy", "max_weight", "distance", "first", "previous", "self",
+                    "duplicate", "induction"):
+            assert getattr(a, key) == pytest.approx(getattr(b, key), rel=1e-5, abs=1e-7), key
 
 
 def test_figure_downsamples_maps_larger_than_their_panel():

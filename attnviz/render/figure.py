@@ -155,12 +155,13 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
     for r, (sentence, layer) in enumerate(rows_keys):
         last_of_sentence = r + 1 == n_rows or rows_keys[r + 1][0] != sentence
         if last_of_sentence and sentence != last_sentence:
+            # Every head of a sentence has the same keys: label them under its first panel
+            # only (text is most of a big grid's drawing time); the bottom row labels all.
             labels = first[sentence].col_labels
             rows = first[sentence].values.shape[0]
-            for c in range(n_cols):
-                for i in _label_steps(len(labels), max_labels):
-                    ax.text(c * step + i, offsets[r] + rows - 0.3, labels[i][:12], fontsize=6,
-                            rotation=90, ha="center", va="top")
+            for i in _label_steps(len(labels), max_labels):
+                ax.text(i, offsets[r] + rows - 0.3, labels[i][:12], fontsize=6, rotation=90,
+                        ha="center", va="top")
         for c, head in enumerate(heads):
             view = by_key.get((sentence, layer, head))
             if view is not None:
