@@ -24,6 +24,8 @@ from attnviz.forward import (
 )
 from attnviz.inputs import Batch, input_vectors, padding_mask
 from attnviz.layer import AttentionLayer
+from attnviz.layouts import hfconfig
+from attnviz.positions import SCHEMES, positions_for, recompute_heads
 
 SDPA_TOLERANCE = 1e-4  # explicit per-head output vs F.scaled_dot_product_attention, relative
 
@@ -168,6 +170,7 @@ class QueryBreakdown:
     scale: float
     heads: list[HeadBreakdown]
     max_diff: float  # recomputed weights vs the run's weights
+    positions: str = "none"  # what was applied to q_h and k_h besides projection (RoPE, …)
 
 
 def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
@@ -176,34 +179,53 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     against the maps the run produced."""
     captured = run.layer(layer_index)
     layer = captured.layer
-    if layer.positions.startswith("rope") and captured.method.startswith("transformers"):
-        raise UsageError("--query does not apply rotary position embeddings yet",
-                         "use 'attnviz split --model … --verify' to check this layer's heads")
     n = run.batch.lengths[sentence]
     x = captured.inputs[sentence : sentence + 1, :n]
     key = x if captured.key_inputs is None else captured.key_inputs[sentence : sentence + 1, :n]
     value = x if captured.value_inputs is None else \
         captured.value_inputs[sentence : sentence + 1, :n]
     weights = load_weights(layer, run.store)
-    mask = causal_mask(n) if run.causal else None
+    positions = _model_positions(run, captured, n)
     with torch.no_grad():
-        parts = per_head_forward(layer, weights, x, key, value, None, mask)
+        if positions is None:
+            mask = causal_mask(n) if run.causal else None
+            parts = per_head_forward(layer, weights, x, key, value, None, mask)
+            q, k, scores, attn = parts.q, parts.k, parts.scores, parts.attn
+        else:
+            heads = recompute_heads(layer, weights, x, [n], positions)
+            q, k, scores, attn = heads.q, heads.k, heads.scores, heads.weights
     expected = captured.weights[sentence, :, query, :n]
     extra = captured.weights.shape[-1] - run.batch.max_len
     if extra:
         expected = torch.cat([expected, captured.weights[sentence, :, query, -extra:]], -1)
-    got = parts.attn[0, :, query]  # (H, S)
+    got = attn[0, :, query]  # (H, S)
     max_diff = (got - expected).abs().max().item()
     if max_diff > SDPA_TOLERANCE:
         raise CheckFailed(f"recomputing query {query} from the slices differs from the run by "
                           f"{max_diff:.2e}", "report this")
-    dots = parts.scores[0, :, query] / layer.effective_scale
-    heads = [HeadBreakdown(h, layer.kv_head_of(h), layer.q_rows(h), parts.q[0, h, query].tolist(),
-                           parts.k[0, h].tolist(), dots[h].tolist(),
-                           parts.scores[0, h, query].tolist(), got[h].tolist())
+    dots = scores[0, :, query] / layer.effective_scale
+    heads = [HeadBreakdown(h, layer.kv_head_of(h), layer.q_rows(h), q[0, h, query].tolist(),
+                           k[0, h].tolist(), dots[h].tolist(), scores[0, h, query].tolist(),
+                           got[h].tolist())
              for h in range(layer.num_heads or 0)]
     return QueryBreakdown(sentence, query, run.batch.tokens[sentence][query], layer_index,
-                          layer.effective_scale, heads, max_diff)
+                          layer.effective_scale, heads, max_diff,
+                          "none" if positions is None else positions.described)
+
+
+def _model_positions(run: AttentionRun, captured: LayerAttention, length: int) -> Any:
+    """How positions enter a model's attention (RoPE, sliding windows), for a --model run of a
+    family attnviz can recompute; None where the inputs already carry them."""
+    if not captured.method.startswith("transformers"):
+        return None
+    kind = hfconfig.model_type(run.store.config)
+    if kind in SCHEMES:
+        return positions_for(run.store.config, captured.layer, captured.index, length)
+    if captured.layer.positions not in ("none", "learned", "sinusoidal"):
+        raise UsageError(f"--query does not recompute {captured.layer.positions} positions of "
+                         f"model_type {kind!r}",
+                         f"supported: {', '.join(sorted(SCHEMES))}", "--query")
+    return None
 
 
 def check_finite_maps(run: AttentionRun) -> None:

@@ -75,7 +75,7 @@ def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
     elif rope_type == "llama3":
         inv_freq = llama3_frequencies(inv_freq, params)
     elif rope_type != "default":
-        raise UsageError(f"verification does not implement rope_type {rope_type!r}",
+        raise UsageError(f"attnviz does not recompute rope_type {rope_type!r} yet",
                          f"supported: {', '.join(ROPE_TYPES)}")
     freqs = torch.arange(length).float()[:, None] * inv_freq[None]  # (L, dims/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (L, dims): rotate_half pairs j and j + dims/2
@@ -120,9 +120,19 @@ def sliding_window(config: dict[str, Any], kind: str | None, index: int) -> int 
     return window if config.get("use_sliding_window") and index >= start else None
 
 
-def recompute_weights(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
-                      lengths: list[int], positions: Positions) -> torch.Tensor:
-    """softmax(scale · q_h k_hᵀ + masks) head by head from the weight slices: (B, H, L, L).
+@dataclass(frozen=True)
+class RecomputedHeads:
+    """Every query head recomputed from its slices, positions applied."""
+
+    q: torch.Tensor  # (B, H, L, d) each head's projected query, after RoPE
+    k: torch.Tensor  # (B, H, L, d) the key head each query head uses, after RoPE
+    scores: torch.Tensor  # (B, H, L, L) scale · q kᵀ, before masks
+    weights: torch.Tensor  # (B, H, L, L) after masks and softmax
+
+
+def recompute_heads(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
+                    lengths: list[int], positions: Positions) -> RecomputedHeads:
+    """softmax(scale · q_h k_hᵀ + masks) head by head from the weight slices.
 
     x is right-padded: sentence b's real tokens are rows 0..lengths[b]-1, at positions 0..n-1.
     """
@@ -132,7 +142,7 @@ def recompute_weights(layer: AttentionLayer, weights: LayerWeights, x: torch.Ten
         allowed = allowed & torch.ones(L, L, dtype=torch.bool).tril()[None]  # (B, L, L)
     if positions.window is not None:  # query i sees keys j with i - j < window
         allowed = allowed & torch.ones(L, L, dtype=torch.bool).triu(1 - positions.window)[None]
-    maps = []
+    qs, ks, scores, maps = [], [], [], []
     for h in range(layer.num_heads or 0):
         q0, q1 = layer.q_rows(h)
         k0, k1 = layer.kv_rows(layer.kv_head_of(h))
@@ -140,9 +150,17 @@ def recompute_weights(layer: AttentionLayer, weights: LayerWeights, x: torch.Ten
         k = F.linear(x, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1))  # (B, L, d)
         if positions.rope is not None:
             q, k = apply_rope(q, *positions.rope), apply_rope(k, *positions.rope)
-        scores = layer.effective_scale * (q @ k.transpose(-1, -2))  # (B, L, L)
-        maps.append(torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1))
-    return torch.stack(maps, dim=1)  # (B, H, L, L)
+        s = layer.effective_scale * (q @ k.transpose(-1, -2))  # (B, L, L)
+        qs.append(q), ks.append(k), scores.append(s)
+        maps.append(torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1))
+    stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
+    return RecomputedHeads(stack(qs), stack(ks), stack(scores), stack(maps))
+
+
+def recompute_weights(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
+                      lengths: list[int], positions: Positions) -> torch.Tensor:
+    """The (B, H, L, L) attention weights of recompute_heads."""
+    return recompute_heads(layer, weights, x, lengths, positions).weights
 
 
 def _rows(bias: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:

@@ -279,6 +279,43 @@ def test_missing_extra_names_the_install(monkeypatch):
 # the command line: heatmap --model and split --model --verify
 
 
+@pytest.mark.parametrize("kind", ALL)
+def test_query_breakdown_equals_the_models_own_weights(loaded, kind):
+    """--query on every supported family (RoPE, partial RoPE, sliding window, grouped-query):
+    the per-head weights recomputed from q_h and k_h equal transformers' own for the sentence
+    run alone, and the printed products are consistent with them."""
+    from attnviz.attention import query_breakdown
+
+    model = loaded(kind)
+    run = hf.run_model(model, SENTENCES, [-1], 64)
+    expected, tokens = alone(model, SENTENCES[2])
+    query = len(tokens) - 1  # the last token: far enough for mistral's 4-key sliding window
+    breakdown = query_breakdown(run, run.layers[0].index, 2, query)
+    assert breakdown.token == tokens[query]
+    assert breakdown.positions.startswith("RoPE") == (kind in ("llama", "neox", "mistral",
+                                                               "qwen2"))
+    layer = run.layers[0].layer
+    for head in breakdown.heads:
+        torch.testing.assert_close(torch.tensor(head.weights), expected[-1][0, head.head, query],
+                                   atol=1e-5, rtol=0)
+        q, keys = torch.tensor(head.q), torch.tensor(head.keys)
+        torch.testing.assert_close(keys @ q, torch.tensor(head.dots), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(torch.tensor(head.scores),
+                                   torch.tensor(head.dots) * layer.effective_scale)
+        assert head.kv_head == layer.kv_head_of(head.head)
+    if kind == "mistral":
+        assert sum(w > 0 for w in breakdown.heads[0].weights) == 4
+
+
+def test_query_on_unsupported_rope_family_is_a_usage_error(loaded, monkeypatch):
+    from attnviz.attention import query_breakdown
+
+    run = hf.run_model(loaded("llama"), SENTENCES[:1], [0], 64)
+    monkeypatch.delitem(positions.SCHEMES, "llama")
+    with pytest.raises(UsageError, match="does not recompute rope positions of model_type"):
+        query_breakdown(run, 0, 0, 1)
+
+
 @pytest.fixture(scope="module")
 def gpt2_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cli-gpt2")
@@ -318,6 +355,17 @@ def test_cli_split_model_verify(cli, gpt2_folder):
     assert doc["proof"]["passed"] is True
     text = cli("split", "--model", gpt2_folder, "--layer", "0", "--verify").stdout
     assert "✓ the model's heads are these slices" in text
+
+
+def test_cli_query_on_a_rotary_model(cli, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli-neox")
+    build_tiny("neox", folder)
+    result = cli("heatmap", "--model", folder, "the cat sat on the mat", "--query", "mat",
+                 "--layer", "1", "--no-maps", "--no-stats")
+    assert result.exit_code == 0, result.output
+    assert "positions: RoPE recomputed from config.json: rotate_half on 8 of 16 dims" in \
+        " ".join(result.stdout.split())
+    assert "q_0 = RoPE_5(x_5 · W_q[0:16]ᵀ (+ b))" in result.stdout
 
 
 def test_cli_model_errors(cli, tmp_path, gpt2_folder):

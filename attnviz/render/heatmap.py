@@ -135,10 +135,15 @@ def print_query(console: Console, breakdown, key_labels: list[str]) -> None:
     console.print(Text(f"query {b.query} {b.token!r} of sentence {b.sentence + 1}, layer "
                        f"{b.layer}: each head works on its own d = {len(b.heads[0].q)} features "
                        f"of the projected query and key (scale {b.scale:.4g})", style="bold"))
+    if b.positions != "none":
+        console.print(Text(f"positions: {b.positions}; q_h and k_h below are after it",
+                           style="dim"))
     for h in b.heads:
         console.print()
-        console.print(Text(f"head {h.head}: q_{h.head} = x_{b.query} · W_q[{h.q_rows[0]}:"
-                           f"{h.q_rows[1]}]ᵀ (+ b) = {_vector(h.q, 6)}"
+        projected = f"x_{b.query} · W_q[{h.q_rows[0]}:{h.q_rows[1]}]ᵀ (+ b)"
+        if b.positions.startswith("RoPE"):
+            projected = f"RoPE_{b.query}({projected})"
+        console.print(Text(f"head {h.head}: q_{h.head} = {projected} = {_vector(h.q, 6)}"
                            + (f"   (kv head {h.kv_head})" if h.kv_head != h.head else "")))
         table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
         for title in ("key", "k_h", "q_h·k_h", "× scale", "weight"):
