@@ -93,7 +93,12 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     target = None if device_map else resolve_device(device)
     folder = resolve_folder(spec)
     store = open_checkpoint(folder)
-    layers = find_layers(store).layers
+    inventory = find_layers(store)
+    layers = inventory.layers
+    if inventory.unresolved:  # the model's attention modules and attnviz's layers must pair up
+        item = inventory.unresolved[0]
+        raise CheckpointError(f"{printable(item.name)}: {item.reason}", item.fix,
+                              printable(str(folder)))
     if not layers:
         raise CheckpointError("no attention layer recognized in the model",
                               "run 'attnviz inspect' on the folder", printable(str(folder)))

@@ -62,6 +62,8 @@ def inventory_json(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
         "format": store.format,
         "layers": layers,
         "unclassified": inventory.unclassified,
+        "unresolved": [{"name": item.name, "family": item.family, "keys": list(item.keys),
+                        "reason": item.reason, "fix": item.fix} for item in inventory.unresolved],
         "summary": summary(inventory, store),
     }
 
@@ -76,6 +78,7 @@ def summary(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
         "attention_params": sum(parameter_count(layer) for layer in layers),
         "tensors": len(store.keys()),
         "unclassified": len(inventory.unclassified),
+        "unresolved": len(inventory.unresolved),
     }
 
 

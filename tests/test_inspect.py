@@ -145,3 +145,24 @@ def test_header_only_inspect_does_not_import_torch(tmp_path):
             f"r = CliRunner().invoke(app, ['inspect', {str(st)!r}, '--json', '--layer', '0'])\n"
             "assert r.exit_code == 0, r.output\n")
     assert _imports_after(code) == set()
+
+
+def test_fused_layer_without_heads_is_listed_not_an_error(cli):
+    """A bare GPT-NeoX file (no config.json): inspect lists the layer as unresolved and says how
+    to resolve it; split names the same fix; with -H the layer appears with its heads."""
+    from conftest import SAMPLES
+
+    path = SAMPLES / "neox-tiny" / "model.safetensors"
+    doc = _json(cli, path)
+    assert doc["layers"] == [] and doc["unclassified"] == []
+    (item,) = doc["unresolved"]
+    assert item["name"] == "gpt_neox.layers.0.attention" and item["family"] == "gpt-neox"
+    assert doc["summary"]["unresolved"] == 1
+    text = " ".join(cli("inspect", path).stdout.split())
+    assert "unresolved: gpt_neox.layers.0.attention (gpt-neox)" in text
+    assert "pass --num-heads" in text
+    assert_clean_error(cli("split", "--weights", path), 2, "number of heads", "--num-heads")
+    assert_clean_error(cli("heatmap", "--weights", path, "a b", "--layer",
+                           "gpt_neox.layers.0.attention"), 2, "number of heads")
+    resolved = _json(cli, path, "-H", "2")
+    assert resolved["unresolved"] == [] and resolved["layers"][0]["head_dim"] == 8

@@ -16,10 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from attnviz.checkpoint import DictStore, open_checkpoint
-from attnviz.errors import LayoutError
+from attnviz.errors import LayoutError, UsageError
 from attnviz.forward import LayerWeights, load_weights, read_ref
 from attnviz.layer import AttentionLayer
-from attnviz.layouts import claimed_keys, find_layers
+from attnviz.layouts import claimed_keys, find_layers, select_layer
 from attnviz.layouts.base import HeadHints, ref
 from attnviz.layouts.neox import grouped
 from attnviz.split import make_report
@@ -422,6 +422,13 @@ def test_gpt_bigcode_matches_its_split(multi_query: bool) -> None:
     assert layer.num_kv_heads == (1 if multi_query else H)
     with pytest.raises(LayoutError, match="c_attn.weight has shape"):
         find_layers(DictStore(tensors))  # without config.json the names read as GPT-2's
+    no_heads = {k: v for k, v in config.items() if k != "n_head"}
+    inv = find_layers(DictStore(tensors, config=no_heads))
+    assert inv.layers == [] and inv.unclassified == []
+    (item,) = inv.unresolved
+    assert item.family == "gpt_bigcode" and "pass --num-heads" in item.fix
+    (layer,) = find_layers(DictStore(tensors, config=no_heads), HeadHints(H)).layers
+    assert_heads_match(layer, store, x, q, k, v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,9 +615,18 @@ def test_neox_buffers_are_not_biases() -> None:
 
 
 def test_neox_without_config_needs_heads() -> None:
+    """Without a head count, W_q's rows cannot be located: the layer is listed as unresolved
+    (claiming its tensors, so they are not 'unclassified'), never guessed."""
     _, tensors = samples.neox()
-    with pytest.raises(LayoutError, match=r"query_key_value\.weight .*number of heads") as err:
-        find_layers(DictStore(tensors))
+    inv = find_layers(DictStore(tensors))
+    (item,) = inv.unresolved
+    assert inv.layers == [] and inv.unclassified == []
+    assert (item.name, item.family) == ("gpt_neox.layers.0.attention", "gpt-neox")
+    assert set(item.keys) == {f"gpt_neox.layers.0.attention.{k}" for k in (
+        "query_key_value.weight", "query_key_value.bias", "dense.weight", "dense.bias")}
+    assert "number of heads" in item.reason and "pass --num-heads" in item.fix
+    with pytest.raises(UsageError, match="number of heads") as err:
+        select_layer(inv, None, "x")
     assert "pass --num-heads" in err.value.one_line()
     (layer,) = find_layers(DictStore(tensors), HeadHints(2)).layers
     assert layer.head_dim == 8 and any("no config.json" in note for note in layer.notes)
@@ -675,9 +691,13 @@ def test_falcon_layout_comes_from_config_not_shapes() -> None:
     wrong = {**config, "new_decoder_architecture": True, "num_kv_heads": 2}
     with pytest.raises(LayoutError, match=r"query_key_value\.weight has shape \(24, 16\).*32 rows"):
         find_layers(DictStore(tensors, config=wrong))
-    # BLOOM and Falcon share key names: without config.json neither is claimed, nothing guessed.
+    # BLOOM and Falcon share key names: without config.json nothing is guessed; the module is
+    # listed as unresolved, saying what would tell them apart.
     bare = find_layers(DictStore(tensors))
-    assert bare.layers == [] and bare.unclassified == ["transformer.h.0.self_attention"]
+    assert bare.layers == [] and bare.unclassified == []
+    (item,) = bare.unresolved
+    assert (item.name, item.family) == ("transformer.h.0.self_attention", "bloom or falcon")
+    assert "config.json" in item.fix
 
 
 def test_legacy_refinedweb_config_is_grouped() -> None:

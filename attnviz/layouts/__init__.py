@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 from attnviz.checkpoint import TensorStore
 from attnviz.errors import UsageError, printable
 from attnviz.layer import AttentionLayer
 from attnviz.layouts import bert, fused_qkv, gpt2, gpt_bigcode, neox, qkv_proj, t5, torch_mha
-from attnviz.layouts.base import HeadHints, natural_key
+from attnviz.layouts.base import HeadHints, Unresolved, natural_key
 
-Finder = Callable[[TensorStore, HeadHints], list[AttentionLayer]]
+Finder = Callable[[TensorStore, HeadHints], list[AttentionLayer | Unresolved]]
 
 FAMILIES: dict[str, Finder] = {}
 
@@ -42,6 +42,7 @@ class Inventory:
 
     layers: list[AttentionLayer]
     unclassified: list[str]  # prefixes of attention-looking tensors no family claimed
+    unresolved: list[Unresolved] = field(default_factory=list)  # recognized, heads not located
 
 
 def claimed_keys(layer: AttentionLayer) -> set[str]:
@@ -54,20 +55,26 @@ def find_layers(store: TensorStore, hints: HeadHints | None = None) -> Inventory
     """Recognize every attention layer in `store` (reads headers only)."""
     hints = hints or HeadHints()
     layers: list[AttentionLayer] = []
+    pending: list[Unresolved] = []
     claimed: set[str] = set()
     for finder in FAMILIES.values():
-        for layer in finder(store, hints):
-            keys = claimed_keys(layer)
+        for found in finder(store, hints):
+            keys = set(found.keys) if isinstance(found, Unresolved) else claimed_keys(found)
             if keys & claimed:
                 continue
-            layers.append(layer)
+            if isinstance(found, Unresolved):
+                pending.append(found)
+            else:
+                layers.append(found)
             claimed |= keys
     layers.sort(key=lambda layer: natural_key(layer.name))
-    return Inventory(layers, _unclassified(store, claimed, layers))
+    pending.sort(key=lambda item: natural_key(item.name))
+    names = [layer.name for layer in layers] + [item.name for item in pending]
+    return Inventory(layers, _unclassified(store, claimed, names), pending)
 
 
-def _unclassified(store: TensorStore, claimed: set[str], layers: list[AttentionLayer]) -> list[str]:
-    names = {layer.name for layer in layers}
+def _unclassified(store: TensorStore, claimed: set[str], layer_names: list[str]) -> list[str]:
+    names = set(layer_names)
     groups = set()
     for key in store.keys():
         if key in claimed or not _ATTENTION_HINT.search(key) or _NOT_WEIGHTS.search(key):
@@ -83,6 +90,9 @@ def _unclassified(store: TensorStore, claimed: set[str], layers: list[AttentionL
 def select_layer(inventory: Inventory, spec: str | None, source: str) -> AttentionLayer:
     """A layer by index (0, -1) or by name; the only layer when `spec` is None."""
     layers = inventory.layers
+    if not layers and inventory.unresolved:
+        first = inventory.unresolved[0]
+        raise UsageError(f"{printable(first.name)}: {first.reason}", first.fix, source)
     if not layers:
         raise UsageError("no attention layer recognized", "run 'attnviz inspect' on it to see "
                          "what it holds", source)
@@ -101,5 +111,8 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
     for layer in layers:
         if layer.name == spec or layer.name == spec.rstrip("."):
             return layer
+    for item in inventory.unresolved:
+        if item.name == spec.rstrip("."):
+            raise UsageError(f"{printable(item.name)}: {item.reason}", item.fix, source)
     raise UsageError(f"no attention layer named {printable(spec)!r}",
                      "see 'attnviz inspect' for the names", source)

@@ -21,6 +21,25 @@ class HeadHints:
     head_dim: int | None = None
 
 
+@dataclass(frozen=True)
+class Unresolved:
+    """An attention module a family recognizes but cannot split into heads without more facts
+    (fused q/k/v whose row layout depends on the head count or on config.json): listed by
+    inspect with what is missing, never guessed and never an error for the whole checkpoint."""
+
+    name: str  # module prefix, without the trailing dot
+    family: str
+    keys: tuple[str, ...]  # the tensors it would claim
+    reason: str  # what cannot be located, and why
+    fix: str  # how to supply what is missing
+
+
+def unresolved(store: TensorStore, prefix: str, family: str, names: Iterable[str], reason: str,
+               fix: str) -> Unresolved:
+    keys = tuple(prefix + name for name in names if prefix + name in store)
+    return Unresolved(prefix.rstrip("."), family, keys, reason, fix)
+
+
 def prefixes_with(keys: Iterable[str], suffix: str) -> list[str]:
     """Every prefix P (including its trailing dot, or "") such that P + suffix is a key."""
     found = []

@@ -12,31 +12,49 @@ from attnviz.checkpoint import TensorStore
 from attnviz.errors import LayoutError, printable
 from attnviz.layer import AttentionLayer
 from attnviz.layouts import hfconfig
-from attnviz.layouts.base import HeadHints, finish, head_counts, optional_ref, prefixes_with, ref
+from attnviz.layouts.base import (
+    HeadHints,
+    Unresolved,
+    finish,
+    head_counts,
+    optional_ref,
+    prefixes_with,
+    ref,
+    unresolved,
+)
 from attnviz.layouts.neox import grouped
 
 FAMILY = "gpt_bigcode"
 
 
-def find(store: TensorStore, hints: HeadHints) -> list[AttentionLayer]:
+def find(store: TensorStore, hints: HeadHints) -> list[AttentionLayer | Unresolved]:
     config = store.config
     if hfconfig.model_type(config) != FAMILY:
         return []
     heads = head_counts(store, hints, config, heads_keys=("n_head", "num_attention_heads"),
                         kv_keys=(), dim_keys=())
     multi_query = hfconfig.flag(config, "multi_query", True)  # GPTBigCodeConfig's default
-    layers = []
+    found: list[AttentionLayer | Unresolved] = []
     for prefix in prefixes_with(store.keys(), "c_attn.weight"):
-        if prefix + "c_proj.weight" in store and prefix + "q_attn.weight" not in store:
-            layers.append(_layer(store, prefix, heads, multi_query))
-    return layers
+        if prefix + "c_proj.weight" not in store or prefix + "q_attn.weight" in store:
+            continue
+        if heads.num_heads is None:
+            found.append(unresolved(
+                store, prefix, FAMILY, ("c_attn.weight", "c_attn.bias", "c_proj.weight",
+                                        "c_proj.bias"),
+                "c_attn fuses q, k and v: where W_q ends depends on the number of heads",
+                "pass --num-heads, or add n_head to config.json"))
+        else:
+            found.append(_layer(store, prefix, heads, multi_query))
+    return found
 
 
 def _layer(store: TensorStore, prefix: str, heads: HeadHints, multi_query: bool) -> AttentionLayer:
     fused = ref(store, prefix + "c_attn.weight")
     o_weight = ref(store, prefix + "c_proj.weight")
     embed_dim, num_heads = fused.shape[1], heads.num_heads
-    if num_heads is None or embed_dim % num_heads:
+    assert num_heads is not None  # find() lists layers without it as Unresolved
+    if embed_dim % num_heads:
         raise LayoutError(f"{printable(fused.key)} needs the number of heads to be located, and "
                           f"it must divide E = {embed_dim} (got {num_heads})",
                           "check n_head in config.json or pass --num-heads", store.source)

@@ -20,7 +20,16 @@ from attnviz.checkpoint import TensorStore
 from attnviz.errors import LayoutError, printable
 from attnviz.layer import AttentionLayer, TensorRef
 from attnviz.layouts import hfconfig
-from attnviz.layouts.base import HeadHints, finish, head_counts, optional_ref, prefixes_with, ref
+from attnviz.layouts.base import (
+    HeadHints,
+    Unresolved,
+    finish,
+    head_counts,
+    optional_ref,
+    prefixes_with,
+    ref,
+    unresolved,
+)
 
 FAMILY = "neox"
 NEOX_TYPES = (None, "gpt_neox")  # None: no config.json; the key names are NeoX's own
@@ -37,16 +46,36 @@ class Layout:
     notes: tuple[str, ...] = ()
 
 
-def find(store: TensorStore, hints: HeadHints) -> list[AttentionLayer]:
+KEYS = ("query_key_value.weight", "query_key_value.bias", "dense.weight", "dense.bias")
+
+
+def find(store: TensorStore, hints: HeadHints) -> list[AttentionLayer | Unresolved]:
     config = store.config
     heads = head_counts(store, hints, config, heads_keys=("num_attention_heads", "n_head"),
                         kv_keys=("num_kv_heads", "n_head_kv"), dim_keys=())
-    layers = []
+    found: list[AttentionLayer | Unresolved] = []
     for prefix in prefixes_with(store.keys(), "query_key_value.weight"):
+        if prefix + "dense.weight" not in store:
+            continue
         layout = _layout(prefix, config)
-        if layout is not None and prefix + "dense.weight" in store:
-            layers.append(_layer(store, prefix, layout, heads, hints))
-    return layers
+        if layout is None and _shared_by_bloom_and_falcon(prefix, config):
+            found.append(unresolved(
+                store, prefix, "bloom or falcon", KEYS, "BLOOM and Falcon both name a fused "
+                "self_attention.query_key_value, with different row layouts",
+                "open the model folder with its config.json (model_type says which)"))
+        elif layout is not None and heads.num_heads is None:
+            found.append(unresolved(
+                store, prefix, layout.family, KEYS, "query_key_value fuses q, k and v per head: "
+                "which rows are W_q depends on the number of heads",
+                "pass --num-heads, or open the model folder with its config.json"))
+        elif layout is not None:
+            found.append(_layer(store, prefix, layout, heads, hints))
+    return found
+
+
+def _shared_by_bloom_and_falcon(prefix: str, config: dict[str, Any]) -> bool:
+    module = prefix.rstrip(".").rsplit(".", 1)[-1]
+    return module == "self_attention" and hfconfig.model_type(config) is None
 
 
 def _layout(prefix: str, config: dict[str, Any]) -> Layout | None:
@@ -84,11 +113,7 @@ def _layer(store: TensorStore, prefix: str, layout: Layout, heads: HeadHints,
     o_weight = ref(store, prefix + "dense.weight")
     embed_dim = o_weight.shape[0]
     num_heads = heads.num_heads
-    if num_heads is None:
-        raise LayoutError(f"{printable(fused.key)} fuses q, k and v head by head: W_q cannot "
-                          "be located without the number of heads",
-                          "pass --num-heads, or open the model folder with its config.json",
-                          store.source)
+    assert num_heads is not None  # find() lists layers without it as Unresolved
     head_dim = heads.head_dim or _head_dim(embed_dim, num_heads, o_weight, store.source)
     kv_heads = {"all": num_heads, "one": 1, "config": heads.num_kv_heads or num_heads}
     num_kv = hints.num_kv_heads or kv_heads[layout.kv_heads]

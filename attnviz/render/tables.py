@@ -41,6 +41,15 @@ def layer_groups(layers: list[dict[str, Any]]) -> dict[tuple[str, ...], list[dic
     return groups
 
 
+def unresolved_groups(items: list[dict[str, Any]]) -> dict[tuple[str, ...], list[str]]:
+    """Names of the unresolved modules that share a name pattern, family and reason."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for item in items:
+        key = (re.sub(r"\d+", "{i}", item["name"]), item["family"], item["reason"], item["fix"])
+        groups.setdefault(key, []).append(item["name"])
+    return groups
+
+
 def group_title(key: tuple[str, ...], count: int) -> Text:
     pattern, family, storage, dtype, bias = key
     text = Text()
@@ -86,14 +95,20 @@ def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str,
             console.print(Text(f"note: {note}", style="yellow"))
     s = doc["summary"]
     console.print()
+    families = ", ".join(s["families"]) or ("none resolved" if s["unresolved"]
+                                             else "none recognized")
     line = (f"{s['attention_layers']} attention layer{'s' * (s['attention_layers'] != 1)}"
-            f" ({', '.join(s['families']) or 'none recognized'}) · "
+            f" ({families}) · "
             f"{_params(s['attention_params'])} attention parameters · {s['tensors']} tensors "
             "in the checkpoint")
     console.print(Text(line, style="bold"))
     if not s["heads_known"]:
         console.print(Text("heads unknown (?): this checkpoint does not store head counts — "
                            "pass --num-heads H (and --num-kv-heads for grouped-query layers)",
+                           style="yellow"))
+    for (pattern, family, reason, fix), names in unresolved_groups(doc["unresolved"]).items():
+        shown = f"{pattern} × {len(names)}" if len(names) > 1 else names[0]
+        console.print(Text(f"unresolved: {printable(shown, 70)} ({family}): {reason} — {fix}",
                            style="yellow"))
     for prefix in doc["unclassified"]:
         console.print(Text(f"unclassified: {printable(prefix)} looks like attention but matches "
