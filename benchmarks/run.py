@@ -283,7 +283,8 @@ def long_sequence(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         ok = png.is_file() and png.stat().st_size > 0
         return ok, "" if ok else "no PNG written"
 
-    what, ours = f"{sizes.tokens} tokens, E=1024, H=16", "`heatmap -w FILE -f WORDS -o PNG`"
+    what = f"{sizes.tokens} tokens, E=1024, H=16"
+    ours = "`heatmap -w FILE -f WORDS -o PNG --no-maps` (stats table + figure)"
     base = "MHA forward, per-head weights (no_grad)"
     return [compare(f"3a long sequence memory ({what})", m["ours"], ours, m["base"], base, "MB",
                     0.6, wrote_png),
