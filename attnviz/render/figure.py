@@ -119,7 +119,7 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
                 mosaic[offsets[r] : offsets[r] + rows, c * step : c * step + cols] = view.values
     extra_height = side * (mosaic.shape[0] / step - n_rows)
     max_labels = max(2, int(side * 72 / 9))
-    margin_left, margin_bottom, margin_top, margin_right = 0.9, 0.8, 0.45, 1.0  # inches
+    margin_left, margin_bottom, margin_top, margin_right = 0.9, 0.8, 0.45, 1.2  # inches
     width = margin_left + margin_right + side * n_cols
     height = margin_bottom + margin_top + side * n_rows + extra_height
     fig = new_figure(width, height, constrained=False)
@@ -169,7 +169,8 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
                         fontsize=7, va="bottom", ha="left")
     ax.set_xlabel("key", fontsize=8)
     ax.set_ylabel("query", fontsize=8)
-    bar = fig.add_axes((1 - 0.75 / width, 0.25, 0.15 / width, 0.5))
+    # 0.8 in right of the bar: tick labels as wide as "0.010" plus the rotated label
+    bar = fig.add_axes((1 - 0.95 / width, 0.25, 0.15 / width, 0.5))
     fig.colorbar(image, cax=bar, label="attention weight")
     fig.suptitle(title, fontsize=9)
     return fig
