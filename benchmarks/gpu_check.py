@@ -3,8 +3,10 @@
     python benchmarks/gpu_check.py [--device cuda] [--length 1024]
 
 Checks, for a torch-expressible layer (nn.MultiheadAttention path) and a grouped-query layer
-(explicit per-head path), that the per-head maps on the GPU equal the CPU's to 1e-4, and prints
-median times of each. Exits 1 if a check fails, 0 with a notice if no GPU is present.
+(explicit per-head path), that the per-head maps on the GPU equal the CPU's to 1e-4, and the same
+for the streamed path of long inputs (display maps and head statistics), and prints median times
+of each. Exits 1 if a check fails, 0 with a notice if no GPU is present. `--device cpu` runs the
+script against the CPU itself: a smoke test of the script, not of a GPU.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import torch
 from attnviz.attention import layer_attention
 from attnviz.checkpoint import DictStore
 from attnviz.forward import load_weights
+from attnviz.inputs import Batch
 from attnviz.layer import AttentionLayer, TensorRef
 from attnviz.layouts import find_layers
 from attnviz.layouts.base import HeadHints
+from attnviz.streaming import stream_layer
 
 
 def mha_layer(E: int, H: int) -> tuple[AttentionLayer, DictStore]:
@@ -85,7 +89,32 @@ def main() -> int:
         cpu_s, gpu_s = results["cpu"][0], results[gpu.type][0]
         print(f"{name:<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x {diff:9.1e} "
               f"{'ok' if ok else 'FAILED'}")
+    failures += streamed_agreement(gpu, args.length)
     return 1 if failures else 0
+
+
+def streamed_agreement(gpu: torch.device, length: int) -> int:
+    """stream_layer (one head and sentence at a time, display maps + statistics) on both."""
+    layer, store = gqa_layer(1024, 16, 4)
+    batch = Batch(["long", "half"], [[f"w{i % 97}" for i in range(n)]
+                                     for n in (length, length // 2)])
+    x = torch.randn(2, length, 1024, generator=torch.Generator().manual_seed(2))
+    results = {}
+    for device in (torch.device("cpu"), gpu):
+        def step(device=device):
+            return stream_layer(layer, store, batch, x, x, True, device)
+
+        results[device.type] = timed(step, device, repeats=3)
+    (cpu_s, cpu), (gpu_s, on_gpu) = results["cpu"], results[gpu.type]
+    diff = max(float(abs(a.values - b.values).max()) for a, b in zip(cpu.views, on_gpu.views,
+                                                                     strict=True))
+    stats = max(abs(getattr(a, k) - getattr(b, k)) / max(1.0, abs(getattr(a, k)))
+                for a, b in zip(cpu.stats, on_gpu.stats, strict=True)
+                for k in ("entropy", "max_weight", "distance", "previous", "first"))
+    ok = diff <= 1e-4 and stats <= 1e-4
+    print(f"{'streamed GQA, 2 sents':<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x "
+          f"{diff:9.1e} {'ok' if ok else 'FAILED'} (stats rel Δ {stats:.1e})")
+    return int(not ok)
 
 
 if __name__ == "__main__":
