@@ -39,9 +39,12 @@ class LayerAttention:
     method: str  # which computation produced the weights
     key_inputs: torch.Tensor | None = None  # (B, S, kdim) when kdim ≠ E, else None (= inputs)
     value_inputs: torch.Tensor | None = None
-    # Streamed long inputs keep only display-sized maps and statistics (see attnviz.streaming).
+    # Streamed long inputs keep only display-sized maps and statistics (see attnviz.streaming),
+    # and for --query that query's row of every head: (H, S) for (sentence, query) = query_row.
     views: list[Any] | None = None
     stats: list[Any] | None = None
+    query_row: tuple[int, int] | None = None
+    query_weights: torch.Tensor | None = None
 
 
 @dataclass
@@ -115,8 +118,10 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
 
 def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, causal: bool,
               positions: str, device: torch.device, weights_store: TensorStore,
-              allow_stream: bool = True) -> AttentionRun:
-    """One standalone layer on a padded batch; long inputs stream head by head."""
+              allow_stream: bool = True, query_row: tuple[int, int] | None = None
+              ) -> AttentionRun:
+    """One standalone layer on a padded batch; long inputs stream head by head (keeping the
+    (sentence, query) row of every head for --query)."""
     x, described = input_vectors(batch, layer.embed_dim, store, positions)
     # Self-attention over the same sentence; kdim/vdim ≠ E layers get vectors of their width.
     key = x if layer.kdim == layer.embed_dim else input_vectors(batch, layer.kdim, None,
@@ -130,10 +135,13 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     extra = 1 if layer.bias_k is not None else 0
     if allow_stream and streaming.full_maps_bytes(batch, layer.num_heads or 0, extra) > \
             streaming.MAP_BUDGET_BYTES:
-        streamed = streaming.stream_layer(layer, weights_store, batch, x, key, causal, device)
-        notes.append("long input: maps computed one head at a time and kept only at display "
-                     f"size (≤ {streaming.DISPLAY_CELLS} per side); --export or --query keep "
-                     "the full maps")
+        streamed = streaming.stream_layer(layer, weights_store, batch, x, key, causal, device,
+                                          query_row)
+        streamed.key_inputs = None if key is x else key
+        streamed.value_inputs = None if value is x else value
+        notes.append("long input: maps computed one head and sentence at a time and kept "
+                     f"only at display size (≤ {streaming.DISPLAY_CELLS} per side); --export "
+                     "keeps the full maps")
         return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
                             causal, weights_store, notes)
     weights = load_weights(layer, weights_store, device=str(device))
@@ -194,10 +202,7 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
         else:
             heads = recompute_heads(layer, weights, x, [n], positions)
             q, k, scores, attn = heads.q, heads.k, heads.scores, heads.weights
-    expected = captured.weights[sentence, :, query, :n]
-    extra = captured.weights.shape[-1] - run.batch.max_len
-    if extra:
-        expected = torch.cat([expected, captured.weights[sentence, :, query, -extra:]], -1)
+    expected = _run_weights_of(captured, run.batch, sentence, query)
     got = attn[0, :, query]  # (H, S)
     max_diff = (got - expected).abs().max().item()
     if max_diff > SDPA_TOLERANCE:
@@ -211,6 +216,21 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     return QueryBreakdown(sentence, query, run.batch.tokens[sentence][query], layer_index,
                           layer.effective_scale, heads, max_diff,
                           "none" if positions is None else positions.described)
+
+
+def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
+                    query: int) -> torch.Tensor:
+    """The run's weights of one query row, every head: (H, S) over real keys (+ bias_k)."""
+    if captured.weights is None:
+        if captured.query_row != (sentence, query) or captured.query_weights is None:
+            raise UsageError("this streamed run kept no weights for that query",
+                             "pass --query to the run that streams")
+        return captured.query_weights
+    expected = captured.weights[sentence, :, query, :batch.lengths[sentence]]
+    extra = captured.weights.shape[-1] - batch.max_len  # bias_k columns sit after the padding
+    if extra:
+        expected = torch.cat([expected, captured.weights[sentence, :, query, -extra:]], -1)
+    return expected
 
 
 def _model_positions(run: AttentionRun, captured: LayerAttention, length: int) -> Any:

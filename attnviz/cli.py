@@ -371,8 +371,9 @@ def heatmap(
     if not 1 <= sentence <= len(batch.tokens):
         raise UsageError(f"--sentence {sentence} is out of range",
                          f"choose 1..{len(batch.tokens)}", "--sentence")
-    if model is None and query is not None:
-        heatmap_mod.find_query(batch.tokens[sentence - 1], query)  # fail before any work
+    query_row = None
+    if model is None and query is not None:  # fail before any work
+        query_row = sentence - 1, heatmap_mod.find_query(batch.tokens[sentence - 1], query)
     if model is not None:  # the model's own tokenizer decides the tokens
         attention_run = heatmap_mod.run_model(model, texts, layer, device, dtype, device_map,
                                               max_tokens, head is not None or average,
@@ -385,7 +386,8 @@ def heatmap(
     request = heatmap_mod.HeatmapRequest(batch, weights, layer, spec,
                                          HeadHints(num_heads, num_kv_heads, head_dim), causal,
                                          positions, device,
-                                         keep_full_maps=export is not None or query is not None,
+                                         keep_full_maps=export is not None,
+                                         query_row=query_row,
                                          max_panels=max_panels if out_path else None,
                                          panels_per_map=1 if head is not None or average
                                          else None)

@@ -26,7 +26,8 @@ class HeatmapRequest:
     causal: bool = False
     positions: str = "none"
     device: str = "auto"
-    keep_full_maps: bool = False  # --export and --query need every head's full map
+    keep_full_maps: bool = False  # --export needs every head's full map
+    query_row: tuple[int, int] | None = None  # (sentence, token) of --query: kept when streaming
     max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
     panels_per_map: int | None = None  # heads shown per layer and sentence (1 for --head)
 
@@ -57,7 +58,7 @@ def run(request: HeatmapRequest) -> Any:
         layer, store = sources.random_mha(request.random)
         check_panels(request, 1, layer.num_heads or 0)
         return run_layer(layer, None, request.batch, request.causal, request.positions, device,
-                         store, not request.keep_full_maps)
+                         store, not request.keep_full_maps, request.query_row)
     store = tinymodel.open_bundled() if request.weights is None else \
         open_checkpoint(request.weights)
     if tinymodel.is_tiny_model(store):
@@ -77,7 +78,8 @@ def run(request: HeatmapRequest) -> Any:
                          "--num-heads")
     check_panels(request, 1, layer.num_heads or 0)
     return run_layer(layer, store, request.batch, request.causal or layer.causal,
-                     request.positions, device, store, not request.keep_full_maps)
+                     request.positions, device, store, not request.keep_full_maps,
+                     request.query_row)
 
 
 def export(run: Any, path: Path) -> None:

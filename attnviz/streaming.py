@@ -31,9 +31,11 @@ def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0) -> int:
 
 
 def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: torch.Tensor,
-                 key: torch.Tensor, causal: bool, device: torch.device) -> LayerAttention:
+                 key: torch.Tensor, causal: bool, device: torch.device,
+                 query_row: tuple[int, int] | None = None) -> LayerAttention:
     """Per-head maps → display views (per sentence and head, plus their mean) and statistics,
     for query inputs x (B, L, E) and key inputs (B, S, kdim); values do not enter the maps.
+    With query_row = (sentence, query), that row of every head is kept too, for --query.
 
     Each sentence runs alone over its real tokens: that equals its rows of the padded batch,
     whose key padding mask only removes the padded keys.
@@ -44,6 +46,7 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
     views: list[MapView] = []
     stats: list[HeadStats] = []
     sums: dict[int, torch.Tensor] = {}
+    kept_rows: list[torch.Tensor] = []
     non_finite = False
     with torch.no_grad():
         # Whole projections once (O(B · L · H · d), small next to one head's L × S map), then
@@ -78,6 +81,8 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
                     view = replace(view, values=view.values.copy())
                 views.append(view)
                 sums[b] = sums.get(b, 0) + torch.from_numpy(view.values)
+                if query_row is not None and query_row[0] == b:
+                    kept_rows.append(attn[query_row[1]].clone())  # (S,)
                 del attn
             stats += finish_stats(totals, 0, first_head=h)
     means = [replace(views[b], head=None, values=(sums[b] / H).numpy())
@@ -86,7 +91,9 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
         raise CheckFailed("the layer produced non-finite attention weights",
                           "check the weights with 'attnviz inspect --scan'")
     method = "explicit per head, streamed (one head's map of one sentence at a time)"
-    return LayerAttention(0, layer, None, x.cpu(), method, views=views + means, stats=stats)
+    return LayerAttention(0, layer, None, x.cpu(), method, views=views + means, stats=stats,
+                          query_row=query_row,
+                          query_weights=torch.stack(kept_rows) if kept_rows else None)
 
 
 def sentence_mask(n: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -278,13 +279,37 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
     out = tmp_path / "long.png"
     result = cli("heatmap", "--random", "-H", "4", words, "--out", out, "--no-stats")
     assert result.exit_code == 0, result.output
-    assert "long input: maps computed one head at a time" in result.stdout
+    assert "long input: maps computed one head and sentence at a time" in result.stdout
     assert "downsampled to fit" in result.stdout
     assert "mean of heads" not in result.stdout  # only with --average, as for full maps
     image = read_image(out)
     assert image.std() > 0.05
     panels = [r for r in colored_runs(image, axis=1) if r[1] - r[0] > 0.1 * image.shape[1]]
     assert len(panels) == 4
+
+
+@pytest.mark.parametrize("extra", [["--kdim", "16", "--vdim", "24"], ["--causal"]])
+def test_query_on_a_streamed_run_equals_the_full_maps(cli, monkeypatch, extra):
+    """--query no longer forces full maps: streaming keeps that query's row of every head, and
+    the breakdown (q_h, k_h from the key inputs, scores, weights) is the full run's."""
+    import json as json_mod
+
+    from attnviz import streaming
+
+    words = " ".join(f"w{i % 11}" for i in range(40))
+    args = ["heatmap", "--random", "-E", "32", "-H", "4", *extra, "a b a", words, "--sentence",
+            "2", "--query", "-3", "--json"]
+    full = json_mod.loads(cli(*args).stdout)
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    streamed = json_mod.loads(result.stdout)
+    assert streamed["layers"][0]["method"].startswith("explicit per head, streamed")
+    assert not full["layers"][0]["method"].startswith("explicit per head, streamed")
+    assert streamed["query"]["query"] == full["query"]["query"] == 37
+    for a, b in zip(full["query"]["heads"], streamed["query"]["heads"], strict=True):
+        for key in ("q", "keys", "dots", "scores", "weights"):
+            np.testing.assert_allclose(np.array(b[key]), np.array(a[key]), atol=1e-5)
 
 
 def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
