@@ -35,7 +35,8 @@ class LayerAttention:
     index: int  # position of the layer in the model (0 for a standalone layer)
     layer: AttentionLayer
     weights: torch.Tensor | None  # (B, H, L, S) float32 on the CPU; None when streamed
-    inputs: torch.Tensor  # (B, L, E) the vectors entering the layer
+    # (B, L, E) the vectors entering the layer; None for a streamed model layer before the last
+    inputs: torch.Tensor | None
     method: str  # which computation produced the weights
     key_inputs: torch.Tensor | None = None  # (B, S, kdim) when kdim ≠ E, else None (= inputs)
     value_inputs: torch.Tensor | None = None
@@ -188,6 +189,7 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     captured = run.layer(layer_index)
     layer = captured.layer
     n = run.batch.lengths[sentence]
+    assert captured.inputs is not None  # the last layer always keeps its inputs
     x = captured.inputs[sentence : sentence + 1, :n]
     key = x if captured.key_inputs is None else captured.key_inputs[sentence : sentence + 1, :n]
     value = x if captured.value_inputs is None else \

@@ -373,11 +373,13 @@ def heatmap(
                          f"choose 1..{len(batch.tokens)}", "--sentence")
     query_row = None
     if model is None and query is not None:  # fail before any work
-        query_row = sentence - 1, heatmap_mod.find_query(batch.tokens[sentence - 1], query)
+        query_row = sentence - 1, inputs.find_query(batch.tokens[sentence - 1], query)
     if model is not None:  # the model's own tokenizer decides the tokens
-        attention_run = heatmap_mod.run_model(model, texts, layer, device, dtype, device_map,
-                                              max_tokens, head is not None or average,
-                                              max_panels if out_path else None)
+        attention_run = heatmap_mod.run_model(
+            model, texts, layer, device, dtype, device_map, max_tokens,
+            head is not None or average, max_panels if out_path else None,
+            keep_full_maps=export is not None,
+            query=None if query is None else (sentence - 1, query))
         render_heatmap(attention_run, head, average, out_path, export_path, query,
                        sentence - 1, stats, maps, as_json)
         return
@@ -403,6 +405,7 @@ def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path
     from attnviz import stats as stats_mod
     from attnviz import views
     from attnviz.attention import check_finite_maps, query_breakdown
+    from attnviz.inputs import find_query
 
     for captured in attention_run.layers:
         views.check_head(head, captured.layer.num_heads or 0)
@@ -413,7 +416,7 @@ def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path
     selected = views.select_maps(attention_run, head, average)
     breakdown = None
     if query is not None:
-        query_index = heatmap_mod.find_query(attention_run.batch.tokens[sentence_index], query)
+        query_index = find_query(attention_run.batch.tokens[sentence_index], query)
         layer_index = attention_run.layers[-1].index
         breakdown = query_breakdown(attention_run, layer_index, sentence_index, query_index)
     if export_path is not None:

@@ -100,21 +100,6 @@ def export(run: Any, path: Path) -> None:
         save_file(tensors, str(tmp), metadata=metadata)
 
 
-def find_query(tokens: list[str], spec: str) -> int:
-    """--query INDEX (negative counts from the end) or TOKEN (its first occurrence)."""
-    try:
-        index = int(spec)
-    except ValueError:
-        if spec.lower() in tokens:
-            return tokens.index(spec.lower())
-        raise UsageError(f"token {spec!r} is not in the sentence",
-                         f"choose one of {', '.join(dict.fromkeys(tokens))}", "--query") from None
-    if not -len(tokens) <= index < len(tokens):
-        raise UsageError(f"query index {index} is out of range",
-                         f"the sentence has {len(tokens)} tokens", "--query")
-    return index % len(tokens)
-
-
 def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -136,8 +121,10 @@ def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
 
 def run_model(spec: str, sentences: list[str], layer: str | None, device: str, dtype: str,
               device_map: str | None, max_tokens: int, one_per_layer: bool,
-              max_panels: int | None) -> Any:
-    """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra)."""
+              max_panels: int | None, keep_full_maps: bool = False,
+              query: tuple[int, str] | None = None) -> Any:
+    """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra); long
+    inputs stream unless keep_full_maps (--export); query = (sentence, --query) keeps that row."""
     from attnviz import hf
     from attnviz.views import parse_layers
 
@@ -148,4 +135,4 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
     check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
                                 max_panels=max_panels, panels_per_map=1 if one_per_layer
                                 else None), count, heads)
-    return hf.run_model(loaded, sentences, chosen, max_tokens)
+    return hf.run_model(loaded, sentences, chosen, max_tokens, not keep_full_maps, query)

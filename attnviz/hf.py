@@ -24,7 +24,7 @@ from attnviz.attention import AttentionRun, LayerAttention, resolve_device
 from attnviz.checkpoint import TensorStore, open_checkpoint
 from attnviz.errors import CheckFailed, CheckpointError, UsageError, printable
 from attnviz.forward import load_weights
-from attnviz.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, Batch
+from attnviz.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, Batch, find_query
 from attnviz.layer import AttentionLayer
 from attnviz.layouts import find_layers, hfconfig
 from attnviz.positions import SCHEMES, positions_for, recompute_weights
@@ -129,24 +129,50 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
 
 
 def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | None = None,
-              max_tokens: int = DEFAULT_MAX_TOKENS) -> AttentionRun:
-    """The model's own attention weights and attention inputs for the requested layers."""
+              max_tokens: int = DEFAULT_MAX_TOKENS, allow_stream: bool = False,
+              query: tuple[int, str] | None = None) -> AttentionRun:
+    """The model's own attention weights and attention inputs for the requested layers.
+
+    With allow_stream, when the requested layers' full maps would exceed the streaming budget,
+    each layer's maps are reduced inside the forward pass to display views and statistics
+    (`attnviz.streaming.MapReducer`) and dropped, keeping only the last layer's inputs and, for
+    query = (sentence, token spec), that query's row of every head of the last layer.
+    """
+    from attnviz import streaming
+
     indices = _layer_indices(len(loaded.layers), layers)
     ids = _encode(loaded, sentences, max_tokens)
     tokens = [loaded.tokenizer.convert_ids_to_tokens(row["input_ids"]) for row in ids]
+    batch = Batch(list(sentences), tokens)
+    query_row = None
+    if query is not None:  # resolved before the model runs: a typo costs nothing
+        query_row = query[0], find_query(tokens[query[0]], query[1])
+    heads = max(loaded.layers[i].num_heads or 0 for i in indices)
+    stream = allow_stream and streaming.full_maps_bytes(batch, heads, layers=len(indices)) > \
+        streaming.MAP_BUDGET_BYTES
     feed, mask = _pad(loaded, ids)
-    captured = _capture(loaded, indices, feed, mask)
     real = [row.nonzero().flatten() for row in mask.cpu()]  # where each sentence's tokens sit
+    reducers = {i: streaming.MapReducer(i, tokens, query_row if i == indices[-1] else None)
+                for i in indices} if stream else None
+    captured = _capture(loaded, indices, feed, mask, real, reducers)
     results = []
     for i in indices:
         weights, inputs = captured[i]
-        results.append(LayerAttention(i, loaded.layers[i], _realign(weights, real, (2, 3)),
-                                      _realign(inputs, real, (1,)), METHOD))
+        inputs = None if inputs is None else _realign(inputs, real, (1,))
+        if reducers is not None:
+            results.append(reducers[i].finish(loaded.layers[i], inputs,
+                                              f"{METHOD}, streamed ({streaming.STREAMED})"))
+        else:
+            results.append(LayerAttention(i, loaded.layers[i], _realign(weights, real, (2, 3)),
+                                          inputs, METHOD))
     described = ("the model's own hidden states entering each attention block (token and "
                  "position embeddings, earlier layers and the block's own norm, if any)")
     causal = all(result.layer.causal for result in results)
-    return AttentionRun(Batch(list(sentences), tokens), results, printable(str(loaded.folder)),
-                        described, str(_input_device(loaded.model)), causal, loaded.store)
+    notes = ["long input: each layer's maps reduced to display size inside the forward pass, "
+             f"{streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); --export keeps the "
+             "full maps"] if stream else []
+    return AttentionRun(batch, results, printable(str(loaded.folder)), described,
+                        str(_input_device(loaded.model)), causal, loaded.store, notes)
 
 
 def _layer_indices(count: int, layers: list[int] | None) -> list[int]:
@@ -234,19 +260,23 @@ class _Done(Exception):
     """Raised by the last requested layer's hook: later layers need not run."""
 
 
-def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any],
-             mask: Any) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """(weights (B, H, L, L), inputs (B, L, E)) per requested layer, float32 on the CPU."""
+def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any], mask: Any,
+             real: list[torch.Tensor], reducers: dict[int, Any] | None = None,
+             ) -> dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """(weights (B, H, L, L), inputs (B, L, E)) per requested layer, float32 on the CPU; with
+    reducers, each layer's weights go to its MapReducer instead (weights None), and only the
+    last layer's inputs are kept."""
     modules = _attention_modules(loaded)
     wanted, last = set(indices), max(indices)
     shape = (mask.shape[0], mask.shape[1])
-    inputs: dict[int, torch.Tensor] = {}
-    weights: dict[int, torch.Tensor] = {}
+    inputs: dict[int, torch.Tensor | None] = {}
+    weights: dict[int, torch.Tensor | None] = {}
 
     def pre_hook(i: int) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
             x = args[0] if args else kwargs["hidden_states"]
-            inputs[i] = x.detach().float().cpu()
+            keep = reducers is None or i == last
+            inputs[i] = x.detach().float().cpu() if keep else None
         return hook
 
     def post_hook(i: int) -> Any:
@@ -257,7 +287,11 @@ def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any],
                     raise CheckFailed(f"the model's attention module {modules[i][0]!r} returned "
                                       "no attention weights", "report this (eager attention "
                                       "was requested)")
-                weights[i] = output[pos].detach().float().cpu()
+                if reducers is None:
+                    weights[i] = output[pos].detach().float().cpu()
+                else:
+                    weights[i] = None
+                    _reduce(reducers[i], output[pos].detach(), real)
             if i == last:
                 raise _Done
             # Unrequested layers' weights (and, with output_attentions, the model's own copies)
@@ -283,6 +317,16 @@ def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any],
         raise CheckFailed(f"layers {missing} did not run in the model's forward pass",
                           "they may be cross-attention layers, which --model does not run")
     return {i: (weights[i], inputs[i]) for i in indices}
+
+
+def _reduce(reducer: Any, maps: torch.Tensor, real: list[torch.Tensor]) -> None:
+    """One layer's maps (B, H, L, L), wherever the model put them, into its reducer: one head
+    of one sentence at a time, real tokens only, so the CPU never holds more than n × n."""
+    for b, idx in enumerate(real):
+        idx = idx.to(maps.device)
+        for h in range(maps.shape[1]):
+            block = maps[b, h].index_select(0, idx).index_select(1, idx)  # (n, n)
+            reducer.add(b, h, block.float().cpu()[None])
 
 
 def _attention_modules(loaded: LoadedModel) -> list[tuple[str, Any]]:

@@ -179,3 +179,18 @@ def padding_mask(batch: Batch) -> Any:
 
     lengths = torch.tensor(batch.lengths)
     return torch.arange(batch.max_len)[None, :] >= lengths[:, None]
+
+
+def find_query(tokens: list[str], spec: str) -> int:
+    """--query INDEX (negative counts from the end) or TOKEN (its first occurrence)."""
+    try:
+        index = int(spec)
+    except ValueError:
+        if spec.lower() in tokens:
+            return tokens.index(spec.lower())
+        raise UsageError(f"token {spec!r} is not in the sentence",
+                         f"choose one of {', '.join(dict.fromkeys(tokens))}", "--query") from None
+    if not -len(tokens) <= index < len(tokens):
+        raise UsageError(f"query index {index} is out of range",
+                         f"the sentence has {len(tokens)} tokens", "--query")
+    return index % len(tokens)

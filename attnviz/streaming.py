@@ -3,7 +3,8 @@ display-sized maps and statistics, never all heads' (or all sentences') full L �
 
 Memory: O(L · S) for one (head, sentence) map over its real tokens (no padding), plus
 O(H · B · c²) for the c × c display maps, against O(B · H · L · S) for the full maps; time is
-the same O(H · B · L · S · d) work.
+the same O(H · B · L · S · d) work. `MapReducer` does the reduction for standalone layers
+(`stream_layer`) and for Hugging Face models alike (`attnviz.hf`, from the model's own maps).
 """
 
 from __future__ import annotations
@@ -13,21 +14,83 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from attnviz.attention import AttentionRun, LayerAttention
+from attnviz.attention import LayerAttention
 from attnviz.checkpoint import TensorStore
 from attnviz.errors import CheckFailed
 from attnviz.forward import causal_mask, load_weights
 from attnviz.inputs import Batch
 from attnviz.layer import AttentionLayer
-from attnviz.stats import HeadStats, add_sums, finish_stats, stat_sums
+from attnviz.stats import StatSums, add_sums, finish_stats, stat_sums
 from attnviz.views import MapView, downsample
 
 MAP_BUDGET_BYTES = 256 * 2**20  # beyond this, heatmap streams instead of keeping full maps
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
+STREAMED = "one head's map of one sentence at a time"
 
 
-def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0) -> int:
-    return len(batch.tokens) * num_heads * batch.max_len * (batch.max_len + extra_keys) * 4
+def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0, layers: int = 1) -> int:
+    return layers * len(batch.tokens) * num_heads * batch.max_len * (batch.max_len + extra_keys) * 4
+
+
+class MapReducer:
+    """One layer's display views (per sentence and head, plus each sentence's mean over heads),
+    summable head statistics and, for --query, one query's row of every head; fed one block of
+    heads of one sentence at a time, none of which it keeps."""
+
+    def __init__(self, layer_index: int, tokens: list[list[str]],
+                 query_row: tuple[int, int] | None = None) -> None:
+        self.layer_index = layer_index
+        self.tokens = tokens
+        self.query_row = query_row  # (sentence, query)
+        self.views: list[MapView] = []
+        self._sums: dict[int, StatSums] = {}  # per head, over the sentences seen
+        self._mean: dict[int, tuple[torch.Tensor, int]] = {}  # per sentence: Σ views, heads
+        self._rows: dict[int, torch.Tensor] = {}  # per head: the query's row (S,)
+        self._non_finite = False
+
+    def add(self, sentence: int, first_head: int, attn: torch.Tensor,
+            scores: torch.Tensor | None = None) -> None:
+        """attn (heads, n, S) float32 on the CPU: the sentence's n real queries against its real
+        keys (then any bias_k column); scores, when given, the pre-softmax scores it came from."""
+        tokens = self.tokens[sentence]
+        n = len(tokens)
+        # Softmax weights lie in [0, 1], so a row sum cannot overflow: it is finite exactly
+        # when the row is, at ~1/30 of the cost of isfinite() on every entry.
+        if not bool(torch.isfinite(attn.sum(-1)).all()):
+            self._non_finite = True
+        sums, counts = stat_sums(attn[None], [tokens], None if scores is None else scores[None])
+        labels = tokens + ["<bias_k>"] * (attn.shape[-1] - n)
+        for j in range(attn.shape[0]):
+            head = first_head + j
+            self._sums[head] = add_sums(self._sums.get(head),
+                                        ({k: v[j : j + 1] for k, v in sums.items()}, counts))
+            view = downsample(MapView(sentence, self.layer_index, head, attn[j].numpy(),
+                                      list(tokens), labels, False), DISPLAY_CELLS, DISPLAY_CELLS)
+            if not view.downsampled:  # a view of attn itself would keep the whole block alive
+                view = replace(view, values=view.values.copy())
+            self.views.append(view)
+            total, heads = self._mean.get(sentence, (0, 0))
+            self._mean[sentence] = (total + torch.from_numpy(view.values), heads + 1)
+            if self.query_row is not None and self.query_row[0] == sentence:
+                self._rows[head] = attn[j, self.query_row[1]].clone()
+
+    def finish(self, layer: AttentionLayer, inputs: torch.Tensor | None,
+               method: str) -> LayerAttention:
+        if self._non_finite:
+            raise CheckFailed(f"layer {self.layer_index} produced non-finite attention weights",
+                              "check the weights with 'attnviz inspect --scan'")
+        first_view = {}
+        for view in self.views:
+            first_view.setdefault(view.sentence, view)
+        means = [replace(first_view[b], head=None, values=(total / heads).numpy())
+                 for b, (total, heads) in sorted(self._mean.items())]
+        stats = [s for head in sorted(self._sums)
+                 for s in finish_stats(self._sums[head], self.layer_index, first_head=head)]
+        rows = torch.stack([self._rows[h] for h in sorted(self._rows)]) if self._rows else None
+        return LayerAttention(self.layer_index, layer, None, inputs, method,
+                              views=self.views + means, stats=stats,
+                              query_row=self.query_row if rows is not None else None,
+                              query_weights=rows)
 
 
 def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: torch.Tensor,
@@ -42,21 +105,15 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
     """
     weights = load_weights(layer, store, device=str(device))
     x, key = x.to(device), key.to(device)
-    H = layer.num_heads or 0
-    views: list[MapView] = []
-    stats: list[HeadStats] = []
-    sums: dict[int, torch.Tensor] = {}
-    kept_rows: list[torch.Tensor] = []
-    non_finite = False
+    reducer = MapReducer(0, batch.tokens, query_row)
     with torch.no_grad():
         # Whole projections once (O(B · L · H · d), small next to one head's L × S map), then
         # per-head slices of them: the same rows of W_q/W_k that head_attention takes.
         q_all = F.linear(x, weights.W_q, weights.b_q) * layer.effective_scale  # (B, L, H·d)
         k_all = F.linear(key, weights.W_k, weights.b_k)  # (B, S, H_kv·d)
-        for h in range(H):
+        for h in range(layer.num_heads or 0):
             q0, q1 = layer.q_rows(h)
             k0, k1 = layer.kv_rows(layer.kv_head_of(h))
-            totals = None
             for b, tokens in enumerate(batch.tokens):
                 n = len(tokens)
                 k_h = k_all[b, :n, k0:k1]  # (n, d)
@@ -66,34 +123,9 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
                 mask = sentence_mask(n, scores.shape[-1], causal, device)
                 attn = torch.softmax(scores if mask is None else
                                      scores.masked_fill(mask, float("-inf")), dim=-1)
-                attn, scores = attn.float().cpu(), scores.float().cpu()
-                # Softmax weights lie in [0, 1], so a row sum cannot overflow: it is finite
-                # exactly when the row is, at ~1/30 of the cost of isfinite() on every entry.
-                if not bool(torch.isfinite(attn.sum(-1)).all()):
-                    non_finite = True
-                totals = add_sums(totals, stat_sums(attn[None, None], [tokens],
-                                                    scores[None, None]))
-                del scores
-                labels = tokens + ["<bias_k>"] * (attn.shape[-1] - n)
-                view = downsample(MapView(b, 0, h, attn.numpy(), list(tokens), labels, False),
-                                  DISPLAY_CELLS, DISPLAY_CELLS)
-                if not view.downsampled:  # a view of attn itself would keep it alive
-                    view = replace(view, values=view.values.copy())
-                views.append(view)
-                sums[b] = sums.get(b, 0) + torch.from_numpy(view.values)
-                if query_row is not None and query_row[0] == b:
-                    kept_rows.append(attn[query_row[1]].clone())  # (S,)
-                del attn
-            stats += finish_stats(totals, 0, first_head=h)
-    means = [replace(views[b], head=None, values=(sums[b] / H).numpy())
-             for b in range(len(batch.tokens))]
-    if non_finite:
-        raise CheckFailed("the layer produced non-finite attention weights",
-                          "check the weights with 'attnviz inspect --scan'")
-    method = "explicit per head, streamed (one head's map of one sentence at a time)"
-    return LayerAttention(0, layer, None, x.cpu(), method, views=views + means, stats=stats,
-                          query_row=query_row,
-                          query_weights=torch.stack(kept_rows) if kept_rows else None)
+                reducer.add(b, h, attn.float().cpu()[None], scores.float().cpu()[None])
+                del scores, attn
+    return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED})")
 
 
 def sentence_mask(n: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor | None:
@@ -102,7 +134,3 @@ def sentence_mask(n: int, keys: int, causal: bool, device: torch.device) -> torc
         return None
     mask = causal_mask(n, device)
     return F.pad(mask, (0, keys - n), value=False) if keys > n else mask
-
-
-def streamed_run(run: AttentionRun) -> bool:
-    return any(layer.weights is None for layer in run.layers)

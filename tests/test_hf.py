@@ -158,6 +158,40 @@ def test_batched_equals_single(loaded, kind):
             torch.testing.assert_close(many.inputs[b, :n], one.inputs[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])  # left and right padding
+def test_streamed_model_run_equals_full_maps(loaded, kind, monkeypatch):
+    """Past the budget, each layer's maps are reduced inside the forward pass: the same views,
+    statistics and --query row as the full maps, and only the last layer's inputs are kept."""
+    import numpy as np
+
+    from attnviz import streaming
+    from attnviz.stats import head_stats
+
+    model = loaded(kind)
+    full = hf.run_model(model, SENTENCES, None, 64)
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    streamed = hf.run_model(model, SENTENCES, None, 64, allow_stream=True, query=(2, "-2"))
+    assert "long input" in streamed.notes[0]
+    for a, b in zip(full.layers, streamed.layers, strict=True):
+        assert b.weights is None and b.method.startswith(hf.METHOD + ", streamed")
+        for view in b.views:
+            n = len(full.batch.tokens[view.sentence])
+            maps = a.weights[view.sentence, :, :n, :n]
+            expected = maps.mean(0) if view.head is None else maps[view.head]
+            np.testing.assert_allclose(view.values, expected.numpy(), atol=1e-6)
+        assert len(b.views) == len(SENTENCES) * (a.layer.num_heads + 1)
+        for x, y in zip(head_stats(a.weights, full.batch.tokens, a.index), b.stats, strict=True):
+            assert (x.layer, x.head) == (y.layer, y.head)
+            assert x.entropy == pytest.approx(y.entropy, rel=1e-5, abs=1e-7)
+            assert x.previous == pytest.approx(y.previous, rel=1e-5, abs=1e-7)
+    last = streamed.layers[-1]
+    n = len(full.batch.tokens[2])
+    assert last.query_row == (2, n - 2)
+    torch.testing.assert_close(last.query_weights, full.layers[-1].weights[2, :, n - 2, :n])
+    assert [layer.inputs is None for layer in streamed.layers] == [True] * (
+        len(streamed.layers) - 1) + [False]
+
+
 def test_padding_cases_are_exercised(loaded):
     assert loaded("llama").tokenizer.padding_side == "left"
     gpt2 = loaded("gpt2")
@@ -366,6 +400,32 @@ def test_cli_query_on_a_rotary_model(cli, tmp_path_factory):
     assert "positions: RoPE recomputed from config.json: rotate_half on 8 of 16 dims" in \
         " ".join(result.stdout.split())
     assert "q_0 = RoPE_5(x_5 · W_q[0:16]ᵀ (+ b))" in result.stdout
+
+
+def test_cli_query_on_a_streamed_model_run(cli, gpt2_folder, monkeypatch):
+    import json
+
+    from conftest import assert_clean_error
+
+    from attnviz import streaming
+
+    args = ["heatmap", "--model", gpt2_folder, *SENTENCES, "--sentence", "3", "--query", "bird",
+            "--json"]
+    full = json.loads(cli(*args).stdout)
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    streamed = json.loads(result.stdout)
+    assert all(", streamed" in layer["method"] for layer in streamed["layers"])
+    assert streamed["query"]["token"] == full["query"]["token"] == "bird"
+    for a, b in zip(full["query"]["heads"], streamed["query"]["heads"], strict=True):
+        torch.testing.assert_close(torch.tensor(b["weights"]), torch.tensor(a["weights"]))
+    for x, y in zip(full["head_stats"], streamed["head_stats"], strict=True):
+        assert (x["layer"], x["head"], x["label"]) == (y["layer"], y["head"], y["label"])
+        for key in ("entropy", "max_weight", "distance", "first", "previous", "self"):
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), key
+    assert_clean_error(cli("heatmap", "--model", gpt2_folder, "a dog", "--query", "zebra"), 2,
+                       "token 'zebra' is not in the sentence")
 
 
 def test_cli_model_errors(cli, tmp_path, gpt2_folder):
