@@ -400,3 +400,22 @@ def test_downsampling_keeps_rows_summing_to_one():
     smaller = downsample(small, 3, 3)  # downsampling twice composes the token spans
     assert smaller.row_spans == ((0, 33), (33, 67), (67, 100))
     np.testing.assert_allclose(smaller.values.sum(1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_nan_weights_are_reported_not_drawn(cli, tmp_path, monkeypatch, streamed):
+    from safetensors.torch import save_file
+
+    from attnviz import streaming
+
+    torch.manual_seed(0)
+    state = torch.nn.MultiheadAttention(16, 4).state_dict()
+    state["in_proj_weight"][0, 0] = float("nan")  # head 0's W_q: its scores turn NaN
+    path = tmp_path / "nan.safetensors"
+    save_file(state, str(path), metadata={"num_heads": "4"})
+    if streamed:
+        monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    out = tmp_path / "maps.png"
+    result = cli("heatmap", "--weights", path, "a b c", "--out", out)
+    assert_clean_error(result, 1, "non-finite attention weights", "inspect --scan")
+    assert not out.exists()
