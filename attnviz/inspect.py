@@ -190,9 +190,10 @@ def scan_non_finite(inventory: Inventory, store: TensorStore) -> dict[str, int]:
     import torch
 
     counts: dict[str, int] = {}
-    for layer in inventory.layers:
-        for key in sorted({r.key for r in (*weight_refs(layer).values(),
-                                           *bias_refs(layer).values())}):
-            if key not in counts:
-                counts[key] = int((~torch.isfinite(store.read(key).float())).sum().item())
+    keys = [key for layer in inventory.layers for key in sorted(
+        {r.key for r in (*weight_refs(layer).values(), *bias_refs(layer).values())})]
+    keys += [key for item in inventory.unresolved for key in item.keys]  # known, just not split
+    for key in keys:
+        if key not in counts:
+            counts[key] = int((~torch.isfinite(store.read(key).float())).sum().item())
     return counts

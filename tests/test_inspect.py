@@ -164,5 +164,7 @@ def test_fused_layer_without_heads_is_listed_not_an_error(cli):
     assert_clean_error(cli("split", "--weights", path), 2, "number of heads", "--num-heads")
     assert_clean_error(cli("heatmap", "--weights", path, "a b", "--layer",
                            "gpt_neox.layers.0.attention"), 2, "number of heads")
+    scanned = _json(cli, path, "--scan")["non_finite"]  # unresolved tensors are scanned too
+    assert set(scanned) == set(item["keys"]) and not any(scanned.values())
     resolved = _json(cli, path, "-H", "2")
     assert resolved["unresolved"] == [] and resolved["layers"][0]["head_dim"] == 8
