@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -397,6 +398,12 @@ def test_downsampling_keeps_rows_summing_to_one():
     assert small.values.shape == (30, 7)
     np.testing.assert_allclose(small.values.sum(1), 1.0, rtol=1e-5)
     assert small.col_spans[0] == (0, 14) and small.col_labels[0] == "0-13"
+    values.flags.writeable = False  # e.g. a memory map: read without a warning on stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(
+            downsample(MapView(0, 0, 0, values, labels, labels, False), 30, 7).values,
+            small.values)
     smaller = downsample(small, 3, 3)  # downsampling twice composes the token spans
     assert smaller.row_spans == ((0, 33), (33, 67), (67, 100))
     np.testing.assert_allclose(smaller.values.sum(1), 1.0, rtol=1e-5)
