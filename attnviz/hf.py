@@ -172,7 +172,8 @@ def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | Non
              f"{streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); --export keeps the "
              "full maps"] if stream else []
     return AttentionRun(batch, results, printable(str(loaded.folder)), described,
-                        str(_input_device(loaded.model)), causal, loaded.store, notes)
+                        str(_input_device(loaded.model)), causal, loaded.store, notes,
+                        TOLERANCE[loaded.dtype])
 
 
 def _layer_indices(count: int, layers: list[int] | None) -> list[int]:

@@ -341,6 +341,19 @@ def test_query_breakdown_equals_the_models_own_weights(loaded, kind):
         assert sum(w > 0 for w in breakdown.heads[0].weights) == 4
 
 
+def test_query_on_a_bfloat16_model_uses_its_tolerance(loaded):
+    """A half-precision model's own maps are rounded: the float32 recomputation is checked
+    against them to the dtype's tolerance (as --verify does), not float32's."""
+    from attnviz.attention import query_breakdown
+
+    model = hf.load_model(str(loaded("llama").folder), dtype="bfloat16")
+    run = hf.run_model(model, SENTENCES, [-1], 64)
+    assert run.tolerance == hf.TOLERANCE["bfloat16"]
+    breakdown = query_breakdown(run, run.layers[0].index, 0, 3)
+    # bf16 rounding shows (float32's 1e-4 would refuse it), well inside bf16's tolerance
+    assert 1e-4 < breakdown.max_diff <= run.tolerance / 4
+
+
 def test_query_on_unsupported_rope_family_is_a_usage_error(loaded, monkeypatch):
     from attnviz.attention import query_breakdown
 
