@@ -52,6 +52,12 @@ class LoadedModel:
     dtype: str
     store: TensorStore  # attnviz's own view of the same files
     layers: list[AttentionLayer] = field(default_factory=list)  # find_layers, in model order
+    encoder_only: bool = False  # an encoder-decoder model: its encoder runs, alone
+
+    @property
+    def runner(self) -> Any:
+        """The module whose forward pass runs: the model, or an encoder-decoder's encoder."""
+        return self.model.get_encoder() if self.encoder_only else self.model
 
 
 def resolve_folder(spec: str) -> Path:
@@ -110,9 +116,6 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     dtype_key = "dtype" if _major() >= 5 else "torch_dtype"  # renamed in transformers 5
     try:
         config = transformers.AutoConfig.from_pretrained(folder, **common)
-        if getattr(config, "is_encoder_decoder", False):
-            raise UsageError("encoder-decoder models are not supported by --model yet",
-                             "use an encoder or a decoder-only model", printable(spec))
         model = transformers.AutoModel.from_pretrained(
             folder, attn_implementation="eager", device_map=device_map,
             **{dtype_key: getattr(torch, dtype)}, **common)
@@ -125,7 +128,15 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     model.eval()
     if target is not None:
         model.to(target)
-    return LoadedModel(model, tokenizer, folder, config, dtype, store, layers)
+    loaded = LoadedModel(model, tokenizer, folder, config, dtype, store, layers)
+    if getattr(config, "is_encoder_decoder", False):
+        # The decoder needs target text, which --model does not take: run the encoder alone
+        # and number its self-attention layers from 0.
+        loaded.encoder_only = True
+        inside = {id(m) for m in model.get_encoder().modules()}
+        pairs = zip(layers, _attention_modules(loaded), strict=True)
+        loaded.layers = [layer for layer, (_, module) in pairs if id(module) in inside]
+    return loaded
 
 
 def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | None = None,
@@ -171,6 +182,9 @@ def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | Non
     notes = ["long input: each layer's maps reduced to display size inside the forward pass, "
              f"{streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); --export keeps the "
              "full maps"] if stream else []
+    if loaded.encoder_only:
+        notes.append("encoder-decoder model: its encoder's self-attention layers, numbered from "
+                     "0 (the decoder's layers need target text, which --model does not take)")
     return AttentionRun(batch, results, printable(str(loaded.folder)), described,
                         str(_input_device(loaded.model)), causal, loaded.store, notes,
                         TOLERANCE[loaded.dtype])
@@ -228,7 +242,7 @@ def _pad(loaded: LoadedModel, rows: list[dict[str, list]]) -> tuple[dict[str, An
     rows = [{**row, "attention_mask": [1] * len(row["input_ids"])} for row in rows]
     fills = {"input_ids": filler}  # attention_mask and token_type_ids pad with 0
     # Tokenizers may return inputs the model does not take (token_type_ids for LLaMA in 4.x).
-    accepts = inspect.signature(loaded.model.forward).parameters
+    accepts = inspect.signature(loaded.runner.forward).parameters
     feed = {}
     for name in ("input_ids", "attention_mask", "token_type_ids"):
         if name not in rows[0] or name not in accepts:
@@ -305,9 +319,11 @@ def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any], mask
                 for i in wanted]
     # transformers 4 returns weights from attention modules only when asked; 5 always does.
     extra = {"output_attentions": True} if _major() < 5 else {}
+    if "use_cache" in inspect.signature(loaded.runner.forward).parameters:
+        extra["use_cache"] = False
     try:
         with torch.no_grad():
-            loaded.model(**feed, use_cache=False, **extra)
+            loaded.runner(**feed, **extra)
     except _Done:
         pass
     finally:
@@ -347,14 +363,17 @@ def _attention_modules(loaded: LoadedModel) -> list[tuple[str, Any]]:
 
 
 def _weights_slot(output: Any, shape: tuple[int, int], heads: int | None) -> int | None:
-    """Where in an attention module's output tuple the (B, H, L, L) weights are."""
+    """Where in an attention module's output tuple the (B, H, L, L) weights are: the last such
+    tensor, since T5 returns (output, position_bias, weights) and its position bias, mask
+    included, has the same shape."""
     if not isinstance(output, tuple):
         return None
+    found = None
     for pos, item in enumerate(output):
         if isinstance(item, torch.Tensor) and item.dim() == 4 and item.shape[0] == shape[0] \
                 and item.shape[-1] == item.shape[-2] == shape[1] and item.shape[1] == heads:
-            return pos
-    return None
+            found = pos
+    return found
 
 
 def _realign(t: torch.Tensor, real: list[torch.Tensor], dims: tuple[int, ...]) -> torch.Tensor:

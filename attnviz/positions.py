@@ -23,8 +23,8 @@ from attnviz.layer import AttentionLayer
 from attnviz.layouts import hfconfig
 
 # model_type → where positions enter attention. Causal masking and the scale come from the layer.
-SCHEMES = {"bert": "none", "gpt2": "none", "llama": "rope", "mistral": "rope", "qwen2": "rope",
-           "gpt_neox": "rope"}
+SCHEMES = {"bert": "none", "gpt2": "none", "bart": "none", "llama": "rope", "mistral": "rope",
+           "qwen2": "rope", "gpt_neox": "rope"}
 ROPE_DEFAULT_FRACTION = {"gpt_neox": 0.25}  # GPTNeoXConfig's rotary_pct default
 # model_type → whether its sliding window applies even without use_sliding_window
 SLIDING = {"mistral": True, "qwen2": False}

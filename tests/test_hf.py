@@ -42,8 +42,19 @@ TINY = {
                                            num_hidden_layers=1, word_embed_proj_dim=32,
                                            vocab_size=VOCAB, max_position_embeddings=64),
             "OPTModel", True, "right", False),
+    # encoder-decoder: --model runs the encoder alone
+    "bart": (lambda: transformers.BartConfig(
+        d_model=32, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=64, vocab_size=VOCAB, pad_token_id=1, bos_token_id=2,
+        eos_token_id=3, decoder_start_token_id=3), "BartModel", True, "right", True),
+    "t5": (lambda: transformers.T5Config(
+        d_model=32, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=1, num_heads=4,
+        vocab_size=VOCAB, pad_token_id=1, eos_token_id=3, decoder_start_token_id=1),
+        "T5Model", True, "right", False),
 }
 ALL = ["minilm", "gpt2", "llama", "neox", "mistral", "qwen2"]
+ENCODER_DECODER = ["bart", "t5"]
 
 
 def save_tokenizer(folder: Path, pad: bool, side: str, bos: bool) -> None:
@@ -111,10 +122,10 @@ def loaded(tmp_path_factory):
 def alone(model: hf.LoadedModel, sentence: str) -> tuple[list[torch.Tensor], list[str]]:
     """transformers' own output_attentions for one sentence run alone (no padding)."""
     enc = model.tokenizer(sentence, return_tensors="pt")
-    accepts = inspect.signature(model.model.forward).parameters  # 4.x adds token_type_ids
+    runner = model.model.get_encoder() if model.config.is_encoder_decoder else model.model
+    accepts = inspect.signature(runner.forward).parameters  # 4.x adds token_type_ids
     with torch.no_grad():
-        out = model.model(**{k: v for k, v in enc.items() if k in accepts},
-                          output_attentions=True)
+        out = runner(**{k: v for k, v in enc.items() if k in accepts}, output_attentions=True)
     return list(out.attentions), model.tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
 
 
@@ -126,7 +137,7 @@ def test_minilm_is_recognized(loaded):
                                                       for i in range(6)]
 
 
-@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("kind", ALL + ENCODER_DECODER)
 def test_captured_maps_equal_output_attentions(loaded, kind):
     model = loaded(kind)
     run = hf.run_model(model, SENTENCES, None, 64)
@@ -144,7 +155,7 @@ def test_captured_maps_equal_output_attentions(loaded, kind):
             assert not captured.inputs[b, n:].any()
 
 
-@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("kind", ALL + ENCODER_DECODER)
 def test_batched_equals_single(loaded, kind):
     model = loaded(kind)
     batch = hf.run_model(model, SENTENCES, [0, -1], 64)
@@ -192,6 +203,18 @@ def test_streamed_model_run_equals_full_maps(loaded, kind, monkeypatch):
         len(streamed.layers) - 1) + [False]
 
 
+@pytest.mark.parametrize("kind", ENCODER_DECODER)
+def test_encoder_decoder_runs_its_encoder(loaded, kind):
+    """Encoder-decoder models: the encoder's self-attention layers only, numbered from 0 (the
+    decoder's self- and cross-attention need target text), said in a note."""
+    model = loaded(kind)
+    assert model.encoder_only
+    assert [layer.name.split(".")[0] for layer in model.layers] == ["encoder", "encoder"]
+    run = hf.run_model(model, SENTENCES[:1], None, 64)
+    assert [c.index for c in run.layers] == [0, 1]
+    assert any("encoder-decoder model" in note for note in run.notes)
+
+
 def test_padding_cases_are_exercised(loaded):
     assert loaded("llama").tokenizer.padding_side == "left"
     gpt2 = loaded("gpt2")
@@ -200,7 +223,7 @@ def test_padding_cases_are_exercised(loaded):
     assert gpt2.tokenizer.pad_token is None  # padding needs no change to the tokenizer
 
 
-@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("kind", [*ALL, "bart"])
 def test_verify_passes(loaded, kind):
     model = loaded(kind)
     run = hf.run_model(model, SENTENCES, None, 64)
@@ -274,7 +297,7 @@ def test_unsupported_family_is_a_usage_error(loaded):
     assert hf.run_model(model, SENTENCES, None, 64).layers[0].weights.shape[1] == 4
     with pytest.raises(UsageError, match="does not support model_type 'opt'") as info:
         hf.verify_layer(model, 0, SENTENCES)
-    assert info.value.fix == "supported: bert, gpt2, gpt_neox, llama, mistral, qwen2"
+    assert info.value.fix == "supported: bart, bert, gpt2, gpt_neox, llama, mistral, qwen2"
 
 
 def test_usage_errors(loaded, monkeypatch):
@@ -313,7 +336,7 @@ def test_missing_extra_names_the_install(monkeypatch):
 # the command line: heatmap --model and split --model --verify
 
 
-@pytest.mark.parametrize("kind", ALL)
+@pytest.mark.parametrize("kind", [*ALL, "bart"])
 def test_query_breakdown_equals_the_models_own_weights(loaded, kind):
     """--query on every supported family (RoPE, partial RoPE, sliding window, grouped-query):
     the per-head weights recomputed from q_h and k_h equal transformers' own for the sentence
@@ -352,6 +375,19 @@ def test_query_on_a_bfloat16_model_uses_its_tolerance(loaded):
     breakdown = query_breakdown(run, run.layers[0].index, 0, 3)
     # bf16 rounding shows (float32's 1e-4 would refuse it), well inside bf16's tolerance
     assert 1e-4 < breakdown.max_diff <= run.tolerance / 4
+
+
+def test_t5_relative_bias_is_refused_by_query_and_verify(loaded):
+    """T5 adds a learned relative-position bias inside attention, which attnviz does not
+    recompute: both recomputations refuse with a usage error instead of a false mismatch."""
+    from attnviz.attention import query_breakdown
+
+    model = loaded("t5")
+    run = hf.run_model(model, SENTENCES[:1], None, 64)
+    with pytest.raises(UsageError, match="does not recompute relative bias positions"):
+        query_breakdown(run, 1, 0, 2)
+    with pytest.raises(UsageError, match="verification does not support model_type 't5'"):
+        hf.verify_layer(model, 0, SENTENCES[:1], run=run)
 
 
 def test_query_on_unsupported_rope_family_is_a_usage_error(loaded, monkeypatch):
@@ -439,6 +475,32 @@ def test_cli_query_on_a_streamed_model_run(cli, gpt2_folder, monkeypatch):
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), key
     assert_clean_error(cli("heatmap", "--model", gpt2_folder, "a dog", "--query", "zebra"), 2,
                        "token 'zebra' is not in the sentence")
+
+
+def test_cli_encoder_decoder_model(cli, tmp_path_factory, loaded):
+    """heatmap --model on BART: the encoder's maps, exported, equal transformers' own for each
+    sentence run alone through the encoder; split --verify checks the same layers."""
+    import json
+
+    from safetensors import safe_open
+
+    folder = tmp_path_factory.mktemp("cli-bart")
+    build_tiny("bart", folder)
+    out = tmp_path_factory.mktemp("out") / "maps.safetensors"
+    result = cli("heatmap", "--model", folder, *SENTENCES[:2], "--export", out, "--no-maps")
+    assert result.exit_code == 0, result.output
+    assert "encoder-decoder model: its encoder's self-attention layers" in \
+        " ".join(result.stdout.split())
+    with safe_open(str(out), "pt") as f:
+        maps = {k: f.get_tensor(k) for k in f.keys()}
+    for b, sentence in enumerate(SENTENCES[:2]):
+        expected, tokens = alone(loaded("bart"), sentence)
+        for i, layer_maps in enumerate(expected):
+            torch.testing.assert_close(maps[f"attn.{i}"][b, :, :len(tokens), :len(tokens)],
+                                       layer_maps[0], atol=1e-6, rtol=1e-5)
+    verified = cli("split", "--model", folder, "--layer", "1", "--verify", "--json")
+    assert verified.exit_code == 0, verified.output
+    assert json.loads(verified.stdout)["verify"]["passed"] is True
 
 
 def test_cli_model_errors(cli, tmp_path, gpt2_folder):
