@@ -191,8 +191,7 @@ def split_model(model: str, layer: str | None, hints: Any, seed: int, png_path: 
         from attnviz import hf
 
         loaded = hf.load_model(str(folder))
-        index = inventory.layers.index(attn_layer)
-        result = hf.verify_layer(loaded, index, VERIFY_SENTENCES)
+        result = hf.verify_layer(loaded, hf.model_index(loaded, attn_layer), VERIFY_SENTENCES)
     run_split(attn_layer, store, seed, png_path, as_json, result)
 
 

@@ -139,6 +139,18 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     return loaded
 
 
+def model_index(loaded: LoadedModel, layer: AttentionLayer) -> int:
+    """Where a checkpoint layer (numbered as `inspect` numbers them) runs in the model's own
+    order; a decoder layer of an encoder-decoder model does not run at all."""
+    names = [candidate.name for candidate in loaded.layers]
+    if layer.name not in names:
+        shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
+        raise UsageError(f"layer {printable(layer.name)!r} is in the decoder of an "
+                         "encoder-decoder model, which --model runs only the encoder of",
+                         f"choose an encoder layer, by name: {printable(shown)}", "--layer")
+    return names.index(layer.name)
+
+
 def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | None = None,
               max_tokens: int = DEFAULT_MAX_TOKENS, allow_stream: bool = False,
               query: tuple[int, str] | None = None) -> AttentionRun:

@@ -482,6 +482,7 @@ def test_cli_encoder_decoder_model(cli, tmp_path_factory, loaded):
     sentence run alone through the encoder; split --verify checks the same layers."""
     import json
 
+    from conftest import assert_clean_error
     from safetensors import safe_open
 
     folder = tmp_path_factory.mktemp("cli-bart")
@@ -498,9 +499,15 @@ def test_cli_encoder_decoder_model(cli, tmp_path_factory, loaded):
         for i, layer_maps in enumerate(expected):
             torch.testing.assert_close(maps[f"attn.{i}"][b, :, :len(tokens), :len(tokens)],
                                        layer_maps[0], atol=1e-6, rtol=1e-5)
-    verified = cli("split", "--model", folder, "--layer", "1", "--verify", "--json")
+    # split numbers layers as inspect does (decoder ones too); --verify maps them by name
+    name = "encoder.layers.1.self_attn"
+    verified = cli("split", "--model", folder, "--layer", name, "--verify", "--json")
     assert verified.exit_code == 0, verified.output
-    assert json.loads(verified.stdout)["verify"]["passed"] is True
+    doc = json.loads(verified.stdout)["verify"]
+    assert doc["passed"] is True and doc["layer"] == 1
+    assert_clean_error(cli("split", "--model", folder, "--layer", "decoder.layers.0.self_attn",
+                           "--verify"), 2, "in the decoder of an encoder-decoder model",
+                       "encoder.layers.0.self_attn")
 
 
 def test_cli_model_errors(cli, tmp_path, gpt2_folder):
