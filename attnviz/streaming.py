@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from attnviz.attention import LayerAttention
 from attnviz.checkpoint import TensorStore
 from attnviz.errors import CheckFailed
-from attnviz.forward import causal_mask, load_weights
+from attnviz.forward import causal_mask, load_weights, merged_mask
 from attnviz.inputs import Batch
 from attnviz.layer import AttentionLayer
 from attnviz.stats import StatSums, add_sums, finish_stats, stat_sums
@@ -116,21 +116,16 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
             k0, k1 = layer.kv_rows(layer.kv_head_of(h))
             for b, tokens in enumerate(batch.tokens):
                 n = len(tokens)
+                # (1, n, S) or None: causal over the real keys, a bias_k column left open
+                mask = merged_mask(None, causal_mask(n, device) if causal else None,
+                                   weights.bias_k is not None)
                 k_h = k_all[b, :n, k0:k1]  # (n, d)
                 if weights.bias_k is not None:  # one extra key after the real ones
                     k_h = torch.cat([k_h, weights.bias_k[None, k0:k1]])  # (n + 1, d)
                 scores = q_all[b, :n, q0:q1] @ k_h.T  # (n, S) with S = n (+ 1)
-                mask = sentence_mask(n, scores.shape[-1], causal, device)
                 attn = torch.softmax(scores if mask is None else
-                                     scores.masked_fill(mask, float("-inf")), dim=-1)
+                                     scores.masked_fill(mask[0], float("-inf")), dim=-1)
                 reducer.add(b, h, attn.float().cpu()[None], scores.float().cpu()[None])
                 del scores, attn
     return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED})")
 
-
-def sentence_mask(n: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor | None:
-    """(n, keys) bool, True = masked: causal over the n real keys; a bias_k column stays open."""
-    if not causal:
-        return None
-    mask = causal_mask(n, device)
-    return F.pad(mask, (0, keys - n), value=False) if keys > n else mask
