@@ -103,8 +103,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     layers = inventory.layers
     if inventory.unresolved:  # the model's attention modules and attnviz's layers must pair up
         item = inventory.unresolved[0]
-        raise CheckpointError(f"{printable(item.name)}: {item.reason}", item.fix,
-                              printable(str(folder)))
+        raise CheckpointError(item.what, item.fix, printable(str(folder)))
     if not layers:
         raise CheckpointError("no attention layer recognized in the model",
                               "run 'attnviz inspect' on the folder", printable(str(folder)))

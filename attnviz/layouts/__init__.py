@@ -91,8 +91,7 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
     """A layer by index (0, -1) or by name; the only layer when `spec` is None."""
     layers = inventory.layers
     if not layers and inventory.unresolved:
-        first = inventory.unresolved[0]
-        raise UsageError(f"{printable(first.name)}: {first.reason}", first.fix, source)
+        raise UsageError(inventory.unresolved[0].what, inventory.unresolved[0].fix, source)
     if not layers:
         raise UsageError("no attention layer recognized", "run 'attnviz inspect' on it to see "
                          "what it holds", source)
@@ -113,6 +112,6 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
             return layer
     for item in inventory.unresolved:
         if item.name == spec.rstrip("."):
-            raise UsageError(f"{printable(item.name)}: {item.reason}", item.fix, source)
+            raise UsageError(item.what, item.fix, source)
     raise UsageError(f"no attention layer named {printable(spec)!r}",
                      "see 'attnviz inspect' for the names", source)

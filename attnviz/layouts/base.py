@@ -33,6 +33,11 @@ class Unresolved:
     reason: str  # what cannot be located, and why
     fix: str  # how to supply what is missing
 
+    @property
+    def what(self) -> str:
+        """The error text when this layer is asked for: its name and the reason."""
+        return f"{printable(self.name)}: {self.reason}"
+
 
 def unresolved(store: TensorStore, prefix: str, family: str, names: Iterable[str], reason: str,
                fix: str) -> Unresolved:

@@ -55,8 +55,8 @@ def _layer(store: TensorStore, prefix: str, heads: HeadHints, multi_query: bool)
     embed_dim, num_heads = fused.shape[1], heads.num_heads
     assert num_heads is not None  # find() lists layers without it as Unresolved
     if embed_dim % num_heads:
-        raise LayoutError(f"{printable(fused.key)} needs the number of heads to be located, and "
-                          f"it must divide E = {embed_dim} (got {num_heads})",
+        raise LayoutError(f"{printable(fused.key)} is split by the number of heads, which "
+                          f"must divide E = {embed_dim} (got {num_heads})",
                           "check n_head in config.json or pass --num-heads", store.source)
     head_dim = embed_dim // num_heads
     num_kv = 1 if multi_query else num_heads
