@@ -168,3 +168,20 @@ def test_fused_layer_without_heads_is_listed_not_an_error(cli):
     assert set(scanned) == set(item["keys"]) and not any(scanned.values())
     resolved = _json(cli, path, "-H", "2")
     assert resolved["unresolved"] == [] and resolved["layers"][0]["head_dim"] == 8
+
+
+def test_unresolved_layers_of_one_pattern_share_a_line(cli, tmp_path):
+    """Two bare NeoX layers: one 'unresolved' line naming the pattern and the count."""
+    from conftest import SAMPLES
+    from safetensors.torch import load_file, save_file
+
+    one = load_file(str(SAMPLES / "neox-tiny" / "model.safetensors"))
+    two = {**one, **{k.replace("layers.0.", "layers.1."): v.clone() for k, v in one.items()
+                     if "layers.0." in k}}
+    path = tmp_path / "neox2.safetensors"
+    save_file(two, str(path))
+    assert [item["name"] for item in _json(cli, path)["unresolved"]] == [
+        "gpt_neox.layers.0.attention", "gpt_neox.layers.1.attention"]
+    lines = [line for line in cli("inspect", path).stdout.replace("\n", " ").split("unresolved:")
+             if "gpt_neox" in line]
+    assert len(lines) == 1 and lines[0].startswith(" gpt_neox.layers.{i}.attention × 2 (gpt-neox)")
