@@ -7,6 +7,7 @@ Only typer and rich are imported at start-up; torch and matplotlib load inside c
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from attnviz import __version__
-from attnviz.errors import AttnvizError, ExitCode, UsageError
+from attnviz.errors import AttnvizError, ExitCode, Interrupted, UsageError
 
 _state = {"debug": False}
 # Typer vendors click in newer releases and re-exports click in older ones; find the base class of
@@ -37,6 +38,12 @@ class AttnvizGroup(TyperGroup):
             sys.exit(exc.exit_code)
         except typer.Abort:
             _fail("aborted", ExitCode.USAGE)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            if _state["debug"]:
+                raise
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            _fail(f"interrupted by {signal.Signals(signum).name}; no partial output was left",
+                  128 + signum)
         except _CLI_ERROR as exc:
             if _state["debug"]:
                 raise
@@ -142,8 +149,8 @@ def split(
     from attnviz.output import check_output_path
     from attnviz.render.figure import FIGURE_SUFFIXES
 
-    inputs = [weights] if weights else []
-    png_path = check_output_path(png, FIGURE_SUFFIXES, inputs, "--png") if png else None
+    png_path = check_output_path(png, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
+                                 "--png") if png else None
     if verify and model is None:
         raise UsageError("--verify needs --model", "pass a Hugging Face model folder")
     if model is not None:
@@ -167,6 +174,27 @@ def split(
         attn_layer, store = sources.checkpoint_layer(
             weights, layer, HeadHints(num_heads, num_kv_heads, head_dim))
     run_split(attn_layer, store, seed, png_path, as_json)
+
+
+def inputs_read(weights: Path | None, model: str | None, file: Path | None,
+                bundled: bool) -> Any:
+    """Every file a run will read (a --weights/--model folder whole), for the output checks."""
+    from attnviz.output import read_set
+
+    files = [p for p in (weights, file) if p is not None]
+    folders = [p for p in files if p.is_dir()]
+    if model is not None:
+        folder = Path(model).expanduser()
+        if not folder.is_dir():  # a hub id: its snapshot folder in the local cache
+            from attnviz import hf
+
+            folder = hf.resolve_folder(model)
+        folders.append(folder)
+    if bundled:
+        from attnviz.tinymodel import BUNDLED
+
+        files.append(BUNDLED)
+    return read_set(files, folders)
 
 
 VERIFY_SENTENCES = ["the cat sat on the mat and the cat slept",
@@ -354,19 +382,21 @@ def heatmap(
     from attnviz import heatmap as heatmap_mod
     from attnviz import inputs, sources
     from attnviz.layouts.base import HeadHints
-    from attnviz.output import check_output_path
+    from attnviz.output import check_distinct, check_output_path
     from attnviz.render.figure import FIGURE_SUFFIXES
 
     texts = list(sentences or []) + (inputs.read_sentences(file) if file else [])
     batch = inputs.make_batch(texts, max_tokens, max_sentences)
-    sources_in = [p for p in (weights, file) if p is not None]
-    out_path = check_output_path(out, FIGURE_SUFFIXES, sources_in) if out else None
-    export_path = (check_output_path(export, (".safetensors",), sources_in, "--export")
-                   if export else None)
-    if out_path is not None and out_path == export_path:
-        raise UsageError("--out and --export name the same file", "choose two names")
     if sum((random, weights is not None, model is not None)) > 1:
         raise UsageError("--random, --weights and --model exclude each other", "choose one")
+    if out or export:  # every file the run reads is known before anything is computed
+        reads = inputs_read(weights, model, file, not (random or weights or model))
+        out_path = check_output_path(out, FIGURE_SUFFIXES, reads) if out else None
+        export_path = (check_output_path(export, (".safetensors",), reads, "--export")
+                       if export else None)
+        check_distinct(out_path, export_path)
+    else:
+        out_path = export_path = None
     if not 1 <= sentence <= len(batch.tokens):
         raise UsageError(f"--sentence {sentence} is out of range",
                          f"choose 1..{len(batch.tokens)}", "--sentence")

@@ -54,6 +54,16 @@ class OutputError(AttnvizError):
     """An output path that cannot be written safely."""
 
 
+class Interrupted(BaseException):
+    """SIGTERM or SIGHUP arrived while attnviz was writing a file (SIGINT is KeyboardInterrupt).
+
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def printable(text: str, limit: int = 80) -> str:
     """Escape control characters and shorten: names from files may be hostile."""
     escaped = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

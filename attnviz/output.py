@@ -1,17 +1,77 @@
-"""Safe output paths: checked before any work, written to a temporary name, moved into place."""
+"""Safe output paths: checked against every input before any work, written to a temporary name,
+moved into place, and never left half-written (errors and SIGINT/SIGTERM/SIGHUP alike)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
-from attnviz.errors import OutputError, UsageError, printable
+from attnviz.errors import Interrupted, OutputError, UsageError, printable
+
+# Bounds the listing of a folder being read: a model folder holds tens of files, not millions.
+MAX_FOLDER_ENTRIES = 100_000
 
 
-def check_output_path(path: Path, suffixes: Iterable[str], inputs: Iterable[Path] = (),
+@dataclass(frozen=True)
+class ReadSet:
+    """Everything a run reads: files by resolved path and by (device, inode), so symlinks, `..`
+    and hard links to an input are all caught, and the model folders themselves."""
+
+    paths: frozenset[Path] = frozenset()
+    inodes: frozenset[tuple[int, int]] = frozenset()
+    folders: frozenset[Path] = frozenset()
+
+    def holds(self, path: Path) -> str | None:
+        """Why writing to resolved `path` would touch an input, or None."""
+        if path in self.paths:
+            return "the output path is an input file"
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) in self.inodes:
+                return "the output path is an input file (a link to it)"
+        if path.parent in self.folders:
+            return "the output path is inside a model folder being read"
+        return None
+
+
+def read_set(files: Iterable[Path] = (), folders: Iterable[Path] = ()) -> ReadSet:
+    """The ReadSet of some input files and model folders (every regular file in each folder)."""
+    paths: set[Path] = set()
+    inodes: set[tuple[int, int]] = set()
+    folder_set: set[Path] = set()
+
+    def add(path: Path) -> None:
+        with contextlib.suppress(OSError, RuntimeError):  # a missing input fails later, clearly
+            resolved = path.expanduser().resolve()
+            st = os.stat(resolved)
+            paths.add(resolved)
+            inodes.add((st.st_dev, st.st_ino))
+
+    for file in files:
+        add(file)
+    for folder in folders:
+        try:
+            resolved = folder.expanduser().resolve()
+        except (OSError, RuntimeError):
+            continue
+        folder_set.add(resolved)
+        with contextlib.suppress(OSError):
+            with os.scandir(resolved) as entries:
+                for count, entry in enumerate(entries):
+                    if count >= MAX_FOLDER_ENTRIES:
+                        break
+                    add(Path(entry.path))
+    return ReadSet(frozenset(paths), frozenset(inodes), frozenset(folder_set))
+
+
+def check_output_path(path: Path, suffixes: Iterable[str], inputs: ReadSet = ReadSet(),
                       option: str = "--out") -> Path:
     """Resolve an output path and refuse ones that cannot be written safely."""
     allowed = tuple(suffixes)
@@ -19,36 +79,75 @@ def check_output_path(path: Path, suffixes: Iterable[str], inputs: Iterable[Path
     if path.suffix.lower() not in allowed:
         raise UsageError(f"cannot tell the output format from {shown!r}",
                          f"end the file name with {', '.join(allowed)}", option)
-    resolved = path.expanduser().resolve()
+    try:
+        resolved = path.expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        raise OutputError("the output path cannot be resolved (a symlink loop?)",
+                          "choose another name", shown) from None
     if resolved.is_dir():
         raise OutputError("the output path is a folder", "name a file inside it", shown)
     if not resolved.parent.is_dir():
         raise OutputError("the output folder does not exist", "create it first", shown)
-    for source in inputs:
-        if source.exists() and resolved == source.resolve():
-            raise OutputError("the output path is an input file", "choose another name", shown)
-    if resolved.exists() and not resolved.is_file():
+    reason = inputs.holds(resolved)
+    if reason is not None:
+        raise OutputError(reason, "write it somewhere else: attnviz never overwrites its inputs",
+                          shown)
+    if resolved.exists() and not stat.S_ISREG(resolved.stat().st_mode):
         raise OutputError("the output path exists and is not a regular file", "", shown)
     return resolved
+
+
+def check_distinct(*paths: Path | None) -> None:
+    """Two outputs of one run must not name the same file."""
+    chosen = [p for p in paths if p is not None]
+    if len(set(chosen)) != len(chosen):
+        raise UsageError("two outputs name the same file", "choose a different name for each")
+
+
+_CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                        if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """While writing, SIGTERM and SIGHUP raise Interrupted (as SIGINT raises KeyboardInterrupt),
+    so the cleanup below runs instead of the process dying with a temporary file left behind."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = {}
+    try:
+        for sig in _CAUGHT_SIGNALS:
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals cannot be caught here
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
 def atomic_output(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path`, on failure it goes."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        os.chmod(tmp, _new_file_mode(path))  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write the output: {exc.strerror}", "",
-                          printable(str(path))) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _signals_raise():
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix,
+                                        dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            yield tmp
+            os.chmod(tmp, _new_file_mode(path))  # mkstemp makes 0600; give the usual permissions
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise OutputError(f"cannot write the output: {exc.strerror}", "",
+                              printable(str(path))) from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def _new_file_mode(path: Path) -> int:
