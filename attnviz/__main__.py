@@ -1,3 +1,3 @@
-from attnviz.cli import main
+from attnviz.cli.main import main
 
 main()

@@ -18,14 +18,14 @@ import time
 
 import torch
 
-from attnviz.attention import layer_attention
-from attnviz.checkpoint import DictStore
-from attnviz.forward import load_weights
-from attnviz.inputs import Batch
-from attnviz.layer import AttentionLayer, TensorRef
-from attnviz.layouts import find_layers
-from attnviz.layouts.base import HeadHints
-from attnviz.streaming import stream_layer
+from attnviz.compute.attention import layer_attention
+from attnviz.compute.forward import load_weights
+from attnviz.compute.inputs import Batch
+from attnviz.compute.streaming import stream_layer
+from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.load.checkpoint import DictStore
+from attnviz.recognize import find_layers
+from attnviz.recognize.base import HeadHints
 
 
 def mha_layer(E: int, H: int) -> tuple[AttentionLayer, DictStore]:

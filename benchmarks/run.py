@@ -299,8 +299,8 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from attnviz.compute.maps import MapView
     from attnviz.render.figure import heatmap_figure, save_figure
-    from attnviz.views import MapView
 
     rng = np.random.default_rng(0)
 

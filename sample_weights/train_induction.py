@@ -1,8 +1,8 @@
 """Train the bundled `attnviz-tiny` sample model: a 2-layer, attention-only causal transformer.
 
 The model is trained on next-token prediction over sequences of uniformly random ids in
-[0, vocab_size) (the range `attnviz.tokenize.hashed_ids` maps words into) in which a random span of
-2-24 ids is repeated at random offsets.  The loss is taken only where the next id is predictable,
+[0, vocab_size) (the range `attnviz.core.words.hashed_ids` maps words into) in which a random span
+of 2-24 ids is repeated at random offsets.  The loss is taken only where the next id is predictable,
 i.e. inside a repeat, and the only way to predict it is in-context copying, which a 2-layer
 attention-only model learns as a *previous-token head* in layer 0 composed with *induction heads*
 in layer 1 (Olsson et al., 2022, "In-context Learning and Induction Heads").  A short length
@@ -210,7 +210,7 @@ def evaluate(model: TinyAttnModel, seed: int = 12345, batch: int = 256) -> dict:
 
     # The CLI's default sentence, tokenised exactly like attnviz does it.
     sys.path.insert(0, str(HERE.parent))
-    from attnviz.tokenize import hashed_ids, split_words
+    from attnviz.core.words import hashed_ids, split_words
 
     words = split_words(SENTENCE)
     ids = torch.tensor([hashed_ids(words, vocab)])
@@ -378,7 +378,7 @@ def save(model: TinyAttnModel, out: Path) -> None:
         "vocab_size": str(VOCAB_SIZE),
         "max_positions": str(MAX_POSITIONS),
         "causal": "true",
-        "tokenizer": "attnviz.tokenize.hashed_ids",
+        "tokenizer": "attnviz.core.words.hashed_ids",
         "description": (
             "A 2-layer attention-only causal transformer trained on repeated spans of random "
             "hashed ids: layer 0 has a previous-token head, layer 1 has induction heads."

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from attnviz.cli import app
+from attnviz.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_weights"

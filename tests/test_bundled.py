@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from attnviz.inputs import make_batch
-from attnviz.stats import head_stats
-from attnviz.tinymodel import open_bundled, run_tiny
+from attnviz.compute.inputs import make_batch
+from attnviz.compute.stats import head_stats
+from attnviz.sources.bundled import open_bundled, run_tiny
 
 INDUCTION_THRESHOLD = 0.6
 

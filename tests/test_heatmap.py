@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from conftest import SAMPLES, assert_clean_error, colored_runs, read_image
 from safetensors import safe_open
 
-from attnviz.attention import layer_attention
-from attnviz.checkpoint import DictStore
-from attnviz.forward import load_weights
-from attnviz.inputs import hashed_vector, make_batch
-from attnviz.layer import AttentionLayer, TensorRef
-from attnviz.stats import head_stats
+from attnviz.compute.attention import layer_attention
+from attnviz.compute.forward import load_weights
+from attnviz.compute.inputs import hashed_vector, make_batch
+from attnviz.compute.stats import head_stats
+from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.load.checkpoint import DictStore
 
 SENTENCES = ["the cat sat on the mat", "a dog", "one two three four five six seven eight"]
 
@@ -265,7 +265,7 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
     """Streaming (one head at a time, display-sized maps) must show what the full maps show."""
     import json as json_mod
 
-    from attnviz import streaming
+    from attnviz.compute import streaming
 
     words = " ".join(f"w{i % 37}" for i in range(90))
     args = ["heatmap", "--random", "-H", "4", words, "a b a b", "--json", "--causal"]
@@ -295,7 +295,7 @@ def test_query_on_a_streamed_run_equals_the_full_maps(cli, monkeypatch, extra):
     the breakdown (q_h, k_h from the key inputs, scores, weights) is the full run's."""
     import json as json_mod
 
-    from attnviz import streaming
+    from attnviz.compute import streaming
 
     words = " ".join(f"w{i % 11}" for i in range(40))
     args = ["heatmap", "--random", "-E", "32", "-H", "4", *extra, "a b a", words, "--sentence",
@@ -316,10 +316,10 @@ def test_query_on_a_streamed_run_equals_the_full_maps(cli, monkeypatch, extra):
 def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
     """A short sentence's view (no downsampling needed) must own its values: a view into the
     head's (B, L, S) map would keep every head's full map in memory."""
-    from attnviz import heatmap as heatmap_mod
-    from attnviz import streaming
-    from attnviz.inputs import make_batch
-    from attnviz.sources import RandomSpec
+    from attnviz.app import heatmap as heatmap_mod
+    from attnviz.compute import streaming
+    from attnviz.compute.inputs import make_batch
+    from attnviz.sources.layers import RandomSpec
 
     monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", 32)
@@ -336,10 +336,10 @@ def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
     the same maps and statistics as the padded batch's full forward."""
     import numpy as np
 
-    from attnviz import heatmap as heatmap_mod
-    from attnviz import streaming
-    from attnviz.inputs import make_batch
-    from attnviz.sources import RandomSpec
+    from attnviz.app import heatmap as heatmap_mod
+    from attnviz.compute import streaming
+    from attnviz.compute.inputs import make_batch
+    from attnviz.sources.layers import RandomSpec
 
     batch = make_batch(["the cat sat on the mat the cat sat", "a dog ran", "x y x y x"])
     request = (heatmap_mod.HeatmapRequest(batch, random=RandomSpec(16, 4, add_bias_kv=True),
@@ -370,8 +370,8 @@ def test_figure_downsamples_maps_larger_than_their_panel():
     (nearest-neighbour resampling by matplotlib would instead drop most cells)."""
     import numpy as np
 
+    from attnviz.compute.maps import MapView
     from attnviz.render.figure import FIGURE_DPI, heatmap_figure, panel_inches
-    from attnviz.views import MapView
 
     n = 1000
     values = np.random.default_rng(0).random((n, n)).astype(np.float32)
@@ -389,7 +389,7 @@ def test_figure_downsamples_maps_larger_than_their_panel():
 def test_downsampling_keeps_rows_summing_to_one():
     import numpy as np
 
-    from attnviz.views import MapView, downsample
+    from attnviz.compute.maps import MapView, downsample
 
     values = np.random.default_rng(0).random((100, 100)).astype(np.float32)
     values /= values.sum(1, keepdims=True)
@@ -413,7 +413,7 @@ def test_downsampling_keeps_rows_summing_to_one():
 def test_nan_weights_are_reported_not_drawn(cli, tmp_path, monkeypatch, streamed):
     from safetensors.torch import save_file
 
-    from attnviz import streaming
+    from attnviz.compute import streaming
 
     torch.manual_seed(0)
     state = torch.nn.MultiheadAttention(16, 4).state_dict()

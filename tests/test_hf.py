@@ -1,5 +1,6 @@
-"""attnviz.hf on real models, offline: the packaged all-MiniLM-L6-v2 and tiny random-weight models
-that transformers itself writes, each with a small WordLevel tokenizer built with `tokenizers`."""
+"""attnviz.sources.hf on real models, offline: the packaged all-MiniLM-L6-v2 and tiny
+random-weight models that transformers itself writes, each with a small WordLevel tokenizer
+built with `tokenizers`."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ pytest.importorskip("tokenizers")
 import torch  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 
-from attnviz import hf, positions  # noqa: E402
+from attnviz.compute import positions  # noqa: E402
 from attnviz.errors import CheckpointError, UsageError  # noqa: E402
+from attnviz.sources import hf  # noqa: E402
 
 SENTENCES = ["the cat sat on the mat", "a dog ran", "the bird sang a song today loudly far away"]
 WORDS = sorted(set(" ".join(SENTENCES).split()))
@@ -175,8 +177,8 @@ def test_streamed_model_run_equals_full_maps(loaded, kind, monkeypatch):
     statistics and --query row as the full maps, and only the last layer's inputs are kept."""
     import numpy as np
 
-    from attnviz import streaming
-    from attnviz.stats import head_stats
+    from attnviz.compute import streaming
+    from attnviz.compute.stats import head_stats
 
     model = loaded(kind)
     full = hf.run_model(model, SENTENCES, None, 64)
@@ -341,7 +343,7 @@ def test_query_breakdown_equals_the_models_own_weights(loaded, kind):
     """--query on every supported family (RoPE, partial RoPE, sliding window, grouped-query):
     the per-head weights recomputed from q_h and k_h equal transformers' own for the sentence
     run alone, and the printed products are consistent with them."""
-    from attnviz.attention import query_breakdown
+    from attnviz.compute.attention import query_breakdown
 
     model = loaded(kind)
     run = hf.run_model(model, SENTENCES, [-1], 64)
@@ -367,7 +369,7 @@ def test_query_breakdown_equals_the_models_own_weights(loaded, kind):
 def test_query_on_a_bfloat16_model_uses_its_tolerance(loaded):
     """A half-precision model's own maps are rounded: the float32 recomputation is checked
     against them to the dtype's tolerance (as --verify does), not float32's."""
-    from attnviz.attention import query_breakdown
+    from attnviz.compute.attention import query_breakdown
 
     model = hf.load_model(str(loaded("llama").folder), dtype="bfloat16")
     run = hf.run_model(model, SENTENCES, [-1], 64)
@@ -380,7 +382,7 @@ def test_query_on_a_bfloat16_model_uses_its_tolerance(loaded):
 def test_t5_relative_bias_is_refused_by_query_and_verify(loaded):
     """T5 adds a learned relative-position bias inside attention, which attnviz does not
     recompute: both recomputations refuse with a usage error instead of a false mismatch."""
-    from attnviz.attention import query_breakdown
+    from attnviz.compute.attention import query_breakdown
 
     model = loaded("t5")
     run = hf.run_model(model, SENTENCES[:1], None, 64)
@@ -391,7 +393,7 @@ def test_t5_relative_bias_is_refused_by_query_and_verify(loaded):
 
 
 def test_query_on_unsupported_rope_family_is_a_usage_error(loaded, monkeypatch):
-    from attnviz.attention import query_breakdown
+    from attnviz.compute.attention import query_breakdown
 
     run = hf.run_model(loaded("llama"), SENTENCES[:1], [0], 64)
     monkeypatch.delitem(positions.SCHEMES, "llama")
@@ -456,7 +458,7 @@ def test_cli_query_on_a_streamed_model_run(cli, gpt2_folder, monkeypatch):
 
     from conftest import assert_clean_error
 
-    from attnviz import streaming
+    from attnviz.compute import streaming
 
     args = ["heatmap", "--model", gpt2_folder, *SENTENCES, "--sentence", "3", "--query", "bird",
             "--json"]

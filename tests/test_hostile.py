@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from attnviz.checkpoint import open_checkpoint
 from attnviz.errors import AttnvizError
-from attnviz.layouts import find_layers
-from attnviz.layouts.base import HeadHints
+from attnviz.load.checkpoint import open_checkpoint
+from attnviz.recognize import find_layers
+from attnviz.recognize.base import HeadHints
 
 
 def _st_bytes(header: object, data: bytes = b"") -> bytes:
@@ -202,7 +202,7 @@ def _open_and_recognize(path: Path) -> None:
         for key in store.keys()[:4]:
             store.read(key)
         for layer in inventory.layers:
-            from attnviz.forward import load_weights
+            from attnviz.compute.forward import load_weights
 
             load_weights(layer, store)
     except AttnvizError as exc:

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from attnviz.app.outputs import atomic_output, check_output_path, read_set
 from attnviz.errors import Interrupted, OutputError
-from attnviz.output import atomic_output, check_output_path, read_set
 from tests.conftest import ROOT, SAMPLES, assert_clean_error
 
 BUNDLED = SAMPLES / "induction.safetensors"
@@ -185,7 +185,7 @@ def test_cli_signal_during_export_exits_cleanly(tmp_path):
         "    real(tensors, path, metadata=metadata)\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "st.save_file = slow\n"
-        "from attnviz.cli import main\n"
+        "from attnviz.cli.main import main\n"
         "sys.argv = ['attnviz', 'heatmap', 'a b', '--export', sys.argv[1]]\n"
         "main()\n")
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "maps.safetensors")],

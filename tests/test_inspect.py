@@ -122,7 +122,7 @@ def _imports_after(code: str) -> set[str]:
 
 
 def test_help_and_version_import_neither_torch_nor_matplotlib():
-    code = ("from attnviz.cli import app\nfrom typer.testing import CliRunner\n"
+    code = ("from attnviz.cli.main import app\nfrom typer.testing import CliRunner\n"
             "r = CliRunner()\n"
             "for args in (['--help'], ['--version'], ['split', '--help'], ['inspect', '--help'],"
             " ['heatmap', '--help']):\n"
@@ -131,7 +131,7 @@ def test_help_and_version_import_neither_torch_nor_matplotlib():
 
 
 def test_shell_completion_imports_neither_torch_nor_matplotlib():
-    code = ("import contextlib, io, os\nfrom attnviz.cli import main\n"
+    code = ("import contextlib, io, os\nfrom attnviz.cli.main import main\n"
             "os.environ.update(_ATTNVIZ_COMPLETE='complete_bash', COMP_WORDS='attnviz he',"
             " COMP_CWORD='1')\nsys.argv = ['attnviz']\nout = io.StringIO()\n"
             "with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
@@ -141,7 +141,7 @@ def test_shell_completion_imports_neither_torch_nor_matplotlib():
 
 def test_header_only_inspect_does_not_import_torch(tmp_path):
     _, _, st, _ = _mha_files(tmp_path)
-    code = ("from attnviz.cli import app\nfrom typer.testing import CliRunner\n"
+    code = ("from attnviz.cli.main import app\nfrom typer.testing import CliRunner\n"
             f"r = CliRunner().invoke(app, ['inspect', {str(st)!r}, '--json', '--layer', '0'])\n"
             "assert r.exit_code == 0, r.output\n")
     assert _imports_after(code) == set()

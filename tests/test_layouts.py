@@ -15,14 +15,14 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from attnviz.checkpoint import DictStore, open_checkpoint
+from attnviz.compute.forward import LayerWeights, load_weights, read_ref
+from attnviz.compute.split import make_report
+from attnviz.core.layer import AttentionLayer
 from attnviz.errors import LayoutError, UsageError
-from attnviz.forward import LayerWeights, load_weights, read_ref
-from attnviz.layer import AttentionLayer
-from attnviz.layouts import claimed_keys, find_layers, select_layer
-from attnviz.layouts.base import HeadHints, ref
-from attnviz.layouts.neox import grouped
-from attnviz.split import make_report
+from attnviz.load.checkpoint import DictStore, open_checkpoint
+from attnviz.recognize import claimed_keys, find_layers, select_layer
+from attnviz.recognize.base import HeadHints, ref
+from attnviz.recognize.neox import grouped
 
 torch.set_num_threads(1)
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_weights"

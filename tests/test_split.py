@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attnviz.checkpoint import DictStore
-from attnviz.forward import load_weights, per_head_forward, reshaped_forward
-from attnviz.layouts import find_layers
-from attnviz.layouts.base import HeadHints
-from attnviz.sources import RandomSpec, random_mha
-from attnviz.split import PROOF_TOLERANCE, make_report, prove_split, split_projections
+from attnviz.compute.forward import load_weights, per_head_forward, reshaped_forward
+from attnviz.compute.split import PROOF_TOLERANCE, make_report, prove_split, split_projections
+from attnviz.load.checkpoint import DictStore
+from attnviz.recognize import find_layers
+from attnviz.recognize.base import HeadHints
+from attnviz.sources.layers import RandomSpec, random_mha
 
 CASES = [  # (E, H, kdim, vdim, bias, add_bias_kv)
     (64, 8, None, None, True, False),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from attnviz.output import atomic_output
-from attnviz.split import MatrixPanel
+from attnviz.app.outputs import atomic_output
+from attnviz.compute.split import MatrixPanel
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_HEAD_LABELS = 16
@@ -90,7 +90,7 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
     """
     import numpy as np
 
-    from attnviz.views import downsample
+    from attnviz.compute.maps import downsample
 
     side = panel_inches(views)
     pixels = int(side * FIGURE_DPI)

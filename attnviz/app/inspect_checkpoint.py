@@ -1,0 +1,199 @@
+"""What `attnviz inspect` reports: every attention layer's geometry from headers alone, and, for one
+layer on request, per-head slices with their norms (the only part that reads tensor data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.load.checkpoint import TensorStore
+from attnviz.recognize import Inventory
+
+PROJECTIONS = ("q", "k", "v", "o")
+
+
+def weight_refs(layer: AttentionLayer) -> dict[str, TensorRef]:
+    return {"q": layer.q_weight, "k": layer.k_weight, "v": layer.v_weight, "o": layer.o_weight}
+
+
+def bias_refs(layer: AttentionLayer) -> dict[str, TensorRef]:
+    refs = {"q": layer.q_bias, "k": layer.k_bias, "v": layer.v_bias, "o": layer.o_bias,
+            "bias_k": layer.bias_k, "bias_v": layer.bias_v}
+    return {name: r for name, r in refs.items() if r is not None}
+
+
+def parameter_count(layer: AttentionLayer) -> int:
+    return sum(r.numel for r in (*weight_refs(layer).values(), *bias_refs(layer).values()))
+
+
+def layer_summary(layer: AttentionLayer, index: int) -> dict[str, Any]:
+    """Header-only facts about one layer, JSON-ready."""
+    weights = weight_refs(layer)
+    return {
+        "index": index,
+        "name": layer.name,
+        "family": layer.family,
+        "embed_dim": layer.embed_dim,
+        "num_heads": layer.num_heads,
+        "num_kv_heads": layer.num_kv_heads,
+        "head_dim": layer.head_dim,
+        "kdim": layer.kdim,
+        "vdim": layer.vdim,
+        "shapes": {name: list(r.shape) for name, r in weights.items()},
+        "stored_at": {name: r.describe() for name, r in weights.items()},
+        "stored_shapes": {name: list(r.stored_shape) for name, r in weights.items()},
+        "transposed": any(r.transposed for r in weights.values()),
+        "storage": layer.storage,
+        "bias": list(bias_refs(layer)),
+        "dtype": layer.q_weight.dtype,
+        "params": parameter_count(layer),
+        "positions": layer.positions,
+        "causal": layer.causal,
+        "scale": layer.effective_scale if layer.heads_known else layer.scale,
+        "notes": list(layer.notes),
+    }
+
+
+def inventory_json(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
+    layers = [layer_summary(layer, i) for i, layer in enumerate(inventory.layers)]
+    return {
+        "source": store.source,
+        "format": store.format,
+        "layers": layers,
+        "unclassified": inventory.unclassified,
+        "unresolved": [{"name": item.name, "family": item.family, "keys": list(item.keys),
+                        "reason": item.reason, "fix": item.fix} for item in inventory.unresolved],
+        "summary": summary(inventory, store),
+    }
+
+
+def summary(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
+    layers = inventory.layers
+    families = sorted({layer.family for layer in layers})
+    return {
+        "attention_layers": len(layers),
+        "families": families,
+        "heads_known": all(layer.heads_known for layer in layers),
+        "attention_params": sum(parameter_count(layer) for layer in layers),
+        "tensors": len(store.keys()),
+        "unclassified": len(inventory.unclassified),
+        "unresolved": len(inventory.unresolved),
+    }
+
+
+@dataclass(frozen=True)
+class HeadRow:
+    head: int
+    q_rows: tuple[int, int]
+    o_cols: tuple[int, int]
+    kv_head: int
+    kv_rows: tuple[int, int]
+    q_norm: float  # Frobenius norm of W_q[q_rows]
+    k_norm: float  # of W_k[kv_rows] (shared by the kv group)
+    v_norm: float
+    o_norm: float  # of W_o[:, o_cols]
+
+
+@dataclass(frozen=True)
+class LayerDetail:
+    layer: AttentionLayer
+    heads: list[HeadRow]
+    non_finite: dict[str, int]  # tensor description → count of NaN/Inf values
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "heads": [
+                {"head": h.head, "q_rows": list(h.q_rows), "o_cols": list(h.o_cols),
+                 "kv_head": h.kv_head, "kv_rows": list(h.kv_rows), "q_norm": h.q_norm,
+                 "k_norm": h.k_norm, "v_norm": h.v_norm, "o_norm": h.o_norm}
+                for h in self.heads
+            ],
+            "non_finite": self.non_finite,
+        }
+
+
+def layer_detail(layer: AttentionLayer, store: TensorStore) -> LayerDetail:
+    """Per-head slices and their norms, streaming one head's slice at a time."""
+    H, H_kv = layer.num_heads, layer.num_kv_heads
+    assert H is not None and H_kv is not None
+    non_finite: dict[str, int] = {}
+    norms: dict[str, list[float]] = {}
+    for name, r in weight_refs(layer).items():
+        if name == "q":
+            spans = [layer.q_rows(h) for h in range(H)]
+        elif name == "o":
+            spans = [layer.o_cols(h) for h in range(H)]
+        else:
+            spans = [layer.kv_rows(g) for g in range(H_kv)]
+        norms[name], non_finite[r.describe()] = slice_norms(store, r, spans, name == "o")
+    for r in bias_refs(layer).values():
+        non_finite[r.describe()] = slice_norms(store, r, [(0, r.shape[0])], False)[1]
+    heads = [HeadRow(h, layer.q_rows(h), layer.o_cols(h), layer.kv_head_of(h),
+                     layer.kv_rows(layer.kv_head_of(h)), norms["q"][h],
+                     norms["k"][layer.kv_head_of(h)], norms["v"][layer.kv_head_of(h)],
+                     norms["o"][h]) for h in range(H)]
+    return LayerDetail(layer, heads, non_finite)
+
+
+def slice_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]],
+                by_columns: bool) -> tuple[list[float], int]:
+    """Frobenius norms (of the finite values) of row or column spans that together cover
+    `ref`, and its NaN/Inf count.
+
+    Safetensors data is read through a numpy memory map one span at a time (no torch import,
+    no whole-tensor copy); other formats go through torch.
+    """
+    view = store.numpy_view(ref.key)
+    if view is None:
+        return _torch_norms(store, ref, spans, by_columns)
+    import numpy as np
+
+    from attnviz.load.checkpoint import as_float32
+
+    canonical = view.reshape(-1) if ref.flatten else (view.T if ref.transposed else view)
+    norms, bad = [], 0
+    for start, stop in spans:
+        squares = 0.0
+        if by_columns:
+            blocks = [canonical[:, start:stop]]
+        else:
+            absolute = ref.take(((start, stop),)).row_ranges or ((start, stop),)
+            blocks = [canonical[a:b] for a, b in absolute]
+        for block in blocks:
+            values = as_float32(block, ref.dtype).astype(np.float64)
+            finite = np.isfinite(values)
+            bad += int(values.size - finite.sum())
+            squares += float(np.square(values[finite]).sum())
+        norms.append(squares**0.5)
+    return norms, bad  # the spans cover the whole reference, so `bad` counts all of it
+
+
+def _torch_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]],
+                 by_columns: bool) -> tuple[list[float], int]:
+    import torch
+
+    from attnviz.compute.forward import read_ref
+
+    tensor = read_ref(store, ref).float()
+    bad = int((~torch.isfinite(tensor)).sum().item())
+    if tensor.ndim == 1:
+        tensor = tensor[:, None]
+    if by_columns:
+        tensor = tensor.T
+    clean = torch.nan_to_num(tensor, nan=0.0, posinf=0.0, neginf=0.0)
+    return [torch.linalg.matrix_norm(clean[a:b]).item() for a, b in spans], bad
+
+
+def scan_non_finite(inventory: Inventory, store: TensorStore) -> dict[str, int]:
+    """NaN/Inf counts of every attention tensor, one tensor in memory at a time."""
+    import torch
+
+    counts: dict[str, int] = {}
+    keys = [key for layer in inventory.layers for key in sorted(
+        {r.key for r in (*weight_refs(layer).values(), *bias_refs(layer).values())})]
+    keys += [key for item in inventory.unresolved for key in item.keys]  # known, just not split
+    for key in keys:
+        if key not in counts:
+            counts[key] = int((~torch.isfinite(store.read(key).float())).sum().item())
+    return counts

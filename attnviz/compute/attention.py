@@ -1,0 +1,229 @@
+"""Batched attention on sentences: one standalone layer, or the bundled attention-only model.
+
+Results hold per-head maps (B, H, L, S) with padding still in place; `Batch.lengths` says which
+rows and columns are real. Renderers slice; they never recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnviz.compute import streaming
+from attnviz.compute.forward import (
+    LayerWeights,
+    build_torch_mha,
+    causal_mask,
+    load_weights,
+    per_head_forward,
+    reshaped_forward,
+    torch_mha_expressible,
+)
+from attnviz.compute.inputs import Batch, input_vectors, padding_mask
+from attnviz.compute.positions import SCHEMES, positions_for, recompute_heads
+from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
+from attnviz.core.layer import AttentionLayer
+from attnviz.errors import CheckFailed, UsageError
+from attnviz.load import config as hfconfig
+from attnviz.load.checkpoint import TensorStore
+
+
+def resolve_device(spec: str) -> torch.device:
+    """auto → the first CUDA GPU, else MPS, else the CPU; an absent device is a usage error."""
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UsageError(f"unknown device {spec!r}", "use auto, cpu, cuda, cuda:N or mps",
+                         "--device") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("CUDA is not available on this machine (or this torch build)",
+                             "use --device cpu or auto", "--device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"there is no GPU {device.index}; this machine has "
+                             f"{torch.cuda.device_count()}", "choose another index", "--device")
+    elif device.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise UsageError("MPS is not available on this machine", "use --device cpu",
+                             "--device")
+    elif device.type != "cpu":
+        raise UsageError(f"unsupported device {spec!r}", "use auto, cpu, cuda, cuda:N or mps",
+                         "--device")
+    return device
+
+
+def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
+                    key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
+                    causal: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(output, per-head weights, method) for query inputs x (B, L, E) and key/value inputs."""
+    L = x.shape[1]
+    mask = causal_mask(L, x.device) if causal else None
+    with torch.no_grad():
+        if torch_mha_expressible(layer):
+            mha = build_torch_mha(layer, weights)
+            # An explicit mask, never is_causal: the fast path ignores is_causal.
+            out, attn = mha(x, key, value, key_padding_mask=pad, attn_mask=mask,
+                            need_weights=True, average_attn_weights=False)
+            return out, attn, "torch.nn.MultiheadAttention (need_weights=True)"
+        parts = per_head_forward(layer, weights, x, key, value, pad, mask)
+        sdpa_out, _ = reshaped_forward(layer, weights, x, key, value, pad, mask)
+    scale = max(1.0, sdpa_out.abs().max().item())
+    diff = (parts.out - sdpa_out).abs().max().item()
+    if diff > SDPA_TOLERANCE * scale:
+        raise CheckFailed(f"the per-head computation differs from "
+                          f"F.scaled_dot_product_attention by {diff:.2e}", "report this")
+    return parts.out, parts.attn, ("explicit per head (output checked against "
+                                   f"F.scaled_dot_product_attention: max |Δ| {diff:.1e})")
+
+
+def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, causal: bool,
+              positions: str, device: torch.device, weights_store: TensorStore,
+              allow_stream: bool = True, query_row: tuple[int, int] | None = None
+              ) -> AttentionRun:
+    """One standalone layer on a padded batch; long inputs stream head by head (keeping the
+    (sentence, query) row of every head for --query)."""
+    x, described = input_vectors(batch, layer.embed_dim, store, positions)
+    # Self-attention over the same sentence; kdim/vdim ≠ E layers get vectors of their width.
+    key = x if layer.kdim == layer.embed_dim else input_vectors(batch, layer.kdim, None,
+                                                                positions)[0]
+    value = x if layer.vdim == layer.embed_dim else input_vectors(batch, layer.vdim, None,
+                                                                  positions)[0]
+    pad = padding_mask(batch)
+    notes = []
+    extra = 1 if layer.bias_k is not None else 0
+    if allow_stream and streaming.full_maps_bytes(batch, layer.num_heads or 0, extra) > \
+            streaming.MAP_BUDGET_BYTES:
+        streamed = streaming.stream_layer(layer, weights_store, batch, x, key, causal, device,
+                                          query_row)
+        streamed.key_inputs = None if key is x else key
+        streamed.value_inputs = None if value is x else value
+        notes.append("long input: maps computed one head and sentence at a time and kept "
+                     f"only at display size (≤ {streaming.DISPLAY_CELLS} per side); --export "
+                     "keeps the full maps")
+        return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
+                            causal, weights_store, notes)
+    weights = load_weights(layer, weights_store, device=str(device))
+    _, attn, method = layer_attention(layer, weights, x.to(device), key.to(device),
+                                      value.to(device), pad.to(device), causal)
+    if layer.positions not in ("none", "learned", "sinusoidal"):
+        notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
+                     "layer runs without them (use --positions sinusoidal to add absolute "
+                     "positions to the inputs)")
+    result = LayerAttention(0, layer, attn.float().cpu(), x, method,
+                            None if key is x else key, None if value is x else value)
+    return AttentionRun(batch, [result], weights_store.source, described, str(device), causal,
+                        weights_store, notes)
+
+
+@dataclass(frozen=True)
+class HeadBreakdown:
+    head: int
+    kv_head: int
+    q_rows: tuple[int, int]
+    q: list[float]  # q_h of the query token: its slice of the projected query (d,)
+    keys: list[list[float]]  # k_h of every key token (S, d)
+    dots: list[float]  # q_h · k_h
+    scores: list[float]  # scale · q_h · k_h (before mask and softmax)
+    weights: list[float]  # after mask and softmax
+
+
+@dataclass(frozen=True)
+class QueryBreakdown:
+    sentence: int
+    query: int
+    token: str
+    layer: int
+    scale: float
+    heads: list[HeadBreakdown]
+    max_diff: float  # recomputed weights vs the run's weights
+    positions: str = "none"  # what was applied to q_h and k_h besides projection (RoPE, …)
+
+
+def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
+                    query: int) -> QueryBreakdown:
+    """Recompute one query's attention head by head from the weight slices, and check it
+    against the maps the run produced."""
+    captured = run.layer(layer_index)
+    layer = captured.layer
+    n = run.batch.lengths[sentence]
+    assert captured.inputs is not None  # the last layer always keeps its inputs
+    x = captured.inputs[sentence : sentence + 1, :n]
+    key = x if captured.key_inputs is None else captured.key_inputs[sentence : sentence + 1, :n]
+    value = x if captured.value_inputs is None else \
+        captured.value_inputs[sentence : sentence + 1, :n]
+    weights = load_weights(layer, run.store)
+    positions = _model_positions(run, captured, n)
+    with torch.no_grad():
+        if positions is None:
+            mask = causal_mask(n) if run.causal else None
+            parts = per_head_forward(layer, weights, x, key, value, None, mask)
+            q, k, scores, attn = parts.q, parts.k, parts.scores, parts.attn
+        else:
+            recomputed = recompute_heads(layer, weights, x, [n], positions)
+            q, k, scores, attn = (recomputed.q, recomputed.k, recomputed.scores,
+                                  recomputed.weights)
+    expected = _run_weights_of(captured, run.batch, sentence, query)
+    got = attn[0, :, query]  # (H, S)
+    max_diff = (got - expected).abs().max().item()
+    if max_diff > run.tolerance:
+        raise CheckFailed(f"recomputing query {query} from the slices differs from the run by "
+                          f"{max_diff:.2e}", "report this")
+    dots = scores[0, :, query] / layer.effective_scale
+    heads = [HeadBreakdown(h, layer.kv_head_of(h), layer.q_rows(h), q[0, h, query].tolist(),
+                           k[0, h].tolist(), dots[h].tolist(), scores[0, h, query].tolist(),
+                           got[h].tolist())
+             for h in range(layer.num_heads or 0)]
+    return QueryBreakdown(sentence, query, run.batch.tokens[sentence][query], layer_index,
+                          layer.effective_scale, heads, max_diff,
+                          "none" if positions is None else positions.described)
+
+
+def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
+                    query: int) -> torch.Tensor:
+    """The run's weights of one query row, every head: (H, S) over real keys (+ bias_k)."""
+    if captured.weights is None:
+        if captured.query_row != (sentence, query) or captured.query_weights is None:
+            raise UsageError("this streamed run kept no weights for that query",
+                             "pass --query to the run that streams")
+        return captured.query_weights
+    expected = captured.weights[sentence, :, query, :batch.lengths[sentence]]
+    extra = captured.weights.shape[-1] - batch.max_len  # bias_k columns sit after the padding
+    if extra:
+        expected = torch.cat([expected, captured.weights[sentence, :, query, -extra:]], -1)
+    return expected
+
+
+def _model_positions(run: AttentionRun, captured: LayerAttention, length: int) -> Any:
+    """How positions enter a model's attention (RoPE, sliding windows), for a --model run of a
+    family attnviz can recompute; None where the inputs already carry them."""
+    if not captured.method.startswith("transformers"):
+        return None
+    kind = hfconfig.model_type(run.store.config)
+    if kind in SCHEMES:
+        return positions_for(run.store.config, captured.layer, captured.index, length)
+    if captured.layer.positions not in ("none", "learned", "sinusoidal"):
+        raise UsageError(f"--query does not recompute {captured.layer.positions} positions of "
+                         f"model_type {kind!r}",
+                         f"supported: {', '.join(sorted(SCHEMES))}", "--query")
+    return None
+
+
+def check_finite_maps(run: AttentionRun) -> None:
+    """NaN/Inf in the maps (from NaN weights or overflow) are reported, never drawn."""
+    for captured in run.layers:
+        if captured.weights is None:
+            continue  # streamed maps were checked head by head as they were computed
+        for b, n in enumerate(run.batch.lengths):
+            bad = int((~torch.isfinite(captured.weights[b, :, :n, :n])).sum())
+            if bad:
+                raise CheckFailed(f"layer {captured.index} produced {bad} non-finite attention "
+                                  f"weights for sentence {b + 1}",
+                                  "check the weights with 'attnviz inspect --scan'")

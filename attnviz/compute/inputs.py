@@ -1,0 +1,196 @@
+"""Sentences → tokens → the vectors that enter an attention layer.
+
+For a standalone layer, token i's input vector is, in order of preference:
+1. the checkpoint's own embedding row, when the checkpoint has an embedding table of width E and a
+   vocabulary file (vocab.txt, or tokenizer.json's model.vocab) in which the word is found;
+2. otherwise a deterministic embedding derived from the token text: N(0, 1) numbers drawn from a
+   generator seeded with the token's 64-bit BLAKE2b hash, so the same word always gets the same
+   vector (duplicate words are visible) in every run and on every machine;
+plus, with `positions="sinusoidal"`, the standard sinusoidal encoding of position i.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnviz.core.words import split_words, token_hash
+from attnviz.errors import UsageError, printable
+from attnviz.load.checkpoint import TensorStore
+
+DEFAULT_MAX_TOKENS = 256  # attention costs O(L²) per head
+DEFAULT_MAX_SENTENCES = 64
+EMBEDDING_SUFFIXES = ("word_embeddings.weight", "embed_tokens.weight", "wte.weight",
+                      "token_embedding.weight", "shared.weight", "embed_in.weight")
+POSITION_SCHEMES = ("none", "sinusoidal")
+
+
+@dataclass(frozen=True)
+class Batch:
+    sentences: list[str]
+    tokens: list[list[str]]  # per sentence, unpadded
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(t) for t in self.tokens]
+
+    @property
+    def max_len(self) -> int:
+        return max(self.lengths)
+
+
+def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
+               max_sentences: int = DEFAULT_MAX_SENTENCES) -> Batch:
+    """Tokenize and check limits before anything is allocated."""
+    if not sentences:
+        raise UsageError("no sentence given", "pass one or more sentences, or --file FILE")
+    if len(sentences) > max_sentences:
+        raise UsageError(f"{len(sentences)} sentences exceed --max-sentences {max_sentences}",
+                         "raise --max-sentences or pass fewer")
+    tokens = []
+    for i, sentence in enumerate(sentences, 1):
+        words = split_words(sentence)
+        if not words:
+            raise UsageError(f"sentence {i} is empty or has no words", "give it some text")
+        if len(words) > max_tokens:
+            raise UsageError(f"sentence {i} has {len(words)} tokens, more than --max-tokens "
+                             f"{max_tokens} (attention costs O(L²) per head)",
+                             "raise --max-tokens or shorten the sentence")
+        tokens.append(words)
+    return Batch(list(sentences), tokens)
+
+
+def read_sentences(path: Path) -> list[str]:
+    """One sentence per non-blank line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the sentence file ({type(exc).__name__})",
+                         "pass a UTF-8 text file, one sentence per line",
+                         printable(str(path))) from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def hashed_vector(token: str, width: int) -> Any:
+    """N(0, 1) vector seeded by the token's stable hash."""
+    import torch
+
+    gen = torch.Generator().manual_seed(token_hash(token) & (2**63 - 1))
+    return torch.randn(width, generator=gen)
+
+
+def sinusoidal(length: int, width: int) -> Any:
+    """(L, width) sinusoidal position encoding (Vaswani et al., 2017)."""
+    import torch
+
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-math.log(10000.0) / width))
+    enc = torch.zeros(length, width)
+    enc[:, 0::2] = torch.sin(position * freq)
+    enc[:, 1::2] = torch.cos(position * freq)[:, : width // 2]
+    return enc
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    embedding_key: str
+    ids: dict[str, int]
+    unk_id: int | None
+    source: str
+
+
+def find_vocabulary(store: TensorStore, width: int) -> Vocabulary | None:
+    """An embedding table of `width` columns plus a vocabulary file beside the checkpoint."""
+    if store.folder is None:
+        return None
+    table = next((k for k in store.keys() if k.endswith(EMBEDDING_SUFFIXES)
+                  and len(store.info(k).shape) == 2 and store.info(k).shape[1] == width), None)
+    if table is None:
+        return None
+    rows = store.info(table).shape[0]
+    ids = _read_vocab(store.folder)
+    if not ids:
+        return None
+    ids = {word: i for word, i in ids.items() if 0 <= i < rows}
+    unk = next((ids[t] for t in ("[UNK]", "<unk>", "<|endoftext|>") if t in ids), None)
+    return Vocabulary(table, ids, unk, printable(str(store.folder)))
+
+
+def _read_vocab(folder: Path) -> dict[str, int]:
+    vocab_txt = folder / "vocab.txt"
+    if vocab_txt.is_file():
+        lines = vocab_txt.read_text(encoding="utf-8", errors="replace").splitlines()
+        return {word: i for i, word in enumerate(lines)}
+    tokenizer_json = folder / "tokenizer.json"
+    if tokenizer_json.is_file():
+        try:
+            vocab = json.loads(tokenizer_json.read_text(encoding="utf-8"))["model"]["vocab"]
+        except (ValueError, KeyError, TypeError):
+            return {}
+        if isinstance(vocab, dict):
+            return {w: i for w, i in vocab.items() if isinstance(w, str) and type(i) is int}
+    return {}
+
+
+def lookup(vocab: Vocabulary, token: str) -> int | None:
+    for candidate in (token, "Ġ" + token, "▁" + token):
+        if candidate in vocab.ids:
+            return vocab.ids[candidate]
+    return vocab.unk_id
+
+
+def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
+                  positions: str = "none") -> tuple[Any, str]:
+    """(B, L, width) float32 inputs, zero at padding, and a sentence describing them."""
+    import torch
+
+    vocab = find_vocabulary(store, width) if store is not None else None
+    table = store.read(vocab.embedding_key).float() if vocab is not None else None
+    x = torch.zeros(len(batch.tokens), batch.max_len, width)
+    found = 0
+    for b, tokens in enumerate(batch.tokens):
+        for i, token in enumerate(tokens):
+            row = lookup(vocab, token) if vocab is not None else None
+            if row is not None and table is not None:
+                x[b, i] = table[row]
+                found += 1
+            else:
+                x[b, i] = hashed_vector(token, width)
+    if vocab is not None:
+        described = (f"rows of the checkpoint's embedding table {vocab.embedding_key} "
+                     f"({found} of {sum(batch.lengths)} tokens found in its vocabulary, the rest "
+                     "hashed)")
+    else:
+        described = "deterministic N(0, 1) vectors seeded by each token's BLAKE2b hash"
+    if positions == "sinusoidal":
+        x = x + sinusoidal(batch.max_len, width)[None]
+        described += " + sinusoidal positions"
+    for b, length in enumerate(batch.lengths):
+        x[b, length:] = 0.0
+    return x, described
+
+
+def padding_mask(batch: Batch) -> Any:
+    """(B, L) bool, True at padding (nn.MultiheadAttention's key_padding_mask convention)."""
+    import torch
+
+    lengths = torch.tensor(batch.lengths)
+    return torch.arange(batch.max_len)[None, :] >= lengths[:, None]
+
+
+def find_query(tokens: list[str], spec: str) -> int:
+    """--query INDEX (negative counts from the end) or TOKEN (its first occurrence)."""
+    try:
+        index = int(spec)
+    except ValueError:
+        if spec.lower() in tokens:
+            return tokens.index(spec.lower())
+        raise UsageError(f"token {spec!r} is not in the sentence",
+                         f"choose one of {', '.join(dict.fromkeys(tokens))}", "--query") from None
+    if not -len(tokens) <= index < len(tokens):
+        raise UsageError(f"query index {index} is out of range",
+                         f"the sentence has {len(tokens)} tokens", "--query")
+    return index % len(tokens)

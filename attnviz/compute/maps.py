@@ -1,0 +1,130 @@
+"""Display-ready attention maps: real tokens only, selected heads, downsampled to fit.
+
+Downsampling keeps the meaning of a row: key blocks are summed (the attention mass a query gives
+to that span of keys) and query blocks averaged, so every displayed row still sums to 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from attnviz.compute.results import AttentionRun
+from attnviz.errors import UsageError
+
+
+@dataclass(frozen=True)
+class MapView:
+    sentence: int
+    layer: int
+    head: int | None  # None for the average over heads
+    values: Any  # (rows, cols) numpy float32, rows = queries, cols = keys
+    row_labels: list[str]
+    col_labels: list[str]
+    downsampled: bool
+    # token index spans each displayed row/column covers, after downsampling (None: one each)
+    row_spans: tuple[tuple[int, int], ...] | None = None
+    col_spans: tuple[tuple[int, int], ...] | None = None
+    tokens: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # original (rows, cols)
+
+    @property
+    def title(self) -> str:
+        head = "mean of heads" if self.head is None else f"head {self.head}"
+        return f"L{self.layer} · {head}"
+
+
+def check_head(head: int | None, num_heads: int) -> None:
+    if head is not None and not 0 <= head < num_heads:
+        raise UsageError(f"head {head} is out of range", f"choose 0..{num_heads - 1}", "--head")
+
+
+def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapView]:
+    """One view per (sentence, layer, head) in that order; padding cut away."""
+    views = []
+    for b, tokens in enumerate(run.batch.tokens):
+        n = len(tokens)
+        for captured in run.layers:
+            if captured.weights is None:  # streamed: display-sized views were kept instead
+                views += [v for v in captured.views or [] if v.sentence == b and (
+                    v.head is None if average else
+                    v.head is not None and (head is None or v.head == head))]
+                continue
+            maps = captured.weights[b, :, :n, :]  # (H, n, S)
+            extra = maps.shape[-1] - run.batch.max_len  # bias_k columns sit after the padding
+            keys = list(range(n)) + list(range(run.batch.max_len, maps.shape[-1]))
+            maps = maps[:, :, keys]
+            col_labels = tokens + ["<bias_k>"] * extra
+            if average:
+                chosen = [(None, maps.mean(0))]
+            elif head is not None:
+                chosen = [(head, maps[head])]
+            else:
+                chosen = list(enumerate(maps))
+            views += [MapView(b, captured.index, h, m.numpy(), list(tokens), col_labels, False)
+                      for h, m in chosen]
+    return views
+
+
+def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:
+    rows, cols = view.values.shape
+    if rows <= max_rows and cols <= max_cols:
+        return view
+    row_blocks, col_blocks = _blocks(rows, max_rows), _blocks(cols, max_cols)
+    averaged = _block_reduce(view.values, row_blocks, col_blocks)
+    row_spans = _compose(view.row_spans or _unit(rows), row_blocks)
+    col_spans = _compose(view.col_spans or _unit(cols), col_blocks)
+    tokens = view.tokens or (tuple(view.row_labels), tuple(view.col_labels))
+    return MapView(view.sentence, view.layer, view.head, averaged,
+                   _span_labels(tokens[0], row_spans), _span_labels(tokens[1], col_spans), True,
+                   row_spans, col_spans, tokens)
+
+
+def _block_reduce(values: Any, row_blocks: list[tuple[int, int]],
+                  col_blocks: list[tuple[int, int]]) -> Any:
+    """Key blocks summed, query blocks averaged: a (len(row_blocks), len(col_blocks)) float32
+    numpy array.
+
+    Query blocks first, as index_add_ into whole contiguous rows: on a 4096² map this is ~5×
+    faster than numpy's reduceat (which walks columns with a stride) and still exact per block.
+    """
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # a read-only array is fine: `full` is only read
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        full = torch.as_tensor(values, dtype=torch.float32)  # zero-copy for float32 numpy
+    row_index = _block_index(row_blocks)
+    rows = torch.zeros(len(row_blocks), full.shape[1]).index_add_(0, row_index, full)
+    rows /= torch.tensor([b - a for a, b in row_blocks], dtype=torch.float32)[:, None]
+    out = torch.zeros(len(row_blocks), len(col_blocks)).index_add_(1, _block_index(col_blocks),
+                                                                  rows)
+    return out.numpy()
+
+
+def _block_index(blocks: list[tuple[int, int]]) -> Any:
+    """For each position, the index of the block it falls in."""
+    import torch
+
+    sizes = torch.tensor([b - a for a, b in blocks])
+    return torch.repeat_interleave(torch.arange(len(blocks)), sizes)
+
+
+def _unit(n: int) -> tuple[tuple[int, int], ...]:
+    return tuple((i, i + 1) for i in range(n))
+
+
+def _compose(spans: tuple[tuple[int, int], ...], blocks: list[tuple[int, int]]
+             ) -> tuple[tuple[int, int], ...]:
+    """Token spans of blocks of already-spanned rows."""
+    return tuple((spans[a][0], spans[b - 1][1]) for a, b in blocks)
+
+
+def _blocks(n: int, parts: int) -> list[tuple[int, int]]:
+    parts = max(1, min(n, parts))
+    edges = [round(i * n / parts) for i in range(parts + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(parts)]
+
+
+def _span_labels(labels: tuple[str, ...], spans: tuple[tuple[int, int], ...]) -> list[str]:
+    return [labels[a] if b - a == 1 else f"{a}-{b - 1}" for a, b in spans]

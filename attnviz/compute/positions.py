@@ -1,0 +1,167 @@
+"""Position schemes inside attention, as Hugging Face families apply them, from config.json alone.
+
+Used to recompute a real model's attention weights head by head from attnviz's weight slices:
+RoPE in the rotate_half convention (LLaMA, Mistral, Qwen2: all dims; GPT-NeoX: the first
+`rotary_ndims = int(d · rotary_pct)` dims, the rest passed through), sliding windows, causal and
+padding masks. Nothing here imports transformers: the frequencies are computed from the raw
+config.json, so agreement with the model is evidence, not an echo of the model's own tables.
+Shapes: x (B, L, E); per-head q/k (B, L, d); maps (B, H, L, S).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnviz.compute.forward import LayerWeights
+from attnviz.core.layer import AttentionLayer
+from attnviz.errors import UsageError
+from attnviz.load import config as hfconfig
+
+# model_type → where positions enter attention. Causal masking and the scale come from the layer.
+SCHEMES = {"bert": "none", "gpt2": "none", "bart": "none", "llama": "rope", "mistral": "rope",
+           "qwen2": "rope", "gpt_neox": "rope"}
+ROPE_DEFAULT_FRACTION = {"gpt_neox": 0.25}  # GPTNeoXConfig's rotary_pct default
+# model_type → whether its sliding window applies even without use_sliding_window
+SLIDING = {"mistral": True, "qwen2": False}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class Positions:
+    """What happens to q and k of one layer besides projection, for positions 0..L-1."""
+
+    described: str
+    rope: tuple[torch.Tensor, torch.Tensor, int] | None = None  # cos (L, r), sin (L, r), r dims
+    window: int | None = None  # keys per query under a sliding window
+
+
+def positions_for(config: dict[str, Any], layer: AttentionLayer, index: int,
+                  length: int) -> Positions:
+    """The position scheme of layer `index` of a model with this config.json."""
+    kind = hfconfig.model_type(config)
+    if kind not in SCHEMES:
+        raise UsageError(f"verification does not support model_type {kind!r}",
+                         f"supported: {', '.join(sorted(SCHEMES))}")
+    window = sliding_window(config, kind, index)
+    suffix = f"; sliding window of {window} keys" if window is not None else ""
+    if SCHEMES[kind] == "none":
+        return Positions(f"none inside attention ({kind}: absolute position embeddings are part "
+                         "of the captured input)" + suffix)
+    rope, described = rope_tables(config, kind, layer.head_dim or 0, length)
+    return Positions(described + suffix, rope, window)
+
+
+def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
+                ) -> tuple[tuple[torch.Tensor, torch.Tensor, int], str]:
+    """((cos, sin, rotated dims), description) for positions 0..length-1."""
+    fraction = hfconfig.rotary_fraction(config, "partial_rotary_factor", "rotary_pct",
+                                        default=ROPE_DEFAULT_FRACTION.get(kind, 1.0))
+    dims = int(head_dim * fraction)
+    # transformers 5 writes rope_parameters; 4.x wrote rope_theta (rotary_emb_base for NeoX) and
+    # an optional rope_scaling dict.
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    params = params if isinstance(params, dict) else {}
+    theta = float(params.get("rope_theta") or config.get("rope_theta")
+                  or config.get("rotary_emb_base") or 10000.0)
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    inv_freq = 1.0 / theta ** (torch.arange(0, dims, 2, dtype=torch.int64).float() / dims)
+    if rope_type == "linear":
+        inv_freq = inv_freq / float(params["factor"])
+    elif rope_type == "llama3":
+        inv_freq = llama3_frequencies(inv_freq, params)
+    elif rope_type != "default":
+        raise UsageError(f"attnviz does not recompute rope_type {rope_type!r} yet",
+                         f"supported: {', '.join(ROPE_TYPES)}")
+    freqs = torch.arange(length).float()[:, None] * inv_freq[None]  # (L, dims/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (L, dims): rotate_half pairs j and j + dims/2
+    described = (f"RoPE recomputed from config.json: rotate_half on {dims} of {head_dim} dims "
+                 f"per head, θ={theta:g}, rope_type {rope_type}")
+    return (emb.cos(), emb.sin(), dims), described
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1's frequency-dependent scaling (modeling_rope_utils._compute_llama3_parameters)."""
+    factor, low, high = (float(params[k]) for k in ("factor", "low_freq_factor",
+                                                     "high_freq_factor"))
+    old = float(params["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: int) -> torch.Tensor:
+    """x (B, L, d): the first `dims` dims rotated (rotate_half), the rest passed through."""
+    rot, rest = x[..., :dims], x[..., dims:]
+    half = dims // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
+
+
+def sliding_window(config: dict[str, Any], kind: str | None, index: int) -> int | None:
+    """The sliding window of layer `index`, or None for full attention."""
+    window = config.get("sliding_window")
+    if kind not in SLIDING or not isinstance(window, int):
+        return None
+    types = config.get("layer_types")  # transformers 5 writes the per-layer choice out
+    if isinstance(types, list) and index < len(types):
+        return window if types[index] == "sliding_attention" else None
+    if SLIDING[kind]:
+        return window
+    # Qwen2: only with use_sliding_window, and only from layer max_window_layers on.
+    start = config.get("max_window_layers", 28)
+    return window if config.get("use_sliding_window") and index >= start else None
+
+
+@dataclass(frozen=True)
+class RecomputedHeads:
+    """Every query head recomputed from its slices, positions applied."""
+
+    q: torch.Tensor  # (B, H, L, d) each head's projected query, after RoPE
+    k: torch.Tensor  # (B, H, L, d) the key head each query head uses, after RoPE
+    scores: torch.Tensor  # (B, H, L, L) scale · q kᵀ, before masks
+    weights: torch.Tensor  # (B, H, L, L) after masks and softmax
+
+
+def recompute_heads(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
+                    lengths: list[int], positions: Positions) -> RecomputedHeads:
+    """softmax(scale · q_h k_hᵀ + masks) head by head from the weight slices.
+
+    x is right-padded: sentence b's real tokens are rows 0..lengths[b]-1, at positions 0..n-1.
+    """
+    L = x.shape[1]
+    allowed = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]  # (B, 1, L)
+    if layer.causal:
+        allowed = allowed & torch.ones(L, L, dtype=torch.bool).tril()[None]  # (B, L, L)
+    if positions.window is not None:  # query i sees keys j with i - j < window
+        allowed = allowed & torch.ones(L, L, dtype=torch.bool).triu(1 - positions.window)[None]
+    qs, ks, scores, maps = [], [], [], []
+    for h in range(layer.num_heads or 0):
+        q0, q1 = layer.q_rows(h)
+        k0, k1 = layer.kv_rows(layer.kv_head_of(h))
+        q = F.linear(x, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1))  # (B, L, d)
+        k = F.linear(x, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1))  # (B, L, d)
+        if positions.rope is not None:
+            q, k = apply_rope(q, *positions.rope), apply_rope(k, *positions.rope)
+        s = layer.effective_scale * (q @ k.transpose(-1, -2))  # (B, L, L)
+        qs.append(q), ks.append(k), scores.append(s)
+        maps.append(torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1))
+    stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
+    return RecomputedHeads(stack(qs), stack(ks), stack(scores), stack(maps))
+
+
+def recompute_weights(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
+                      lengths: list[int], positions: Positions) -> torch.Tensor:
+    """The (B, H, L, L) attention weights of recompute_heads."""
+    return recompute_heads(layer, weights, x, lengths, positions).weights
+
+
+def _rows(bias: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    return None if bias is None else bias[start:stop]

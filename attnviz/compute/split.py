@@ -1,0 +1,337 @@
+"""How the heads split W_q, W_k, W_v (by rows) and W_o (by columns), and the numerical proof.
+
+Everything here is computed from an AttentionLayer and its weights; renderers only display it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.errors import CheckFailed, UsageError
+
+# The proof passes when max |Δ| <= PROOF_TOLERANCE × max(1, max |reference|), for the output and
+# for the weights alike: float32 accumulates ~1e-6 relative error over a few hundred products.
+PROOF_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class HeadSlice:
+    head: int  # query head for q/o; key/value head for k/v
+    start: int  # on the split axis
+    stop: int
+    shape: tuple[int, int]  # (out, in) shape of the slice
+    stored_at: str  # where the slice lives in the checkpoint, e.g. "in_proj_weight[8:16]"
+    query_heads: tuple[int, ...] = ()  # k/v under GQA: the query heads that share this slice
+
+
+@dataclass(frozen=True)
+class ProjectionSplit:
+    name: str  # "q", "k", "v" or "o"
+    shape: tuple[int, int]  # (out, in)
+    split: str  # "rows" or "columns"
+    stored_at: str  # the whole projection in the checkpoint, e.g. "in_proj_weight[0:64]"
+    heads: list[HeadSlice]
+
+
+@dataclass(frozen=True)
+class Proof:
+    """torch's own forward (or SDPA) against the per-head recomputation from slices."""
+
+    reference: str  # what computed the reference
+    output_diff: float  # max |out_ref - out_heads|
+    weights_diff: float  # max |attn_ref - attn_heads| over all heads
+    tolerance: float  # relative to max(1, max |reference output|)
+    output_scale: float  # max(1, max |reference output|)
+    batch: int
+    length: int
+    seed: int
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max(self.output_diff, self.weights_diff)
+
+    @property
+    def passed(self) -> bool:
+        return (self.output_diff <= self.tolerance * self.output_scale
+                and self.weights_diff <= self.tolerance)
+
+
+@dataclass(frozen=True)
+class SplitReport:
+    layer: AttentionLayer
+    projections: dict[str, ProjectionSplit]
+    proof: Proof | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        layer = self.layer
+        doc: dict[str, Any] = {
+            "layer": layer.name,
+            "family": layer.family,
+            "embed_dim": layer.embed_dim,
+            "kdim": layer.kdim,
+            "vdim": layer.vdim,
+            "num_heads": layer.num_heads,
+            "num_kv_heads": layer.num_kv_heads,
+            "head_dim": layer.head_dim,
+            "storage": layer.storage,
+            "square": layer.is_square,
+            "projections": {
+                name: {
+                    "shape": list(p.shape),
+                    "split": p.split,
+                    "stored_at": p.stored_at,
+                    "heads": [_head_json(h) for h in p.heads],
+                }
+                for name, p in self.projections.items()
+            },
+        }
+        if self.proof is not None:
+            proof = asdict(self.proof)
+            proof["max_abs_diff"] = self.proof.max_abs_diff
+            proof["passed"] = self.proof.passed
+            doc["max_abs_diff"] = self.proof.max_abs_diff
+            doc["proof"] = proof
+        return doc
+
+
+def _head_json(h: HeadSlice) -> dict[str, Any]:
+    doc: dict[str, Any] = {"head": h.head, "start": h.start, "stop": h.stop,
+                           "shape": list(h.shape), "stored_at": h.stored_at}
+    if h.query_heads:
+        doc["query_heads"] = list(h.query_heads)
+    return doc
+
+
+def split_projections(layer: AttentionLayer) -> dict[str, ProjectionSplit]:
+    """The per-head slices of each projection, from shapes alone (no tensor data)."""
+    H, H_kv = layer.num_heads, layer.num_kv_heads
+    assert H is not None and H_kv is not None
+    q_heads = [_row_slice(layer.q_weight, h, layer.q_rows(h)) for h in range(H)]
+    kv_users = {g: tuple(h for h in range(H) if layer.kv_head_of(h) == g) for g in range(H_kv)}
+
+    def kv_slices(ref: TensorRef) -> list[HeadSlice]:
+        users = kv_users if H_kv != H else {g: () for g in range(H_kv)}
+        return [_row_slice(ref, g, layer.kv_rows(g), users[g]) for g in range(H_kv)]
+
+    o_heads = []
+    for h in range(H):
+        start, stop = layer.o_cols(h)
+        o_heads.append(HeadSlice(h, start, stop, (layer.o_weight.shape[0], stop - start),
+                                 f"{layer.o_weight.describe()}[:, {start}:{stop}]"))
+    return {
+        "q": _projection("q", layer.q_weight, "rows", q_heads),
+        "k": _projection("k", layer.k_weight, "rows", kv_slices(layer.k_weight)),
+        "v": _projection("v", layer.v_weight, "rows", kv_slices(layer.v_weight)),
+        "o": _projection("o", layer.o_weight, "columns", o_heads),
+    }
+
+
+def _row_slice(ref: TensorRef, head: int, rows: tuple[int, int],
+               query_heads: tuple[int, ...] = ()) -> HeadSlice:
+    start, stop = rows
+    return HeadSlice(head, start, stop, (stop - start, ref.shape[1]),
+                     ref.take(((start, stop),)).describe(), query_heads)
+
+
+def _projection(name: str, ref: TensorRef, axis: str, heads: list[HeadSlice]) -> ProjectionSplit:
+    return ProjectionSplit(name, (ref.shape[0], ref.shape[1]), axis, ref.describe(), heads)
+
+
+def prove_split(layer: AttentionLayer, weights: Any, seed: int = 0, batch: int = 2,
+                length: int = 6) -> Proof:
+    """Run the layer on a seeded random batch twice, by the reference and head by head."""
+    import torch
+
+    from attnviz.compute import forward
+
+    gen = torch.Generator().manual_seed(seed)
+    device, dtype = weights.W_q.device, weights.W_q.dtype
+
+    def sample(width: int) -> torch.Tensor:
+        return torch.randn(batch, length, width, generator=gen, dtype=dtype).to(device)
+
+    query = sample(layer.embed_dim)
+    key = query if layer.kdim == layer.embed_dim else sample(layer.kdim)
+    value = query if layer.vdim == layer.embed_dim else sample(layer.vdim)
+    # The last sentence is one token shorter, so the key padding mask is exercised too.
+    padding = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    padding[-1, -1] = True
+    with torch.no_grad():
+        if forward.torch_mha_expressible(layer):
+            mha = forward.build_torch_mha(layer, weights)
+            ref_out, ref_attn = forward.torch_forward(mha, query, key, value, padding)
+            reference = "torch.nn.MultiheadAttention (need_weights=True)"
+        else:
+            ref_out, ref_attn = forward.reshaped_forward(layer, weights, query, key, value,
+                                                         padding)
+            reference = "F.scaled_dot_product_attention on reshaped projections"
+        parts = forward.per_head_forward(layer, weights, query, key, value, padding)
+    for name, tensor in (("reference output", ref_out), ("per-head output", parts.out)):
+        if not torch.isfinite(tensor).all():
+            raise CheckFailed(f"the {name} is not finite (NaN or Inf)",
+                              "check the weights with 'attnviz inspect'")
+    return Proof(
+        reference=reference,
+        output_diff=(ref_out - parts.out).abs().max().item(),
+        weights_diff=(ref_attn - parts.attn).abs().max().item(),
+        tolerance=PROOF_TOLERANCE,
+        output_scale=max(1.0, ref_out.abs().max().item()),
+        batch=batch,
+        length=length,
+        seed=seed,
+    )
+
+
+@dataclass(frozen=True)
+class BandLine:
+    head: int
+    rows: tuple[int, int]  # rows of W_q this line summarizes
+    head_rows: tuple[int, int]  # all rows of the head
+    cells: list[float]  # mean |W_q| over each column block, scaled to [0, 1]
+
+
+@dataclass(frozen=True)
+class BandPicture:
+    """W_q downsampled for the terminal: one line per block of rows, grouped by head."""
+
+    lines: list[BandLine]
+    col_blocks: list[tuple[int, int]]  # input features each cell covers
+    scale: float  # the mean |W_q| that maps to 1.0
+
+
+def band_picture(layer: AttentionLayer, W_q: Any, max_lines: int = 16,
+                 max_cols: int = 48) -> BandPicture:
+    """Block means of |W_q|, never mixing two heads in one line."""
+    H, d = layer.num_heads, layer.head_dim
+    assert H is not None and d is not None
+    lines_per_head = max(1, min(d, max_lines // H))
+    col_blocks = _blocks(W_q.shape[1], max_cols)
+    raw: list[tuple[int, tuple[int, int], list[float]]] = []
+    for h in range(H):
+        for r0, r1 in _blocks(d, lines_per_head):
+            rows = (h * d + r0, h * d + r1)
+            block = W_q[rows[0] : rows[1]].abs()
+            raw.append((h, rows, [block[:, c0:c1].mean().item() for c0, c1 in col_blocks]))
+    scale = max((max(cells) for _, _, cells in raw), default=0.0) or 1.0
+    lines = [BandLine(h, rows, layer.q_rows(h), [c / scale for c in cells])
+             for h, rows, cells in raw]
+    return BandPicture(lines, col_blocks, scale)
+
+
+def _blocks(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(n) into min(n, parts) nearly equal consecutive blocks."""
+    parts = max(1, min(n, parts))
+    edges = [round(i * n / parts) for i in range(parts + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(parts)]
+
+
+def explanation(layer: AttentionLayer) -> list[str]:
+    """Plain-language sentences tied to this layer's numbers."""
+    E, H, H_kv, d = layer.embed_dim, layer.num_heads, layer.num_kv_heads, layer.head_dim
+    assert H is not None and H_kv is not None and d is not None
+    h = min(3, H - 1)
+    r0, r1 = layer.q_rows(h)
+    lines = [
+        f"Each head sees every input feature: head {h} computes q_{h} = x · W_q[{r0}:{r1}]ᵀ"
+        + (f" + b_q[{r0}:{r1}]" if layer.q_bias is not None else "")
+        + f", a ({d} × {E}) map of the whole {E}-feature input. The heads split the "
+        "projection's output features, not the input.",
+        f"torch.nn.MultiheadAttention reshapes the projected query (L, {layer.q_out}) into "
+        f"({H} heads, L, {d}): head h takes features h·{d}:(h+1)·{d}, i.e. rows h·{d}:(h+1)·{d} "
+        f"of W_q; W_o reads head h back through its columns h·{d}:(h+1)·{d}.",
+    ]
+    if layer.is_square:
+        lines.append(f"W_q is square because H · d = {H} · {d} = {E} = E. That is PyTorch's "
+                     f"choice (d = E / H), which is why E must be divisible by the number of "
+                     f"heads; other implementations choose d freely.")
+    else:
+        lines.append(f"Here H · d = {H} · {d} = {layer.q_out} ≠ E = {E}, so W_q is "
+                     f"{layer.q_out} × {E}, not square: this layout chooses d freely, which "
+                     "torch.nn.MultiheadAttention cannot express.")
+    if H_kv != H:
+        lines.append(f"Grouped-query attention: W_k and W_v have only H_kv · d = {H_kv} · {d} = "
+                     f"{layer.kv_out} rows; each of the {H_kv} key/value heads is shared by "
+                     f"{H // H_kv} query heads (query head h uses kv head h // {H // H_kv}).")
+    if layer.kdim != E or layer.vdim != E:
+        lines.append(f"kdim = {layer.kdim}, vdim = {layer.vdim}: W_k is {layer.kv_out} × "
+                     f"{layer.kdim} and W_v is {layer.v_weight.shape[0]} × {layer.vdim}, not "
+                     "square; they map the key and value inputs into the same per-head "
+                     "features as the query.")
+    return lines
+
+
+@dataclass(frozen=True)
+class MatrixPanel:
+    title: str
+    values: Any  # 2-D numpy array, already downsampled for display
+    shape: tuple[int, int]  # true (out, in) shape
+    boundaries: list[int]  # head boundaries on the split axis, in true coordinates
+    axis: str  # "rows" or "columns"
+    labels: list[str]  # one per head block
+
+
+def display_matrix(tensor: Any, max_side: int = 512) -> Any:
+    """A float32 numpy copy, block-averaged so neither side exceeds `max_side` pixels."""
+    import torch.nn.functional as F
+
+    rows, cols = tensor.shape
+    if rows > max_side or cols > max_side:
+        size = (min(rows, max_side), min(cols, max_side))
+        tensor = F.adaptive_avg_pool2d(tensor[None, None].float(), size)[0, 0]
+    return tensor.float().cpu().numpy()
+
+
+def matrix_panels(layer: AttentionLayer, weights: Any) -> list[MatrixPanel]:
+    """The four projections as figure panels, head boundaries in true coordinates."""
+    H, H_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    assert H is not None and H_kv is not None and d is not None
+    q_edges = [h * d for h in range(H + 1)]
+    kv_edges = [g * d for g in range(H_kv + 1)]
+    q_labels = [f"h{h}" for h in range(H)]
+    kv_labels = [f"kv{g}" if H_kv != H else f"h{g}" for g in range(H_kv)]
+    specs = (("W_q", weights.W_q, q_edges, "rows", q_labels),
+             ("W_k", weights.W_k, kv_edges, "rows", kv_labels),
+             ("W_v", weights.W_v, kv_edges, "rows", kv_labels),
+             ("W_o", weights.W_o, q_edges, "columns", q_labels))
+    return [MatrixPanel(title, display_matrix(t), (t.shape[0], t.shape[1]), edges, axis, labels)
+            for title, t, edges, axis, labels in specs]
+
+
+def check_finite(weights: Any) -> None:
+    """Refuse to prove or draw weights holding NaN/Inf: the result would be blank or misleading."""
+    import torch
+
+    for name in ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v"):
+        tensor = getattr(weights, name)
+        if tensor is None:
+            continue
+        bad = (~torch.isfinite(tensor)).sum().item()
+        if bad:
+            raise CheckFailed(f"{name} holds {bad} non-finite values (NaN or Inf)",
+                              "see 'attnviz inspect --layer' for counts per tensor")
+
+
+def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[SplitReport, Any]:
+    """Slices, weights and the numerical proof for one layer."""
+    from attnviz.compute.forward import load_weights
+
+    if not layer.heads_known:
+        raise UsageError(f"the number of heads of layer {layer.name or '(top level)'!r} is "
+                         "unknown: it is not stored in the weights",
+                         "pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                         "--num-heads")
+    weights = load_weights(layer, store)
+    check_finite(weights)
+    notes = []
+    if layer.positions.startswith("rope"):
+        notes.append(f"this layer's family rotates q and k ({layer.positions}) after the head "
+                     "split; the proof runs the projections and softmax without it, which is "
+                     "what the head split concerns")
+    elif layer.positions in ("alibi", "relative bias"):
+        notes.append(f"this layer's family adds a {layer.positions} term to the scores; the "
+                     "proof runs without it, which does not touch the head split")
+    report = SplitReport(layer, split_projections(layer), prove_split(layer, weights, seed), notes)
+    return report, weights

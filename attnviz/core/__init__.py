@@ -1,0 +1,1 @@
+"""Torch-free vocabulary shared by every layer: the attention layer description, words."""

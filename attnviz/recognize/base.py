@@ -1,0 +1,147 @@
+"""Helpers shared by the layout families: key matching, head counts, tensor references."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.errors import LayoutError, printable
+from attnviz.load.checkpoint import FLOAT_DTYPES, TensorStore
+
+
+@dataclass(frozen=True)
+class HeadHints:
+    """Head counts given on the command line; they win over config and metadata."""
+
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """An attention module a family recognizes but cannot split into heads without more facts
+    (fused q/k/v whose row layout depends on the head count or on config.json): listed by
+    inspect with what is missing, never guessed and never an error for the whole checkpoint."""
+
+    name: str  # module prefix, without the trailing dot
+    family: str
+    keys: tuple[str, ...]  # the tensors it would claim
+    reason: str  # what cannot be located, and why
+    fix: str  # how to supply what is missing
+
+    @property
+    def what(self) -> str:
+        """The error text when this layer is asked for: its name and the reason."""
+        return f"{printable(self.name)}: {self.reason}"
+
+
+def unresolved(store: TensorStore, prefix: str, family: str, names: Iterable[str], reason: str,
+               fix: str) -> Unresolved:
+    keys = tuple(prefix + name for name in names if prefix + name in store)
+    return Unresolved(prefix.rstrip("."), family, keys, reason, fix)
+
+
+def prefixes_with(keys: Iterable[str], suffix: str) -> list[str]:
+    """Every prefix P (including its trailing dot, or "") such that P + suffix is a key."""
+    found = []
+    for key in keys:
+        if key == suffix:
+            found.append("")
+        elif key.endswith("." + suffix):
+            found.append(key[: -len(suffix)])
+    return sorted(set(found), key=natural_key)
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort "layer.10" after "layer.9"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def layer_index(prefix: str) -> int | None:
+    """The last integer in a prefix ("encoder.layer.3.attention." → 3), for per-layer configs."""
+    numbers = re.findall(r"\.(\d+)\.", "." + prefix)
+    return int(numbers[-1]) if numbers else None
+
+
+def ref(store: TensorStore, key: str, *, transposed: bool = False,
+        rows: tuple[tuple[int, int], ...] | None = None, flatten: bool = False) -> TensorRef:
+    """A reference to `key`, refusing tensors that cannot be attention weights."""
+    info = store.info(key)
+    if info.dtype not in FLOAT_DTYPES:
+        raise LayoutError(f"attention tensor {printable(key)!r} has dtype {info.dtype}, not a "
+                          "floating-point type", "the checkpoint is not a float model",
+                          store.source)
+    expected_dims = 1 if key.endswith("bias") and not flatten else None
+    if expected_dims and len(info.shape) != 1:
+        raise LayoutError(f"bias {printable(key)!r} has shape {info.shape}, expected 1-D", "",
+                          store.source)
+    if not flatten and not key.endswith("bias") and len(info.shape) != 2:
+        raise LayoutError(f"weight {printable(key)!r} has shape {info.shape}, expected 2-D", "",
+                          store.source)
+    return TensorRef(key, info.shape, info.dtype, transposed, rows, flatten)
+
+
+def optional_ref(store: TensorStore, key: str, **kwargs: Any) -> TensorRef | None:
+    return ref(store, key, **kwargs) if key in store else None
+
+
+def split_rows(whole: TensorRef, sizes: Iterable[int]) -> list[TensorRef]:
+    """Consecutive row blocks of `whole` of the given sizes ([q; k; v] stacking)."""
+    out, start = [], 0
+    for size in sizes:
+        out.append(whole.take(((start, start + size),)))
+        start += size
+    if start != whole.shape[0]:
+        raise LayoutError(f"{printable(whole.key)!r} has {whole.shape[0]} rows, expected {start}",
+                          "", "")
+    return out
+
+
+def config_int(config: dict[str, Any], *names: str) -> int | None:
+    """The first of `names` in config that holds a positive integer (JSON null counts as absent)."""
+    for name in names:
+        value = config.get(name)
+        if value is None:
+            continue
+        if type(value) is not int or value <= 0:
+            raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected a "
+                              "positive integer", "fix config.json", "")
+        return value
+    return None
+
+
+def metadata_int(store: TensorStore, name: str) -> int | None:
+    value = store.metadata.get(name)
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) <= 0:
+        raise LayoutError(f"safetensors metadata {name!r} is {printable(value)!r}, expected a "
+                          "positive integer", "", store.source)
+    return int(value)
+
+
+def head_counts(store: TensorStore, hints: HeadHints, config: dict[str, Any] | None,
+                heads_keys: tuple[str, ...] = ("num_attention_heads", "n_head", "num_heads"),
+                kv_keys: tuple[str, ...] = ("num_key_value_heads", "num_kv_heads"),
+                dim_keys: tuple[str, ...] = ("head_dim",)) -> HeadHints:
+    """Head counts by precedence: command line, then config.json, then safetensors metadata."""
+    config = config or {}
+    num_heads = hints.num_heads or config_int(config, *heads_keys) \
+        or metadata_int(store, "num_heads")
+    num_kv = hints.num_kv_heads or config_int(config, *kv_keys) \
+        or metadata_int(store, "num_kv_heads")
+    head_dim = hints.head_dim or config_int(config, *dim_keys) or metadata_int(store, "head_dim")
+    return HeadHints(num_heads, num_kv, head_dim)
+
+
+def finish(layer: AttentionLayer, heads: HeadHints, source: str) -> AttentionLayer:
+    """Set head counts on a freshly built layer, naming the checkpoint when they contradict it."""
+    try:
+        return layer.with_heads(heads.num_heads, heads.num_kv_heads, heads.head_dim)
+    except LayoutError as exc:
+        exc.where = exc.where or source
+        raise

@@ -1,0 +1,167 @@
+"""Terminal output for `split` (rich renderables)."""
+
+from __future__ import annotations
+
+import colorsys
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from attnviz.compute.split import BandPicture, ProjectionSplit, Proof, SplitReport
+
+PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
+LABEL_WIDTH = 14  # "h12 96:104 │ "
+
+
+def head_rgb(head: int, num_heads: int) -> tuple[int, int, int]:
+    """A distinct hue per head; neighbours alternate across the wheel so bands stand apart."""
+    order = (head * 7) % max(num_heads, 1) if num_heads % 7 else head
+    r, g, b = colorsys.hsv_to_rgb(order / max(num_heads, 1), 0.75, 1.0)
+    return int(r * 255), int(g * 255), int(b * 255)
+
+
+def hex_color(rgb: tuple[int, int, int]) -> str:
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
+
+
+def fmt_shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def summary(report: SplitReport, source: str) -> Text:
+    layer = report.layer
+    text = Text()
+    text.append("source  ", style="bold")
+    text.append(f"{source}\n")
+    if layer.name:
+        text.append("layer   ", style="bold")
+        text.append(f"{layer.name} ({layer.family})\n")
+    text.append("geometry  ", style="bold")
+    text.append(f"E = {layer.embed_dim}, H = {layer.num_heads}, d = {layer.head_dim}")
+    if layer.num_kv_heads != layer.num_heads:
+        text.append(f", H_kv = {layer.num_kv_heads}")
+    if layer.kdim != layer.embed_dim or layer.vdim != layer.embed_dim:
+        text.append(f", kdim = {layer.kdim}, vdim = {layer.vdim}")
+    text.append(f"\nstorage   {layer.storage}")
+    return text
+
+
+def projection_title(proj: ProjectionSplit, prefix: str = "") -> Text:
+    text = Text()
+    text.append(f"{PROJECTION_TITLES[proj.name]} {fmt_shape(proj.shape)}", style="bold")
+    text.append(f" · split by {proj.split} · stored at {_relative(proj.stored_at, prefix)}")
+    return text
+
+
+def _relative(stored_at: str, prefix: str) -> str:
+    """Drop the layer's own prefix: it is printed once above the tables."""
+    return stored_at[len(prefix) + 1:] if prefix and stored_at.startswith(prefix + ".") \
+        else stored_at
+
+
+def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") -> Table:
+    axis = "rows" if proj.split == "rows" else "cols"
+    table = Table(show_edge=False, pad_edge=False)
+    is_kv = proj.name in ("k", "v")
+    table.add_column("kv head" if is_kv and any(h.query_heads for h in proj.heads) else "head",
+                     justify="right")
+    table.add_column(axis, justify="right")
+    table.add_column("slice shape", justify="right")
+    table.add_column("stored at", overflow="fold")
+    if any(h.query_heads for h in proj.heads):
+        table.add_column("used by query heads")
+    for h in proj.heads:
+        color = hex_color(head_rgb(h.head, num_heads))
+        cells = [Text(str(h.head), style=f"bold {color}"), f"{h.start}:{h.stop}",
+                 fmt_shape(h.shape), _relative(h.stored_at, prefix)]
+        if h.query_heads:
+            cells.append(_span(h.query_heads))
+        table.add_row(*cells)
+    return table
+
+
+def _span(heads: tuple[int, ...]) -> str:
+    if heads == tuple(range(heads[0], heads[-1] + 1)) and len(heads) > 2:
+        return f"{heads[0]}–{heads[-1]}"
+    return ", ".join(map(str, heads))
+
+
+def band_view(picture: BandPicture, num_heads: int, embed_dim: int) -> Group:
+    """W_q as coloured head bands: colour = head, brightness = mean |weight| of the block."""
+    lines: list[RenderableType] = [Text(
+        f"W_q rows (grouped by head) × {embed_dim} input features, "
+        f"{len(picture.col_blocks)} columns of {_block_label(picture.col_blocks)} features each; "
+        "brightness = mean |w|", style="dim")]
+    previous = None
+    for line in picture.lines:
+        label = f"h{line.head} {line.head_rows[0]}:{line.head_rows[1]}" \
+            if line.head != previous else ""
+        previous = line.head
+        text = Text(f"{label:>{LABEL_WIDTH - 2}} │", style="dim")
+        r, g, b = head_rgb(line.head, num_heads)
+        for value in line.cells:
+            level = 0.2 + 0.8 * min(max(value, 0.0), 1.0)
+            text.append("█", style=hex_color((int(r * level), int(g * level), int(b * level))))
+        lines.append(text)
+    return Group(*lines)
+
+
+def _block_label(blocks: list[tuple[int, int]]) -> str:
+    sizes = sorted({stop - start for start, stop in blocks})
+    return str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}–{sizes[-1]}"
+
+
+def proof_line(proof: Proof) -> Text:
+    ok = proof.passed
+    text = Text()
+    text.append("proof  ", style="bold")
+    text.append(f"{proof.reference.split(' (')[0]} vs. head by head from the slices, on a "
+                f"random batch (B={proof.batch}, L={proof.length}, seed {proof.seed}, one "
+                "padded key):\n")
+    text.append(f"  max |Δ output| = {proof.output_diff:.1e}   "
+                f"max |Δ weights| = {proof.weights_diff:.1e}   "
+                f"(tolerance {proof.tolerance:.0e})\n  ")
+    text.append("✓ equal to float32 round-off" if ok else "✗ FAILED: above the tolerance",
+                style="bold green" if ok else "bold red")
+    return text
+
+
+def print_split(console: Console, report: SplitReport, picture: BandPicture | None,
+                explanation: list[str], source: str) -> None:
+    layer = report.layer
+    assert layer.num_heads is not None
+    console.print(summary(report, source))
+    for proj in report.projections.values():
+        console.print()
+        console.print(projection_title(proj, layer.name))
+        console.print(projection_table(proj, layer.num_heads, layer.name))
+    if picture is not None:
+        console.print()
+        console.print(band_view(picture, layer.num_heads, layer.embed_dim))
+    console.print()
+    for sentence in explanation:
+        console.print(Text("• " + sentence))
+    for note in report.notes:
+        console.print(Text("note: " + note, style="yellow"))
+    if report.proof is not None:
+        console.print()
+        console.print(proof_line(report.proof))
+
+
+def verify_lines(result: Any, sentences: list[str]) -> Text:
+    """The model check of `split --model --verify`."""
+    text = Text()
+    text.append("verify ", style="bold")
+    text.append(f"layer {result.layer_index}'s attention recomputed by attnviz from its per-head "
+                f"W_q/W_k slices ({result.positions}) on the block's captured input, against "
+                f"the model's own weights, for {len(sentences)} sentences:\n")
+    worst = ", ".join(f"{d:.1e}" for d in result.per_head)
+    text.append(f"  max |Δ| per head: {worst}\n  max |Δ| = {result.max_diff:.1e}   (tolerance "
+                f"{result.tolerance:.0e})\n  ")
+    text.append("✓ the model's heads are these slices" if result.passed else "✗ FAILED",
+                style="bold green" if result.passed else "bold red")
+    for note in result.notes:
+        text.append(f"\n  note: {note}", style="yellow")
+    return text

@@ -1,0 +1,77 @@
+"""The bundled attention-only model (family "attnviz-tiny", see sample_weights/train_induction.py).
+
+x = embed[ids] + pos_embed[0:L]; for each layer: x = x + MHA_i(LN_i(x)) with a causal mask;
+its attention layers are plain nn.MultiheadAttention state dicts under `layers.{i}.self_attn.`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnviz.compute.attention import layer_attention
+from attnviz.compute.forward import load_weights
+from attnviz.compute.inputs import Batch, padding_mask
+from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.core.words import hashed_ids
+from attnviz.errors import CheckpointError, UsageError
+from attnviz.load.checkpoint import TensorStore, open_checkpoint
+from attnviz.recognize import find_layers
+from attnviz.recognize.base import HeadHints, metadata_int
+
+FAMILY = "attnviz-tiny"
+BUNDLED = Path(__file__).resolve().parents[2] / "sample_weights" / "induction.safetensors"
+
+
+def is_tiny_model(store: TensorStore) -> bool:
+    return store.metadata.get("attnviz_family") == FAMILY
+
+
+def open_bundled() -> TensorStore:
+    if not BUNDLED.is_file():
+        raise CheckpointError("the bundled model sample_weights/induction.safetensors is missing",
+                              "run attnviz from a git checkout, regenerate it with "
+                              "'python sample_weights/train_induction.py', or pass --weights",
+                              str(BUNDLED))
+    return open_checkpoint(BUNDLED)
+
+
+def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
+             device: torch.device) -> AttentionRun:
+    """The whole model on a padded batch, capturing each requested layer's input and weights."""
+    vocab_size = metadata_int(store, "vocab_size")
+    max_positions = metadata_int(store, "max_positions")
+    if vocab_size is None or max_positions is None:
+        raise CheckpointError("the model's metadata lacks vocab_size or max_positions", "",
+                              store.source)
+    if batch.max_len > max_positions:
+        raise UsageError(f"the bundled model knows {max_positions} positions; a sentence has "
+                         f"{batch.max_len} tokens", f"use at most {max_positions} tokens")
+    layers = find_layers(store, HeadHints()).layers
+    wanted = set(range(len(layers)) if layer_indices is None else layer_indices)
+    ids = torch.zeros(len(batch.tokens), batch.max_len, dtype=torch.long)
+    for b, tokens in enumerate(batch.tokens):
+        ids[b, : len(tokens)] = torch.tensor(hashed_ids(tokens, vocab_size))
+    pad = padding_mask(batch).to(device)
+
+    def param(name: str) -> torch.Tensor:
+        return store.read(name).float().to(device)
+
+    embed, pos = param("embed.weight"), param("pos_embed.weight")
+    x = embed[ids.to(device)] + pos[: batch.max_len][None]  # (B, L, E)
+    captured = []
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            h = F.layer_norm(x, (x.shape[-1],), param(f"layers.{i}.ln.weight"),
+                             param(f"layers.{i}.ln.bias"), eps=1e-5)
+            weights = load_weights(layer, store, device=str(device))
+            out, attn, method = layer_attention(layer, weights, h, h, h, pad, causal=True)
+            if i in wanted:
+                captured.append(LayerAttention(i, layer, attn.float().cpu(), h.float().cpu(),
+                                               method))
+            x = x + out
+    described = ("the bundled model's own embeddings of hashed word ids, plus its learned "
+                 "positions; each layer's input is LayerNorm of the residual stream")
+    return AttentionRun(batch, captured, store.source, described, str(device), True, store)

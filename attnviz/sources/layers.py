@@ -1,0 +1,80 @@
+"""Where a layer comes from: a freshly initialized nn.MultiheadAttention, or a checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnviz.core.layer import AttentionLayer, divisors
+from attnviz.errors import UsageError
+from attnviz.load.checkpoint import DictStore, TensorStore, open_checkpoint
+from attnviz.recognize import Inventory, find_layers, select_layer
+from attnviz.recognize.base import HeadHints
+
+MAX_RANDOM_DIM = 8192  # a (3E, E) float32 in_proj is 800 MB at E = 8192
+
+DEFAULT_EMBED_DIM = 64
+DEFAULT_NUM_HEADS = 8
+
+
+@dataclass(frozen=True)
+class RandomSpec:
+    embed_dim: int = DEFAULT_EMBED_DIM
+    num_heads: int = DEFAULT_NUM_HEADS
+    kdim: int | None = None
+    vdim: int | None = None
+    bias: bool = True
+    add_bias_kv: bool = False
+    seed: int = 0
+
+
+def check_random_spec(spec: RandomSpec) -> None:
+    """Validate before torch sees the numbers (its own check is an assert, gone under -O)."""
+    for flag, value in (("--embed-dim", spec.embed_dim), ("--num-heads", spec.num_heads),
+                        ("--kdim", spec.kdim), ("--vdim", spec.vdim)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be a positive integer, got {value}", "", flag)
+        if value is not None and value > MAX_RANDOM_DIM:
+            raise UsageError(f"{flag} {value} is larger than {MAX_RANDOM_DIM}", "", flag)
+    if spec.embed_dim % spec.num_heads:
+        choices = ", ".join(map(str, divisors(spec.embed_dim)))
+        raise UsageError(
+            f"embed_dim {spec.embed_dim} is not divisible by num_heads {spec.num_heads} "
+            f"(head_dim would be {spec.embed_dim / spec.num_heads:.2f})",
+            f"choose --num-heads from {choices}", "--num-heads")
+
+
+def random_mha(spec: RandomSpec) -> tuple[AttentionLayer, TensorStore]:
+    """A real torch.nn.MultiheadAttention with torch's own initialization, seeded."""
+    import torch
+
+    check_random_spec(spec)
+    torch.manual_seed(spec.seed)
+    mha = torch.nn.MultiheadAttention(spec.embed_dim, spec.num_heads, bias=spec.bias,
+                                      add_bias_kv=spec.add_bias_kv, kdim=spec.kdim,
+                                      vdim=spec.vdim, batch_first=True)
+    if spec.bias:
+        # torch starts biases at zero, which would hide the bias slices; give them values.
+        with torch.no_grad():
+            mha.in_proj_bias.normal_(0.0, 0.1)
+            mha.out_proj.bias.normal_(0.0, 0.1)
+    store = DictStore(mha.state_dict(), source=_random_name(spec), fmt="random init")
+    inventory = find_layers(store, HeadHints(num_heads=spec.num_heads))
+    return inventory.layers[0], store
+
+
+def _random_name(spec: RandomSpec) -> str:
+    extra = "".join(f", {k}={v}" for k, v in (("kdim", spec.kdim), ("vdim", spec.vdim)) if v)
+    return (f"nn.MultiheadAttention({spec.embed_dim}, {spec.num_heads}{extra}, "
+            f"bias={spec.bias}), seed {spec.seed}")
+
+
+def open_inventory(path: Path, hints: HeadHints) -> tuple[Inventory, TensorStore]:
+    store = open_checkpoint(path)
+    return find_layers(store, hints), store
+
+
+def checkpoint_layer(path: Path, layer: str | None,
+                     hints: HeadHints) -> tuple[AttentionLayer, TensorStore]:
+    inventory, store = open_inventory(path, hints)
+    return select_layer(inventory, layer, store.source), store

@@ -1,0 +1,106 @@
+"""The layering is a contract: data flows load → recognize → compute → sources → app → render →
+cli, lower layers never import higher ones, nothing imports in a cycle, and the header-only layers
+never import torch or matplotlib at module level (so `--help` and `inspect` stay instant)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "attnviz"
+# Each top-level part of the package and its rank: a module may import its own rank or lower.
+RANKS = {"errors": 0, "core": 1, "load": 2, "recognize": 3, "compute": 4, "sources": 5,
+         "app": 6, "render": 7, "cli": 8, "__main__": 9, "__init__": 9}
+HEADER_ONLY = ("core", "load", "recognize")
+HEAVY = ("torch", "matplotlib", "numpy", "transformers", "safetensors")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, at module level?) for every import in a file."""
+    tree = ast.parse(path.read_text())
+    top = set(map(id, tree.body))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            found += [(node.module, id(node) in top)] + [(n, id(node) in top) for n in names]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, id(node) in top) for a in node.names]
+    return found
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def internal(name: str) -> str | None:
+    """The attnviz module an imported name refers to (a module, or a name inside one)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_upward_imports(module):
+    rank = RANKS[part_of(module)]
+    for name, _ in imports(MODULES[module]):
+        target = internal(name) if name.startswith("attnviz") else None
+        if target is None or target == "attnviz":
+            continue
+        assert RANKS[part_of(target)] <= rank, f"{module} imports {target}, a higher layer"
+
+
+@pytest.mark.parametrize("module", [m for m in sorted(MODULES) if part_of(m) in HEADER_ONLY])
+def test_header_only_layers_import_nothing_heavy_at_module_level(module):
+    for name, top in imports(MODULES[module]):
+        if top and name.split(".")[0] in HEAVY:
+            pytest.fail(f"{module} imports {name} at module level")
+
+
+def test_no_import_cycles():
+    graph = {m: {t for n, _ in imports(p) if n.startswith("attnviz.")
+                 for t in [internal(n)] if t and t != m and t != "attnviz"}
+             for m, p in MODULES.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                pytest.fail("import cycle: " + " → ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_the_contract_can_fail(tmp_path):
+    """Negative control: an upward import, a heavy import and a cycle are all caught."""
+    fake = {"attnviz.load.x": tmp_path / "x.py", "attnviz.app.y": tmp_path / "y.py"}
+    fake["attnviz.load.x"].write_text("import torch\nfrom attnviz.app.y import thing\n")
+    fake["attnviz.app.y"].write_text("from attnviz.load.x import other\n")
+    MODULES.update(fake)
+    try:
+        with pytest.raises(AssertionError, match="higher layer"):
+            test_no_upward_imports("attnviz.load.x")
+        with pytest.raises(pytest.fail.Exception, match="module level"):
+            test_header_only_layers_import_nothing_heavy_at_module_level("attnviz.load.x")
+        with pytest.raises(pytest.fail.Exception, match="import cycle"):
+            test_no_import_cycles()
+    finally:
+        for name in fake:
+            del MODULES[name]
