@@ -12,20 +12,26 @@ class ExitCode(IntEnum):
 
 
 class AttnvizError(Exception):
-    """A failure the user can fix. `what` says what is wrong, `fix` how to fix it."""
+    """A failure the user can fix.
+
+    `what` states the fact (what is wrong), `fix` how to fix it, `where` the file or object it
+    concerns, `option` the command-line option it concerns (when the library knows one).
+    """
 
     exit_code: ExitCode = ExitCode.DATA
 
-    def __init__(self, what: str, fix: str = "", where: str = "") -> None:
+    def __init__(self, what: str, *, fix: str = "", where: str = "", option: str = "") -> None:
         super().__init__(what)
         self.what = what
         self.fix = fix
         self.where = where
+        self.option = option
 
     def one_line(self) -> str:
         text = self.what
-        if self.where:
-            text += f" ({self.where})"
+        context = "; ".join(part for part in (self.option, self.where) if part)
+        if context:
+            text += f" ({context})"
         if self.fix:
             text += f" — {self.fix}"
         # One line, always: library texts and file names may carry newlines.

@@ -39,7 +39,7 @@ def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
     panels = len(request.batch.tokens) * layers * (request.panels_per_map or heads)
     if panels > request.max_panels:
         raise UsageError(f"the figure would have {panels} panels, more than --max-panels "
-                         f"{request.max_panels}", "raise --max-panels, or pick --layer/--head")
+                         f"{request.max_panels}", fix="raise --max-panels, or pick --layer/--head")
 
 
 def run(request: HeatmapRequest) -> Any:
@@ -53,7 +53,7 @@ def run(request: HeatmapRequest) -> Any:
 
     if request.positions not in POSITION_SCHEMES:
         raise UsageError(f"unknown --positions {request.positions!r}",
-                         f"use {' or '.join(POSITION_SCHEMES)}", "--positions")
+                         fix=f"use {' or '.join(POSITION_SCHEMES)}", option="--positions")
     device = resolve_device(request.device)
     if request.random is not None:
         layer, store = sources.random_mha(request.random)
@@ -65,7 +65,7 @@ def run(request: HeatmapRequest) -> Any:
     if tinymodel.is_tiny_model(store):
         if request.positions != "none":
             raise UsageError("the bundled model has its own learned positions",
-                             "drop --positions", "--positions")
+                             fix="drop --positions", option="--positions")
         count = int(store.metadata.get("num_layers", "0") or 0)
         chosen = parse_layers(request.layer, count)
         check_panels(request, count if chosen is None else len(chosen),
@@ -75,8 +75,8 @@ def run(request: HeatmapRequest) -> Any:
     layer = select_layer(inventory, request.layer, store.source)
     if not layer.heads_known:
         raise UsageError(f"the number of heads of layer {layer.name!r} is unknown",
-                         "pass --num-heads (and --num-kv-heads for grouped-query layers)",
-                         "--num-heads")
+                         fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                         option="--num-heads")
     check_panels(request, 1, layer.num_heads or 0)
     return run_layer(layer, store, request.batch, request.causal or layer.causal,
                      request.positions, device, store, not request.keep_full_maps,

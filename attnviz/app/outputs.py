@@ -78,22 +78,23 @@ def check_output_path(path: Path, suffixes: Iterable[str], inputs: ReadSet = Rea
     shown = printable(str(path))
     if path.suffix.lower() not in allowed:
         raise UsageError(f"cannot tell the output format from {shown!r}",
-                         f"end the file name with {', '.join(allowed)}", option)
+                         fix=f"end the file name with {', '.join(allowed)}", option=option)
     try:
         resolved = path.expanduser().resolve()
     except (OSError, RuntimeError):  # a symlink loop
         raise OutputError("the output path cannot be resolved (a symlink loop?)",
-                          "choose another name", shown) from None
+                          fix="choose another name", where=shown) from None
     if resolved.is_dir():
-        raise OutputError("the output path is a folder", "name a file inside it", shown)
+        raise OutputError("the output path is a folder", fix="name a file inside it", where=shown)
     if not resolved.parent.is_dir():
-        raise OutputError("the output folder does not exist", "create it first", shown)
+        raise OutputError("the output folder does not exist", fix="create it first", where=shown)
     reason = inputs.holds(resolved)
     if reason is not None:
-        raise OutputError(reason, "write it somewhere else: attnviz never overwrites its inputs",
-                          shown)
+        raise OutputError(reason,
+                          fix="write it somewhere else: attnviz never overwrites its inputs",
+                          where=shown)
     if resolved.exists() and not stat.S_ISREG(resolved.stat().st_mode):
-        raise OutputError("the output path exists and is not a regular file", "", shown)
+        raise OutputError("the output path exists and is not a regular file", where=shown)
     return resolved
 
 
@@ -101,7 +102,7 @@ def check_distinct(*paths: Path | None) -> None:
     """Two outputs of one run must not name the same file."""
     chosen = [p for p in paths if p is not None]
     if len(set(chosen)) != len(chosen):
-        raise UsageError("two outputs name the same file", "choose a different name for each")
+        raise UsageError("two outputs name the same file", fix="choose a different name for each")
 
 
 _CAUGHT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
@@ -143,8 +144,8 @@ def atomic_output(path: Path) -> Iterator[Path]:
             os.replace(tmp, path)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise OutputError(f"cannot write the output: {exc.strerror}", "",
-                              printable(str(path))) from None
+            raise OutputError(f"cannot write the output: {exc.strerror}",
+                              where=printable(str(path))) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -152,16 +152,16 @@ def split(
     png_path = check_output_path(png, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
                                  "--png") if png else None
     if verify and model is None:
-        raise UsageError("--verify needs --model", "pass a Hugging Face model folder")
+        raise UsageError("--verify needs --model", fix="pass a Hugging Face model folder")
     if model is not None:
         if weights is not None or embed_dim is not None:
-            raise UsageError("--model excludes --weights and the random-init options", "")
+            raise UsageError("--model excludes --weights and the random-init options")
         split_model(model, layer, HeadHints(num_heads, num_kv_heads, head_dim), seed, png_path,
                     as_json, verify)
         return
     if weights is None:
         if layer is not None or num_kv_heads is not None or head_dim is not None:
-            raise UsageError("--layer, --num-kv-heads and --head-dim need --weights", "")
+            raise UsageError("--layer, --num-kv-heads and --head-dim need --weights")
         spec = sources.RandomSpec(
             sources.DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
             sources.DEFAULT_NUM_HEADS if num_heads is None else num_heads,
@@ -170,7 +170,7 @@ def split(
     else:
         if embed_dim is not None or kdim is not None or vdim is not None:
             raise UsageError("--embed-dim, --kdim and --vdim apply to random init only; a "
-                             "checkpoint's shapes come from its weights", "drop them")
+                             "checkpoint's shapes come from its weights", fix="drop them")
         attn_layer, store = sources.checkpoint_layer(
             weights, layer, HeadHints(num_heads, num_kv_heads, head_dim))
     run_split(attn_layer, store, seed, png_path, as_json)
@@ -262,13 +262,13 @@ def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
 
         raise CheckFailed(f"attnviz's per-head recomputation differs from the model's own "
                           f"attention by {verified.max_diff:.2e}, above {verified.tolerance:.0e}",
-                          "report this with the model")
+                          fix="report this with the model")
     if report.proof is not None and not report.proof.passed:
         from attnviz.errors import CheckFailed
 
         raise CheckFailed(f"the per-head recomputation differs from the reference by "
                           f"{report.proof.max_abs_diff:.2e}, above the tolerance",
-                          "report this with the checkpoint")
+                          fix="report this with the checkpoint")
 
 
 @app.command()
@@ -299,8 +299,8 @@ def inspect(
         chosen = select_layer(inventory, layer, store.source)
         if not chosen.heads_known:
             raise UsageError(f"the number of heads of layer {chosen.name!r} is unknown",
-                             "pass --num-heads (and --num-kv-heads for grouped-query layers)",
-                             "--layer")
+                             fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                             option="--layer")
         detail = inspect_mod.layer_detail(chosen, store)
         doc["layer_detail"] = {"name": chosen.name, **detail.to_json()}
     non_finite = inspect_mod.scan_non_finite(inventory, store) if scan else None
@@ -389,7 +389,7 @@ def heatmap(
     texts = list(sentences or []) + (inputs.read_sentences(file) if file else [])
     batch = inputs.make_batch(texts, max_tokens, max_sentences)
     if sum((random, weights is not None, model is not None)) > 1:
-        raise UsageError("--random, --weights and --model exclude each other", "choose one")
+        raise UsageError("--random, --weights and --model exclude each other", fix="choose one")
     if out or export:  # every file the run reads is known before anything is computed
         reads = inputs_read(weights, model, file, not (random or weights or model))
         out_path = check_output_path(out, FIGURE_SUFFIXES, reads) if out else None
@@ -400,7 +400,7 @@ def heatmap(
         out_path = export_path = None
     if not 1 <= sentence <= len(batch.tokens):
         raise UsageError(f"--sentence {sentence} is out of range",
-                         f"choose 1..{len(batch.tokens)}", "--sentence")
+                         fix=f"choose 1..{len(batch.tokens)}", option="--sentence")
     query_row = None
     if model is None and query is not None:  # fail before any work
         query_row = sentence - 1, inputs.find_query(batch.tokens[sentence - 1], query)

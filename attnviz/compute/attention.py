@@ -41,22 +41,23 @@ def resolve_device(spec: str) -> torch.device:
     try:
         device = torch.device(spec)
     except RuntimeError:
-        raise UsageError(f"unknown device {spec!r}", "use auto, cpu, cuda, cuda:N or mps",
-                         "--device") from None
+        raise UsageError(f"unknown device {spec!r}", fix="use auto, cpu, cuda, cuda:N or mps",
+                         option="--device") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("CUDA is not available on this machine (or this torch build)",
-                             "use --device cpu or auto", "--device")
+                             fix="use --device cpu or auto", option="--device")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"there is no GPU {device.index}; this machine has "
-                             f"{torch.cuda.device_count()}", "choose another index", "--device")
+                             f"{torch.cuda.device_count()}", fix="choose another index",
+                             option="--device")
     elif device.type == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise UsageError("MPS is not available on this machine", "use --device cpu",
-                             "--device")
+            raise UsageError("MPS is not available on this machine", fix="use --device cpu",
+                             option="--device")
     elif device.type != "cpu":
-        raise UsageError(f"unsupported device {spec!r}", "use auto, cpu, cuda, cuda:N or mps",
-                         "--device")
+        raise UsageError(f"unsupported device {spec!r}", fix="use auto, cpu, cuda, cuda:N or mps",
+                         option="--device")
     return device
 
 
@@ -79,7 +80,7 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
     diff = (parts.out - sdpa_out).abs().max().item()
     if diff > SDPA_TOLERANCE * scale:
         raise CheckFailed(f"the per-head computation differs from "
-                          f"F.scaled_dot_product_attention by {diff:.2e}", "report this")
+                          f"F.scaled_dot_product_attention by {diff:.2e}", fix="report this")
     return parts.out, parts.attn, ("explicit per head (output checked against "
                                    f"F.scaled_dot_product_attention: max |Δ| {diff:.1e})")
 
@@ -175,7 +176,7 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     max_diff = (got - expected).abs().max().item()
     if max_diff > run.tolerance:
         raise CheckFailed(f"recomputing query {query} from the slices differs from the run by "
-                          f"{max_diff:.2e}", "report this")
+                          f"{max_diff:.2e}", fix="report this")
     dots = scores[0, :, query] / layer.effective_scale
     heads = [HeadBreakdown(h, layer.kv_head_of(h), layer.q_rows(h), q[0, h, query].tolist(),
                            k[0, h].tolist(), dots[h].tolist(), scores[0, h, query].tolist(),
@@ -192,7 +193,7 @@ def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
     if captured.weights is None:
         if captured.query_row != (sentence, query) or captured.query_weights is None:
             raise UsageError("this streamed run kept no weights for that query",
-                             "pass --query to the run that streams")
+                             fix="pass --query to the run that streams")
         return captured.query_weights
     expected = captured.weights[sentence, :, query, :batch.lengths[sentence]]
     extra = captured.weights.shape[-1] - batch.max_len  # bias_k columns sit after the padding
@@ -212,7 +213,7 @@ def _model_positions(run: AttentionRun, captured: LayerAttention, length: int) -
     if captured.layer.positions not in ("none", "learned", "sinusoidal"):
         raise UsageError(f"--query does not recompute {captured.layer.positions} positions of "
                          f"model_type {kind!r}",
-                         f"supported: {', '.join(sorted(SCHEMES))}", "--query")
+                         fix=f"supported: {', '.join(sorted(SCHEMES))}", option="--query")
     return None
 
 
@@ -226,4 +227,4 @@ def check_finite_maps(run: AttentionRun) -> None:
             if bad:
                 raise CheckFailed(f"layer {captured.index} produced {bad} non-finite attention "
                                   f"weights for sentence {b + 1}",
-                                  "check the weights with 'attnviz inspect --scan'")
+                                  fix="check the weights with 'attnviz inspect --scan'")

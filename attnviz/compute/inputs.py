@@ -46,19 +46,19 @@ def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
                max_sentences: int = DEFAULT_MAX_SENTENCES) -> Batch:
     """Tokenize and check limits before anything is allocated."""
     if not sentences:
-        raise UsageError("no sentence given", "pass one or more sentences, or --file FILE")
+        raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
     if len(sentences) > max_sentences:
         raise UsageError(f"{len(sentences)} sentences exceed --max-sentences {max_sentences}",
-                         "raise --max-sentences or pass fewer")
+                         fix="raise --max-sentences or pass fewer")
     tokens = []
     for i, sentence in enumerate(sentences, 1):
         words = split_words(sentence)
         if not words:
-            raise UsageError(f"sentence {i} is empty or has no words", "give it some text")
+            raise UsageError(f"sentence {i} is empty or has no words", fix="give it some text")
         if len(words) > max_tokens:
             raise UsageError(f"sentence {i} has {len(words)} tokens, more than --max-tokens "
                              f"{max_tokens} (attention costs O(L²) per head)",
-                             "raise --max-tokens or shorten the sentence")
+                             fix="raise --max-tokens or shorten the sentence")
         tokens.append(words)
     return Batch(list(sentences), tokens)
 
@@ -69,8 +69,8 @@ def read_sentences(path: Path) -> list[str]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the sentence file ({type(exc).__name__})",
-                         "pass a UTF-8 text file, one sentence per line",
-                         printable(str(path))) from None
+                         fix="pass a UTF-8 text file, one sentence per line",
+                         where=printable(str(path))) from None
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
@@ -189,8 +189,9 @@ def find_query(tokens: list[str], spec: str) -> int:
         if spec.lower() in tokens:
             return tokens.index(spec.lower())
         raise UsageError(f"token {spec!r} is not in the sentence",
-                         f"choose one of {', '.join(dict.fromkeys(tokens))}", "--query") from None
+                         fix=f"choose one of {', '.join(dict.fromkeys(tokens))}",
+                         option="--query") from None
     if not -len(tokens) <= index < len(tokens):
         raise UsageError(f"query index {index} is out of range",
-                         f"the sentence has {len(tokens)} tokens", "--query")
+                         fix=f"the sentence has {len(tokens)} tokens", option="--query")
     return index % len(tokens)

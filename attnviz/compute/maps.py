@@ -35,7 +35,8 @@ class MapView:
 
 def check_head(head: int | None, num_heads: int) -> None:
     if head is not None and not 0 <= head < num_heads:
-        raise UsageError(f"head {head} is out of range", f"choose 0..{num_heads - 1}", "--head")
+        raise UsageError(f"head {head} is out of range", fix=f"choose 0..{num_heads - 1}",
+                         option="--head")
 
 
 def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapView]:

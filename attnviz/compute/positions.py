@@ -46,7 +46,7 @@ def positions_for(config: dict[str, Any], layer: AttentionLayer, index: int,
     kind = hfconfig.model_type(config)
     if kind not in SCHEMES:
         raise UsageError(f"verification does not support model_type {kind!r}",
-                         f"supported: {', '.join(sorted(SCHEMES))}")
+                         fix=f"supported: {', '.join(sorted(SCHEMES))}")
     window = sliding_window(config, kind, index)
     suffix = f"; sliding window of {window} keys" if window is not None else ""
     if SCHEMES[kind] == "none":
@@ -76,7 +76,7 @@ def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
         inv_freq = llama3_frequencies(inv_freq, params)
     elif rope_type != "default":
         raise UsageError(f"attnviz does not recompute rope_type {rope_type!r} yet",
-                         f"supported: {', '.join(ROPE_TYPES)}")
+                         fix=f"supported: {', '.join(ROPE_TYPES)}")
     freqs = torch.arange(length).float()[:, None] * inv_freq[None]  # (L, dims/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (L, dims): rotate_half pairs j and j + dims/2
     described = (f"RoPE recomputed from config.json: rotate_half on {dims} of {head_dim} dims "

@@ -172,7 +172,7 @@ def prove_split(layer: AttentionLayer, weights: Any, seed: int = 0, batch: int =
     for name, tensor in (("reference output", ref_out), ("per-head output", parts.out)):
         if not torch.isfinite(tensor).all():
             raise CheckFailed(f"the {name} is not finite (NaN or Inf)",
-                              "check the weights with 'attnviz inspect'")
+                              fix="check the weights with 'attnviz inspect'")
     return Proof(
         reference=reference,
         output_diff=(ref_out - parts.out).abs().max().item(),
@@ -311,7 +311,7 @@ def check_finite(weights: Any) -> None:
         bad = (~torch.isfinite(tensor)).sum().item()
         if bad:
             raise CheckFailed(f"{name} holds {bad} non-finite values (NaN or Inf)",
-                              "see 'attnviz inspect --layer' for counts per tensor")
+                              fix="see 'attnviz inspect --layer' for counts per tensor")
 
 
 def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[SplitReport, Any]:
@@ -321,8 +321,8 @@ def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[Split
     if not layer.heads_known:
         raise UsageError(f"the number of heads of layer {layer.name or '(top level)'!r} is "
                          "unknown: it is not stored in the weights",
-                         "pass --num-heads (and --num-kv-heads for grouped-query layers)",
-                         "--num-heads")
+                         fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                         option="--num-heads")
     weights = load_weights(layer, store)
     check_finite(weights)
     notes = []

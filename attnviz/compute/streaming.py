@@ -79,7 +79,7 @@ class MapReducer:
                method: str) -> LayerAttention:
         if self._non_finite:
             raise CheckFailed(f"layer {self.layer_index} produced non-finite attention weights",
-                              "check the weights with 'attnviz inspect --scan'")
+                              fix="check the weights with 'attnviz inspect --scan'")
         first_view = {}
         for view in self.views:
             first_view.setdefault(view.sentence, view)

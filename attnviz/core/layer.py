@@ -149,7 +149,7 @@ class AttentionLayer:
         if self.num_heads is None or self.num_kv_heads is None:
             raise UsageError(
                 f"the number of heads of layer {self.name!r} is unknown",
-                "pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
             )
         return self.num_heads, self.num_kv_heads
 
@@ -204,28 +204,28 @@ def resolve_heads(
     q_out, kv_out = layer.q_out, layer.kv_out
     q_key = layer.q_weight.describe()
     if num_heads <= 0:
-        raise UsageError(f"the number of heads must be positive, got {num_heads}", "")
+        raise UsageError(f"the number of heads must be positive, got {num_heads}")
     if head_dim is None:
         if q_out % num_heads:
             choices = ", ".join(map(str, divisors(q_out)))
             raise LayoutError(
                 f"{q_key} has {q_out} rows, not divisible by {num_heads} heads "
                 f"(head_dim would be {q_out / num_heads:.2f})",
-                f"choose the number of heads from {choices}",
+                fix=f"choose the number of heads from {choices}",
             )
         head_dim = q_out // num_heads
     if head_dim <= 0 or num_heads * head_dim != q_out:
         raise LayoutError(
             f"{q_key} has shape {_fmt(layer.q_weight.shape)} but {num_heads} heads × head_dim "
             f"{head_dim} need {num_heads * head_dim} rows",
-            "check num_heads / head_dim in the config or on the command line",
+            fix="check num_heads / head_dim in the config or on the command line",
         )
     if num_kv_heads is None:
         if kv_out % head_dim:
             raise LayoutError(
                 f"{layer.k_weight.describe()} has {kv_out} rows, "
                 f"not a multiple of head_dim {head_dim}",
-                "check num_heads / head_dim in the config or on the command line",
+                fix="check num_heads / head_dim in the config or on the command line",
             )
         num_kv_heads = kv_out // head_dim
     if num_kv_heads <= 0 or num_kv_heads * head_dim != kv_out:
@@ -233,24 +233,24 @@ def resolve_heads(
             f"{layer.k_weight.describe()} has shape {_fmt(layer.k_weight.shape)} but "
             f"{num_kv_heads} key/value heads × head_dim {head_dim} "
             f"need {num_kv_heads * head_dim} rows",
-            "check num_key_value_heads in the config or --num-kv-heads",
+            fix="check num_key_value_heads in the config or --num-kv-heads",
         )
     if num_heads % num_kv_heads:
         raise LayoutError(
             f"{num_heads} query heads cannot be shared evenly by {num_kv_heads} key/value heads",
-            "check num_heads and num_kv_heads",
+            fix="check num_heads and num_kv_heads",
         )
     for ref, expect in ((layer.v_weight, kv_out), (layer.o_weight, None)):
         if expect is not None and ref.shape[0] != expect:
             raise LayoutError(
                 f"{ref.describe()} has shape {_fmt(ref.shape)}, expected {expect} rows like W_k",
-                "the checkpoint is inconsistent",
+                fix="the checkpoint is inconsistent",
             )
     if layer.o_weight.shape[1] != q_out:
         raise LayoutError(
             f"{layer.o_weight.describe()} has shape {_fmt(layer.o_weight.shape)}, expected "
             f"{q_out} columns (H·d)",
-            "the checkpoint is inconsistent",
+            fix="the checkpoint is inconsistent",
         )
     return num_heads, num_kv_heads, head_dim
 

@@ -22,8 +22,8 @@ def parse_layers(spec: str | None, available: int) -> list[int] | None:
             chosen = [index % available]
     except (ValueError, IndexError):
         raise UsageError(f"--layer {spec!r} is not a layer of this model",
-                         f"use all, 0..{available - 1}, -1 or A:B", "--layer") from None
+                         fix=f"use all, 0..{available - 1}, -1 or A:B", option="--layer") from None
     if not chosen:
-        raise UsageError(f"--layer {spec!r} selects no layer", f"the model has {available}",
-                         "--layer")
+        raise UsageError(f"--layer {spec!r} selects no layer", fix=f"the model has {available}",
+                         option="--layer")
     return chosen

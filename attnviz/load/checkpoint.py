@@ -88,7 +88,7 @@ class TensorStore:
             return self._names[name]
         except KeyError:
             raise CheckpointError(
-                f"tensor {printable(name)!r} is not in the checkpoint", "", self.source
+                f"tensor {printable(name)!r} is not in the checkpoint", where=self.source
             ) from None
 
     def _info(self, raw: str) -> TensorInfo:
@@ -150,11 +150,11 @@ def _check_regular_file(path: Path) -> os.stat_result:
     try:
         st = path.stat()
     except OSError as exc:
-        raise CheckpointError(f"cannot read the file: {exc.strerror}", "check the path",
-                              printable(str(path))) from None
+        raise CheckpointError(f"cannot read the file: {exc.strerror}", fix="check the path",
+                              where=printable(str(path))) from None
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError("not a regular file", "pass a checkpoint file or model folder",
-                              printable(str(path)))
+        raise CheckpointError("not a regular file", fix="pass a checkpoint file or model folder",
+                              where=printable(str(path)))
     return st
 
 
@@ -166,29 +166,29 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise CheckpointError(f"{bad}: shorter than its 8-byte header length", "", where)
+            raise CheckpointError(f"{bad}: shorter than its 8-byte header length", where=where)
         (header_len,) = struct.unpack("<Q", prefix)
         if header_len > MAX_HEADER_BYTES:
             raise CheckpointError(f"{bad}: header of {header_len} bytes exceeds the "
-                                  f"{MAX_HEADER_BYTES}-byte limit", "", where)
+                                  f"{MAX_HEADER_BYTES}-byte limit", where=where)
         if 8 + header_len > size:
             raise CheckpointError(f"{bad}: header runs past the end of the file (truncated?)",
-                                  "", where)
+                                  where=where)
         raw = f.read(header_len)
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{bad}: header is not valid UTF-8 JSON", "", where) from None
+        raise CheckpointError(f"{bad}: header is not valid UTF-8 JSON", where=where) from None
     if not isinstance(header, dict):
-        raise CheckpointError(f"{bad}: header is not a JSON object", "", where)
+        raise CheckpointError(f"{bad}: header is not a JSON object", where=where)
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
-        raise CheckpointError(f"{bad}: __metadata__ must map strings to strings", "", where)
+        raise CheckpointError(f"{bad}: __metadata__ must map strings to strings", where=where)
     if len(header) > MAX_TENSORS:
         raise CheckpointError(f"{bad}: {len(header)} tensors exceed the limit of {MAX_TENSORS}",
-                              "", where)
+                              where=where)
     data_len = size - 8 - header_len
     tensors = {name: _parse_entry(name, entry, data_len, where) for name, entry in header.items()}
     _check_offsets(header, data_len, where)
@@ -198,19 +198,19 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
 def _parse_entry(name: str, entry: Any, data_len: int, where: str) -> TensorInfo:
     bad = f"the safetensors header entry for {printable(name)!r} is invalid"
     if not isinstance(entry, dict):
-        raise CheckpointError(f"{bad}: not an object", "", where)
+        raise CheckpointError(f"{bad}: not an object", where=where)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in DTYPE_SIZES:
-        raise CheckpointError(f"{bad}: unknown dtype {printable(str(dtype))!r}", "", where)
+        raise CheckpointError(f"{bad}: unknown dtype {printable(str(dtype))!r}", where=where)
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
-        raise CheckpointError(f"{bad}: shape must be a list of non-negative integers", "", where)
+        raise CheckpointError(f"{bad}: shape must be a list of non-negative integers", where=where)
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(type(n) is int for n in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= data_len):
-        raise CheckpointError(f"{bad}: data offsets outside the file's data", "", where)
+        raise CheckpointError(f"{bad}: data offsets outside the file's data", where=where)
     if offsets[1] - offsets[0] != math.prod(shape) * DTYPE_SIZES[dtype]:
         raise CheckpointError(f"{bad}: shape {tuple(shape)} of {dtype} does not match its "
-                              f"{offsets[1] - offsets[0]} bytes", "", where)
+                              f"{offsets[1] - offsets[0]} bytes", where=where)
     return TensorInfo(tuple(shape), dtype, (offsets[0], offsets[1]))
 
 
@@ -220,14 +220,14 @@ def _check_offsets(header: dict[str, Any], data_len: int, where: str) -> None:
     for begin, stop in spans:
         if begin < end:
             raise CheckpointError("the file is not a valid safetensors checkpoint: tensors "
-                                  "overlap", "", where)
+                                  "overlap", where=where)
         if begin > end:
             raise CheckpointError("the file is not a valid safetensors checkpoint: a gap "
-                                  "between tensors", "", where)
+                                  "between tensors", where=where)
         end = stop
     if end != data_len:
         raise CheckpointError(f"the file is not a valid safetensors checkpoint: its tensors "
-                              f"cover {end} of {data_len} data bytes", "", where)
+                              f"cover {end} of {data_len} data bytes", where=where)
 
 
 class SafetensorsStore(TensorStore):
@@ -272,8 +272,8 @@ class SafetensorsStore(TensorStore):
             return self._handle.get_slice(raw)[rows[0] : rows[1]]
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"cannot read tensor {printable(raw)!r}: "
-                                  f"{type(exc).__name__}", "the file may be damaged",
-                                  self.source) from None
+                                  f"{type(exc).__name__}", fix="the file may be damaged",
+                                  where=self.source) from None
 
 
 def as_float32(block: Any, dtype: str) -> Any:
@@ -301,29 +301,30 @@ def check_torch_zip(path: Path) -> bool:
         if not zipfile.is_zipfile(path):
             return False
     except (zipfile.BadZipFile, OSError, ValueError):
-        raise CheckpointError(f"{bad}: damaged zip directory", "", where) from None
+        raise CheckpointError(f"{bad}: damaged zip directory", where=where) from None
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError):
-        raise CheckpointError(f"{bad}: damaged zip directory", "", where) from None
+        raise CheckpointError(f"{bad}: damaged zip directory", where=where) from None
     if len(entries) > MAX_ZIP_ENTRIES:
-        raise CheckpointError(f"{bad}: {len(entries)} entries", "", where)
+        raise CheckpointError(f"{bad}: {len(entries)} entries", where=where)
     tops = set()
     for entry in entries:
         parts = entry.filename.split("/")
         if entry.filename.startswith("/") or ".." in parts or "\\" in entry.filename:
-            raise CheckpointError(f"{bad}: entry name {printable(entry.filename)!r}", "", where)
+            raise CheckpointError(f"{bad}: entry name {printable(entry.filename)!r}", where=where)
         tops.add(parts[0])
         if entry.compress_type != zipfile.ZIP_STORED or entry.compress_size != entry.file_size:
             raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} is compressed "
                                   "(torch never compresses; this may be a decompression bomb)",
-                                  "re-save it with torch.save or convert it to safetensors", where)
+                                  fix="re-save it with torch.save or convert it to safetensors",
+                                  where=where)
         if entry.header_offset + entry.file_size > size:
             raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} claims more bytes "
-                                  "than the file holds", "", where)
+                                  "than the file holds", where=where)
     if len(tops) > 1:
-        raise CheckpointError(f"{bad}: entries under several top folders", "", where)
+        raise CheckpointError(f"{bad}: entries under several top folders", where=where)
     return True
 
 
@@ -334,7 +335,7 @@ def _require_safe_torch() -> None:
     if version < MIN_TORCH_FOR_PICKLES:
         raise CheckpointError(
             f"loading pickle checkpoints safely needs torch >= 2.10, this is {torch.__version__}",
-            "upgrade torch, or convert the checkpoint to .safetensors",
+            fix="upgrade torch, or convert the checkpoint to .safetensors",
         )
 
 
@@ -356,14 +357,14 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"refused to unpickle: the file needs {_unsafe_globals(path)}, which could run code",
-            "convert it to .safetensors in a trusted environment", where) from None
+            fix="convert it to .safetensors in a trusted environment", where=where) from None
     except Exception as exc:  # torch raises many types for damaged files; none are ours to show
         raise CheckpointError(f"not a readable PyTorch checkpoint ({type(exc).__name__})",
-                              "check that the file is a complete torch.save output",
-                              where) from None
+                              fix="check that the file is a complete torch.save output",
+                              where=where) from None
     tensors = flatten_state_dict(obj)
     if not tensors:
-        raise CheckpointError("the checkpoint holds no tensors", "", where)
+        raise CheckpointError("the checkpoint holds no tensors", where=where)
     return tensors
 
 
@@ -461,7 +462,7 @@ class ShardedStore(TensorStore):
         if raw not in shard._names.values():
             raise CheckpointError(f"shard {printable(file_name)!r} lacks tensor "
                                   f"{printable(raw)!r} that the index promises",
-                                  "re-download the model", self.source)
+                                  fix="re-download the model", where=self.source)
         return shard
 
     def _info(self, raw: str) -> TensorInfo:
@@ -487,7 +488,7 @@ def safe_child(folder: Path, file_name: str) -> Path:
     if not isinstance(file_name, str) or not file_name or "/" in file_name or "\\" in file_name \
             or file_name in (".", ".."):
         raise CheckpointError(f"the index names shard {printable(str(file_name))!r}, which is not "
-                              "a plain file name inside the folder", "", where)
+                              "a plain file name inside the folder", where=where)
     path = folder / file_name
     target = path.resolve()
     # The Hugging Face cache links snapshots/<rev>/<file> to ../../blobs/<hash>: allow that, and
@@ -496,11 +497,11 @@ def safe_child(folder: Path, file_name: str) -> Path:
     inside = target.parent == folder.resolve() or (
         folder.resolve().parent.name == "snapshots" and target.parent == blobs)
     if not inside:
-        raise CheckpointError(f"shard {printable(file_name)!r} resolves outside the folder", "",
-                              where)
+        raise CheckpointError(f"shard {printable(file_name)!r} resolves outside the folder",
+                              where=where)
     if not path.exists():
         raise CheckpointError(f"shard {printable(file_name)!r} named in the index is missing",
-                              "re-download the model", where)
+                              fix="re-download the model", where=where)
     _check_regular_file(path)
     return path
 
@@ -508,14 +509,14 @@ def safe_child(folder: Path, file_name: str) -> Path:
 def read_json(path: Path, what: str) -> dict[str, Any]:
     _check_regular_file(path)
     if path.stat().st_size > MAX_HEADER_BYTES:
-        raise CheckpointError(f"{what} is too large", "", printable(str(path)))
+        raise CheckpointError(f"{what} is too large", where=printable(str(path)))
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{what} is not valid JSON (line {getattr(exc, 'lineno', '?')})",
-                              "fix or re-download it", printable(str(path))) from None
+                              fix="fix or re-download it", where=printable(str(path))) from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{what} is not a JSON object", "", printable(str(path)))
+        raise CheckpointError(f"{what} is not a JSON object", where=printable(str(path)))
     return data
 
 
@@ -537,7 +538,7 @@ def _open_folder_weights(folder: Path) -> TensorStore:
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
             ):
                 raise CheckpointError(f"{index_name} has no valid weight_map",
-                                      "re-download the model", printable(str(folder)))
+                                      fix="re-download the model", where=printable(str(folder)))
             return ShardedStore(folder, weight_map, f"{fmt} (sharded)", config)
     candidates = [p for p in sorted(folder.iterdir())
                   if p.is_file() and p.name.endswith((SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES))]
@@ -546,8 +547,8 @@ def _open_folder_weights(folder: Path) -> TensorStore:
     if len(chosen) != 1:
         found = ", ".join(printable(p.name, 40) for p in candidates[:5]) or "none"
         raise CheckpointError(f"the folder holds {len(candidates)} checkpoint files ({found})",
-                              "pass one file, or a Hugging Face model folder",
-                              printable(str(folder)))
+                              fix="pass one file, or a Hugging Face model folder",
+                              where=printable(str(folder)))
     return open_file(chosen[0], config)
 
 
@@ -558,14 +559,15 @@ def open_file(path: Path, config: dict[str, Any] | None = None) -> TensorStore:
     if name.endswith(PICKLE_SUFFIXES):
         return PickleStore(path, config)
     raise UsageError(f"unknown checkpoint format {printable(path.suffix or path.name)!r}",
-                     "use .safetensors, .pt, .pth, .bin or a model folder", printable(str(path)))
+                     fix="use .safetensors, .pt, .pth, .bin or a model folder",
+                     where=printable(str(path)))
 
 
 def open_checkpoint(path: Path | str) -> TensorStore:
     """Open a checkpoint file or folder, reading headers only."""
     path = Path(path)
     if not path.exists():
-        raise UsageError("no such file or folder", "check the path", printable(str(path)))
+        raise UsageError("no such file or folder", fix="check the path", where=printable(str(path)))
     if path.is_dir():
         return open_hf_folder(path)
     return open_file(path)

@@ -27,7 +27,7 @@ def flag(config: dict[str, Any], name: str, default: bool) -> bool:
         return default
     if not isinstance(value, bool):
         raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected "
-                          "true or false", "fix config.json")
+                          "true or false", fix="fix config.json")
     return value
 
 
@@ -38,7 +38,7 @@ def number(config: dict[str, Any], name: str, default: float | None) -> float | 
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected a "
-                          "positive number", "fix config.json")
+                          "positive number", fix="fix config.json")
     return float(value)
 
 

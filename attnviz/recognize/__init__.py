@@ -91,27 +91,28 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
     """A layer by index (0, -1) or by name; the only layer when `spec` is None."""
     layers = inventory.layers
     if not layers and inventory.unresolved:
-        raise UsageError(inventory.unresolved[0].what, inventory.unresolved[0].fix, source)
+        raise UsageError(inventory.unresolved[0].what, fix=inventory.unresolved[0].fix,
+                         where=source)
     if not layers:
-        raise UsageError("no attention layer recognized", "run 'attnviz inspect' on it to see "
-                         "what it holds", source)
+        raise UsageError("no attention layer recognized", fix="run 'attnviz inspect' on it to see "
+                         "what it holds", where=source)
     if spec is None:
         if len(layers) > 1:
             raise UsageError(f"the checkpoint has {len(layers)} attention layers",
-                             "choose one with --layer INDEX or --layer NAME "
-                             "(see 'attnviz inspect')", source)
+                             fix="choose one with --layer INDEX or --layer NAME "
+                             "(see 'attnviz inspect')", where=source)
         return layers[0]
     if re.fullmatch(r"-?\d+", spec):
         index = int(spec)
         if not -len(layers) <= index < len(layers):
             raise UsageError(f"layer index {index} is out of range",
-                             f"choose 0..{len(layers) - 1}", source)
+                             fix=f"choose 0..{len(layers) - 1}", where=source)
         return layers[index]
     for layer in layers:
         if layer.name == spec or layer.name == spec.rstrip("."):
             return layer
     for item in inventory.unresolved:
         if item.name == spec.rstrip("."):
-            raise UsageError(item.what, item.fix, source)
+            raise UsageError(item.what, fix=item.fix, where=source)
     raise UsageError(f"no attention layer named {printable(spec)!r}",
-                     "see 'attnviz inspect' for the names", source)
+                     fix="see 'attnviz inspect' for the names", where=source)

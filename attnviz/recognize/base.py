@@ -73,15 +73,15 @@ def ref(store: TensorStore, key: str, *, transposed: bool = False,
     info = store.info(key)
     if info.dtype not in FLOAT_DTYPES:
         raise LayoutError(f"attention tensor {printable(key)!r} has dtype {info.dtype}, not a "
-                          "floating-point type", "the checkpoint is not a float model",
-                          store.source)
+                          "floating-point type", fix="the checkpoint is not a float model",
+                          where=store.source)
     expected_dims = 1 if key.endswith("bias") and not flatten else None
     if expected_dims and len(info.shape) != 1:
-        raise LayoutError(f"bias {printable(key)!r} has shape {info.shape}, expected 1-D", "",
-                          store.source)
+        raise LayoutError(f"bias {printable(key)!r} has shape {info.shape}, expected 1-D",
+                          where=store.source)
     if not flatten and not key.endswith("bias") and len(info.shape) != 2:
-        raise LayoutError(f"weight {printable(key)!r} has shape {info.shape}, expected 2-D", "",
-                          store.source)
+        raise LayoutError(f"weight {printable(key)!r} has shape {info.shape}, expected 2-D",
+                          where=store.source)
     return TensorRef(key, info.shape, info.dtype, transposed, rows, flatten)
 
 
@@ -96,8 +96,7 @@ def split_rows(whole: TensorRef, sizes: Iterable[int]) -> list[TensorRef]:
         out.append(whole.take(((start, start + size),)))
         start += size
     if start != whole.shape[0]:
-        raise LayoutError(f"{printable(whole.key)!r} has {whole.shape[0]} rows, expected {start}",
-                          "", "")
+        raise LayoutError(f"{printable(whole.key)!r} has {whole.shape[0]} rows, expected {start}")
     return out
 
 
@@ -109,7 +108,7 @@ def config_int(config: dict[str, Any], *names: str) -> int | None:
             continue
         if type(value) is not int or value <= 0:
             raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected a "
-                              "positive integer", "fix config.json", "")
+                              "positive integer", fix="fix config.json")
         return value
     return None
 
@@ -120,7 +119,7 @@ def metadata_int(store: TensorStore, name: str) -> int | None:
         return None
     if not value.isdigit() or int(value) <= 0:
         raise LayoutError(f"safetensors metadata {name!r} is {printable(value)!r}, expected a "
-                          "positive integer", "", store.source)
+                          "positive integer", where=store.source)
     return int(value)
 
 

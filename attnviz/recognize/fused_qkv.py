@@ -46,7 +46,7 @@ def _layer(store: TensorStore, prefix: str, learned: bool) -> AttentionLayer:
     fused = ref(store, prefix + "qkv.weight")
     if fused.shape[0] % 3:
         raise LayoutError(f"{printable(fused.key)} has shape {fused.shape}: {fused.shape[0]} rows "
-                          "cannot be stacked [q; k; v] thirds", "", store.source)
+                          "cannot be stacked [q; k; v] thirds", where=store.source)
     third = fused.shape[0] // 3
     q_weight, k_weight, v_weight = split_rows(fused, [third] * 3)
     q_bias = k_bias = v_bias = None

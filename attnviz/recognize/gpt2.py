@@ -93,8 +93,9 @@ def _conv1d(store: TensorStore, key: str, parts: int) -> TensorRef:
     if len(stored) != 2 or stored[1] != parts * stored[0]:
         raise LayoutError(f"{printable(key)} has shape {tuple(stored)}, but GPT-2's Conv1D stores "
                           f"(in, out) = {expected}",
-                          "if c_attn is an nn.Linear (GPTBigCode/StarCoder), open the model folder "
-                          "with its config.json (model_type gpt_bigcode)", store.source)
+                          fix="if c_attn is an nn.Linear (GPTBigCode/StarCoder), open the model "
+                          "folder with its config.json (model_type gpt_bigcode)",
+                          where=store.source)
     return ref(store, key, transposed=True)
 
 

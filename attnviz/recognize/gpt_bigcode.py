@@ -57,7 +57,7 @@ def _layer(store: TensorStore, prefix: str, heads: HeadHints, multi_query: bool)
     if embed_dim % num_heads:
         raise LayoutError(f"{printable(fused.key)} is split by the number of heads, which "
                           f"must divide E = {embed_dim} (got {num_heads})",
-                          "check n_head in config.json or pass --num-heads", store.source)
+                          fix="check n_head in config.json or pass --num-heads", where=store.source)
     head_dim = embed_dim // num_heads
     num_kv = 1 if multi_query else num_heads
     storage = ("multi-query c_attn (E + 2·d, E): rows 0:E the query heads, then one k, one v"

@@ -136,8 +136,8 @@ def _layer(store: TensorStore, prefix: str, layout: Layout, heads: HeadHints,
 def _head_dim(embed_dim: int, num_heads: int, o_weight: TensorRef, source: str) -> int:
     if embed_dim % num_heads:
         raise LayoutError(f"{printable(o_weight.key)} gives hidden size {embed_dim}, not "
-                          f"divisible by {num_heads} heads", "check num_attention_heads in "
-                          "config.json or --num-heads", source)
+                          f"divisible by {num_heads} heads", fix="check num_attention_heads in "
+                          "config.json or --num-heads", where=source)
     return embed_dim // num_heads
 
 
@@ -148,7 +148,8 @@ def grouped(fused: TensorRef, num_heads: int, num_kv: int, head_dim: int, storag
     if num_kv <= 0 or num_heads % num_kv or fused.shape[0] != rows:
         raise LayoutError(f"{printable(fused.key)} has shape {fused.shape}, but {storage} with "
                           f"H={num_heads}, H_kv={num_kv}, d={head_dim} needs {rows} rows",
-                          "check the head counts in config.json or on the command line", source)
+                          fix="check the head counts in config.json or on the command line",
+                          where=source)
     group = num_heads // num_kv
     q, k, v = [], [], []
     for g in range(num_kv):

@@ -32,9 +32,9 @@ def is_tiny_model(store: TensorStore) -> bool:
 def open_bundled() -> TensorStore:
     if not BUNDLED.is_file():
         raise CheckpointError("the bundled model sample_weights/induction.safetensors is missing",
-                              "run attnviz from a git checkout, regenerate it with "
+                              fix="run attnviz from a git checkout, regenerate it with "
                               "'python sample_weights/train_induction.py', or pass --weights",
-                              str(BUNDLED))
+                              where=str(BUNDLED))
     return open_checkpoint(BUNDLED)
 
 
@@ -44,11 +44,11 @@ def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
     vocab_size = metadata_int(store, "vocab_size")
     max_positions = metadata_int(store, "max_positions")
     if vocab_size is None or max_positions is None:
-        raise CheckpointError("the model's metadata lacks vocab_size or max_positions", "",
-                              store.source)
+        raise CheckpointError("the model's metadata lacks vocab_size or max_positions",
+                              where=store.source)
     if batch.max_len > max_positions:
         raise UsageError(f"the bundled model knows {max_positions} positions; a sentence has "
-                         f"{batch.max_len} tokens", f"use at most {max_positions} tokens")
+                         f"{batch.max_len} tokens", fix=f"use at most {max_positions} tokens")
     layers = find_layers(store, HeadHints()).layers
     wanted = set(range(len(layers)) if layer_indices is None else layer_indices)
     ids = torch.zeros(len(batch.tokens), batch.max_len, dtype=torch.long)

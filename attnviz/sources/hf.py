@@ -43,7 +43,7 @@ def require_transformers() -> None:
     # attnviz never downloads: huggingface_hub reads this once, when it is first imported.
     os.environ["HF_HUB_OFFLINE"] = "1"
     if any(importlib.util.find_spec(name) is None for name in ("transformers", "tokenizers")):
-        raise UsageError("--model needs the Hugging Face extra", "pip install 'attnviz[hf]'")
+        raise UsageError("--model needs the Hugging Face extra", fix="pip install 'attnviz[hf]'")
 
 
 @dataclass
@@ -70,20 +70,20 @@ def resolve_folder(spec: str) -> Path:
         return path
     if path.exists():
         raise UsageError("--model takes a model folder or a hub id, not a file",
-                         "pass the folder holding config.json", printable(spec))
+                         fix="pass the folder holding config.json", where=printable(spec))
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise UsageError("no such model folder", "check the path", printable(spec))
+        raise UsageError("no such model folder", fix="check the path", where=printable(spec))
     require_transformers()
     from huggingface_hub import try_to_load_from_cache
 
     try:
         found = try_to_load_from_cache(spec, "config.json")
     except ValueError:  # HFValidationError: not a valid repo id
-        raise UsageError("not a model folder nor a valid hub id", "check --model",
-                         printable(spec)) from None
+        raise UsageError("not a model folder nor a valid hub id", fix="check --model",
+                         where=printable(spec)) from None
     if not isinstance(found, str):
         raise CheckpointError(f"model {printable(spec)!r} is not in the local Hugging Face cache",
-                              f"download it once with 'hf download {printable(spec)}' (attnviz "
+                              fix=f"download it once with 'hf download {printable(spec)}' (attnviz "
                               "never downloads), or pass a model folder")
     return Path(found).parent
 
@@ -93,12 +93,14 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     """Model + tokenizer from a folder or the local hub cache, with eager attention."""
     require_transformers()
     if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}", f"use one of {', '.join(DTYPES)}", "--dtype")
+        raise UsageError(f"unknown dtype {dtype!r}", fix=f"use one of {', '.join(DTYPES)}",
+                         option="--dtype")
     if device_map is not None:
         if device_map != "auto":
-            raise UsageError(f"unknown device map {device_map!r}", "use auto", "--device-map")
+            raise UsageError(f"unknown device map {device_map!r}", fix="use auto",
+                             option="--device-map")
         if importlib.util.find_spec("accelerate") is None:
-            raise UsageError("--device-map auto needs accelerate", "pip install accelerate")
+            raise UsageError("--device-map auto needs accelerate", fix="pip install accelerate")
     target = None if device_map else resolve_device(device)
     folder = resolve_folder(spec)
     store = open_checkpoint(folder)
@@ -106,10 +108,11 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     layers = inventory.layers
     if inventory.unresolved:  # the model's attention modules and attnviz's layers must pair up
         item = inventory.unresolved[0]
-        raise CheckpointError(item.what, item.fix, printable(str(folder)))
+        raise CheckpointError(item.what, fix=item.fix, where=printable(str(folder)))
     if not layers:
         raise CheckpointError("no attention layer recognized in the model",
-                              "run 'attnviz inspect' on the folder", printable(str(folder)))
+                              fix="run 'attnviz inspect' on the folder",
+                              where=printable(str(folder)))
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # attnviz owns the terminal
@@ -125,8 +128,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"transformers cannot load the model: {printable(first, 200)}",
-                              "check that the folder holds config.json, the weights and the "
-                              "tokenizer files", printable(str(folder))) from None
+                              fix="check that the folder holds config.json, the weights and the "
+                              "tokenizer files", where=printable(str(folder))) from None
     model.eval()
     if target is not None:
         model.to(target)
@@ -149,7 +152,8 @@ def model_index(loaded: LoadedModel, layer: AttentionLayer) -> int:
         shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
         raise UsageError(f"layer {printable(layer.name)!r} is in the decoder of an "
                          "encoder-decoder model, which --model runs only the encoder of",
-                         f"choose an encoder layer, by name: {printable(shown)}", "--layer")
+                         fix=f"choose an encoder layer, by name: {printable(shown)}",
+                         option="--layer")
     return names.index(layer.name)
 
 
@@ -210,8 +214,8 @@ def _layer_indices(count: int, layers: list[int] | None) -> list[int]:
     out = []
     for index in layers:
         if not -count <= index < count:
-            raise UsageError(f"layer index {index} is out of range", f"choose 0..{count - 1}",
-                             "--layer")
+            raise UsageError(f"layer index {index} is out of range", fix=f"choose 0..{count - 1}",
+                             option="--layer")
         out.append(index % count)
     return sorted(set(out))
 
@@ -219,24 +223,24 @@ def _layer_indices(count: int, layers: list[int] | None) -> list[int]:
 def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int) -> list[dict[str, list]]:
     """Each sentence tokenized alone, special tokens included; limits checked before any run."""
     if not sentences:
-        raise UsageError("no sentence given", "pass one or more sentences, or --file FILE")
+        raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
     if len(sentences) > DEFAULT_MAX_SENTENCES:
         raise UsageError(f"{len(sentences)} sentences exceed {DEFAULT_MAX_SENTENCES}",
-                         "pass fewer sentences")
+                         fix="pass fewer sentences")
     limit = getattr(loaded.config, "max_position_embeddings", None)
     out = []
     for i, sentence in enumerate(sentences, 1):
         row = dict(loaded.tokenizer(sentence, add_special_tokens=True))
         n = len(row["input_ids"])
         if n == 0:
-            raise UsageError(f"sentence {i} gives no tokens", "give it some text")
+            raise UsageError(f"sentence {i} gives no tokens", fix="give it some text")
         if n > max_tokens:
             raise UsageError(f"sentence {i} has {n} tokens, more than --max-tokens {max_tokens} "
                              "(attention costs O(L²) per head)",
-                             "raise --max-tokens or shorten the sentence")
+                             fix="raise --max-tokens or shorten the sentence")
         if isinstance(limit, int) and n > limit:
             raise UsageError(f"sentence {i} has {n} tokens; the model takes at most {limit}",
-                             "shorten the sentence")
+                             fix="shorten the sentence")
         out.append(row)
     return out
 
@@ -314,7 +318,7 @@ def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any], mask
             if i in wanted:
                 if pos is None:
                     raise CheckFailed(f"the model's attention module {modules[i][0]!r} returned "
-                                      "no attention weights", "report this (eager attention "
+                                      "no attention weights", fix="report this (eager attention "
                                       "was requested)")
                 if reducers is None:
                     weights[i] = output[pos].detach().float().cpu()
@@ -346,7 +350,7 @@ def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any], mask
     missing = [i for i in indices if i not in weights or i not in inputs]
     if missing:
         raise CheckFailed(f"layers {missing} did not run in the model's forward pass",
-                          "they may be cross-attention layers, which --model does not run")
+                          fix="they may be cross-attention layers, which --model does not run")
     return {i: (weights[i], inputs[i]) for i in indices}
 
 
@@ -371,7 +375,8 @@ def _attention_modules(loaded: LoadedModel) -> list[tuple[str, Any]]:
         exact = [(n, m) for n, m in found if n == layer.name]
         if len(exact or found) != 1:
             raise CheckpointError(f"attention layer {layer.name!r} matches {len(found)} modules "
-                                  "of the loaded model", "report this", str(loaded.folder))
+                                  "of the loaded model", fix="report this",
+                                  where=str(loaded.folder))
         out.append((exact or found)[0])
     return out
 
@@ -434,7 +439,7 @@ def verify_layer(loaded: LoadedModel, layer_index: int, sentences: list[str], *,
     kind = hfconfig.model_type(config)
     if kind not in SCHEMES:  # before the model runs: refusing is cheap
         raise UsageError(f"verification does not support model_type {kind!r}",
-                         f"supported: {', '.join(sorted(SCHEMES))}")
+                         fix=f"supported: {', '.join(sorted(SCHEMES))}")
     index = _layer_indices(len(loaded.layers), [layer_index])[0]
     if run is None or all(c.index != index for c in run.layers):
         run = run_model(loaded, sentences, [index], max_tokens)

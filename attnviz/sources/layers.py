@@ -33,15 +33,15 @@ def check_random_spec(spec: RandomSpec) -> None:
     for flag, value in (("--embed-dim", spec.embed_dim), ("--num-heads", spec.num_heads),
                         ("--kdim", spec.kdim), ("--vdim", spec.vdim)):
         if value is not None and value <= 0:
-            raise UsageError(f"{flag} must be a positive integer, got {value}", "", flag)
+            raise UsageError(f"{flag} must be a positive integer, got {value}", option=flag)
         if value is not None and value > MAX_RANDOM_DIM:
-            raise UsageError(f"{flag} {value} is larger than {MAX_RANDOM_DIM}", "", flag)
+            raise UsageError(f"{flag} {value} is larger than {MAX_RANDOM_DIM}", option=flag)
     if spec.embed_dim % spec.num_heads:
         choices = ", ".join(map(str, divisors(spec.embed_dim)))
         raise UsageError(
             f"embed_dim {spec.embed_dim} is not divisible by num_heads {spec.num_heads} "
             f"(head_dim would be {spec.embed_dim / spec.num_heads:.2f})",
-            f"choose --num-heads from {choices}", "--num-heads")
+            fix=f"choose --num-heads from {choices}", option="--num-heads")
 
 
 def random_mha(spec: RandomSpec) -> tuple[AttentionLayer, TensorStore]:
