@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnviz.compute.inputs import POSITION_SCHEMES, Batch
+from attnviz.compute.inputs import (
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
+    POSITION_SCHEMES,
+    Batch,
+)
 from attnviz.errors import UsageError
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
@@ -137,3 +142,120 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
                                 max_panels=max_panels, panels_per_map=1 if one_per_layer
                                 else None), count, heads)
     return hf.run_model(loaded, sentences, chosen, max_tokens, not keep_full_maps, query)
+
+
+@dataclass(frozen=True)
+class HeatmapJob:
+    """Everything `attnviz heatmap` was asked for: the sentences, one source (the bundled model
+    unless `weights`, `model` or `random` is given) and what to show."""
+
+    sentences: list[str]
+    weights: Path | None = None
+    model: str | None = None
+    random: RandomSpec | None = None
+    layer: str | None = None
+    hints: HeadHints = HeadHints()
+    causal: bool = False
+    positions: str = "none"
+    device: str = "auto"
+    dtype: str = "float32"  # --model only
+    device_map: str | None = None  # --model only
+    head: int | None = None
+    average: bool = False
+    query: str | None = None
+    sentence: int = 1  # which sentence --query refers to, 1-based
+    keep_full_maps: bool = False  # --export needs every head's full map
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_sentences: int = DEFAULT_MAX_SENTENCES
+    max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
+
+
+@dataclass
+class HeatmapResult:
+    run: Any  # compute.results.AttentionRun
+    head_stats: list[Any]  # compute.stats.HeadStats, per (layer, head)
+    views: list[Any]  # compute.maps.MapView: the selected maps, per (sentence, layer, head)
+    breakdown: Any = None  # compute.attention.QueryBreakdown for --query
+
+    def to_json(self) -> dict[str, Any]:
+        return run_json(self.run, self.head_stats, self.breakdown)
+
+    def export(self, path: Path) -> None:
+        export(self.run, path)
+
+
+def check_applicable(job: HeatmapJob) -> None:
+    """A flag that does not apply to the chosen source is a usage error, never ignored."""
+    if sum((job.random is not None, job.weights is not None, job.model is not None)) > 1:
+        raise UsageError("--random, --weights and --model exclude each other", fix="choose one")
+    if job.model is not None:
+        ignored = [flag for flag, given in (
+            ("--causal", job.causal), ("--positions", job.positions != "none"),
+            ("--num-heads", job.hints.num_heads is not None),
+            ("--num-kv-heads", job.hints.num_kv_heads is not None),
+            ("--head-dim", job.hints.head_dim is not None)) if given]
+        if ignored:
+            raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not "
+                             "apply to --model: the model's own config decides",
+                             fix=f"drop {', '.join(ignored)}")
+    elif job.dtype != "float32" or job.device_map is not None:
+        raise UsageError("--dtype and --device-map apply to --model only",
+                         fix="drop them, or pass --model")
+
+
+def run_heatmap(job: HeatmapJob) -> HeatmapResult:
+    """The attention maps, statistics and --query breakdown a heatmap job asks for (all limits
+    and flags checked before any weight is read)."""
+    from attnviz.compute.inputs import find_query, make_batch
+
+    check_applicable(job)
+    if job.model is not None:  # the model's own tokenizer decides the tokens
+        if not job.sentences:
+            raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
+        _check_sentence(job, len(job.sentences))
+        attention_run = run_model(
+            job.model, job.sentences, job.layer, job.device, job.dtype, job.device_map,
+            job.max_tokens, job.head is not None or job.average, job.max_panels,
+            keep_full_maps=job.keep_full_maps,
+            query=None if job.query is None else (job.sentence - 1, job.query))
+    else:
+        batch = make_batch(job.sentences, job.max_tokens, job.max_sentences)
+        _check_sentence(job, len(batch.tokens))
+        query_row = None
+        if job.query is not None:  # fail before any work
+            query_row = job.sentence - 1, find_query(batch.tokens[job.sentence - 1], job.query)
+        attention_run = run(HeatmapRequest(
+            batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
+            job.device, keep_full_maps=job.keep_full_maps, query_row=query_row,
+            max_panels=job.max_panels,
+            panels_per_map=1 if job.head is not None or job.average else None))
+    return summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+
+
+def _check_sentence(job: HeatmapJob, count: int) -> None:
+    if not 1 <= job.sentence <= count:
+        raise UsageError(f"--sentence {job.sentence} is out of range",
+                         fix=f"choose 1..{count}", option="--sentence")
+
+
+def summarize(attention_run: Any, head: int | None, average: bool, query: str | None,
+              sentence_index: int) -> HeatmapResult:
+    """Statistics, the selected maps and the --query breakdown of a finished run."""
+    from attnviz.compute import maps
+    from attnviz.compute import stats as stats_mod
+    from attnviz.compute.attention import check_finite_maps, query_breakdown
+    from attnviz.compute.inputs import find_query
+
+    for captured in attention_run.layers:
+        maps.check_head(head, captured.layer.num_heads or 0)
+    check_finite_maps(attention_run)
+    head_stats = [s for captured in attention_run.layers for s in (
+        captured.stats if captured.weights is None else stats_mod.head_stats(
+            captured.weights, attention_run.batch.tokens, captured.index))]
+    selected = maps.select_maps(attention_run, head, average)
+    breakdown = None
+    if query is not None:
+        query_index = find_query(attention_run.batch.tokens[sentence_index], query)
+        layer_index = attention_run.layers[-1].index
+        breakdown = query_breakdown(attention_run, layer_index, sentence_index, query_index)
+    return HeatmapResult(attention_run, head_stats, selected, breakdown)

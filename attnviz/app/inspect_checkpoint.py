@@ -4,11 +4,14 @@ layer on request, per-head slices with their norms (the only part that reads ten
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.errors import UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import Inventory
+from attnviz.recognize.base import HeadHints
 
 PROJECTIONS = ("q", "k", "v", "o")
 
@@ -197,3 +200,40 @@ def scan_non_finite(inventory: Inventory, store: TensorStore) -> dict[str, int]:
         if key not in counts:
             counts[key] = int((~torch.isfinite(store.read(key).float())).sum().item())
     return counts
+
+
+@dataclass(frozen=True)
+class InspectRequest:
+    path: Path
+    layer: str | None = None  # one layer's per-head slices and norms (reads its tensors)
+    hints: HeadHints = HeadHints()
+    scan: bool = False  # read every attention tensor and count NaN/Inf
+
+
+@dataclass
+class InspectResult:
+    doc: dict[str, Any]  # the JSON document `--json` prints
+    detail: LayerDetail | None = None
+    non_finite: dict[str, int] | None = None
+
+
+def inspect_checkpoint(request: InspectRequest) -> InspectResult:
+    """Every attention layer of a checkpoint, from headers alone unless a layer or scan asks."""
+    from attnviz.recognize import select_layer
+    from attnviz.sources.layers import open_inventory
+
+    inventory, store = open_inventory(request.path, request.hints)
+    doc = inventory_json(inventory, store)
+    detail = None
+    if request.layer is not None:
+        chosen = select_layer(inventory, request.layer, store.source)
+        if not chosen.heads_known:
+            raise UsageError(f"the number of heads of layer {chosen.name!r} is unknown",
+                             fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                             option="--layer")
+        detail = layer_detail(chosen, store)
+        doc["layer_detail"] = {"name": chosen.name, **detail.to_json()}
+    non_finite = scan_non_finite(inventory, store) if request.scan else None
+    if non_finite is not None:
+        doc["non_finite"] = non_finite
+    return InspectResult(doc, detail, non_finite)

@@ -1,0 +1,142 @@
+"""`attnviz split`: one layer's head split and its proof, from random init, a checkpoint or a
+Hugging Face model (optionally verified against the model's own attention)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnviz.errors import CheckFailed, UsageError
+from attnviz.recognize.base import HeadHints
+from attnviz.sources.layers import RandomSpec
+
+if TYPE_CHECKING:
+    from attnviz.compute.forward import LayerWeights
+    from attnviz.compute.split import BandPicture, MatrixPanel, SplitReport
+    from attnviz.core.layer import AttentionLayer
+    from attnviz.sources.hf import VerifyResult
+
+VERIFY_SENTENCES = ["the cat sat on the mat and the cat slept",
+                    "heads split the projection, not the input"]
+
+
+@dataclass(frozen=True)
+class SplitRequest:
+    """Exactly one source: `random` (the default when nothing else is given), `weights` (a
+    checkpoint and `layer` in it) or `model` (a Hugging Face folder or cached hub id)."""
+
+    weights: Path | None = None
+    model: str | None = None
+    layer: str | None = None
+    hints: HeadHints = HeadHints()
+    random: RandomSpec | None = None
+    seed: int = 0  # of the proof's random batch
+    verify: bool = False  # --model: recompute the layer and compare with the model itself
+
+
+@dataclass
+class SplitResult:
+    layer: AttentionLayer
+    source: str
+    report: SplitReport
+    layer_weights: LayerWeights
+    verified: VerifyResult | None = None
+    sentences: tuple[str, ...] = tuple(VERIFY_SENTENCES)
+
+    @property
+    def failure(self) -> CheckFailed | None:
+        """The check that did not hold, if any: the CLI exits 1 with it."""
+        if self.verified is not None and not self.verified.passed:
+            return CheckFailed(f"attnviz's per-head recomputation differs from the model's own "
+                               f"attention by {self.verified.max_diff:.2e}, above "
+                               f"{self.verified.tolerance:.0e}", fix="report this with the model")
+        proof = self.report.proof
+        if proof is not None and not proof.passed:
+            return CheckFailed(f"the per-head recomputation differs from the reference by "
+                               f"{proof.max_abs_diff:.2e}, above the tolerance",
+                               fix="report this with the checkpoint")
+        return None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def band_picture(self, max_cols: int) -> BandPicture:
+        from attnviz.compute.split import band_picture
+
+        return band_picture(self.layer, self.layer_weights.W_q, max_cols=max_cols)
+
+    def explanation(self) -> list[str]:
+        from attnviz.compute.split import explanation
+
+        return explanation(self.layer)
+
+    def matrix_panels(self) -> list[MatrixPanel]:
+        from attnviz.compute.split import matrix_panels
+
+        return matrix_panels(self.layer, self.layer_weights)
+
+    @property
+    def title(self) -> str:
+        return (f"{self.layer.name or self.source}: {self.layer.num_heads} heads × d = "
+                f"{self.layer.head_dim}")
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.report.to_json()
+        doc["source"] = self.source
+        if self.verified is not None:
+            v = self.verified
+            doc["verify"] = {"layer": v.layer_index, "max_abs_diff": v.max_diff,
+                             "per_head": v.per_head, "tolerance": v.tolerance,
+                             "positions": v.positions, "passed": v.passed,
+                             "sentences": list(self.sentences)}
+        return doc
+
+
+def run_split(request: SplitRequest) -> SplitResult:
+    """The split, its proof and (with verify) the model's own check, for one layer."""
+    from attnviz.compute.split import make_report
+
+    if request.verify and request.model is None:
+        raise UsageError("--verify needs --model", fix="pass a Hugging Face model folder")
+    if sum(x is not None for x in (request.weights, request.model, request.random)) > 1:
+        raise UsageError("--model, --weights and the random-init options exclude each other",
+                         fix="choose one source")
+    verified = None
+    if request.model is not None:
+        layer, store, verified = _model_layer(request.model, request)
+    elif request.weights is not None:
+        from attnviz.sources.layers import checkpoint_layer
+
+        layer, store = checkpoint_layer(request.weights, request.layer, request.hints)
+    else:
+        from attnviz.sources.layers import random_mha
+
+        if request.layer is not None or request.hints.num_kv_heads is not None \
+                or request.hints.head_dim is not None:
+            raise UsageError("--layer, --num-kv-heads and --head-dim need --weights or --model")
+        layer, store = random_mha(request.random or RandomSpec(seed=request.seed))
+    report, layer_weights = make_report(layer, store, request.seed)
+    return SplitResult(layer, store.source, report, layer_weights, verified)
+
+
+def _model_layer(model: str, request: SplitRequest) -> tuple[Any, Any, Any]:
+    from attnviz.recognize import select_layer
+    from attnviz.sources.layers import open_inventory
+
+    folder = Path(model)
+    if not folder.is_dir() or request.verify:
+        from attnviz.sources import hf
+
+        folder = hf.resolve_folder(model)
+    inventory, store = open_inventory(folder, request.hints)
+    layer = select_layer(inventory, request.layer if request.layer is not None else "0",
+                         store.source)
+    verified = None
+    if request.verify:
+        from attnviz.sources import hf
+
+        loaded = hf.load_model(str(folder))
+        verified = hf.verify_layer(loaded, hf.model_index(loaded, layer), VERIFY_SENTENCES)
+    return layer, store, verified

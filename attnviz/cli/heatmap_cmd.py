@@ -1,0 +1,158 @@
+"""`attnviz heatmap`: parse → HeatmapJob → run_heatmap → export, figure, terminal or JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from attnviz.cli.options import (
+    EmbedDim,
+    HeadDim,
+    Json,
+    KDim,
+    Model,
+    NumHeads,
+    NumKvHeads,
+    Seed,
+    VDim,
+    console,
+    plain,
+)
+from attnviz.cli.paths import inputs_read
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.app.heatmap import HeatmapResult
+
+
+def heatmap(
+    sentences: Annotated[list[str] | None, typer.Argument(help=(
+        "One or more sentences (quote each). Tokens are words and punctuation marks."))] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help=(
+        "Read sentences from a text file, one per line."))] = None,
+    weights: Annotated[Path | None, typer.Option("--weights", "-w", help=(
+        "A checkpoint; default: the bundled 2-layer model with induction heads."))] = None,
+    layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
+        "Bundled model: all (default), N, -1 or A:B. Checkpoint: which attention layer."))]
+    = None,
+    head: Annotated[int | None, typer.Option("--head", help="Show only this head.")] = None,
+    average: Annotated[bool, typer.Option("--average", help="Show the mean over heads.")]
+    = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help=(
+        "Write a figure: a grid of heads per sentence (.png, .svg, .pdf)."))] = None,
+    query: Annotated[str | None, typer.Option("--query", "-q", help=(
+        "Break one query token down head by head: its q_h, each key's k_h, scores, weights "
+        "(an index, or a word)."))] = None,
+    sentence: Annotated[int, typer.Option("--sentence", help=(
+        "Which sentence --query refers to (1-based)."))] = 1,
+    export: Annotated[Path | None, typer.Option("--export", help=(
+        "Write maps, inputs, mask and tokens to a .safetensors file."))] = None,
+    stats: Annotated[bool, typer.Option("--stats/--no-stats", help=(
+        "Print the head-statistics table."))] = True,
+    maps: Annotated[bool, typer.Option("--maps/--no-maps", help=(
+        "Print the terminal heatmaps."))] = True,
+    as_json: Json = False,
+    causal: Annotated[bool, typer.Option("--causal", help=(
+        "Decoder-style masking: query i sees keys 0..i (the bundled model always is)."))]
+    = False,
+    positions: Annotated[str, typer.Option("--positions", help=(
+        "Standalone layers: add 'sinusoidal' position encodings to the inputs, or 'none'."))]
+    = "none",
+    device: Annotated[str, typer.Option("--device", help=(
+        "auto (a GPU when present), cpu, cuda, cuda:N or mps."))] = "auto",
+    model: Model = None,
+    dtype: Annotated[str, typer.Option("--dtype", help=(
+        "--model: float32, bfloat16 or float16."))] = "float32",
+    device_map: Annotated[str | None, typer.Option("--device-map", help=(
+        "--model: 'auto' spreads a large model over devices (needs accelerate)."))] = None,
+    random: Annotated[bool, typer.Option("--random", help=(
+        "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))] = False,
+    embed_dim: EmbedDim = None,
+    num_heads: NumHeads = None,
+    num_kv_heads: NumKvHeads = None,
+    head_dim: HeadDim = None,
+    kdim: KDim = None,
+    vdim: VDim = None,
+    seed: Seed = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help=(
+        "Longest sentence accepted (attention costs O(L²) per head)."))] = 256,
+    max_sentences: Annotated[int, typer.Option("--max-sentences", help=(
+        "Most sentences accepted in one batch."))] = 64,
+    max_panels: Annotated[int, typer.Option("--max-panels", help=(
+        "Most heatmap panels in one --out figure."))] = 256,
+) -> None:
+    """Run attention on sentences (one padded batch) and show every head's map, its statistics,
+    and a figure."""
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.outputs import check_distinct, check_output_path
+    from attnviz.compute.inputs import read_sentences
+    from attnviz.recognize.base import HeadHints
+    from attnviz.render.figure import FIGURE_SUFFIXES
+    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+
+    out_path = export_path = None
+    if out or export:  # every file the run reads is known before anything is computed
+        reads = inputs_read(weights, model, file, not (random or weights or model))
+        out_path = check_output_path(out, FIGURE_SUFFIXES, reads) if out else None
+        export_path = (check_output_path(export, (".safetensors",), reads, "--export")
+                       if export else None)
+        check_distinct(out_path, export_path)
+    random_options = (("--embed-dim", embed_dim), ("--kdim", kdim), ("--vdim", vdim),
+                      ("--seed", seed))
+    random_given = [flag for flag, value in random_options if value is not None]
+    if random_given and not random:
+        raise UsageError(f"{', '.join(random_given)} appl{'y' if len(random_given) > 1 else 'ies'} "
+                         "to --random only", fix="add --random")
+    spec = RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
+                      DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
+                      seed=seed or 0) if random else None
+    texts = list(sentences or []) + (read_sentences(file) if file else [])
+    result = run_heatmap(HeatmapJob(
+        texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
+                                                      num_kv_heads, head_dim),
+        causal, positions, device, dtype, device_map, head, average, query, sentence,
+        keep_full_maps=export is not None, max_tokens=max_tokens, max_sentences=max_sentences,
+        max_panels=max_panels if out_path else None))
+    if export_path is not None:
+        result.export(export_path)
+    if out_path is not None:
+        from attnviz.render.figure import heatmap_figure, save_figure
+
+        save_figure(heatmap_figure(result.views, result.run.source), out_path)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    print_heatmap(result, stats, maps, sentence - 1)
+    for path in (out_path, export_path):
+        if path is not None:
+            console().print(plain(f"wrote {path}"))
+
+
+def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
+                  sentence_index: int) -> None:
+    """Header lines, terminal maps, the statistics table and the --query breakdown."""
+    from attnviz.compute.maps import downsample
+    from attnviz.render import maps_terminal as render
+
+    run = result.run
+    out = console()
+    out.print(plain(f"source  {run.source}   device {run.device}"))
+    out.print(plain(f"inputs  {run.inputs_described}"))
+    for captured in run.layers:
+        out.print(plain(f"layer {captured.index} ({captured.layer.name or 'top level'}): "
+                        f"{captured.method}" + ("; causal" if run.causal else "")))
+    for note in run.notes:
+        out.print(plain(f"note: {note}"))
+    out.print()
+    if show_maps:
+        fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
+        render.print_maps(out, fitted, run.batch.sentences)
+    if show_stats:
+        out.print()
+        render.print_stats(out, result.head_stats)
+    if result.breakdown is not None:
+        out.print()
+        render.print_query(out, result.breakdown, run.batch.tokens[sentence_index])

@@ -1,0 +1,41 @@
+"""`attnviz inspect`: parse → InspectRequest → inspect_checkpoint → render."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnviz.cli.options import HeadDim, Json, NumHeads, NumKvHeads, console
+
+
+def inspect(
+    checkpoint: Annotated[Path, typer.Argument(help=(
+        "A .safetensors or .pt/.pth/.bin file, or a Hugging Face model folder."))],
+    layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
+        "Show per-head slices and norms of one layer (index or name); reads its tensors."))]
+    = None,
+    num_heads: NumHeads = None,
+    num_kv_heads: NumKvHeads = None,
+    head_dim: HeadDim = None,
+    scan: Annotated[bool, typer.Option("--scan", help=(
+        "Read every attention tensor (one at a time) and count NaN/Inf values."))] = False,
+    as_json: Json = False,
+) -> None:
+    """List every attention layer in a checkpoint: geometry, weight shapes, heads (headers only)."""
+    from attnviz.app.inspect_checkpoint import InspectRequest, inspect_checkpoint
+    from attnviz.recognize.base import HeadHints
+
+    result = inspect_checkpoint(InspectRequest(checkpoint, layer,
+                                               HeadHints(num_heads, num_kv_heads, head_dim), scan))
+    if as_json:
+        typer.echo(json.dumps(result.doc, indent=2))
+        return
+    from attnviz.render.inspect_tables import print_detail, print_inventory
+
+    out = console()
+    print_inventory(out, result.doc, result.non_finite, data_read=result.detail is not None)
+    if result.detail is not None:
+        print_detail(out, result.detail)

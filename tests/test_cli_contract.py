@@ -1,0 +1,35 @@
+"""The thin CLI's contract: a flag that does not apply to the chosen source is a usage error
+(exit 2, naming the flag), never silently ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import SAMPLES, assert_clean_error
+
+BUNDLED = SAMPLES / "induction.safetensors"
+
+CASES = [
+    (["heatmap", "a b", "-E", "32"], "--embed-dim applies to --random only"),
+    (["heatmap", "a b", "--seed", "3", "--kdim", "8"], "--kdim, --seed apply to --random only"),
+    (["heatmap", "--model", "m", "a", "--causal"], "--causal does not apply to --model"),
+    (["heatmap", "--model", "m", "a", "-H", "4", "--positions", "sinusoidal"],
+     "--positions, --num-heads do not apply to --model"),
+    (["heatmap", "a b", "--dtype", "bfloat16"], "--dtype and --device-map apply to --model only"),
+    (["heatmap", "a b", "--random", "--weights", BUNDLED], "exclude each other"),
+    (["split", "--weights", BUNDLED, "-E", "16"], "--embed-dim applies to random init only"),
+    (["split", "--weights", BUNDLED, "--no-bias"], "--no-bias applies to random init only"),
+    (["split", "--layer", "1"], "need --weights or --model"),
+    (["split", "--verify"], "--verify needs --model"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", CASES, ids=[" ".join(map(str, c[0])) for c in CASES])
+def test_inapplicable_flags_are_usage_errors(cli, args, fragment):
+    assert_clean_error(cli(*args), 2, fragment)
+
+
+def test_applicable_flags_still_work(cli):
+    """Negative control: the same flags with the source they belong to run."""
+    assert cli("heatmap", "a b", "--random", "-E", "32", "--seed", "3").exit_code == 0
+    assert cli("split", "-E", "16", "-H", "2", "--no-bias").exit_code == 0
