@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.conftest import SAMPLES, assert_clean_error
+from conftest import SAMPLES, assert_clean_error
 
 BUNDLED = SAMPLES / "induction.safetensors"
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, SAMPLES, assert_clean_error
 from safetensors.torch import save_file
 
 from attnviz.app.outputs import atomic_output, check_output_path, read_set
 from attnviz.errors import Interrupted, OutputError
-from tests.conftest import ROOT, SAMPLES, assert_clean_error
 
 BUNDLED = SAMPLES / "induction.safetensors"
 

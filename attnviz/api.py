@@ -1,0 +1,136 @@
+"""The public Python API, for notebooks and scripts: the same use cases the commands run.
+
+    import attnviz
+    result = attnviz.split(embed_dim=32, num_heads=4)        # random nn.MultiheadAttention
+    result.report.proof.passed, result.figure()
+    heat = attnviz.run_heatmap(["the cat sat on the mat the cat sat"])   # the bundled model
+    heat.head_stats[0], heat.views[0].values, heat.figure()
+
+Results display themselves in Jupyter (`_repr_png_`). Every function raises
+`attnviz.AttnvizError` (with `.what`, `.fix`) for a mistake the caller can fix.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from attnviz.app.heatmap import HeatmapJob, HeatmapResult
+from attnviz.app.heatmap import run_heatmap as _run_heatmap
+from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
+from attnviz.app.split import SplitRequest, SplitResult, run_split
+from attnviz.load.checkpoint import TensorStore
+from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
+from attnviz.recognize import Inventory
+from attnviz.recognize import find_layers as _find_layers
+from attnviz.recognize.base import HeadHints
+from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+
+
+def _png(figure: Any) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+class Split(SplitResult):
+    """A layer's head split and proof (`report`), with a figure of W_q, W_k, W_v, W_o."""
+
+    def figure(self) -> Any:
+        """A matplotlib Figure of the four matrices with head boundaries."""
+        from attnviz.render.figure import split_figure
+
+        return split_figure(self.matrix_panels(), self.title)
+
+    def _repr_png_(self) -> bytes:
+        return _png(self.figure())
+
+
+class Heatmap(HeatmapResult):
+    """Attention maps (`views`), head statistics (`head_stats`) and the run they came from."""
+
+    def figure(self) -> Any:
+        """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer."""
+        from attnviz.render.figure import heatmap_figure
+
+        return heatmap_figure(self.views, self.run.source)
+
+    def _repr_png_(self) -> bytes:
+        return _png(self.figure())
+
+
+def _as(cls: type, result: Any) -> Any:
+    return cls(**{f.name: getattr(result, f.name) for f in fields(result)})
+
+
+def open_checkpoint(path: str | Path) -> TensorStore:
+    """A checkpoint file or folder, headers read, tensors read on demand."""
+    return _open_checkpoint(Path(path))
+
+
+def find_layers(checkpoint: str | Path | TensorStore, *, num_heads: int | None = None,
+                num_kv_heads: int | None = None, head_dim: int | None = None) -> Inventory:
+    """Every attention layer attnviz recognizes in a checkpoint (headers only)."""
+    store = checkpoint if isinstance(checkpoint, TensorStore) else open_checkpoint(checkpoint)
+    return _find_layers(store, HeadHints(num_heads, num_kv_heads, head_dim))
+
+
+def inspect(checkpoint: str | Path, *, layer: str | int | None = None,
+            num_heads: int | None = None, num_kv_heads: int | None = None,
+            head_dim: int | None = None, scan: bool = False) -> InspectResult:
+    """What `attnviz inspect` reports, as a document (`.doc`) and per-head detail (`.detail`)."""
+    return inspect_checkpoint(InspectRequest(
+        Path(checkpoint), None if layer is None else str(layer),
+        HeadHints(num_heads, num_kv_heads, head_dim), scan))
+
+
+def split(weights: str | Path | None = None, *, model: str | None = None,
+          layer: str | int | None = None, embed_dim: int | None = None,
+          num_heads: int | None = None, num_kv_heads: int | None = None,
+          head_dim: int | None = None, kdim: int | None = None, vdim: int | None = None,
+          bias: bool = True, seed: int = 0, verify: bool = False) -> Split:
+    """How the heads split one layer, proved against torch's forward (`verify`: against the
+    model itself). Without weights or model: a random nn.MultiheadAttention(embed_dim, ...)."""
+    random = None
+    if weights is None and model is None:
+        random = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS, kdim,
+                            vdim, bias, seed=seed)
+        num_heads = None
+    result = run_split(SplitRequest(
+        None if weights is None else Path(weights), model, None if layer is None else str(layer),
+        HeadHints(num_heads, num_kv_heads, head_dim), random, seed, verify))
+    return _as(Split, result)
+
+
+def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
+                random: bool = False, layer: str | int | None = None,
+                head: int | None = None, average: bool = False, query: str | int | None = None,
+                sentence: int = 1, causal: bool = False, device: str = "auto",
+                embed_dim: int | None = None, num_heads: int | None = None,
+                seed: int = 0, keep_full_maps: bool = False, **limits: int) -> Heatmap:
+    """Attention of the bundled model (default), one checkpoint layer (`weights`) or a random
+    nn.MultiheadAttention (`random=True`) on a padded batch of sentences."""
+    spec = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS,
+                      seed=seed) if random else None
+    job = HeatmapJob(list(sentences), weights=None if weights is None else Path(weights),
+                     random=spec, layer=None if layer is None else str(layer),
+                     hints=HeadHints(None if random else num_heads), causal=causal,
+                     device=device, head=head, average=average,
+                     query=None if query is None else str(query), sentence=sentence,
+                     keep_full_maps=keep_full_maps, **limits)
+    return _as(Heatmap, _run_heatmap(job))
+
+
+def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int | None = None,
+              head: int | None = None, average: bool = False, query: str | int | None = None,
+              sentence: int = 1, device: str = "auto", dtype: str = "float32",
+              keep_full_maps: bool = False, **limits: int) -> Heatmap:
+    """A Hugging Face model's own attention (needs the `attnviz[hf]` extra; never downloads)."""
+    job = HeatmapJob(list(sentences), model=str(model), layer=None if layer is None else str(layer),
+                     device=device, dtype=dtype, head=head, average=average,
+                     query=None if query is None else str(query), sentence=sentence,
+                     keep_full_maps=keep_full_maps, **limits)
+    return _as(Heatmap, _run_heatmap(job))
