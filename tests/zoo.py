@@ -1,0 +1,216 @@
+"""A zoo of tiny random-weight Hugging Face models, one row per architecture, built offline.
+
+Each row names a config factory, the model class and the tokenizer options (pad token, padding
+side, whether the tokenizer adds <s> or </s> itself). `build(kind, folder)` writes the model with
+`save_pretrained` and a small WordLevel tokenizer next to it; nothing is ever downloaded. Sizes are
+tiny (hidden 32, 2 layers, 4 heads, grouped key/value heads where the family has them) so each
+model builds in a fraction of a second; biases are random and attention projections scaled up, so
+a slicing or masking mistake changes the maps visibly instead of hiding in near-uniform rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+SENTENCES = ["the cat sat on the mat",
+             "a small dog ran far away from the big red barn in the cold night"]
+WORDS = sorted(set(" ".join(SENTENCES).split()))
+SPECIALS = ["<unk>", "<pad>", "<s>", "</s>"]  # ids 0..3, matched by the configs below
+UNK, PAD, BOS, EOS = range(4)
+VOCAB = len(SPECIALS) + len(WORDS)
+POSITIONS = 64
+
+# Keyword groups shared by many rows: (hidden 32, 4 heads, 2 layers) in each family's own names.
+_IDS = {"vocab_size": VOCAB, "pad_token_id": PAD, "bos_token_id": BOS, "eos_token_id": EOS}
+_BERTLIKE = {"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+             "intermediate_size": 64, "max_position_embeddings": POSITIONS, **_IDS}
+_DECODER = {**_BERTLIKE, "num_key_value_heads": 2}  # grouped-query: 2 query heads per kv head
+_SEQ2SEQ = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+            "max_position_embeddings": POSITIONS, "decoder_start_token_id": EOS, **_IDS}
+_GPT = {"n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": POSITIONS, **_IDS}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One architecture of the zoo."""
+
+    config: Callable[[], Any]  # () -> a transformers config
+    model_class: str  # a transformers class name; the base model, no task head
+    pad: bool = True  # the tokenizer has a pad token (GPT-2 style tokenizers do not)
+    side: str = "right"  # padding side
+    bos: bool = False  # the tokenizer prepends <s> itself
+    eos: bool = False  # the tokenizer appends </s> itself
+    encoder_decoder: bool = False
+    text: bool = True  # False: weights only, no tokenizer (vision)
+    sharpen: float = 12.0  # factor on the q/k projections: attention visibly away from uniform
+
+
+def _config(name: str, **kwargs: Any) -> Callable[[], Any]:
+    return lambda: getattr(transformers, name)(**kwargs)
+
+
+ZOO: dict[str, Kind] = {
+    # encoders
+    "bert": Kind(_config("BertConfig", **_BERTLIKE), "BertModel", bos=True),
+    "roberta": Kind(_config("RobertaConfig", **{**_BERTLIKE, "max_position_embeddings": 70}),
+                    "RobertaModel", bos=True, eos=True),
+    "xlm_roberta": Kind(_config("XLMRobertaConfig",
+                                **{**_BERTLIKE, "max_position_embeddings": 70}),
+                        "XLMRobertaModel", bos=True, eos=True),
+    "distilbert": Kind(_config("DistilBertConfig", dim=32, n_heads=4, n_layers=2, hidden_dim=64,
+                               max_position_embeddings=POSITIONS, vocab_size=VOCAB,
+                               pad_token_id=PAD), "DistilBertModel", bos=True),
+    # ALBERT shares one attention module between its layers: one module, two calls
+    "albert": Kind(_config("AlbertConfig", embedding_size=16, **_BERTLIKE), "AlbertModel",
+                   bos=True),
+    "electra": Kind(_config("ElectraConfig", embedding_size=16, **_BERTLIKE), "ElectraModel",
+                    bos=True),
+    "deberta_v2": Kind(_config("DebertaV2Config", relative_attention=True,
+                               pos_att_type=["p2c", "c2p"], position_buckets=8,
+                               max_relative_positions=16, **_BERTLIKE),
+                       "DebertaV2Model", bos=True),
+    # layer 0 global, layer 1 local (sliding window of 2 tokens either side)
+    "modernbert": Kind(_config("ModernBertConfig", local_attention=4,
+                               layer_types=["full_attention", "sliding_attention"],
+                               attention_bias=True, cls_token_id=BOS, sep_token_id=EOS,
+                               **_BERTLIKE), "ModernBertModel", bos=True),
+    # MPNet ignores relative_attention_num_buckets (compute_position_bias hardcodes 32)
+    "mpnet": Kind(_config("MPNetConfig", **_BERTLIKE),
+                  "MPNetModel", bos=True),
+    # decoders
+    "gpt2": Kind(_config("GPT2Config", **_GPT), "GPT2Model", pad=False),
+    "gptj": Kind(_config("GPTJConfig", rotary_dim=4, **_GPT), "GPTJModel", pad=False),
+    "gpt_neo": Kind(_config("GPTNeoConfig", hidden_size=32, num_heads=4, num_layers=2,
+                            attention_types=[[["global", "local"], 1]], window_size=4,
+                            max_position_embeddings=POSITIONS, **_IDS), "GPTNeoModel",
+                    pad=False),
+    "codegen": Kind(_config("CodeGenConfig", rotary_dim=4, n_ctx=POSITIONS, **_GPT),
+                    "CodeGenModel", pad=False),
+    "opt": Kind(_config("OPTConfig", hidden_size=32, num_attention_heads=4, ffn_dim=64,
+                        num_hidden_layers=2, word_embed_proj_dim=32,
+                        max_position_embeddings=POSITIONS, **_IDS), "OPTModel", bos=True),
+    "bloom": Kind(_config("BloomConfig", hidden_size=32, n_head=4, n_layer=2, **_IDS),
+                  "BloomModel", side="left"),
+    "falcon": Kind(_config("FalconConfig", hidden_size=32, num_attention_heads=4,
+                           num_hidden_layers=2, new_decoder_architecture=True, num_kv_heads=2,
+                           bias=True, **_IDS), "FalconModel", side="left"),
+    "gpt_neox": Kind(_config("GPTNeoXConfig", rotary_pct=0.5, **_BERTLIKE), "GPTNeoXModel"),
+    "gpt_bigcode": Kind(_config("GPTBigCodeConfig", multi_query=True, **_GPT),
+                        "GPTBigCodeModel", pad=False),
+    "phi": Kind(_config("PhiConfig", partial_rotary_factor=0.5, qk_layernorm=True, **_DECODER),
+                "PhiModel"),
+    "phi3": Kind(_config("Phi3Config", **_DECODER), "Phi3Model", side="left"),
+    "llama": Kind(_config("LlamaConfig", attention_bias=True, **_DECODER), "LlamaModel",
+                  side="left", bos=True),
+    "mistral": Kind(_config("MistralConfig", sliding_window=4,
+                            **{**_DECODER, "num_key_value_heads": 1}), "MistralModel",
+                    side="left", bos=True),
+    "mixtral": Kind(_config("MixtralConfig", num_local_experts=2, num_experts_per_tok=1,
+                            **_DECODER), "MixtralModel", side="left", bos=True),
+    "qwen2": Kind(_config("Qwen2Config", **_DECODER), "Qwen2Model", side="left"),
+    "qwen3": Kind(_config("Qwen3Config", head_dim=16, attention_bias=True, **_DECODER),
+                  "Qwen3Model", side="left"),
+    "gemma": Kind(_config("GemmaConfig", head_dim=16, **{**_DECODER, "num_key_value_heads": 1}),
+                  "GemmaModel", side="left", bos=True),
+    # softcapping, query_pre_attn_scalar scaling, alternating sliding (4) and full layers
+    "gemma2": Kind(_config("Gemma2Config", head_dim=8, sliding_window=4, query_pre_attn_scalar=16,
+                           attn_logit_softcapping=5.0, **_DECODER), "Gemma2Model", side="left",
+                   bos=True),
+    "olmo2": Kind(_config("Olmo2Config", **_DECODER), "Olmo2Model"),
+    "stablelm": Kind(_config("StableLmConfig", partial_rotary_factor=0.25, use_qkv_bias=True,
+                             **_DECODER), "StableLmModel"),
+    # encoder-decoders
+    "t5": Kind(_config("T5Config", d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                       num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                       relative_attention_max_distance=16, vocab_size=VOCAB, pad_token_id=PAD,
+                       eos_token_id=EOS, decoder_start_token_id=PAD), "T5Model", eos=True,
+               encoder_decoder=True, sharpen=1.0),  # unscaled scores: sharp already
+    "bart": Kind(_config("BartConfig", **_SEQ2SEQ), "BartModel", bos=True, eos=True,
+                 encoder_decoder=True),
+    "marian": Kind(_config("MarianConfig", **{**_SEQ2SEQ, "decoder_start_token_id": PAD}),
+                   "MarianModel", eos=True, encoder_decoder=True),
+    "mbart": Kind(_config("MBartConfig", **_SEQ2SEQ), "MBartModel", eos=True,
+                  encoder_decoder=True),
+    "pegasus": Kind(_config("PegasusConfig", **{**_SEQ2SEQ, "decoder_start_token_id": PAD}),
+                    "PegasusModel", eos=True, encoder_decoder=True),
+    # vision: 16×16 images, 4×4 patches -> 16 patches + [CLS]
+    "vit": Kind(_config("ViTConfig", hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+                        intermediate_size=64, image_size=16, patch_size=4), "ViTModel",
+                text=False),
+}
+TEXT = [kind for kind, row in ZOO.items() if row.text]
+ENCODER_DECODER = [kind for kind, row in ZOO.items() if row.encoder_decoder]
+
+# Parameters scaled up so attention is sharper than at init: projections of q and k (and ALBERT's
+# and ELECTRA's embedding projection, whose small outputs reach layer 0 without a norm).
+_SHARPEN = ("query", "key", "q_proj", "k_proj", "q_lin", "k_lin", "c_attn", "Wqkv", "qkv_proj",
+            "query_key_value", ".q.", ".k.", "in_proj", "embeddings_project",
+            "embedding_hidden_mapping_in")
+
+
+def save_tokenizer(folder: Path, row: Kind) -> None:
+    """A WordLevel tokenizer over the zoo's words, with the row's padding and special tokens."""
+    vocab = {word: i for i, word in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    template = " ".join((["<s>"] if row.bos else []) + ["$A"] + (["</s>"] if row.eos else []))
+    if template != "$A":  # special tokens the tokenizer adds itself
+        tok.post_processor = processors.TemplateProcessing(
+            single=template, special_tokens=[("<s>", BOS), ("</s>", EOS)])
+    extra = {"pad_token": "<pad>"} if row.pad else {}
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        padding_side=row.side, model_input_names=["input_ids", "attention_mask"],
+        **extra).save_pretrained(folder)
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The tokenizer that was saved. Not AutoTokenizer: transformers 5 maps some model types
+    (qwen2, ...) to their own tokenizer class, which rebuilds a BPE without merges."""
+    return transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+def build_model(kind: str, seed: int = 0) -> Any:
+    """A random-weight model of `kind`, in eval mode, with random biases and sharper attention."""
+    row = ZOO[kind]
+    torch.manual_seed(seed)
+    model = getattr(transformers, row.model_class)(row.config())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") and param.ndim == 1:
+                param.normal_(0, 0.5)
+            elif param.ndim == 2 and any(part in f".{name}" for part in _SHARPEN):
+                param.mul_(row.sharpen)
+    return model.eval()
+
+
+def build(kind: str, folder: Path) -> Path:
+    """Write model `kind` (and its tokenizer, for text kinds) to `folder`; return the folder."""
+    transformers.utils.logging.disable_progress_bar()
+    build_model(kind).save_pretrained(folder)
+    if ZOO[kind].text:
+        save_tokenizer(folder, ZOO[kind])
+    return folder
+
+
+def zoo_factory(tmp_path_factory: Any) -> Callable[[str], Path]:
+    """`get(kind) -> folder`, building each kind at most once per session.
+
+    Wrap it in a session-scoped fixture: `zoo_model = pytest.fixture(scope="session")(...)`.
+    """
+    built: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in built:
+            built[kind] = build(kind, tmp_path_factory.mktemp(kind))
+        return built[kind]
+
+    return get
