@@ -1,4 +1,4 @@
-"""attnviz.capture on every architecture of the zoo: maps equal transformers' own eager
+"""attnviz.sources.capture on every architecture of the zoo: maps equal transformers' own eager
 output_attentions, blocks equal whole maps, only shown layers pay for eager attention."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ pytest.importorskip("tokenizers")
 import torch  # noqa: E402
 from zoo import ENCODER_DECODER, SENTENCES, TEXT, ZOO, load_tokenizer, zoo_factory  # noqa: E402
 
-from attnviz import capture as cap  # noqa: E402
 from attnviz.errors import CheckpointError, UsageError  # noqa: E402
+from attnviz.sources import capture as cap  # noqa: E402
 
 # Families whose modeling file (transformers 5.24) does not call ALL_ATTENTION_FUNCTIONS.
 FALLBACK = {"deberta_v2", "mpnet", "gpt_neo", "bloom", "falcon"}

@@ -145,8 +145,8 @@ def load_for_capture(folder: str | Path, model_class: str = "AutoModel",
                                        local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as error:
         raise CheckpointError(f"transformers cannot load the model: {printable(str(error), 200)}",
-                              "pass a folder holding config.json and the weights",
-                              printable(str(folder))) from None
+                              fix="pass a folder holding config.json and the weights",
+                              where=printable(str(folder))) from None
     model = model.to(device).eval()
     if uses_interface(model):
         model.set_attn_implementation(NAME)
@@ -168,7 +168,7 @@ def capture(model: Any, inputs: Mapping[str, Any], shown_layers: Iterable[int] |
         shown = {-1}  # not integers: the same message as negative ones
     if shown is not None and min(shown, default=0) < 0:
         raise UsageError("shown layers must be call indices 0, 1, ...",
-                         "resolve negative layer numbers against the model's layer count first")
+                         fix="resolve negative layer numbers against the model's layer count first")
     if block_budget_bytes is not None and block_budget_bytes <= 0:
         raise UsageError(f"block budget must be positive, not {block_budget_bytes}")
     sink: OnBlock = on_block if on_block is not None else (lambda *_: None)
@@ -268,11 +268,11 @@ class _Session:
                                     **block_kwargs)
             if weights is None:
                 raise CheckpointError(f"the eager attention of {type(module).__name__} returned "
-                                      "no weights", "report this model to attnviz")
+                                      "no weights", fix="report this model to attnviz")
             if rows < length and output.shape[1] != stop - start:  # not (B, rows, H, d)
                 raise CheckpointError(f"the eager attention of {type(module).__name__} returns "
                                       "an output attnviz cannot join by query rows",
-                                      "capture it without a block budget")
+                                      fix="capture it without a block budget")
             self.sink(index, start, weights)  # (B, H, rows, S)
             outputs.append(output)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H, d)
@@ -383,7 +383,7 @@ def _capture_output_attentions(model: Any, inputs: dict, shown: set[int] | None,
         maps = [(LayerKind.SELF, m) for m in getattr(outputs, "attentions", None) or ()]
     if not maps or any(m is None for _, m in maps):
         raise CheckpointError("the model returned no attention weights",
-                              "load it with attn_implementation='eager'")
+                              fix="load it with attn_implementation='eager'")
     names = _attention_module_names(model, len(maps))
     layers = []
     for index, ((kind, weights), name) in enumerate(zip(maps, names, strict=True)):
