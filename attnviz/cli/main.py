@@ -35,7 +35,7 @@ class AttnvizGroup(TyperGroup):
         argv = sys.argv[1:] if argv is None else argv
         _state["debug"] = "--debug" in list(argv)
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            result = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
         except typer.Exit as exc:
             sys.exit(exc.exit_code)
         except typer.Abort:
@@ -54,7 +54,8 @@ class AttnvizGroup(TyperGroup):
             if ctx is not None:
                 hint = f" — see '{ctx.command_path} --help'"
             code = getattr(exc, "exit_code", 2)
-            _fail(exc.format_message() + hint, ExitCode.USAGE if code == 2 else ExitCode.DATA)
+            message = exc.format_message()  # type: ignore[attr-defined]
+            _fail(message + hint, ExitCode.USAGE if code == 2 else ExitCode.DATA)
         except AttnvizError as exc:
             if _state["debug"]:
                 raise

@@ -31,6 +31,13 @@ class LayerWeights:
     bias_k: torch.Tensor | None  # (H_kv·d,) extra key appended after projection
     bias_v: torch.Tensor | None
 
+    @property
+    def bias_kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(bias_k, bias_v) when the layer appends an extra key/value (they come in pairs)."""
+        if self.bias_k is None or self.bias_v is None:
+            return None
+        return self.bias_k, self.bias_v
+
 
 def read_ref(store: TensorStore, ref: TensorRef) -> torch.Tensor:
     """The tensor `ref` denotes, in (out, in) orientation, reading only its rows where possible."""
@@ -38,14 +45,8 @@ def read_ref(store: TensorStore, ref: TensorRef) -> torch.Tensor:
     if not ref.transposed and not ref.flatten and ranges is not None and len(ranges) == 1:
         (start, stop), = ranges
         return store.read_rows(ref.key, start, stop)
-    tensor = store.read(ref.key)
-    if ref.flatten:
-        tensor = tensor.reshape(-1)
-    if ref.transposed:
-        tensor = tensor.t()
-    if ranges is not None:
-        tensor = torch.cat([tensor[start:stop] for start, stop in ranges])
-    return tensor
+    blocks = ref.row_blocks(ref.oriented(store.read(ref.key)))
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 
 def load_weights(layer: AttentionLayer, store: TensorStore,
@@ -55,12 +56,15 @@ def load_weights(layer: AttentionLayer, store: TensorStore,
             return None
         return read_ref(store, ref).to(device=device, dtype=dtype).contiguous()
 
+    def need(ref: TensorRef) -> torch.Tensor:
+        return read_ref(store, ref).to(device=device, dtype=dtype).contiguous()
+
     return LayerWeights(
-        W_q=get(layer.q_weight), W_k=get(layer.k_weight), W_v=get(layer.v_weight),
-        W_o=get(layer.o_weight), b_q=get(layer.q_bias), b_k=get(layer.k_bias),
+        W_q=need(layer.q_weight), W_k=need(layer.k_weight), W_v=need(layer.v_weight),
+        W_o=need(layer.o_weight), b_q=get(layer.q_bias), b_k=get(layer.k_bias),
         b_v=get(layer.v_bias), b_o=get(layer.o_bias), bias_k=get(layer.bias_k),
         bias_v=get(layer.bias_v),
-    )  # type: ignore[arg-type]
+    )
 
 
 def torch_mha_expressible(layer: AttentionLayer) -> bool:
@@ -90,9 +94,10 @@ def build_torch_mha(layer: AttentionLayer, weights: LayerWeights) -> torch.nn.Mu
             parts = [b if b is not None else zeros for b in (weights.b_q, weights.b_k, weights.b_v)]
             mha.in_proj_bias.copy_(torch.cat(parts))
             mha.out_proj.bias.copy_(weights.b_o if weights.b_o is not None else zeros)
-        if weights.bias_k is not None:
-            mha.bias_k.copy_(weights.bias_k.view(1, 1, -1))
-            mha.bias_v.copy_(weights.bias_v.view(1, 1, -1))
+        if weights.bias_kv is not None and mha.bias_k is not None and mha.bias_v is not None:
+            bias_k, bias_v = weights.bias_kv
+            mha.bias_k.copy_(bias_k.view(1, 1, -1))
+            mha.bias_v.copy_(bias_v.view(1, 1, -1))
     return mha.eval()
 
 
@@ -129,14 +134,20 @@ def per_head_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.
     """
     H = layer.num_heads
     assert H is not None
-    qs, ks, vs, scores, attns = [], [], [], [], []
+    qs: list[torch.Tensor] = []
+    ks: list[torch.Tensor] = []
+    vs: list[torch.Tensor] = []
+    scores: list[torch.Tensor] = []
+    attns: list[torch.Tensor] = []
     out = torch.zeros(*query.shape[:-1], layer.embed_dim, dtype=query.dtype, device=query.device)
     mask = merged_mask(key_padding_mask, attn_mask, weights.bias_k is not None)
     for h in range(H):
         q_h, k_h, v_h, s_h, a_h = head_attention(layer, weights, h, query, key, value, mask)
         q0, q1 = layer.q_rows(h)
         out = out + (a_h @ v_h) @ weights.W_o[:, q0:q1].T  # (B, L, E)
-        qs.append(q_h), ks.append(k_h), vs.append(v_h), scores.append(s_h), attns.append(a_h)
+        for parts, part in zip((qs, ks, vs, scores, attns), (q_h, k_h, v_h, s_h, a_h),
+                               strict=True):
+            parts.append(part)
     if weights.b_o is not None:
         out = out + weights.b_o
     stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
@@ -153,9 +164,10 @@ def head_attention(layer: AttentionLayer, weights: LayerWeights, head: int, quer
     q_h = _project(query, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1))  # (B, L, d)
     k_h = _project(key, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1))  # (B, S, d)
     v_h = _project(value, weights.W_v[k0:k1], _rows(weights.b_v, k0, k1))  # (B, S, d)
-    if weights.bias_k is not None:
-        k_h = _append_position(k_h, weights.bias_k[k0:k1])  # (B, S+1, d)
-        v_h = _append_position(v_h, weights.bias_v[k0:k1])
+    if weights.bias_kv is not None:
+        bias_k, bias_v = weights.bias_kv
+        k_h = _append_position(k_h, bias_k[k0:k1])  # (B, S+1, d)
+        v_h = _append_position(v_h, bias_v[k0:k1])
     s_h = (q_h * layer.effective_scale) @ k_h.transpose(-1, -2)  # (B, L, S); scale the small side
     masked = s_h if mask is None else s_h.masked_fill(mask, float("-inf"))
     return q_h, k_h, v_h, s_h, torch.softmax(masked, dim=-1)
@@ -174,9 +186,10 @@ def reshaped_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.
     q = F.linear(query, weights.W_q, weights.b_q).view(B, L, H, d).transpose(1, 2)  # (B, H, L, d)
     k = F.linear(key, weights.W_k, weights.b_k).view(B, S, H_kv, d).transpose(1, 2)
     v = F.linear(value, weights.W_v, weights.b_v).view(B, S, H_kv, d).transpose(1, 2)
-    if weights.bias_k is not None:
-        k = torch.cat([k, weights.bias_k.view(1, H_kv, 1, d).expand(B, -1, -1, -1)], dim=2)
-        v = torch.cat([v, weights.bias_v.view(1, H_kv, 1, d).expand(B, -1, -1, -1)], dim=2)
+    if weights.bias_kv is not None:
+        bias_k, bias_v = weights.bias_kv
+        k = torch.cat([k, bias_k.view(1, H_kv, 1, d).expand(B, -1, -1, -1)], dim=2)
+        v = torch.cat([v, bias_v.view(1, H_kv, 1, d).expand(B, -1, -1, -1)], dim=2)
     k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, S, d), as transformers' repeat_kv
     v = v.repeat_interleave(H // H_kv, dim=1)
     mask = merged_mask(key_padding_mask, attn_mask, weights.bias_k is not None)

@@ -148,7 +148,7 @@ def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
     import torch
 
     vocab = find_vocabulary(store, width) if store is not None else None
-    table = store.read(vocab.embedding_key).float() if vocab is not None else None
+    table = store.read(vocab.embedding_key).float() if vocab and store else None
     x = torch.zeros(len(batch.tokens), batch.max_len, width)
     found = 0
     for b, tokens in enumerate(batch.tokens):

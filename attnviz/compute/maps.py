@@ -55,6 +55,7 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
             keys = list(range(n)) + list(range(run.batch.max_len, maps.shape[-1]))
             maps = maps[:, :, keys]
             col_labels = tokens + ["<bias_k>"] * extra
+            chosen: list[tuple[int | None, Any]]
             if average:
                 chosen = [(None, maps.mean(0))]
             elif head is not None:

@@ -151,7 +151,9 @@ def recompute_heads(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
         if positions.rope is not None:
             q, k = apply_rope(q, *positions.rope), apply_rope(k, *positions.rope)
         s = layer.effective_scale * (q @ k.transpose(-1, -2))  # (B, L, L)
-        qs.append(q), ks.append(k), scores.append(s)
+        qs.append(q)
+        ks.append(k)
+        scores.append(s)
         maps.append(torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1))
     stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
     return RecomputedHeads(stack(qs), stack(ks), stack(scores), stack(maps))

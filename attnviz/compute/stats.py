@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -133,12 +134,13 @@ def add_sums(a: StatSums | None, b: StatSums) -> StatSums:
 def finish_stats(totals: StatSums, layer: int, first_head: int = 0) -> list[HeadStats]:
     """Means from sums and counts; heads numbered from first_head."""
     sums, counts = totals
-    means = {name: (sums[name] / counts[name]).tolist() if counts[name] else None
-             for name in sums}
+    means: dict[str, Any] = {name: (sums[name] / counts[name]).tolist() if counts[name] else None
+                             for name in sums}
     H = len(sums["entropy"])
-    return [HeadStats(layer=layer, head=first_head + h, **{
-        name: means[name][h] if means[name] is not None else None for name in sums})
+    values: list[dict[str, Any]] = [
+        {name: means[name][h] if means[name] is not None else None for name in sums}
         for h in range(H)]
+    return [HeadStats(layer=layer, head=first_head + h, **values[h]) for h in range(H)]
 
 
 def induction_score(weights: torch.Tensor, tokens: list[list[str]]) -> list[float]:

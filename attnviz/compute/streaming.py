@@ -80,7 +80,7 @@ class MapReducer:
         if self._non_finite:
             raise CheckFailed(f"layer {self.layer_index} produced non-finite attention weights",
                               fix="check the weights with 'attnviz inspect --scan'")
-        first_view = {}
+        first_view: dict[int, MapView] = {}
         for view in self.views:
             first_view.setdefault(view.sentence, view)
         means = [replace(first_view[b], head=None, values=(total / heads).numpy())

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from attnviz.errors import LayoutError, UsageError
 
 RowRanges = tuple[tuple[int, int], ...]
+
+
+ArrayT = TypeVar("ArrayT", bound=Any)  # a torch tensor or a numpy array
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,20 @@ class TensorRef:
             shown = ",".join(parts[:3]) + (",…" if len(parts) > 3 else "")
             text += f"[{shown}]"
         return text
+
+    def oriented(self, stored: ArrayT) -> ArrayT:
+        """The stored array in (out, in) orientation, before row selection: flattened or
+        transposed as this reference says. The one decoder for torch tensors and numpy arrays
+        (memory maps) alike: both have `reshape` and `.T`, and neither copies here."""
+        if self.flatten:
+            return stored.reshape(-1)
+        return stored.T if self.transposed else stored
+
+    def row_blocks(self, oriented: ArrayT) -> list[ArrayT]:
+        """The row blocks of an `oriented` array this reference takes, in order."""
+        if self.row_ranges is None:
+            return [oriented]
+        return [oriented[start:stop] for start, stop in self.row_ranges]
 
     def take(self, ranges: RowRanges) -> TensorRef:
         """A reference to rows `ranges` (relative to this reference's rows) of the same tensor."""

@@ -447,6 +447,7 @@ class ShardedStore(TensorStore):
                  config: dict[str, Any] | None) -> None:
         super().__init__(printable(str(folder), 200), fmt, config)
         self.folder = folder
+        self._folder = folder
         self._weight_map = weight_map
         self._shards: dict[str, TensorStore] = {}
         for file_name in sorted(set(weight_map.values())):
@@ -456,7 +457,7 @@ class ShardedStore(TensorStore):
     def shard_of(self, raw: str) -> TensorStore:
         file_name = self._weight_map[raw]
         if file_name not in self._shards:
-            path = safe_child(self.folder, file_name)
+            path = safe_child(self._folder, file_name)
             self._shards[file_name] = open_file(path, self.config)
         shard = self._shards[file_name]
         if raw not in shard._names.values():

@@ -6,7 +6,7 @@ JSON null counts as missing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 from attnviz.errors import LayoutError, printable
 
@@ -29,6 +29,14 @@ def flag(config: dict[str, Any], name: str, default: bool) -> bool:
         raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected "
                           "true or false", fix="fix config.json")
     return value
+
+
+@overload
+def number(config: dict[str, Any], name: str, default: float) -> float: ...
+
+
+@overload
+def number(config: dict[str, Any], name: str, default: None) -> float | None: ...
 
 
 def number(config: dict[str, Any], name: str, default: float | None) -> float | None:

@@ -74,7 +74,7 @@ def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") ->
         table.add_column("used by query heads")
     for h in proj.heads:
         color = hex_color(head_rgb(h.head, num_heads))
-        cells = [Text(str(h.head), style=f"bold {color}"), f"{h.start}:{h.stop}",
+        cells: list[Text | str] = [Text(str(h.head), style=f"bold {color}"), f"{h.start}:{h.stop}",
                  fmt_shape(h.shape), _relative(h.stored_at, prefix)]
         if h.query_heads:
             cells.append(_span(h.query_heads))

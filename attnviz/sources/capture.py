@@ -123,7 +123,8 @@ def uses_interface(model: Any) -> bool:
     from transformers import PreTrainedModel
 
     # PreTrainedModel's own methods read the interface too (to validate implementations).
-    return any(_calls_interface(type(module)) for module in model.modules()
+    return any(_calls_interface(type(module))  # type: ignore[arg-type]
+               for module in model.modules()
                if not isinstance(module, PreTrainedModel))
 
 

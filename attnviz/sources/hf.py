@@ -191,7 +191,7 @@ def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | Non
         if reducers is not None:
             results.append(reducers[i].finish(loaded.layers[i], inputs,
                                               f"{METHOD}, streamed ({streaming.STREAMED})"))
-        else:
+        elif weights is not None:
             results.append(LayerAttention(i, loaded.layers[i], _realign(weights, real, (2, 3)),
                                           inputs, METHOD))
     described = ("the model's own hidden states entering each attention block (token and "
@@ -261,7 +261,7 @@ def _pad(loaded: LoadedModel, rows: list[dict[str, list]]) -> tuple[dict[str, An
     fills = {"input_ids": filler}  # attention_mask and token_type_ids pad with 0
     # Tokenizers may return inputs the model does not take (token_type_ids for LLaMA in 4.x).
     accepts = inspect.signature(loaded.runner.forward).parameters
-    feed = {}
+    feed: dict[str, torch.Tensor] = {}
     for name in ("input_ids", "attention_mask", "token_type_ids"):
         if name not in rows[0] or name not in accepts:
             continue
@@ -445,6 +445,9 @@ def verify_layer(loaded: LoadedModel, layer_index: int, sentences: list[str], *,
         run = run_model(loaded, sentences, [index], max_tokens)
     captured = run.layer(index)
     layer = layer or captured.layer
+    if captured.inputs is None or captured.weights is None:
+        raise CheckFailed(f"layer {index} kept neither its inputs nor its maps",
+                          fix="report this")
     positions = positions_for(config, layer, index, captured.inputs.shape[1])
     recomputed = recompute_weights(layer, load_weights(layer, loaded.store), captured.inputs,
                                    run.batch.lengths, positions)
