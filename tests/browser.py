@@ -132,7 +132,8 @@ class Browser:
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
             "sessionId"]
-        page = Page(self, session)
+        self.send("Target.activateTarget", {"targetId": target})
+        page = Page(self, session, target)
         for domain in ("Page", "Runtime", "Log", "Network"):
             page.send(f"{domain}.enable")
         page.send("Emulation.setDeviceMetricsOverride", {
@@ -160,9 +161,13 @@ class Browser:
 
 
 class Page:
-    def __init__(self, browser: Browser, session: str) -> None:
+    def __init__(self, browser: Browser, session: str, target: str) -> None:
         self.browser = browser
         self.session = session
+        self.target = target
+
+    def close(self) -> None:
+        self.browser.send("Target.closeTarget", {"targetId": self.target})
 
     def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.browser.send(method, params, self.session)

@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -91,8 +92,8 @@ def _data(page: str) -> dict:
 
 
 def test_page_has_no_network_reference(padded, long_streamed):
-    for _, *rest in (padded, long_streamed):
-        page = render_html(rest[-1])
+    for doc in (padded[2], long_streamed[1]):
+        page = render_html(doc)  # a token of `padded` is a URL: it stays data, as https:\/\/
         assert "http://" not in page and "https://" not in page and "://" not in page
         assert "url(" not in page.lower() and "@import" not in page.lower()
         # every src/href/action attribute, if any, is a data: URL
@@ -140,12 +141,12 @@ def test_query_numbers_are_the_breakdowns(padded):
     for got, want in zip(query["heads"], breakdown.heads, strict=True):
         for key in ("dots", "scores", "weights", "q"):
             np.testing.assert_allclose(got[key], getattr(want, key), rtol=1e-5, atol=1e-7)
-        assert [k for k in got["keys"]] == [[pytest.approx(v, rel=1e-5, abs=1e-7)
-                                             for v in k[:4]] for k in want.keys]
+        assert got["keys"] == [[pytest.approx(v, rel=1e-5, abs=1e-7) for v in k[:4]]
+                               for k in want.keys]
 
 
 def test_long_streamed_maps_are_downsampled_with_spans(long_streamed):
-    attention_run, doc = long_streamed
+    _, doc = long_streamed
     long, short = doc["maps"]
     assert long["downsampled"] and (long["rows"], long["cols"]) == (128, 128)
     assert long["row_spans"][0][0] == 0 and long["row_spans"][-1][1] == 600
@@ -228,10 +229,12 @@ def _text(page, selector: str) -> str:
     return page.evaluate(f"document.querySelector({json.dumps(selector)}).textContent")
 
 
-def _clean(page, path_suffix: str = ".html") -> None:
+def _finish(page) -> None:
+    """No error of any kind, and no request but the page's own file; then close the tab."""
     assert page.errors() == []
-    assert all(u.startswith("file://") and u.endswith(path_suffix) for u in page.requests()), \
+    assert all(u.startswith("file://") and u.endswith(".html") for u in page.requests()), \
         page.requests()
+    page.close()
 
 
 @needs_browser
@@ -273,7 +276,7 @@ def test_head_view_padded_batch(browser, padded, tmp_path):
     page.evaluate("(() => { const s = document.getElementById('sentence-select'); s.value = '1';"
                   " s.dispatchEvent(new Event('change')); })()")
     assert _count(page, "#hv-left .tok") == _count(page, "#hv-right .tok") == 2
-    _clean(page)
+    _finish(page)
 
 
 @needs_browser
@@ -312,7 +315,7 @@ def test_model_view_grid_detail_and_screenshot(browser, bundled, tmp_path):
     # viridis is there: dark purple (low weights) and green-yellow (high)
     purple = (np.abs(image - np.array([68, 1, 84]) / 255).max(-1) < 0.08).sum()
     assert purple > 100
-    _clean(page)
+    _finish(page)
 
 
 @needs_browser
@@ -327,7 +330,7 @@ def test_query_and_stats_views(browser, padded, tmp_path):
     assert cells == [f"{w:.3f}" if w else "masked" for w in breakdown.heads[1].weights]
     page.click("#tab-stats-view")
     assert _count(page, "#stats-table tr") == 1 + 4
-    _clean(page)
+    _finish(page)
 
 
 @needs_browser
@@ -345,7 +348,28 @@ def test_long_streamed_page(browser, long_streamed, tmp_path):
                     _text(page, "#mv-readout"))
     page.click("#tab-query-view")
     assert _count(page, ".qv-head table tr") == 4 * 601
-    _clean(page)
+    _finish(page)
+
+
+@needs_browser
+def test_notebook_iframe_runs_offline(browser, bundled, tmp_path):
+    """The srcdoc iframe (sandboxed, an opaque origin) runs the page's script: it draws the
+    colour bar, which the static markup does not hold."""
+    host = tmp_path / "notebook.html"
+    host.write_text("<!DOCTYPE html><html><body>" + notebook_html(bundled[1]) +
+                    "</body></html>", encoding="utf-8")
+    page = browser.open(host.as_uri())
+    import matplotlib.image
+
+    viridis = np.array([[68, 1, 84], [33, 145, 140], [253, 231, 37]]) / 255
+    for _ in range(50):  # the sandboxed frame paints in its own process, a little later
+        image = matplotlib.image.imread(io.BytesIO(page.screenshot()), format="png")[..., :3]
+        found = [(np.abs(image - color).max(-1) < 0.06).sum() for color in viridis]
+        if min(found) >= 3:
+            break
+        time.sleep(0.1)
+    assert min(found) >= 3, found
+    _finish(page)
 
 
 @pytest.fixture(scope="module")
@@ -377,4 +401,4 @@ def test_minilm_all_layers(browser, minilm_doc, tmp_path):
     assert _count(page, "#hv-left .tok") == 8  # [CLS] the cat sat on the mat [SEP]
     page.click("#tab-model-view")
     assert _count(page, "#mv-grid canvas.map") == 6 * 12
-    _clean(page)
+    _finish(page)
