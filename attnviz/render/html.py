@@ -9,8 +9,9 @@ admits only its own inline script, by hash). `notebook_html(doc)` wraps the page
 
 Maps: one entry per (sentence, layer) holding every head, over each sentence's real tokens only
 (padding cut away; a bias_k key, if any, is the last column). A map larger than `max_cells` per
-side is downsampled as the figures do (`attnviz.views.downsample`: key blocks summed, query blocks
-averaged, so each row still sums to 1) and its rows and columns carry the token spans they cover.
+side is downsampled as the figures do (`attnviz.compute.maps.downsample`: key blocks summed, query
+blocks averaged, so each row still sums to 1) and its rows and columns carry the token spans they
+cover.
 
 Quantization (8 bits per weight), per head and per displayed row r of R rows × C columns:
 - scale[r] = the largest weight of the row, as a float32 (little-endian) → "scales", base64 of
@@ -51,8 +52,10 @@ from pathlib import Path
 from typing import Any
 
 # attnviz internals used here (the only ones): display views of a run, and safe output
-from attnviz.output import atomic_output
-from attnviz.views import downsample, select_maps
+from attnviz.app.outputs import atomic_output
+from attnviz.compute.maps import downsample, select_maps
+
+HTML_SUFFIXES = (".html", ".htm")
 
 FORMAT = "attnviz-html/1"
 LEVELS = 254  # codes 0..254 are weights
@@ -223,7 +226,8 @@ def _finite(value: Any) -> Any:
 
 
 def _query_json(breakdown: Any, tokens: list[list[str]]) -> dict[str, Any]:
-    b = asdict(breakdown) if is_dataclass(breakdown) else dict(breakdown)
+    b = asdict(breakdown) if is_dataclass(breakdown) and not isinstance(breakdown, type) \
+        else dict(breakdown)
     sentence_tokens = [str(t) for t in tokens[b["sentence"]]]
     heads = []
     for h in b["heads"]:
