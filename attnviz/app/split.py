@@ -13,7 +13,8 @@ from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     from attnviz.compute.forward import LayerWeights
-    from attnviz.compute.split import BandPicture, MatrixPanel, SplitReport
+    from attnviz.compute.split import SplitReport
+    from attnviz.compute.split_views import BandPicture, MatrixPanel
     from attnviz.core.layer import AttentionLayer
     from attnviz.sources.hf import VerifyResult
 
@@ -63,17 +64,17 @@ class SplitResult:
         return self.failure is None
 
     def band_picture(self, max_cols: int) -> BandPicture:
-        from attnviz.compute.split import band_picture
+        from attnviz.compute.split_views import band_picture
 
         return band_picture(self.layer, self.layer_weights.W_q, max_cols=max_cols)
 
     def explanation(self) -> list[str]:
-        from attnviz.compute.split import explanation
+        from attnviz.compute.split_views import explanation
 
         return explanation(self.layer)
 
     def matrix_panels(self) -> list[MatrixPanel]:
-        from attnviz.compute.split import matrix_panels
+        from attnviz.compute.split_views import matrix_panels
 
         return matrix_panels(self.layer, self.layer_weights)
 

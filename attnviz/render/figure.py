@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.app.outputs import atomic_output
-from attnviz.compute.split import MatrixPanel
+from attnviz.compute.split_views import MatrixPanel
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_HEAD_LABELS = 16

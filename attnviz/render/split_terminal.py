@@ -9,7 +9,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.compute.split import BandPicture, ProjectionSplit, Proof, SplitReport
+from attnviz.compute.split import ProjectionSplit, Proof, SplitReport
+from attnviz.compute.split_views import BandPicture
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
 LABEL_WIDTH = 14  # "h12 96:104 │ "
