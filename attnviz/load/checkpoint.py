@@ -300,12 +300,12 @@ def check_torch_zip(path: Path) -> bool:
     try:
         if not zipfile.is_zipfile(path):
             return False
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
         raise CheckpointError(f"{bad}: damaged zip directory", where=where) from None
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError):
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError):
         raise CheckpointError(f"{bad}: damaged zip directory", where=where) from None
     if len(entries) > MAX_ZIP_ENTRIES:
         raise CheckpointError(f"{bad}: {len(entries)} entries", where=where)
