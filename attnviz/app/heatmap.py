@@ -177,8 +177,17 @@ class HeatmapResult:
     views: list[Any]  # compute.maps.MapView: the selected maps, per (sentence, layer, head)
     breakdown: Any = None  # compute.attention.QueryBreakdown for --query
 
-    def to_json(self) -> dict[str, Any]:
-        return run_json(self.run, self.head_stats, self.breakdown)
+    def to_json(self, ranked: bool = False) -> dict[str, Any]:
+        doc = run_json(self.run, self.head_stats, self.breakdown)
+        if ranked:
+            doc["ranking"] = [r.to_json() for r in self.ranking()]
+        return doc
+
+    def ranking(self, top: int = 3) -> list[Any]:
+        """compute.ranking.HeadRanking per head type: the `top` heads of each."""
+        from attnviz.compute.ranking import rank_heads
+
+        return rank_heads(self.head_stats, top)
 
     def export(self, path: Path) -> None:
         export(self.run, path)

@@ -58,6 +58,12 @@ def heatmap(
     maps: Annotated[bool, typer.Option("--maps/--no-maps", help=(
         "Print the terminal heatmaps."))] = True,
     as_json: Json = False,
+    rank: Annotated[bool, typer.Option("--rank", help=(
+        "Rank the heads by type (previous-token, first/last-token, special-token, self, "
+        "duplicate, induction, broad): the top 3 of each."))] = False,
+    probe: Annotated[str | None, typer.Option("--probe", help=(
+        "Run on a probe input instead of sentences: 'induction' (random words, each span "
+        "repeated) makes induction heads show."))] = None,
     causal: Annotated[bool, typer.Option("--causal", help=(
         "Decoder-style masking: query i sees keys 0..i (the bundled model always is)."))]
     = False,
@@ -115,6 +121,8 @@ def heatmap(
                       DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
                       seed=seed or 0) if random else None
     texts = list(sentences or []) + (read_sentences(file) if file else [])
+    if probe is not None:
+        texts = probe_sentences(probe, texts)
     result = run_heatmap(HeatmapJob(
         texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
                                                       num_kv_heads, head_dim),
@@ -132,12 +140,30 @@ def heatmap(
 
         write_html(document_from_run(result.run, result.head_stats, result.breakdown), html_path)
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        typer.echo(json.dumps(result.to_json(ranked=rank), indent=2))
         return
     print_heatmap(result, stats, maps, sentence - 1)
+    if rank:
+        from attnviz.render.ranking_terminal import print_ranking
+
+        terminal = console()
+        terminal.print()
+        print_ranking(terminal, result.ranking())
     for path in (out_path, export_path, html_path):
         if path is not None:
             console().print(plain(f"wrote {path}"))
+
+
+def probe_sentences(probe: str, given: list[str]) -> list[str]:
+    """The probe's sentences; a probe replaces sentences, so both at once is a mistake."""
+    from attnviz.core.probe import PROBES, induction_probe
+
+    if probe not in PROBES:
+        raise UsageError(f"unknown probe {probe!r}", fix=f"use {', '.join(PROBES)}",
+                         option="--probe")
+    if given:
+        raise UsageError("--probe replaces the sentences", fix="drop the sentences or --probe")
+    return induction_probe()
 
 
 def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,

@@ -6,21 +6,28 @@ All statistics average over the real (non-padding) query positions of every sent
 - first: a_i0 (queries i ≥ 1);  previous: a_i,i-1 (i ≥ 1);  self: a_ii;
 - duplicate: Σ a_ij over earlier j with token_j = token_i (queries that repeat a token);
 - induction: Σ a_i,j+1 over earlier j with token_j = token_i and j + 1 < i (the token that
-  followed the earlier occurrence; Olsson et al., 2022), over queries that repeat a token.
+  followed the earlier occurrence; Olsson et al., 2022), over queries that repeat a token;
+- last: a_i,n-1 (queries i < n - 1): the final token, [SEP] or </s> in encoders (Clark et al.,
+  2019, "What Does BERT Look At?");
+- special: Σ a_ij over special tokens j ([CLS], [SEP], <s>, </s>, <|endoftext|>, …: SPECIAL_RE),
+  over sentences that have one.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 LABEL_THRESHOLD = 0.5  # a head is labelled when one pattern takes at least half its attention
-PATTERNS = ("previous", "first", "self", "duplicate", "induction")
-LABEL_NAMES = {"previous": "previous-token", "first": "first-token", "self": "self",
-               "duplicate": "duplicate-token", "induction": "induction"}
+PATTERNS = ("previous", "first", "last", "self", "duplicate", "induction")
+LABEL_NAMES = {"previous": "previous-token", "first": "first-token", "last": "last-token",
+               "self": "self", "duplicate": "duplicate-token", "induction": "induction"}
+# Tokenizers' special tokens as they print: [CLS] [SEP] [PAD], <s> </s> <pad> <unk>, <|endoftext|>
+SPECIAL_RE = re.compile(r"^(\[[A-Z_]+\]|</?[a-z_]+>|<\|[^|<>\s]+\|>)$")
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,8 @@ class HeadStats:
     self: float
     duplicate: float | None  # None when no sentence repeats a token
     induction: float | None
+    last: float | None = None  # None when every sentence is one token long
+    special: float | None = None  # None when no sentence has a special token
 
     @property
     def label(self) -> str:
@@ -58,9 +67,13 @@ def pattern_pairs(tokens: tuple[str, ...]) -> dict[str, tuple[torch.Tensor, torc
     same = (token_ids[:, None] == token_ids[None, :]).tril(-1)
     dup_q, dup_k = same.nonzero(as_tuple=True)
     keep = dup_k + 1 < dup_q  # induction target: the token after the copy, before the query
+    specials = torch.tensor([bool(SPECIAL_RE.match(t)) for t in tokens])
+    special_q, special_k = specials[None, :].expand(n, n).nonzero(as_tuple=True)
     return {
         "previous": (positions[1:], positions[:-1]),
         "first": (positions[1:], torch.zeros(n - 1, dtype=torch.long)),
+        "last": (positions[:-1], torch.full((n - 1,), n - 1, dtype=torch.long)),
+        "special": (special_q, special_k),
         "self": (positions, positions),
         "duplicate": (dup_q, dup_k),
         "induction": (dup_q[keep], dup_k[keep] + 1),
@@ -94,7 +107,7 @@ def stat_sums(weights: torch.Tensor, tokens: list[list[str]],
     """
     H = weights.shape[1]
     sums = {name: torch.zeros(H, dtype=torch.float64) for name in
-            ("entropy", "max_weight", "distance", *PATTERNS)}
+            ("entropy", "max_weight", "distance", *PATTERNS, "special")}
     counts = dict.fromkeys(sums, 0)
     for b, toks in enumerate(tokens):
         n = len(toks)
