@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperGroup
 
 from attnviz import __version__
+from attnviz.cli.examples import epilog
 from attnviz.cli.heatmap_cmd import heatmap
 from attnviz.cli.inspect_cmd import inspect
 from attnviz.cli.split_cmd import split
@@ -99,9 +100,9 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-app.command()(split)
-app.command()(inspect)
-app.command()(heatmap)
+app.command(epilog=epilog("split"))(split)
+app.command(epilog=epilog("inspect"))(inspect)
+app.command(epilog=epilog("heatmap"))(heatmap)
 
 
 def main() -> None:

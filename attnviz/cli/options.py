@@ -6,6 +6,22 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+import typer.core
+
+
+def _hide_flag_types() -> None:
+    """--help shows a type beside each option (<path>, <int>); for an on/off flag `<bool>` only
+    suggests it takes a value, so flags show none (typer has no setting for this)."""
+    option = typer.core.TyperOption
+    shown = option.display_type_rich
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    option.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
 
 NumHeads = Annotated[int | None, typer.Option("--num-heads", "-H", help=(
     "Query heads (default 8 for random init; for checkpoints, overrides config/metadata)."))]

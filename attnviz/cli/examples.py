@@ -1,0 +1,36 @@
+"""The examples each command's --help ends with: runnable as they stand from a clone (the
+sample paths exist; tests/test_cli_help.py runs every one)."""
+
+from __future__ import annotations
+
+EXAMPLES = {
+    "split": [
+        ("attnviz split -E 32 -H 4", "random nn.MultiheadAttention(32, 4) and its proof"),
+        ("attnviz split -E 32 -H 4 --kdim 16 --vdim 24", "W_k, W_v not square"),
+        ("attnviz split --weights sample_weights/llama-gqa-tiny --layer 1",
+         "a checkpoint layer (grouped-query)"),
+        ("attnviz split --weights sample_weights/mha.safetensors --json", "as one JSON document"),
+    ],
+    "inspect": [
+        ("attnviz inspect sample_weights/llama-gqa-tiny", "every attention layer, from headers"),
+        ("attnviz inspect sample_weights/gpt2-tiny --layer 0", "per-head slices and norms"),
+        ("attnviz inspect sample_weights/transformer_encoder.pt -H 4", "heads not stored"),
+    ],
+    "heatmap": [
+        ('attnviz heatmap "the cat sat on the mat the cat sat"', "the bundled model"),
+        ('attnviz heatmap "one sentence" "another one" --layer 1 --out maps.png',
+         "a figure of every head"),
+        ('attnviz heatmap "the cat sat on the mat" --query cat', "one query, head by head"),
+        ("attnviz heatmap --probe induction --rank", "find the induction heads"),
+    ],
+}
+
+
+def epilog(command: str) -> str:
+    """Rich-markup epilog: what each example does, then the command on its own line (brackets
+    escaped, so it shows as typed; no line is long enough to wrap in 80 columns)."""
+    def shown(text: str) -> str:
+        return text.replace("[", "\\[")
+
+    lines = [f"[dim]# {shown(what)}[/dim]\n{shown(cmd)}" for cmd, what in EXAMPLES[command]]
+    return "[bold]Examples[/bold]\n" + "\n".join(lines)

@@ -1,0 +1,40 @@
+"""--help for people: examples that run as shown, no `<bool>` placeholders, text that is not
+eaten as markup, and lines that fit an 80-column terminal."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from conftest import ROOT
+
+from attnviz.cli.examples import EXAMPLES
+
+COMMANDS = ["split", "inspect", "heatmap"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_has_runnable_looking_examples(cli, command):
+    result = cli(command, "--help", env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    text = result.stdout
+    assert "Examples" in text
+    for example, _ in EXAMPLES[command]:
+        assert example in text.replace("\n ", " ") or example.split()[2] in text
+    assert "<bool>" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_markup_in_help_text_is_shown_as_typed(cli):
+    result = cli("heatmap", "--help", env={"COLUMNS": "200"})
+    assert "attnviz[hf]" in result.stdout  # not eaten as a rich markup tag
+
+
+@pytest.mark.parametrize("example", [e for c in COMMANDS for e, _ in EXAMPLES[c]],
+                         ids=lambda e: e[:60])
+def test_every_help_example_runs(cli, tmp_path, example):
+    """Sample paths are relative to a clone's root; outputs go to a scratch folder."""
+    words = [str(ROOT / w) if w.startswith("sample_weights") else
+             str(tmp_path / w) if w.endswith(".png") else w for w in shlex.split(example)[1:]]
+    result = cli(*words)
+    assert result.exit_code == 0, (example, result.output)
