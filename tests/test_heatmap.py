@@ -209,7 +209,9 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     (["a b", "--sentence", "2"], "--sentence 2 is out of range"),
     (["a b c d", "--max-tokens", "3"], "more than --max-tokens 3"),
     (["a", "b", "--max-sentences", "1"], "exceed --max-sentences 1"),
-    (["a b", "--device", "cuda:0"], "CUDA is not available"),
+    # an index no machine has: refused with or without CUDA, for the reason that applies
+    (["a b", "--device", "cuda:999"], "there is no GPU 999" if torch.cuda.is_available()
+     else "CUDA is not available"),
     (["a b", "--device", "tpu"], "device"),
     (["a b", "--positions", "rope"], "unknown --positions"),
     (["a b", "--out", "x.gif"], "cannot tell the output format"),
