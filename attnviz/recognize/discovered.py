@@ -11,6 +11,7 @@ unresolved, with the reason, when they cannot. Nothing is guessed from shapes.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -53,6 +54,8 @@ PART_WORDS = {"q": {"q", "query", "wq", "queries"}, "k": {"k", "key", "wk", "key
 OUT_WORDS = {"o", "out", "output", "wo", "dense", "proj", "c_proj"}
 FUSED_WORDS = {"qkv", "wqkv", "query_key_value", "c_attn", "in_proj", "kv", "key_value"}
 NORM_WORDS = {"norm", "layernorm", "ln", "layer_norm", "rmsnorm"}
+NAMING_FIX = ("if its tensor names say which is W_q, W_k, W_v and W_o, add a naming row for "
+              "them to attnviz/recognize/conventions.py")
 BUILT = "found by building the model from config.json on the meta device"
 
 
@@ -72,38 +75,63 @@ def resolve(store: TensorStore, layers: list[AttentionLayer], pending: list[Unre
     facts = discover(store)
     if isinstance(facts, str):
         return layers, pending, claimed
-    placed = _place(store, facts)
+    keys = sorted(store.keys())
+    placed = _place(keys, facts)
     layers = [_with_module_heads(layer, placed, store) for layer in layers]
     claimed = set(claimed)
     pending = list(pending)
     for prefix, fact in placed:
-        keys = {prefix + p.name for p in fact.params if prefix + p.name in store}
-        if not keys or keys & claimed or not any(_looks_projected(p) for p in fact.params):
+        held = _under(keys, prefix)
+        if not held or set(held) & claimed:
             continue
-        found = _build(store, prefix, fact, hints)
+        params = _checkpoint_params(store, prefix, held, fact)
+        if not any(_looks_projected(param) for param in params):
+            continue
+        found = _build(store, prefix, replace(fact, params=params), hints)
         if isinstance(found, Unresolved):
             pending.append(found)
         else:
             layers.append(found)
-        claimed |= keys
+        claimed |= set(held)
     return layers, pending, claimed
 
 
-def _place(store: TensorStore, facts: list[ModuleFacts]) -> list[tuple[str, ModuleFacts]]:
-    """(checkpoint prefix, facts) per module: task checkpoints add a prefix (`bert.`)."""
-    outer = None
-    for fact in facts:
-        for param in fact.params:
-            full = f"{fact.name}.{param.name}"
-            outer = next((key[: -len(full)] for key in store.keys()
-                          if key == full or key.endswith("." + full)), None)
-            if outer is not None:
-                break
-        if outer is not None:
+def _under(keys: list[str], prefix: str) -> list[str]:
+    """The sorted `keys` that start with `prefix`."""
+    start = bisect.bisect_left(keys, prefix)
+    stop = start
+    while stop < len(keys) and keys[stop].startswith(prefix):
+        stop += 1
+    return keys[start:stop]
+
+
+def _place(keys: list[str], facts: list[ModuleFacts]) -> list[tuple[str, ModuleFacts]]:
+    """(checkpoint prefix, facts) per module found in the checkpoint. Task checkpoints put the
+    base model under a prefix (`bert.`); transformers may rename parameters when it saves, so
+    only module names are matched, not parameter names."""
+    outers: list[str] = []
+    for fact in facts[:8]:
+        needle = fact.name + "."
+        outers = sorted({key[: key.find(needle)] for key in keys
+                         if needle in key and (key.startswith(needle) or
+                                               key[key.find(needle) - 1] == ".")}, key=len)
+        if outers:
             break
-    if outer is None:
-        return []
-    return [(f"{outer}{fact.name}.", fact) for fact in facts]
+    placed = []
+    for fact in facts:
+        for outer in outers[:4]:
+            if _under(keys, f"{outer}{fact.name}."):
+                placed.append((f"{outer}{fact.name}.", fact))
+                break
+    return placed
+
+
+def _checkpoint_params(store: TensorStore, prefix: str, held: list[str],
+                       fact: ModuleFacts) -> tuple[Param, ...]:
+    """The module's tensors as the checkpoint names and shapes them (Conv1D from the model)."""
+    conv1d = {param.name for param in fact.params if param.transposed}
+    return tuple(Param(key[len(prefix):], store.info(key).shape, key[len(prefix):] in conv1d)
+                 for key in held)
 
 
 def _with_module_heads(layer: AttentionLayer, placed: list[tuple[str, ModuleFacts]],
@@ -160,18 +188,19 @@ def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
     projections = [p for p in fact.params if _looks_projected(p)]
     listed = ", ".join(f"{p.name} {tuple(p.shape)}" for p in projections[:8])
 
-    def unresolved(reason: str) -> Unresolved:
-        return Unresolved(name, family, keys, f"{fact.cls}: {reason}",
-                          "add a naming row for it to attnviz/recognize/conventions.py")
+    def unresolved(reason: str, fix: str = NAMING_FIX) -> Unresolved:
+        return Unresolved(name, family, keys, f"{fact.cls}: {reason}", fix)
 
     by_part: dict[str, list[Param]] = {}
     for param in projections:
         by_part.setdefault(_part(param.name) or "", []).append(param)
     if "fused" in by_part:
         return unresolved(f"{by_part['fused'][0].name} fuses projections whose row layout "
-                          f"attnviz does not know ({BUILT})")
+                          f"attnviz does not know ({BUILT})", "report the model to attnviz")
     if any(len(p.shape) != 2 or not p.name.endswith("weight") for p in projections):
-        return unresolved(f"its projections are not 2-D nn.Linear weights ({listed})")
+        return unresolved(f"its projections are not 2-D nn.Linear weights ({listed})",
+                          "attnviz splits (out, in) projection matrices only; this module's "
+                          "layout needs its own code")
     if any(len(by_part.get(part, [])) != 1 for part in "qkvo") or "ambiguous" in by_part:
         return unresolved("attnviz cannot tell which tensors are W_q, W_k, W_v and W_o by "
                           f"name ({listed})")
