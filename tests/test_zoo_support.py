@@ -13,9 +13,11 @@ scripts/support_table.py, which renders the README's support table.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +38,7 @@ from attnviz.recognize import model_types as mt  # noqa: E402
 from attnviz.sources import capture as cap  # noqa: E402
 
 KINDS = list(ZOO)
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS: dict[str, dict[str, Any]] = {}
 
 
@@ -59,7 +62,8 @@ def write_results():
 
 
 def record(kind: str, **facts: Any) -> None:
-    RESULTS.setdefault(kind, {"model_class": ZOO[kind].model_class}).update(facts)
+    RESULTS.setdefault(kind, {"model_class": ZOO[kind].model_class,
+                              "index": KINDS.index(kind)}).update(facts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,3 +171,19 @@ def test_a_wrong_table_row_is_caught(zoo_model, monkeypatch, kind, wrong):
     monkeypatch.setitem(mt.MODEL_TYPES, kind, replace(mt.MODEL_TYPES[kind], **wrong))
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
         check_split(zoo_model(kind), kind)
+
+
+def test_readme_support_table_is_generated():
+    """README.md's support table is what scripts/support_table.py renders from this module's
+    outcomes (it runs last; a partial run, e.g. with -k, has nothing to compare)."""
+    if any(not RESULTS.get(kind, {}).get(check) for kind in KINDS
+           for check in ("inspect", "split")):
+        pytest.skip("not every architecture's tests ran (or passed) in this session")
+    spec = importlib.util.spec_from_file_location("support_table",
+                                                  ROOT / "scripts" / "support_table.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert script.block(readme) == script.render(RESULTS), \
+        "README.md's support table is stale: run python scripts/support_table.py"
