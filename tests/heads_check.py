@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from attnviz.core.layer import AttentionLayer
 from attnviz.sources import capture as cap
 
-TOLERANCE = {"atol": 1e-4, "rtol": 1e-5}
+ATOL, RTOL = 1e-4, 1e-5
 
 
 @contextlib.contextmanager
@@ -96,12 +96,12 @@ def model_heads(model: Any, family: str, attention: str, result: cap.CaptureResu
                 module._split_heads(k_out, module.num_heads, module.head_dim))
     if family == "deberta_v2":
         H = module.num_attention_heads
-        split = [module.transpose_for_scores(t, H) for t in (q_out, k_out)]  # (B·H, L, d)
-        return tuple(t.view(-1, H, *t.shape[1:]) for t in split)  # type: ignore[return-value]
+        q, k = (module.transpose_for_scores(t, H) for t in (q_out, k_out))  # (B·H, L, d)
+        return q.view(-1, H, *q.shape[1:]), k.view(-1, H, *k.shape[1:])
     if family == "mpnet":  # MPNetSelfAttention: self.q(x).view(B, L, -1, d).transpose(1, 2)
         d = module.attention_head_size
-        return tuple(t.view(*t.shape[:2], -1, d).transpose(1, 2)  # type: ignore[return-value]
-                     for t in (q_out, k_out))
+        q, k = (t.view(*t.shape[:2], -1, d).transpose(1, 2) for t in (q_out, k_out))
+        return q, k
     raise AssertionError(f"no way to read {family}'s heads")
 
 
@@ -157,11 +157,11 @@ def check_heads(model: Any, store: Any, layer: AttentionLayer, weights: Any,
         q_all = q_all * layer.effective_scale
     for h in range(H):
         torch.testing.assert_close(q_all[..., h * d:(h + 1) * d][:, rows], q_model[:, h, rows],
-                                   **TOLERANCE)
+                                   atol=ATOL, rtol=RTOL)
         g = layer.kv_head_of(h)
         theirs_k = k_model[:, g if k_model.shape[1] == kv_heads else h]
         torch.testing.assert_close(k_all[..., g * d:(g + 1) * d][:, rows], theirs_k[:, rows],
-                                   **TOLERANCE)
+                                   atol=ATOL, rtol=RTOL)
 
 
 def _rows(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None,

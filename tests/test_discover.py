@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ TINY = {  # architectures whose names no row of the table knows, or whose config
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     built: dict[str, Path] = {}
 
     def get(kind: str) -> Path:
@@ -55,7 +56,7 @@ def tiny(tmp_path_factory):
     return get
 
 
-def test_unknown_names_are_found_by_building_the_model(tiny, cli):
+def test_unknown_names_are_found_by_building_the_model(tiny, cli) -> None:
     """CTRL names its projections Wq, Wk, Wv, dense: no row has them. Built on the meta device,
     its MultiHeadAttention modules are found and split; the heads are the forward's own."""
     folder = tiny("ctrl")
@@ -74,7 +75,7 @@ def test_unknown_names_are_found_by_building_the_model(tiny, cli):
     check_heads(model, open_checkpoint(folder), split.layer, split.layer_weights, inputs, "ctrl")
 
 
-def test_per_stage_head_counts_come_from_the_modules(tiny, cli):
+def test_per_stage_head_counts_come_from_the_modules(tiny, cli) -> None:
     """Swin's config lists heads per stage ([2, 4]): not a count for any one layer. The built
     model's modules hold each stage's count."""
     folder = tiny("swin")
@@ -91,7 +92,7 @@ def test_per_stage_head_counts_come_from_the_modules(tiny, cli):
     check_heads(model, open_checkpoint(folder), split.layer, split.layer_weights, inputs, "swin")
 
 
-def test_modules_that_cannot_be_split_are_unresolved_with_the_reason(tiny, cli):
+def test_modules_that_cannot_be_split_are_unresolved_with_the_reason(tiny, cli) -> None:
     """XLNet keeps q, k, v, o as 3-D (d_model, H, d) parameters: listed, with why, not split."""
     folder = tiny("xlnet")
     doc = json.loads(cli("inspect", folder, "--json").stdout)
@@ -104,7 +105,7 @@ def test_modules_that_cannot_be_split_are_unresolved_with_the_reason(tiny, cli):
                        "not 2-D")
 
 
-def test_a_known_architecture_without_its_row_is_still_found(zoo_model, monkeypatch):
+def test_a_known_architecture_without_its_row_is_still_found(zoo_model, monkeypatch) -> None:
     """Remove DistilBERT's row: discovery finds the same layers, with the same rows per head."""
     folder = zoo_model("distilbert")
     store = open_checkpoint(folder)
@@ -121,7 +122,7 @@ def test_a_known_architecture_without_its_row_is_still_found(zoo_model, monkeypa
             (b.q_weight, b.k_weight, b.v_weight, b.o_weight, b.q_bias, b.o_bias)
 
 
-def test_discovery_that_cannot_build_changes_nothing():
+def test_discovery_that_cannot_build_changes_nothing() -> None:
     """No model_type transformers knows, or a config naming its own code: no code runs, the
     tensors stay listed as unclassified."""
     tensors = {"blocks.0.attn.wq.weight": torch.zeros(4, 4)}
@@ -134,7 +135,7 @@ def test_discovery_that_cannot_build_changes_nothing():
     assert discover_modules(DictStore(tensors)) == "config.json names no model_type"
 
 
-def test_recognized_folders_stay_header_only():
+def test_recognized_folders_stay_header_only() -> None:
     """Discovery runs only for what the table leaves open: a folder the table recognizes is
     inspected without importing torch or transformers."""
     code = ("import sys\nfrom typer.testing import CliRunner\nfrom attnviz.cli.main import app\n"

@@ -64,7 +64,7 @@ INVENTED = Convention("zeta", linear("zattn.wquery", "zattn.wkey", "zattn.wvalue
                       ("zattn.wout.weight",), storage="separate zattn.w{query,key,value} + wout")
 
 
-def test_a_new_naming_convention_is_one_row(monkeypatch):
+def test_a_new_naming_convention_is_one_row(monkeypatch) -> None:
     tensors = {**separate("blocks.3.", ("zattn.wquery", "zattn.wkey", "zattn.wvalue",
                                         "zattn.wout"), H=4, H_kv=2),
                "blocks.3.mlp.weight": draw(8, 16)}
@@ -84,7 +84,7 @@ def test_a_new_naming_convention_is_one_row(monkeypatch):
                                               tensors["blocks.3.zattn.wquery.bias"], 4))
 
 
-def test_a_new_fused_convention_is_one_row_too(monkeypatch):
+def test_a_new_fused_convention_is_one_row_too(monkeypatch) -> None:
     """A stacked [q; k; v] with grouped-query sizes under an invented name: the packing is a
     field of the row, split by the shared packing code."""
     E, H, H_kv, d = 16, 4, 2, 4
@@ -103,7 +103,7 @@ def test_a_new_fused_convention_is_one_row_too(monkeypatch):
     assert "number of heads" in unresolved[0].reason
 
 
-def test_a_new_model_type_is_one_row(monkeypatch):
+def test_a_new_model_type_is_one_row(monkeypatch) -> None:
     tensors = separate("model.layers.0.self_attn.", ("q_proj", "k_proj", "v_proj", "o_proj"))
     store = DictStore(tensors, config={"model_type": "zeta", "zeta_heads": 2})
     (layer,) = find_layers(store).layers
@@ -115,7 +115,7 @@ def test_a_new_model_type_is_one_row(monkeypatch):
         ("zeta", 2, "alibi", True, 0.5)
 
 
-def test_one_model_type_table_for_recognize_and_positions():
+def test_one_model_type_table_for_recognize_and_positions() -> None:
     """compute/positions keeps no list of its own: what it recomputes is the table's verify rows,
     its sliding-window rules are the table's."""
     assert positions.SCHEMES == {kind: "rope" if row.positions == "rope" else "none"
@@ -134,7 +134,7 @@ def test_one_model_type_table_for_recognize_and_positions():
     assert mt.rotary_fraction(neox, {"rope_parameters": {"partial_rotary_factor": 0.5}}, 8) == 0.5
 
 
-def test_every_convention_names_a_known_model_type_row():
+def test_every_convention_names_a_known_model_type_row() -> None:
     for row in conventions.CONVENTIONS:
         assert row.assume is None or row.assume in mt.MODEL_TYPES, row
         assert all(kind is None or kind in mt.MODEL_TYPES for kind in row.only), row
@@ -144,7 +144,7 @@ def test_every_convention_names_a_known_model_type_row():
 # config.json numbers
 
 
-def test_list_valued_num_heads_is_not_a_head_count():
+def test_list_valued_num_heads_is_not_a_head_count() -> None:
     """Swin-like configs list heads per stage: that is no count for a layer (noted, not an
     error, and never read as H); its items are still checked."""
     tensors = separate("encoder.layers.0.self_attn.", ("q_proj", "k_proj", "v_proj", "out_proj"))
@@ -155,7 +155,19 @@ def test_list_valued_num_heads_is_not_a_head_count():
         find_layers(DictStore(tensors, config={"num_heads": [2, "four"]}))
 
 
-def test_t5_keys_do_not_take_another_model_types_num_heads():
+def test_plain_q_k_v_names_under_any_module() -> None:
+    """Hand-written models name them q, k, v, o (or proj): one generic row, after the specific
+    ones (T5's modules and MPNet's attn keep their own rows)."""
+    tensors = separate("blocks.1.attn.", ("q", "k", "v", "proj"), H=4, H_kv=2)
+    (layer,) = find_layers(DictStore(tensors), HeadHints(4)).layers
+    assert (layer.name, layer.family, layer.num_kv_heads) == ("blocks.1.attn", "qkv", 2)
+    assert layer.storage == "separate {q,k,v} + proj, nn.Linear (out, in)"
+    t5 = separate("encoder.block.0.layer.0.SelfAttention.", ("q", "k", "v", "o"), bias=False)
+    (layer,) = find_layers(DictStore(t5, config={"model_type": "t5", "num_heads": 4})).layers
+    assert layer.family == "t5"
+
+
+def test_t5_keys_do_not_take_another_model_types_num_heads() -> None:
     """Only the T5 row reads `num_heads`: a config of another known type with T5-style names
     takes that type's own key."""
     tensors = separate("encoder.block.0.layer.0.SelfAttention.", ("q", "k", "v", "o"),
@@ -168,7 +180,7 @@ def test_t5_keys_do_not_take_another_model_types_num_heads():
 
 
 @pytest.mark.parametrize("value", ["4", 4.0, True, -2, 0, 10 ** 30, 2 ** 70])
-def test_head_counts_must_be_positive_integers(value):
+def test_head_counts_must_be_positive_integers(value) -> None:
     tensors = separate("model.layers.0.self_attn.", ("q_proj", "k_proj", "v_proj", "o_proj"))
     with pytest.raises(LayoutError, match="num_attention_heads") as info:
         find_layers(DictStore(tensors, config={"model_type": "llama",
@@ -177,7 +189,7 @@ def test_head_counts_must_be_positive_integers(value):
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0, "big", 10 ** 400])
-def test_scale_numbers_must_be_finite_and_positive(value):
+def test_scale_numbers_must_be_finite_and_positive(value) -> None:
     tensors = separate("model.layers.0.self_attn.", ("q_proj", "k_proj", "v_proj", "o_proj"),
                        d=8, bias=False)
     config = {"model_type": "gemma2", "num_attention_heads": 4, "head_dim": 8,
@@ -186,7 +198,7 @@ def test_scale_numbers_must_be_finite_and_positive(value):
         find_layers(DictStore(tensors, config=config))
 
 
-def test_a_head_count_the_tensor_cannot_hold_fails_fast():
+def test_a_head_count_the_tensor_cannot_hold_fails_fast() -> None:
     """60000 heads on a 48-row fused tensor: refused by the row count before any loop."""
     tensors = {"gpt_neox.layers.0.attention.query_key_value.weight": draw(48, 16),
                "gpt_neox.layers.0.attention.dense.weight": draw(16, 16)}
@@ -201,7 +213,7 @@ def test_a_head_count_the_tensor_cannot_hold_fails_fast():
 # layouts the tables added, against their modeling code's own reshapes
 
 
-def test_codegen_blocks_are_q_v_k():
+def test_codegen_blocks_are_q_v_k() -> None:
     """CodeGenAttention: qkv.view(B, L, 4, 3·E/4); query, value, key = split(E/4); then each
     reshaped (B, L, H, d). The layout does not depend on H: no head count needed to split."""
     E, H, d = 32, 4, 8
@@ -221,7 +233,7 @@ def test_codegen_blocks_are_q_v_k():
     assert bare.q_weight.row_ranges == layer.q_weight.row_ranges and not bare.heads_known
 
 
-def test_phi3_qkv_proj_is_stacked_with_grouped_query_sizes():
+def test_phi3_qkv_proj_is_stacked_with_grouped_query_sizes() -> None:
     E, H, H_kv, d = 16, 4, 2, 4
     tensors = {"model.layers.0.self_attn.qkv_proj.weight": draw((H + 2 * H_kv) * d, E),
                "model.layers.0.self_attn.o_proj.weight": draw(E, H * d)}
@@ -236,7 +248,7 @@ def test_phi3_qkv_proj_is_stacked_with_grouped_query_sizes():
     assert (layer.num_kv_heads, layer.family, layer.positions) == (H_kv, "phi3", "rope")
 
 
-def test_modernbert_takes_the_attention_wo_never_the_mlps():
+def test_modernbert_takes_the_attention_wo_never_the_mlps() -> None:
     E = 16
     tensors = {"layers.0.attn.Wqkv.weight": draw(3 * E, E), "layers.0.attn.Wo.weight": draw(E, E),
                "layers.0.mlp.Wi.weight": draw(4 * E, E), "layers.0.mlp.Wo.weight": draw(E, 2 * E)}
@@ -263,7 +275,7 @@ def test_modernbert_takes_the_attention_wo_never_the_mlps():
                                     "relative_attention": True, "pos_att_type": ["p2c", "c2p"]},
      "deberta-v2"),
 ])
-def test_separate_projections_under_other_names(names, prefix, config, family):
+def test_separate_projections_under_other_names(names, prefix, config, family) -> None:
     tensors = separate(prefix, names)
     store = DictStore(tensors, config=config)
     (layer,) = find_layers(store).layers
@@ -276,7 +288,7 @@ def test_separate_projections_under_other_names(names, prefix, config, family):
         assert layer.scale == pytest.approx((4 * 3) ** -0.5)
 
 
-def test_gpt_bigcode_honours_scale_attn_weights():
+def test_gpt_bigcode_honours_scale_attn_weights() -> None:
     """Regression: GPTBigCode's scale_attn_weights false means no 1/√d (it was ignored)."""
     E = 16
     tensors = {"transformer.h.0.attn.c_attn.weight": draw(E + 2 * 4, E),
@@ -289,7 +301,7 @@ def test_gpt_bigcode_honours_scale_attn_weights():
     assert scaled.scale is None
 
 
-def test_q_norm_over_the_whole_projection_is_told_apart():
+def test_q_norm_over_the_whole_projection_is_told_apart() -> None:
     tensors = separate("model.layers.0.self_attn.", ("q_proj", "k_proj", "v_proj", "o_proj"),
                        bias=False)
     config = {"model_type": "olmo2", "num_attention_heads": 4}

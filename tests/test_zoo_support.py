@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ RESULTS: dict[str, dict[str, Any]] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
+def one_thread() -> Iterator[None]:
     """Tiny models: two torch threads spin more than they compute on a shared 2-core machine."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -52,7 +53,7 @@ def one_thread():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def write_results():
+def write_results() -> Iterator[None]:
     """Hand the outcomes to scripts/support_table.py when it asks for them."""
     yield
     path = os.environ.get("ATTNVIZ_SUPPORT_JSON")
@@ -93,7 +94,7 @@ def expected_geometry(kind: str, config: Any) -> tuple[int, int, int, int, int]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_inspect_geometry_equals_the_config(zoo_model, cli, kind):
+def test_inspect_geometry_equals_the_config(zoo_model, cli, kind) -> None:
     folder = zoo_model(kind)
     result = cli("inspect", folder, "--json")
     assert result.exit_code == 0, result.output
@@ -154,7 +155,7 @@ def check_split(folder: Any, kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_split_heads_are_the_forwards_heads(zoo_model, kind):
+def test_split_heads_are_the_forwards_heads(zoo_model, kind) -> None:
     model = check_split(zoo_model(kind), kind)
     record(kind, split=True, path="interface" if cap.uses_interface(model) else
            "output_attentions")
@@ -166,14 +167,14 @@ def test_split_heads_are_the_forwards_heads(zoo_model, kind):
     ("falcon", {"packing": mt.STACKED}),  # per kv group read as stacked
     ("gemma2", {"scale": None}),  # query_pre_attn_scalar^-½ read as 1/√d
 ])
-def test_a_wrong_table_row_is_caught(zoo_model, monkeypatch, kind, wrong):
+def test_a_wrong_table_row_is_caught(zoo_model, monkeypatch, kind, wrong) -> None:
     """Negative controls: the comparison fails when a row of the model-type table is wrong."""
     monkeypatch.setitem(mt.MODEL_TYPES, kind, replace(mt.MODEL_TYPES[kind], **wrong))
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
         check_split(zoo_model(kind), kind)
 
 
-def test_readme_support_table_is_generated():
+def test_readme_support_table_is_generated() -> None:
     """README.md's support table is what scripts/support_table.py renders from this module's
     outcomes (it runs last; a partial run, e.g. with -k, has nothing to compare)."""
     if any(not RESULTS.get(kind, {}).get(check) for kind in KINDS

@@ -103,6 +103,10 @@ CONVENTIONS: tuple[Convention, ...] = (
                storage="separate {module}.{q,k,v,o} nn.Linear (out, in), no bias",
                missing_notes=(("relative_attention_bias.weight", "adds the relative position "
                                "bias computed by the first block's relative_attention_bias"),)),
+    # any other module with projections named q, k, v and o / out / proj (hand-written models)
+    Convention("qkv", linear("q", "k", "v"),
+               ("o.weight", "out.weight", "proj.weight", "out_proj.weight"),
+               storage=separate("{q,k,v}", "{out}")),
     # GPT-2's Conv1D: cross-attention (q_attn + c_attn [k | v]) before self-attention
     Convention("gpt2", (("q_attn.weight", "q"), ("c_attn.weight", "kv")), ("c_proj.weight",),
                conv1d=True, square=True, never=("gpt_bigcode",), assume="gpt2",

@@ -123,18 +123,13 @@ def head_hints(store: TensorStore, row: Convention, ctx: Context,
     ), found.notes
 
 
-def build(store: TensorStore, row: Convention, prefix: str, hints: HeadHints,
-          extra: HeadHints | None = None) -> AttentionLayer | Unresolved | None:
-    """The layer `row` describes at `prefix`. `extra`: head counts found elsewhere (a model
-    built on the meta device), used where the command line and config.json give none."""
+def build(store: TensorStore, row: Convention, prefix: str,
+          hints: HeadHints) -> AttentionLayer | Unresolved | None:
+    """The layer `row` describes at `prefix`; None where the row does not apply (model_type)."""
     ctx = context(store, row, prefix)
     if ctx is None:
         return None
     heads, count_notes = head_hints(store, row, ctx, hints)
-    if extra is not None:
-        heads = HeadHints(heads.num_heads or extra.num_heads,
-                          heads.num_kv_heads or extra.num_kv_heads,
-                          heads.head_dim or extra.head_dim)
     o_name = out_name(store, row, prefix)
     assert o_name is not None  # candidates() checked it
     weights = {name: ref(store, prefix + name, transposed=row.conv1d) for name, _ in row.weights}
