@@ -33,6 +33,17 @@ def minilm() -> Path:
     return minilm_folder()
 
 
+@pytest.fixture(scope="session")
+def zoo_model(tmp_path_factory):
+    """zoo_model(kind) -> folder: a tiny model of tests/zoo.py, each kind built once per session
+    and shared by every test module that asks for it."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from zoo import zoo_factory
+
+    return zoo_factory(tmp_path_factory)
+
+
 @pytest.fixture
 def cli():
     runner = CliRunner()

@@ -22,7 +22,7 @@ from attnviz.errors import LayoutError, UsageError
 from attnviz.load.checkpoint import DictStore, open_checkpoint
 from attnviz.recognize import claimed_keys, find_layers, select_layer
 from attnviz.recognize.base import HeadHints, ref
-from attnviz.recognize.neox import grouped
+from attnviz.recognize.packing import grouped
 
 torch.set_num_threads(1)
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_weights"

@@ -19,15 +19,15 @@ import torch.nn.functional as F
 
 from attnviz.compute.forward import LayerWeights
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import UsageError
+from attnviz.errors import LayoutError, UsageError, printable
 from attnviz.load import config as hfconfig
+from attnviz.recognize import model_types as mt
 
-# model_type → where positions enter attention. Causal masking and the scale come from the layer.
-SCHEMES = {"bert": "none", "gpt2": "none", "bart": "none", "llama": "rope", "mistral": "rope",
-           "qwen2": "rope", "gpt_neox": "rope"}
-ROPE_DEFAULT_FRACTION = {"gpt_neox": 0.25}  # GPTNeoXConfig's rotary_pct default
-# model_type → whether its sliding window applies even without use_sliding_window
-SLIDING = {"mistral": True, "qwen2": False}
+# model_type → where positions enter attention, for the types whose positions attnviz recomputes
+# (split --verify, heatmap --query). Read from the one model-type table; causal masking and the
+# scale come from the layer.
+SCHEMES = {kind: "rope" if entry.positions == "rope" else "none"
+           for kind, entry in mt.MODEL_TYPES.items() if entry.verify}
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -59,24 +59,25 @@ def positions_for(config: dict[str, Any], layer: AttentionLayer, index: int,
 def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, int], str]:
     """((cos, sin, rotated dims), description) for positions 0..length-1."""
-    fraction = hfconfig.rotary_fraction(config, "partial_rotary_factor", "rotary_pct",
-                                        default=ROPE_DEFAULT_FRACTION.get(kind, 1.0))
-    dims = int(head_dim * fraction)
+    entry = mt.lookup(kind) or mt.GENERIC
+    dims = int(head_dim * mt.rotary_fraction(entry, config, head_dim))
     # transformers 5 writes rope_parameters; 4.x wrote rope_theta (rotary_emb_base for NeoX) and
     # an optional rope_scaling dict.
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     params = params if isinstance(params, dict) else {}
-    theta = float(params.get("rope_theta") or config.get("rope_theta")
-                  or config.get("rotary_emb_base") or 10000.0)
+    theta = next((value for value in (hfconfig.number(params, "rope_theta", None),
+                                      hfconfig.number(config, "rope_theta", None),
+                                      hfconfig.number(config, "rotary_emb_base", None))
+                  if value is not None), 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
     inv_freq = 1.0 / theta ** (torch.arange(0, dims, 2, dtype=torch.int64).float() / dims)
     if rope_type == "linear":
-        inv_freq = inv_freq / float(params["factor"])
+        inv_freq = inv_freq / _required(params, "factor")
     elif rope_type == "llama3":
         inv_freq = llama3_frequencies(inv_freq, params)
     elif rope_type != "default":
-        raise UsageError(f"attnviz does not recompute rope_type {rope_type!r} yet",
-                         fix=f"supported: {', '.join(ROPE_TYPES)}")
+        raise UsageError(f"attnviz does not recompute rope_type {printable(str(rope_type))!r} "
+                         "yet", fix=f"supported: {', '.join(ROPE_TYPES)}")
     freqs = torch.arange(length).float()[:, None] * inv_freq[None]  # (L, dims/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (L, dims): rotate_half pairs j and j + dims/2
     described = (f"RoPE recomputed from config.json: rotate_half on {dims} of {head_dim} dims "
@@ -84,11 +85,19 @@ def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
     return (emb.cos(), emb.sin(), dims), described
 
 
+def _required(params: dict[str, Any], name: str) -> float:
+    """A positive number the rope parameters must hold."""
+    value = hfconfig.number(params, name, None)
+    if value is None:
+        raise LayoutError(f"config.json's rope parameters lack {name!r}", fix="fix config.json")
+    return value
+
+
 def llama3_frequencies(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1's frequency-dependent scaling (modeling_rope_utils._compute_llama3_parameters)."""
-    factor, low, high = (float(params[k]) for k in ("factor", "low_freq_factor",
-                                                     "high_freq_factor"))
-    old = float(params["original_max_position_embeddings"])
+    factor, low, high = (_required(params, k) for k in ("factor", "low_freq_factor",
+                                                         "high_freq_factor"))
+    old = _required(params, "original_max_position_embeddings")
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
     smooth = (old / wavelen - low) / (high - low)
@@ -106,18 +115,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: int)
 
 
 def sliding_window(config: dict[str, Any], kind: str | None, index: int) -> int | None:
-    """The sliding window of layer `index`, or None for full attention."""
-    window = config.get("sliding_window")
-    if kind not in SLIDING or not isinstance(window, int):
-        return None
-    types = config.get("layer_types")  # transformers 5 writes the per-layer choice out
-    if isinstance(types, list) and index < len(types):
-        return window if types[index] == "sliding_attention" else None
-    if SLIDING[kind]:
-        return window
-    # Qwen2: only with use_sliding_window, and only from layer max_window_layers on.
-    start = config.get("max_window_layers", 28)
-    return window if config.get("use_sliding_window") and index >= start else None
+    """The sliding window of layer `index`, or None for full attention (the model-type table's
+    rule: always, opt-in with use_sliding_window, or per layer_types)."""
+    return mt.sliding_window(config, kind, index)
 
 
 @dataclass(frozen=True)

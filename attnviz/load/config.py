@@ -6,6 +6,7 @@ JSON null counts as missing.
 
 from __future__ import annotations
 
+import math
 from typing import Any, overload
 
 from attnviz.errors import LayoutError, printable
@@ -26,8 +27,8 @@ def flag(config: dict[str, Any], name: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected "
-                          "true or false", fix="fix config.json")
+        raise LayoutError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
+                          "expected true or false", fix="fix config.json")
     return value
 
 
@@ -44,10 +45,43 @@ def number(config: dict[str, Any], name: str, default: float | None) -> float | 
     value = config.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected a "
-                          "positive number", fix="fix config.json")
-    return float(value)
+    parsed = _as_float(value)
+    if parsed is None or parsed <= 0 or not math.isfinite(parsed):
+        raise LayoutError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
+                          "expected a positive number", fix="fix config.json")
+    return parsed
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range
+        return None
+
+
+def count(config: dict[str, Any], name: str, *, minimum: int = 1,
+          limit: int | None = None) -> int | None:
+    """An integer config field (a head count, a size) of at least `minimum` and at most `limit`;
+    JSON null counts as absent. Floats, booleans and strings are a broken config, not a count."""
+    value = config.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or value < minimum or (limit is not None and value > limit):
+        bound = f"an integer ≥ {minimum}" if minimum != 1 else "a positive integer"
+        if limit is not None:
+            bound += f" and ≤ {limit}"
+        raise LayoutError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
+                          f"expected {bound}", fix="fix config.json")
+    return value
+
+
+def _short_repr(value: Any) -> str:
+    """repr, without building the digits of a huge integer (Python refuses past 4300 of them)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return repr(value)
 
 
 def tower_config(config: dict[str, Any], prefix: str) -> tuple[str | None, dict[str, Any]]:

@@ -1,33 +1,27 @@
-"""The registry of layout families: each recognizes its key names and builds AttentionLayers.
+"""Recognition: tensors + config.json → AttentionLayer descriptions, driven by two tables.
 
-Adding a family is one module with `FAMILY` and `find(store, hints)`, plus one entry below.
-Families are tried in order; a key claimed by an earlier family is not offered to later ones.
+`conventions.CONVENTIONS` lists naming conventions and storage schemes (which tensor is W_q, how a
+fused tensor stacks its rows), `model_types.MODEL_TYPES` what each model_type's attention does.
+Rows are tried in order; a tensor claimed by one row is never offered to a later one. Tensors that
+look like attention but match no row can be resolved by a `Discover` hook (sources/discover.py
+builds the model from config.json on the meta device); what stays unmatched is listed, never
+dropped.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 
+import attnviz.recognize.conventions as conventions
+import attnviz.recognize.discovered as discovered
+import attnviz.recognize.match as match
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import UsageError, printable
 from attnviz.load.checkpoint import TensorStore
-from attnviz.recognize import bert, fused_qkv, gpt2, gpt_bigcode, neox, qkv_proj, t5, torch_mha
 from attnviz.recognize.base import HeadHints, Unresolved, natural_key
-
-Finder = Callable[[TensorStore, HeadHints], list[AttentionLayer | Unresolved]]
-
-FAMILIES: dict[str, Finder] = {}
-
-
-def register(module: ModuleType) -> None:
-    FAMILIES[module.FAMILY] = module.find
-
-
-for _module in (torch_mha, bert, gpt2, gpt_bigcode, qkv_proj, fused_qkv, neox, t5):
-    register(_module)
+from attnviz.recognize.discovered import Discover
+from attnviz.recognize.model_types import check_config
 
 # Key fragments that mark a tensor as attention-related; unclaimed ones are reported, not dropped.
 _ATTENTION_HINT = re.compile(r"(attn|attention|self_attention|selfattention|encdecattention)",
@@ -51,24 +45,46 @@ def claimed_keys(layer: AttentionLayer) -> set[str]:
     return {r.key for r in refs if r is not None}
 
 
-def find_layers(store: TensorStore, hints: HeadHints | None = None) -> Inventory:
-    """Recognize every attention layer in `store` (reads headers only)."""
+def find_layers(store: TensorStore, hints: HeadHints | None = None,
+                discover: Discover | None = None) -> Inventory:
+    """Recognize every attention layer in `store` (reads headers only).
+
+    discover: called only when config.json names a model_type and some attention-looking
+    tensors match no row (or a layer's head count is missing): it builds the model to find its
+    attention modules; see `attnviz.sources.discover`.
+    """
     hints = hints or HeadHints()
+    check_config(store.config)
     layers: list[AttentionLayer] = []
     pending: list[Unresolved] = []
     claimed: set[str] = set()
-    for finder in FAMILIES.values():
-        for found in finder(store, hints):
-            keys = set(found.keys) if isinstance(found, Unresolved) else claimed_keys(found)
+    for row in conventions.CONVENTIONS:  # read at call time: a row added later counts
+        for prefix in match.candidates(store, row):
+            keys = match.keys_of(store, row, prefix)
             if keys & claimed:
+                continue
+            found = match.build(store, row, prefix, hints)
+            if found is None:
                 continue
             if isinstance(found, Unresolved):
                 pending.append(found)
             else:
                 layers.append(found)
             claimed |= keys
-    layers.sort(key=lambda layer: natural_key(layer.name))
-    pending.sort(key=lambda item: natural_key(item.name))
+    inventory = _inventory(store, layers, pending, claimed)
+    if discover is not None and discovered.wanted(store, inventory.layers,
+                                                  inventory.unclassified):
+        layers, pending, claimed = discovered.resolve(store, inventory.layers,
+                                                      inventory.unresolved, hints, discover,
+                                                      claimed)
+        inventory = _inventory(store, layers, pending, claimed)
+    return inventory
+
+
+def _inventory(store: TensorStore, layers: list[AttentionLayer], pending: list[Unresolved],
+               claimed: set[str]) -> Inventory:
+    layers = sorted(layers, key=lambda layer: natural_key(layer.name))
+    pending = sorted(pending, key=lambda item: natural_key(item.name))
     names = [layer.name for layer in layers] + [item.name for item in pending]
     return Inventory(layers, _unclassified(store, claimed, names), pending)
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the layout families: key matching, head counts, tensor references."""
+"""Helpers shared by recognition: key matching, head hints, tensor references."""
 
 from __future__ import annotations
 
@@ -37,12 +37,6 @@ class Unresolved:
     def what(self) -> str:
         """The error text when this layer is asked for: its name and the reason."""
         return f"{printable(self.name)}: {self.reason}"
-
-
-def unresolved(store: TensorStore, prefix: str, family: str, names: Iterable[str], reason: str,
-               fix: str) -> Unresolved:
-    keys = tuple(prefix + name for name in names if prefix + name in store)
-    return Unresolved(prefix.rstrip("."), family, keys, reason, fix)
 
 
 def prefixes_with(keys: Iterable[str], suffix: str) -> list[str]:
@@ -89,30 +83,6 @@ def optional_ref(store: TensorStore, key: str, **kwargs: Any) -> TensorRef | Non
     return ref(store, key, **kwargs) if key in store else None
 
 
-def split_rows(whole: TensorRef, sizes: Iterable[int]) -> list[TensorRef]:
-    """Consecutive row blocks of `whole` of the given sizes ([q; k; v] stacking)."""
-    out, start = [], 0
-    for size in sizes:
-        out.append(whole.take(((start, start + size),)))
-        start += size
-    if start != whole.shape[0]:
-        raise LayoutError(f"{printable(whole.key)!r} has {whole.shape[0]} rows, expected {start}")
-    return out
-
-
-def config_int(config: dict[str, Any], *names: str) -> int | None:
-    """The first of `names` in config that holds a positive integer (JSON null counts as absent)."""
-    for name in names:
-        value = config.get(name)
-        if value is None:
-            continue
-        if type(value) is not int or value <= 0:
-            raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected a "
-                              "positive integer", fix="fix config.json")
-        return value
-    return None
-
-
 def metadata_int(store: TensorStore, name: str) -> int | None:
     value = store.metadata.get(name)
     if value is None:
@@ -121,20 +91,6 @@ def metadata_int(store: TensorStore, name: str) -> int | None:
         raise LayoutError(f"safetensors metadata {name!r} is {printable(value)!r}, expected a "
                           "positive integer", where=store.source)
     return int(value)
-
-
-def head_counts(store: TensorStore, hints: HeadHints, config: dict[str, Any] | None,
-                heads_keys: tuple[str, ...] = ("num_attention_heads", "n_head", "num_heads"),
-                kv_keys: tuple[str, ...] = ("num_key_value_heads", "num_kv_heads"),
-                dim_keys: tuple[str, ...] = ("head_dim",)) -> HeadHints:
-    """Head counts by precedence: command line, then config.json, then safetensors metadata."""
-    config = config or {}
-    num_heads = hints.num_heads or config_int(config, *heads_keys) \
-        or metadata_int(store, "num_heads")
-    num_kv = hints.num_kv_heads or config_int(config, *kv_keys) \
-        or metadata_int(store, "num_kv_heads")
-    head_dim = hints.head_dim or config_int(config, *dim_keys) or metadata_int(store, "head_dim")
-    return HeadHints(num_heads, num_kv, head_dim)
 
 
 def finish(layer: AttentionLayer, heads: HeadHints, source: str) -> AttentionLayer:

@@ -70,8 +70,13 @@ def _random_name(spec: RandomSpec) -> str:
 
 
 def open_inventory(path: Path, hints: HeadHints) -> tuple[Inventory, TensorStore]:
+    """Every attention layer of a checkpoint. Where tensors match no naming row (or a head count
+    is missing) and config.json names a model_type, the model is built on the meta device to
+    find its attention modules (`attnviz.sources.discover`); otherwise headers alone."""
+    from attnviz.sources.discover import discover_modules
+
     store = open_checkpoint(path)
-    return find_layers(store, hints), store
+    return find_layers(store, hints, discover=discover_modules), store
 
 
 def checkpoint_layer(path: Path, layer: str | None,
