@@ -376,6 +376,11 @@ def heatmap(
         "Most sentences accepted in one batch."))] = 64,
     max_panels: Annotated[int, typer.Option("--max-panels", help=(
         "Most heatmap panels in one --out figure."))] = 256,
+    memory_budget: Annotated[str | None, typer.Option("--memory-budget", help=(
+        "Memory for attention maps, e.g. 512MB or 2GB (default 256MB). Inputs whose full maps "
+        "(sentences × heads × L × S × 4 bytes) fit are computed whole; longer ones in blocks "
+        "of query rows sized to fit it, each reduced at once to display maps and statistics "
+        "(--export: written to the file). --weights and --random layers."))] = None,
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
@@ -386,6 +391,7 @@ def heatmap(
     from attnviz.render.figure import FIGURE_SUFFIXES
     from attnviz.sources import layers as sources
 
+    budget = heatmap_mod.parse_memory_budget(memory_budget)
     texts = list(sentences or []) + (inputs.read_sentences(file) if file else [])
     batch = inputs.make_batch(texts, max_tokens, max_sentences)
     if sum((random, weights is not None, model is not None)) > 1:
@@ -419,6 +425,7 @@ def heatmap(
                                          HeadHints(num_heads, num_kv_heads, head_dim), causal,
                                          positions, device,
                                          keep_full_maps=export is not None,
+                                         export_path=export_path, memory_budget=budget,
                                          query_row=query_row,
                                          max_panels=max_panels if out_path else None,
                                          panels_per_map=1 if head is not None or average
