@@ -212,17 +212,16 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
 
 
 def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
-              scores: torch.Tensor | None = None, log_norm: torch.Tensor | None = None,
-              scratch: torch.Tensor | None = None) -> torch.Tensor:
+              scores: torch.Tensor | None = None,
+              row_max: torch.Tensor | None = None) -> torch.Tensor:
     """Each query row's term of every statistic, (len(ROW_TERMS), heads, r) float32.
 
     attn (heads, r, keys + extra): weights of the sentence's queries row_start .. row_start + r
     against its first `keys` real keys (every later real key has weight 0, as under a causal
     mask), then `extra` columns outside the real keys (bias_k), which count only in `total`.
-    scores, optional, the pre-softmax scores (each row may be shifted by a constant; finite where
-    a mask zeroed the weight) and log_norm (heads, r) the log of each row's softmax normalizer
-    relative to those scores: with both, entropy needs no logarithm per entry. scratch: a
-    buffer of at least heads · r · keys floats for the entropy's product.
+    scores, optional: the pre-softmax scores (finite everywhere; where a mask zeroed a weight,
+    any finite value), so that entropy needs no logarithm per entry; row_max (heads, r),
+    optional with them: each row's largest unmasked score, which spares a search for it.
     """
     H, r, width = attn.shape
     device = attn.device
@@ -232,20 +231,20 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     out = torch.zeros(len(ROW_TERMS), H, r, device=device)
     term = dict(zip(ROW_TERMS, out, strict=True))
 
-    top = real.amax(-1) if scores is None or log_norm is not None else None
     if scores is None:
+        top = real.amax(-1)
         term["entropy"].sub_(torch.special.xlogy(real, real).sum(-1))  # 0 · log 0 = 0
     else:
         s = scores[..., :keys]
-        if log_norm is None:  # from the largest weight: ln a = s - lse
+        # ln a_ij = s_ij - lse_i, and at the row's largest weight lse = s_max - ln a_max
+        if row_max is None:
             top, top_index = real.max(-1)
             log_norm = s.gather(-1, top_index[..., None])[..., 0] - top.log()
-        if scratch is None:
-            product = real * s
         else:
-            product = scratch[: real.numel()].view(real.shape)
-            torch.mul(real, s, out=product)
-        dot = product.sum(-1)
+            largest = attn.amax(-1)  # over every column: where the unmasked max score is
+            top = largest if width == keys else real.amax(-1)
+            log_norm = row_max - largest.log()
+        dot = torch.einsum("hij,hij->hi", real, s)
     term["max_weight"].copy_(top)
 
     # Distances and row sums in one pass: Σ_j a_ij |i - j| split at the block's own keys into

@@ -44,12 +44,12 @@ from attnviz.load.checkpoint import TensorStore
 MAP_BUDGET_BYTES = 256 * 2**20  # default memory budget: beyond it, maps stream in blocks
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
 STREAMED = "blocks of query rows of one head and sentence at a time"
-# A block holds its scores, its weights, the entropy's product and the temporaries of one
-# elementwise pass over it: about this many float32 copies of its rows.
-BLOCK_BUFFERS = 4
-# On a CPU, rows beyond this stop paying (the passes over a block fall out of cache); GPUs take
-# whatever the budget allows.
-CPU_BLOCK_ROWS = 1024
+# A block holds its scores, its weights and the temporaries of one elementwise pass over it:
+# about this many float32 copies of its rows.
+BLOCK_BUFFERS = 3
+# On a CPU, blocks beyond this many entries stop paying (its passes fall out of cache, while
+# the fixed cost of a block is already < 2 % of its work); GPUs take what the budget allows.
+CPU_BLOCK_ENTRIES = 2**22
 MAX_BLOCK_ROWS = 8192
 
 
@@ -65,10 +65,11 @@ def streams(batch: Batch, num_heads: int, extra_keys: int = 0,
 
 
 def block_rows(budget: int | None, keys: int, device: torch.device) -> int:
-    """Query rows per block: as many as the budget holds, capped on a CPU (see CPU_BLOCK_ROWS)."""
+    """Query rows per block: as many as the budget holds, capped (see CPU_BLOCK_ENTRIES)."""
     limit = MAP_BUDGET_BYTES if budget is None else budget
     rows = limit // (BLOCK_BUFFERS * 4 * max(1, keys))
-    return max(1, min(rows, CPU_BLOCK_ROWS if device.type == "cpu" else MAX_BLOCK_ROWS))
+    cap = CPU_BLOCK_ENTRIES // max(1, keys) if device.type == "cpu" else MAX_BLOCK_ROWS
+    return max(1, min(rows, cap))
 
 
 @dataclass
@@ -107,7 +108,6 @@ class MapReducer:
         self._rows: dict[int, torch.Tensor] = {}  # per head: the query's row (S,)
         self._open: dict[tuple[int, int], _Partial] = {}
         self._patterns: dict[tuple[int, str], SentencePatterns] = {}
-        self._scratch: torch.Tensor | None = None
         self._non_finite = False
 
     def add(self, sentence: int, first_head: int, attn: torch.Tensor,
@@ -120,16 +120,15 @@ class MapReducer:
 
     def add_rows(self, sentence: int, first_head: int, row_start: int, attn: torch.Tensor,
                  scores: torch.Tensor | None = None,
-                 log_norm: torch.Tensor | None = None) -> None:
+                 row_max: torch.Tensor | None = None) -> None:
         """One block of query rows of heads first_head.. of a sentence, reduced at once.
 
         attn (heads, r, K + extra) float32: the weights of queries row_start .. row_start + r
         (real tokens) against the sentence's first K real keys, then its `extra_keys` columns
         (bias_k). K may stop short of the sentence's length n when every later key has weight
         0 (a causal block), but must reach past the block's last query. scores (same shape),
-        optional: the pre-softmax scores (each row may be shifted by a constant, and must be
-        finite where a mask zeroed the weight); log_norm (heads, r), optional with scores: the
-        log of each row's softmax normalizer relative to them.
+        optional: the pre-softmax scores (finite; where a mask zeroed a weight, any finite
+        value); row_max (heads, r), optional with them: each row's largest unmasked score.
         """
         tokens = self.tokens[sentence]
         n = len(tokens)
@@ -141,14 +140,7 @@ class MapReducer:
             raise ValueError(f"a block of rows {row_start}:{row_start + r} with {keys} real keys "
                              f"does not fit a sentence of {n} tokens")
         patterns = self._sentence_patterns(sentence, attn.device)
-        scratch = None
-        if scores is not None:
-            need = heads * r * keys
-            if self._scratch is None or self._scratch.numel() < need or \
-                    self._scratch.device != attn.device:
-                self._scratch = torch.empty(need, device=attn.device)
-            scratch = self._scratch
-        terms = row_terms(attn, row_start, keys, patterns, scores, log_norm, scratch)
+        terms = row_terms(attn, row_start, keys, patterns, scores, row_max)
         for j in range(heads):
             head = first_head + j
             part = self._open.get((sentence, head)) or self._start(sentence, head, attn.device)
@@ -193,11 +185,9 @@ class MapReducer:
         low, high = part.rows_cpu[row_start], part.rows_cpu[row_start + r - 1]
         if high - low + 1 == r:  # one query per display row: the rows themselves
             summed = attn
-        else:  # (display rows × r) 0/1 matrix: one skinny matmul sums the rows
-            member = torch.zeros(high - low + 1, r, device=attn.device)
-            local = part.row_index[row_start:row_start + r] - low
-            member[local, torch.arange(r, device=attn.device)] = 1.0
-            summed = member @ attn
+        else:  # each row added into its display row: one pass over the block
+            summed = torch.zeros(high - low + 1, attn.shape[1], device=attn.device)
+            summed.index_add_(0, part.row_index[row_start:row_start + r] - low, attn)
         columns = part.col_index if keys == n else \
             torch.cat([part.col_index[:keys], part.col_index[n:]])
         part.cells[low:high + 1].index_add_(1, columns, summed)
@@ -267,15 +257,16 @@ def _above_diagonal(rows: int, cols: int, device: str) -> torch.Tensor:
 
 def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None,
                   row_start: int, causal: bool, scores_buf: torch.Tensor,
-                  weights_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """softmax(q kᵀ) for one block of query rows, exactly: (weights, scores, K) with weights and
-    scores (r, K + extra) views into the two flat buffers.
+                  weights_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                      int]:
+    """softmax(q kᵀ) for one block of query rows, exactly: (weights, scores, each row's largest
+    unmasked score, K) with weights and scores (r, K + extra) views into the two flat buffers.
 
     q (r, d), already scaled: queries row_start.. of the sentence; k (n, d) its real keys;
     k_extra (extra, d) keys after them (bias_k), never masked. Causal: queries see keys up to
     their own position, so only the first K = min(row_start + r, n) keys are computed at all.
     One fused softmax per block (row max, exp, normalizer, per row); masked entries get weight
-    0 and keep a finite score (for the entropy's Σ a·s).
+    0 and a score of 0 afterwards (finite, for the entropy's Σ a·s).
     """
     r, n = q.shape[0], k.shape[0]
     keys = min(row_start + r, n) if causal else n
@@ -286,16 +277,16 @@ def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None
     torch.mm(q, k[:keys].T, out=scores[:, :keys])
     if k_extra is not None:
         torch.mm(q, k_extra.T, out=scores[:, keys:])
-    if not causal or row_start >= keys:
-        torch.ops.aten._softmax.out(scores, -1, False, out=weights)
-        return weights, scores, keys
-    masked = _above_diagonal(r, keys - row_start, str(q.device))
-    beside = scores[:, row_start:keys]
-    kept = beside.clone()
-    beside.masked_fill_(masked, float("-inf"))
+    masked = beside = None
+    if causal and row_start < keys:
+        masked = _above_diagonal(r, keys - row_start, str(q.device))
+        beside = scores[:, row_start:keys]
+        beside.masked_fill_(masked, float("-inf"))
+    row_max = torch.amax(scores, -1)
     torch.ops.aten._softmax.out(scores, -1, False, out=weights)
-    beside.copy_(kept)
-    return weights, scores, keys
+    if beside is not None:
+        beside.masked_fill_(masked, 0.0)
+    return weights, scores, row_max, keys
 
 
 def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: torch.Tensor,
@@ -337,13 +328,15 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
                         k_extra
                 _, k, k_extra = cached
                 for start in range(0, length, rows):
-                    attn, scores, keys = block_softmax(q[start:start + rows], k, k_extra, start,
-                                                       causal, scores_buf, weights_buf)
+                    attn, scores, row_max, keys = block_softmax(
+                        q[start:start + rows], k, k_extra, start, causal, scores_buf,
+                        weights_buf)
                     if sink is not None:
                         sink.rows(b, h, start, attn, keys)
                     real = min(attn.shape[0], n - start)  # padded queries are not shown
                     if real > 0:
-                        reducer.add_rows(b, h, start, attn[None, :real], scores[None, :real])
+                        reducer.add_rows(b, h, start, attn[None, :real], scores[None, :real],
+                                         row_max[None, :real])
     return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED}, "
                                           f"{rows} row{'s' if rows > 1 else ''} per block)")
 
