@@ -31,10 +31,35 @@ class HeatmapRequest:
     causal: bool = False
     positions: str = "none"
     device: str = "auto"
-    keep_full_maps: bool = False  # --export needs every head's full map
+    keep_full_maps: bool = False  # --export of short inputs: every head's full map in memory
+    export_path: Path | None = None  # --export: long inputs are written block by block into it
+    memory_budget: int | None = None  # bytes for attention maps (None: the default budget)
     query_row: tuple[int, int] | None = None  # (sentence, token) of --query: kept when streaming
     max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
     panels_per_map: int | None = None  # heads shown per layer and sentence (1 for --head)
+
+
+MEMORY_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20,
+                "MIB": 2**20, "G": 2**30, "GB": 2**30, "GIB": 2**30}
+MIN_MEMORY_BUDGET = 2**20
+
+
+def parse_memory_budget(text: str | None) -> int | None:
+    """--memory-budget: '512MB', '2GB', '1.5G', '300000000' (K/M/G are powers of 1024)."""
+    if text is None:
+        return None
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in MEMORY_UNITS:
+        raise UsageError(f"cannot read the memory budget {text!r}",
+                         fix="write a size such as 512MB or 2GB", option="--memory-budget")
+    budget = int(float(match.group(1)) * MEMORY_UNITS[unit])
+    if budget < MIN_MEMORY_BUDGET:
+        raise UsageError(f"a memory budget of {budget} bytes is too small to hold a block of "
+                         "attention rows", fix="give at least 1MB", option="--memory-budget")
+    return budget
 
 
 def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
@@ -49,7 +74,7 @@ def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
 
 def run(request: HeatmapRequest) -> Any:
     """The AttentionRun for a request (all checks before any tensor is allocated)."""
-    from attnviz.compute.attention import resolve_device, run_layer
+    from attnviz.compute.attention import resolve_device
     from attnviz.core.selection import parse_layers
     from attnviz.load.checkpoint import open_checkpoint
     from attnviz.recognize import find_layers, select_layer
@@ -63,8 +88,7 @@ def run(request: HeatmapRequest) -> Any:
     if request.random is not None:
         layer, store = sources.random_mha(request.random)
         check_panels(request, 1, layer.num_heads or 0)
-        return run_layer(layer, None, request.batch, request.causal, request.positions, device,
-                         store, not request.keep_full_maps, request.query_row)
+        return _run_standalone(request, layer, None, store, request.causal, device)
     store = tinymodel.open_bundled() if request.weights is None else \
         open_checkpoint(request.weights)
     if tinymodel.is_tiny_model(store):
@@ -83,9 +107,31 @@ def run(request: HeatmapRequest) -> Any:
                          fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
                          option="--num-heads")
     check_panels(request, 1, layer.num_heads or 0)
-    return run_layer(layer, store, request.batch, request.causal or layer.causal,
-                     request.positions, device, store, not request.keep_full_maps,
-                     request.query_row)
+    return _run_standalone(request, layer, store, store, request.causal or layer.causal, device)
+
+
+def _run_standalone(request: HeatmapRequest, layer: Any, inputs_store: Any, store: Any,
+                    causal: bool, device: Any) -> Any:
+    """run_layer, with --export of long inputs written block by block as the maps stream (the
+    file is complete, and moved into place, only when the run succeeds)."""
+    from attnviz.app.outputs import atomic_output
+    from attnviz.compute import streaming
+    from attnviz.compute.attention import run_layer
+
+    extra = 1 if layer.bias_k is not None else 0
+    full = request.keep_full_maps or request.export_path is not None
+    if request.export_path is None or not streaming.streams(
+            request.batch, layer.num_heads or 0, extra, request.memory_budget):
+        return run_layer(layer, inputs_store, request.batch, causal, request.positions, device,
+                         store, not full, request.query_row, request.memory_budget)
+    with atomic_output(request.export_path) as tmp, open(tmp, "wb") as file:
+        sink = StreamedExport(file, request.batch, layer.num_heads or 0, extra, store.source,
+                              causal)
+        result = run_layer(layer, inputs_store, request.batch, causal, request.positions,
+                           device, store, True, request.query_row, request.memory_budget, sink)
+        sink.close()
+    result.exported = request.export_path
+    return result
 
 
 def export(run: Any, path: Path) -> None:
@@ -96,14 +142,92 @@ def export(run: Any, path: Path) -> None:
     from attnviz.app.outputs import atomic_output
     from attnviz.compute.inputs import padding_mask
 
+    if run.exported == path:  # a streamed run wrote the file as it went
+        return
     tensors = {"mask": (~padding_mask(run.batch)).to(torch.int64).contiguous()}
     for captured in run.layers:
         tensors[f"attn.{captured.index}"] = captured.weights.float().contiguous()
         tensors[f"inputs.{captured.index}"] = captured.inputs.float().contiguous()
-    metadata = {"tokens": json.dumps(run.batch.tokens), "source": run.source,
-                "inputs": run.inputs_described, "causal": str(run.causal).lower()}
+    metadata = _export_metadata(run.batch, run.source, run.inputs_described, run.causal)
     with atomic_output(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
+
+
+def _export_metadata(batch: Batch, source: str, inputs: str, causal: bool) -> dict[str, str]:
+    return {"tokens": json.dumps(batch.tokens), "source": source, "inputs": inputs,
+            "causal": str(causal).lower()}
+
+
+class StreamedExport:
+    """The --export file of a streamed standalone layer, written as the maps are computed: the
+    safetensors header first (every shape is known before the run), then the mask, the inputs
+    and attn.0 (B, H, L, S) row block by row block in layout order, so that no full map is
+    ever held. Rows are laid out as `export` lays out the full maps: real keys, zeros at padded
+    keys (and at keys a causal block never computed), then the bias_k column; padded queries'
+    rows are computed like any other (as torch does)."""
+
+    def __init__(self, file: Any, batch: Batch, num_heads: int, extra_keys: int, source: str,
+                 causal: bool) -> None:
+        self.file, self.batch, self.heads = file, batch, num_heads
+        self.source, self.causal = source, causal
+        self.width = batch.max_len + extra_keys
+        self._next = (0, 0, 0)  # the (sentence, head, row) the file expects next
+        self._row_buf: Any = None
+
+    def begin(self, inputs_described: str, inputs: Any) -> None:
+        import struct
+
+        import torch
+
+        from attnviz.compute.inputs import padding_mask
+
+        B, L = len(self.batch.tokens), self.batch.max_len
+        mask = (~padding_mask(self.batch)).to(torch.int64).contiguous()
+        x = inputs.float().contiguous()
+        sizes = {"mask": mask.numel() * 8, "inputs.0": x.numel() * 4,
+                 "attn.0": B * self.heads * L * self.width * 4}
+        shapes = {"mask": ["I64", [B, L]], "inputs.0": ["F32", list(x.shape)],
+                  "attn.0": ["F32", [B, self.heads, L, self.width]]}
+        header: dict[str, Any] = {"__metadata__": _export_metadata(
+            self.batch, self.source, inputs_described, self.causal)}
+        offset = 0
+        for name in ("mask", "inputs.0", "attn.0"):  # the data's order in the file
+            dtype, shape = shapes[name]
+            header[name] = {"dtype": dtype, "shape": shape,
+                            "data_offsets": [offset, offset + sizes[name]]}
+            offset += sizes[name]
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        self.file.write(struct.pack("<Q", len(raw)) + raw)
+        self.file.write(mask.numpy().data)
+        self.file.write(x.numpy().data)
+
+    def rows(self, sentence: int, head: int, row_start: int, attn: Any, keys: int) -> None:
+        """attn (r, keys + extra) on any device: rows row_start.. of (sentence, head)."""
+        import torch
+
+        if (sentence, head, row_start) != self._next:
+            raise ValueError(f"rows {(sentence, head, row_start)} arrived out of order; "
+                             f"expected {self._next}")
+        r, L = attn.shape[0], self.batch.max_len
+        if self._row_buf is None or self._row_buf.shape[0] < r:
+            self._row_buf = torch.empty(r, self.width)
+        out = self._row_buf[:r]
+        out[:, :keys] = attn[:, :keys]
+        out[:, keys:L] = 0.0
+        out[:, L:] = attn[:, keys:]
+        self.file.write(out.numpy().data)
+        row = row_start + r
+        if row < L:
+            self._next = (sentence, head, row)
+        elif head + 1 < self.heads:
+            self._next = (sentence, head + 1, 0)
+        else:
+            self._next = (sentence + 1, 0, 0)
+
+    def close(self) -> None:
+        if self._next != (len(self.batch.tokens), 0, 0):
+            raise ValueError(f"the export stopped at {self._next}")
 
 
 def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
@@ -165,6 +289,8 @@ class HeatmapJob:
     query: str | None = None
     sentence: int = 1  # which sentence --query refers to, 1-based
     keep_full_maps: bool = False  # --export needs every head's full map
+    export_path: Path | None = None  # --export: long inputs are written block by block into it
+    memory_budget: int | None = None  # bytes for attention maps (None: the default budget)
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_sentences: int = DEFAULT_MAX_SENTENCES
     max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
@@ -235,8 +361,8 @@ def run_heatmap(job: HeatmapJob) -> HeatmapResult:
             query_row = job.sentence - 1, find_query(batch.tokens[job.sentence - 1], job.query)
         attention_run = run(HeatmapRequest(
             batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
-            job.device, keep_full_maps=job.keep_full_maps, query_row=query_row,
-            max_panels=job.max_panels,
+            job.device, keep_full_maps=job.keep_full_maps, export_path=job.export_path,
+            memory_budget=job.memory_budget, query_row=query_row, max_panels=job.max_panels,
             panels_per_map=1 if job.head is not None or job.average else None))
     return summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
 

@@ -92,10 +92,15 @@ def heatmap(
         "Most sentences accepted in one batch."))] = 64,
     max_panels: Annotated[int, typer.Option("--max-panels", help=(
         "Most heatmap panels in one --out figure."))] = 256,
+    memory_budget: Annotated[str | None, typer.Option("--memory-budget", help=(
+        "Memory for attention maps, e.g. 512MB or 2GB (default 256MB). Inputs whose full maps "
+        "(sentences × heads × L × S × 4 bytes) fit are computed whole; longer ones in blocks "
+        "of query rows sized to fit it, each reduced at once to display maps and statistics "
+        "(--export: written to the file). --weights and --random layers."))] = None,
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapJob, parse_memory_budget, run_heatmap
     from attnviz.app.outputs import check_distinct, check_output_path
     from attnviz.compute.inputs import read_sentences
     from attnviz.recognize.base import HeadHints
@@ -127,7 +132,9 @@ def heatmap(
         texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
                                                       num_kv_heads, head_dim),
         causal, positions, device, dtype, device_map, head, average, query, sentence,
-        keep_full_maps=export is not None, max_tokens=max_tokens, max_sentences=max_sentences,
+        keep_full_maps=export is not None, export_path=export_path,
+        memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
+        max_sentences=max_sentences,
         max_panels=max_panels if out_path else None))
     if export_path is not None:
         result.export(export_path)

@@ -87,10 +87,12 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
 
 def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, causal: bool,
               positions: str, device: torch.device, weights_store: TensorStore,
-              allow_stream: bool = True, query_row: tuple[int, int] | None = None
+              allow_stream: bool = True, query_row: tuple[int, int] | None = None,
+              budget: int | None = None, sink: streaming.RowSink | None = None
               ) -> AttentionRun:
-    """One standalone layer on a padded batch; long inputs stream head by head (keeping the
-    (sentence, query) row of every head for --query)."""
+    """One standalone layer on a padded batch; inputs whose full maps exceed the memory budget
+    stream in blocks of query rows (keeping the (sentence, query) row of every head for
+    --query, and handing every full row to `sink`, which --export writes as it comes)."""
     x, described = input_vectors(batch, layer.embed_dim, store, positions)
     # Self-attention over the same sentence; kdim/vdim ≠ E layers get vectors of their width.
     key = x if layer.kdim == layer.embed_dim else input_vectors(batch, layer.kdim, None,
@@ -100,17 +102,22 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     pad = padding_mask(batch)
     notes = []
     extra = 1 if layer.bias_k is not None else 0
-    if allow_stream and streaming.full_maps_bytes(batch, layer.num_heads or 0, extra) > \
-            streaming.MAP_BUDGET_BYTES:
+    if allow_stream and streaming.streams(batch, layer.num_heads or 0, extra, budget):
+        if sink is not None:
+            sink.begin(described, x)
         streamed = streaming.stream_layer(layer, weights_store, batch, x, key, causal, device,
-                                          query_row)
+                                          query_row, budget, sink)
         streamed.key_inputs = None if key is x else key
         streamed.value_inputs = None if value is x else value
-        notes.append("long input: maps computed one head and sentence at a time and kept "
-                     f"only at display size (≤ {streaming.DISPLAY_CELLS} per side); --export "
-                     "keeps the full maps")
+        notes.append("long input: maps computed one head and sentence at a time, in blocks of "
+                     "query rows, and kept only at display size "
+                     f"(≤ {streaming.DISPLAY_CELLS} per side); --export "
+                     + ("wrote every full map block by block" if sink is not None else
+                        "writes the full maps block by block"))
         return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
                             causal, weights_store, notes)
+    if sink is not None:
+        raise ValueError("a row sink needs a streamed run")
     weights = load_weights(layer, weights_store, device=str(device))
     _, attn, method = layer_attention(layer, weights, x.to(device), key.to(device),
                                       value.to(device), pad.to(device), causal)

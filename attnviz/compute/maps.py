@@ -69,16 +69,55 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
 
 def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:
     rows, cols = view.values.shape
-    if rows <= max_rows and cols <= max_cols:
+    grid = display_grid(rows, cols, max_rows, max_cols)
+    if not grid.downsampled:
         return view
-    row_blocks, col_blocks = _blocks(rows, max_rows), _blocks(cols, max_cols)
-    averaged = _block_reduce(view.values, row_blocks, col_blocks)
-    row_spans = _compose(view.row_spans or _unit(rows), row_blocks)
-    col_spans = _compose(view.col_spans or _unit(cols), col_blocks)
-    tokens = view.tokens or (tuple(view.row_labels), tuple(view.col_labels))
-    return MapView(view.sentence, view.layer, view.head, averaged,
-                   _span_labels(tokens[0], row_spans), _span_labels(tokens[1], col_spans), True,
-                   row_spans, col_spans, tokens)
+    averaged = _block_reduce(view.values, grid.row_blocks, grid.col_blocks)
+    return _blocked_view(view.sentence, view.layer, view.head, averaged, grid,
+                         view.row_spans or _unit(rows), view.col_spans or _unit(cols),
+                         view.tokens or (tuple(view.row_labels), tuple(view.col_labels)))
+
+
+@dataclass(frozen=True)
+class DisplayGrid:
+    """How a rows × cols map is cut into display cells: the query (row) and key (column) blocks
+    `downsample` uses, so that maps reduced in pieces (`streaming.MapReducer`) come out equal."""
+
+    row_blocks: list[tuple[int, int]]
+    col_blocks: list[tuple[int, int]]
+    downsampled: bool  # False: one cell per entry, and the view is the map itself
+
+    def row_index(self) -> Any:
+        """For each row, the display row it falls in (an int64 tensor)."""
+        return _block_index(self.row_blocks)
+
+    def col_index(self) -> Any:
+        return _block_index(self.col_blocks)
+
+
+def display_grid(rows: int, cols: int, max_rows: int, max_cols: int) -> DisplayGrid:
+    if rows <= max_rows and cols <= max_cols:
+        return DisplayGrid(_unit_blocks(rows), _unit_blocks(cols), False)
+    return DisplayGrid(_blocks(rows, max_rows), _blocks(cols, max_cols), True)
+
+
+def grid_view(grid: DisplayGrid, sentence: int, layer: int, head: int | None, values: Any,
+              row_labels: list[str], col_labels: list[str]) -> MapView:
+    """The view `downsample` makes of a map, from its already reduced values (one per cell:
+    key blocks summed, query blocks averaged)."""
+    if not grid.downsampled:
+        return MapView(sentence, layer, head, values, list(row_labels), list(col_labels), False)
+    return _blocked_view(sentence, layer, head, values, grid, _unit(len(row_labels)),
+                         _unit(len(col_labels)), (tuple(row_labels), tuple(col_labels)))
+
+
+def _blocked_view(sentence: int, layer: int, head: int | None, values: Any, grid: DisplayGrid,
+                  row_spans: tuple[tuple[int, int], ...], col_spans: tuple[tuple[int, int], ...],
+                  tokens: tuple[tuple[str, ...], tuple[str, ...]]) -> MapView:
+    row_spans = _compose(row_spans, grid.row_blocks)
+    col_spans = _compose(col_spans, grid.col_blocks)
+    return MapView(sentence, layer, head, values, _span_labels(tokens[0], row_spans),
+                   _span_labels(tokens[1], col_spans), True, row_spans, col_spans, tokens)
 
 
 def _block_reduce(values: Any, row_blocks: list[tuple[int, int]],
@@ -114,6 +153,10 @@ def _block_index(blocks: list[tuple[int, int]]) -> Any:
 
 def _unit(n: int) -> tuple[tuple[int, int], ...]:
     return tuple((i, i + 1) for i in range(n))
+
+
+def _unit_blocks(n: int) -> list[tuple[int, int]]:
+    return [(i, i + 1) for i in range(n)]
 
 
 def _compose(spans: tuple[tuple[int, int], ...], blocks: list[tuple[int, int]]

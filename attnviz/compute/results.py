@@ -50,6 +50,7 @@ class AttentionRun:
     # how closely a float32 recomputation from the slices must match these maps (looser for a
     # model run in half precision)
     tolerance: float = SDPA_TOLERANCE
+    exported: Any = None  # the --export path a streamed run already wrote, block by block
 
     def layer(self, index: int) -> LayerAttention:
         return next(layer for layer in self.layers if layer.index == index)

@@ -1,82 +1,227 @@
-"""Long inputs in bounded memory: one head's map of one sentence at a time, reduced at once to
-display-sized maps and statistics, never all heads' (or all sentences') full L × S maps together.
+"""Long inputs in bounded memory: attention computed in blocks of query rows, each block
+reduced at once to display-sized maps, summable statistics and the --query row, so that no
+head's full L × S map ever exists.
 
-Memory: O(L · S) for one (head, sentence) map over its real tokens (no padding), plus
-O(H · B · c²) for the c × c display maps, against O(B · H · L · S) for the full maps; time is
-the same O(H · B · L · S · d) work. `MapReducer` does the reduction for standalone layers
-(`stream_layer`) and for Hugging Face models alike (`attnviz.sources.hf`, from the model's own
-maps).
+Each block is exact: softmax is per row, and a block's rows see their full key range, so each
+row's max and normalizer come from the whole row. Memory: O(rows · S) for one block of one head
+and sentence (the block's rows follow a memory budget), plus O(B · H · c²) for the c × c display
+maps and O(L) per head for the statistics' row terms, against O(B · H · L · S) for the full maps.
+Time: the same O(H · B · L · S · d) work as the full maps, through matmuls into preallocated
+buffers and in-place elementwise passes.
+
+`MapReducer.add_rows` takes blocks of query rows from any producer: `stream_layer`'s kernel for
+standalone layers, and (through `add`, whole maps) Hugging Face models' own eager maps
+(`attnviz.sources.hf`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import functools
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute.forward import causal_mask, load_weights, merged_mask
+from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch
-from attnviz.compute.maps import MapView, downsample
+from attnviz.compute.maps import DisplayGrid, MapView, display_grid, grid_view
 from attnviz.compute.results import LayerAttention
-from attnviz.compute.stats import StatSums, add_sums, finish_stats, stat_sums
+from attnviz.compute.stats import (
+    ROW_TERMS,
+    SentencePatterns,
+    StatSums,
+    add_sums,
+    finish_stats,
+    row_terms,
+    sentence_patterns,
+)
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed
 from attnviz.load.checkpoint import TensorStore
 
-MAP_BUDGET_BYTES = 256 * 2**20  # beyond this, heatmap streams instead of keeping full maps
+MAP_BUDGET_BYTES = 256 * 2**20  # default memory budget: beyond it, maps stream in blocks
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
-STREAMED = "one head's map of one sentence at a time"
+STREAMED = "blocks of query rows of one head and sentence at a time"
+# A block holds its scores, its weights and the temporaries of one elementwise pass over it:
+# about this many float32 copies of its rows.
+BLOCK_BUFFERS = 3
+# On a CPU, blocks beyond this many entries stop paying (its passes fall out of cache, while
+# the fixed cost of a block is already < 2 % of its work); GPUs take what the budget allows.
+CPU_BLOCK_ENTRIES = 2**22
+MAX_BLOCK_ROWS = 8192
 
 
 def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0, layers: int = 1) -> int:
     return layers * len(batch.tokens) * num_heads * batch.max_len * (batch.max_len + extra_keys) * 4
 
 
+def streams(batch: Batch, num_heads: int, extra_keys: int = 0,
+            budget: int | None = None) -> bool:
+    """Whether a layer's full maps exceed the memory budget, so that they stream in blocks."""
+    limit = MAP_BUDGET_BYTES if budget is None else budget
+    return full_maps_bytes(batch, num_heads, extra_keys) > limit
+
+
+def block_rows(budget: int | None, keys: int, device: torch.device) -> int:
+    """Query rows per block: as many as the budget holds, capped (see CPU_BLOCK_ENTRIES)."""
+    limit = MAP_BUDGET_BYTES if budget is None else budget
+    rows = limit // (BLOCK_BUFFERS * 4 * max(1, keys))
+    cap = CPU_BLOCK_ENTRIES // max(1, keys) if device.type == "cpu" else MAX_BLOCK_ROWS
+    return max(1, min(rows, cap))
+
+
+@dataclass
+class _Partial:
+    """One (sentence, head) map while its row blocks arrive."""
+
+    grid: DisplayGrid
+    rows_cpu: list[int]  # the display row of each query (host ints)
+    row_index: torch.Tensor  # the same, on the device
+    col_index: torch.Tensor  # the display column of each key (real keys, then extra columns)
+    cells: torch.Tensor  # (R, C) Σ over each display row's queries of their key-block sums
+    terms: torch.Tensor  # (len(ROW_TERMS), n) each query's term of every statistic
+    done: int = 0
+    covered: list[tuple[int, int]] = field(default_factory=list)
+
+
 class MapReducer:
     """One layer's display views (per sentence and head, plus each sentence's mean over heads),
-    summable head statistics and, for --query, one query's row of every head; fed one block of
-    heads of one sentence at a time, none of which it keeps."""
+    summable head statistics and, for --query, one query's row of every head; fed blocks of
+    query rows (`add_rows`) or whole maps (`add`), none of which it keeps.
+
+    Work stays on the device the blocks come from; only finished display maps, statistics and
+    the query row move to the CPU.
+    """
 
     def __init__(self, layer_index: int, tokens: list[list[str]],
-                 query_row: tuple[int, int] | None = None) -> None:
+                 query_row: tuple[int, int] | None = None,
+                 extra_keys: int | None = None) -> None:
         self.layer_index = layer_index
         self.tokens = tokens
         self.query_row = query_row  # (sentence, query)
+        self.extra_keys = extra_keys  # columns after the real keys (bias_k); None: from `add`
         self.views: list[MapView] = []
         self._sums: dict[int, StatSums] = {}  # per head, over the sentences seen
         self._mean: dict[int, tuple[torch.Tensor, int]] = {}  # per sentence: Σ views, heads
         self._rows: dict[int, torch.Tensor] = {}  # per head: the query's row (S,)
+        self._open: dict[tuple[int, int], _Partial] = {}
+        self._patterns: dict[tuple[int, str], SentencePatterns] = {}
         self._non_finite = False
 
     def add(self, sentence: int, first_head: int, attn: torch.Tensor,
             scores: torch.Tensor | None = None) -> None:
-        """attn (heads, n, S) float32 on the CPU: the sentence's n real queries against its real
-        keys (then any bias_k column); scores, when given, the pre-softmax scores it came from."""
+        """attn (heads, n, S): the sentence's n real queries against its real keys (then any
+        bias_k column); scores, when given, the pre-softmax scores it came from."""
+        if self.extra_keys is None:
+            self.extra_keys = attn.shape[-1] - len(self.tokens[sentence])
+        self.add_rows(sentence, first_head, 0, attn, scores)
+
+    def add_rows(self, sentence: int, first_head: int, row_start: int, attn: torch.Tensor,
+                 scores: torch.Tensor | None = None,
+                 row_max: torch.Tensor | None = None) -> None:
+        """One block of query rows of heads first_head.. of a sentence, reduced at once.
+
+        attn (heads, r, K + extra) float32: the weights of queries row_start .. row_start + r
+        (real tokens) against the sentence's first K real keys, then its `extra_keys` columns
+        (bias_k). K may stop short of the sentence's length n when every later key has weight
+        0 (a causal block), but must reach past the block's last query. scores (same shape),
+        optional: the pre-softmax scores (finite; where a mask zeroed a weight, any finite
+        value); row_max (heads, r), optional with them: each row's largest unmasked score.
+        """
         tokens = self.tokens[sentence]
         n = len(tokens)
-        # Softmax weights lie in [0, 1], so a row sum cannot overflow: it is finite exactly
-        # when the row is, at ~1/30 of the cost of isfinite() on every entry.
-        if not bool(torch.isfinite(attn.sum(-1)).all()):
-            self._non_finite = True
-        sums, counts = stat_sums(attn[None], [tokens], None if scores is None else scores[None])
-        labels = tokens + ["<bias_k>"] * (attn.shape[-1] - n)
-        for j in range(attn.shape[0]):
+        if self.extra_keys is None:
+            self.extra_keys = 0
+        heads, r, width = attn.shape
+        keys = width - self.extra_keys
+        if not (min(row_start + r, n) <= keys <= n and row_start + r <= n and r > 0):
+            raise ValueError(f"a block of rows {row_start}:{row_start + r} with {keys} real keys "
+                             f"does not fit a sentence of {n} tokens")
+        patterns = self._sentence_patterns(sentence, attn.device)
+        terms = row_terms(attn, row_start, keys, patterns, scores, row_max)
+        for j in range(heads):
             head = first_head + j
-            self._sums[head] = add_sums(self._sums.get(head),
-                                        ({k: v[j : j + 1] for k, v in sums.items()}, counts))
-            view = downsample(MapView(sentence, self.layer_index, head, attn[j].numpy(),
-                                      list(tokens), labels, False), DISPLAY_CELLS, DISPLAY_CELLS)
-            if not view.downsampled:  # a view of attn itself would keep the whole block alive
-                view = replace(view, values=view.values.copy())
-            self.views.append(view)
-            total, heads = self._mean.get(sentence, (0, 0))
-            self._mean[sentence] = (total + torch.from_numpy(view.values), heads + 1)
-            if self.query_row is not None and self.query_row[0] == sentence:
-                self._rows[head] = attn[j, self.query_row[1]].clone()
+            part = self._open.get((sentence, head)) or self._start(sentence, head, attn.device)
+            stop = row_start + r
+            part.terms[:, row_start:stop] = terms[:, j]
+            self._add_cells(part, attn[j], row_start, keys, n)
+            part.done += r
+            part.covered.append((row_start, stop))
+            if self.query_row is not None and self.query_row[0] == sentence and \
+                    row_start <= self.query_row[1] < stop:
+                row = torch.zeros(n + self.extra_keys)
+                picked = attn[j, self.query_row[1] - row_start].float().cpu()
+                row[:keys] = picked[:keys]
+                row[n:] = picked[keys:]
+                self._rows[head] = row
+            if part.done >= n:
+                self._finish_map(sentence, head, part)
+
+    def _sentence_patterns(self, sentence: int, device: torch.device) -> SentencePatterns:
+        key = (sentence, str(device))
+        if key not in self._patterns:
+            self._patterns[key] = sentence_patterns(tuple(self.tokens[sentence])).to(device)
+        return self._patterns[key]
+
+    def _start(self, sentence: int, head: int, device: torch.device) -> _Partial:
+        n = len(self.tokens[sentence])
+        grid = display_grid(n, n + (self.extra_keys or 0), DISPLAY_CELLS, DISPLAY_CELLS)
+        row_index = grid.row_index()
+        part = _Partial(grid, row_index.tolist(), row_index.to(device),
+                        grid.col_index().to(device),
+                        torch.zeros(len(grid.row_blocks), len(grid.col_blocks), device=device),
+                        torch.zeros(len(ROW_TERMS), n, device=device))
+        self._open[(sentence, head)] = part
+        return part
+
+    @staticmethod
+    def _add_cells(part: _Partial, attn: torch.Tensor, row_start: int, keys: int,
+                   n: int) -> None:
+        """Key blocks summed and the block's rows summed into their display rows (divided by
+        each display row's query count when the map is finished): what `downsample` does."""
+        r = attn.shape[0]
+        low, high = part.rows_cpu[row_start], part.rows_cpu[row_start + r - 1]
+        if high - low + 1 == r:  # one query per display row: the rows themselves
+            summed = attn
+        else:  # each row added into its display row: one pass over the block
+            summed = torch.zeros(high - low + 1, attn.shape[1], device=attn.device)
+            summed.index_add_(0, part.row_index[row_start:row_start + r] - low, attn)
+        columns = part.col_index if keys == n else \
+            torch.cat([part.col_index[:keys], part.col_index[n:]])
+        part.cells[low:high + 1].index_add_(1, columns, summed)
+
+    def _finish_map(self, sentence: int, head: int, part: _Partial) -> None:
+        del self._open[(sentence, head)]
+        tokens = self.tokens[sentence]
+        n = len(tokens)
+        covered = sorted(part.covered)
+        if covered[0][0] != 0 or covered[-1][1] != n or part.done != n or \
+                any(a[1] != b[0] for a, b in itertools.pairwise(covered)):
+            raise ValueError(f"the row blocks of sentence {sentence}, head {head} do not cover "
+                             f"its {n} queries once")
+        terms = part.terms.cpu().double()
+        if not bool(torch.isfinite(terms[ROW_TERMS.index("total")]).all()):
+            self._non_finite = True
+        counts = self._patterns[(sentence, str(part.cells.device))].counts
+        sums = {name: terms[i].sum().reshape(1) for i, name in enumerate(ROW_TERMS)
+                if name != "total"}
+        self._sums[head] = add_sums(self._sums.get(head),
+                                    (sums, {name: counts[name] for name in sums}))
+        sizes = torch.tensor([b - a for a, b in part.grid.row_blocks], dtype=torch.float32)
+        values = (part.cells.cpu() / sizes[:, None]).numpy().copy()
+        labels = tokens + ["<bias_k>"] * (self.extra_keys or 0)
+        view = grid_view(part.grid, sentence, self.layer_index, head, values, tokens, labels)
+        self.views.append(view)
+        total, heads = self._mean.get(sentence, (0, 0))
+        self._mean[sentence] = (total + torch.from_numpy(values), heads + 1)
 
     def finish(self, layer: AttentionLayer, inputs: torch.Tensor | None,
                method: str) -> LayerAttention:
+        if self._open:
+            sentence, head = next(iter(self._open))
+            raise ValueError(f"sentence {sentence}, head {head} is missing query rows")
         if self._non_finite:
             raise CheckFailed(f"layer {self.layer_index} produced non-finite attention weights",
                               fix="check the weights with 'attnviz inspect --scan'")
@@ -94,39 +239,107 @@ class MapReducer:
                               query_weights=rows)
 
 
+class RowSink(Protocol):
+    """Where full rows go as they are computed (the streamed --export): `begin` once with the
+    layer's inputs (B, L, E) and how they were made, then every block of rows in order."""
+
+    def begin(self, inputs_described: str, inputs: torch.Tensor) -> None: ...
+
+    def rows(self, sentence: int, head: int, row_start: int, attn: torch.Tensor,
+             keys: int) -> None: ...
+
+
+@functools.lru_cache(maxsize=16)
+def _above_diagonal(rows: int, cols: int, device: str) -> torch.Tensor:
+    """(rows, cols) bool, True where key j' > query i' (block-local indices)."""
+    return torch.ones(rows, cols, dtype=torch.bool, device=device).triu(1)
+
+
+def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None,
+                  row_start: int, causal: bool, scores_buf: torch.Tensor,
+                  weights_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                      int]:
+    """softmax(q kᵀ) for one block of query rows, exactly: (weights, scores, each row's largest
+    unmasked score, K) with weights and scores (r, K + extra) views into the two flat buffers.
+
+    q (r, d), already scaled: queries row_start.. of the sentence; k (n, d) its real keys;
+    k_extra (extra, d) keys after them (bias_k), never masked. Causal: queries see keys up to
+    their own position, so only the first K = min(row_start + r, n) keys are computed at all.
+    One fused softmax per block (row max, exp, normalizer, per row); masked entries get weight
+    0 and a score of 0 afterwards (finite, for the entropy's Σ a·s).
+    """
+    r, n = q.shape[0], k.shape[0]
+    keys = min(row_start + r, n) if causal else n
+    extra = 0 if k_extra is None else k_extra.shape[0]
+    width = keys + extra
+    scores = scores_buf[: r * width].view(r, width)
+    weights = weights_buf[: r * width].view(r, width)
+    torch.mm(q, k[:keys].T, out=scores[:, :keys])
+    if k_extra is not None:
+        torch.mm(q, k_extra.T, out=scores[:, keys:])
+    masked = beside = None
+    if causal and row_start < keys:
+        masked = _above_diagonal(r, keys - row_start, str(q.device))
+        beside = scores[:, row_start:keys]
+        beside.masked_fill_(masked, float("-inf"))
+    row_max = torch.amax(scores, -1)
+    torch.ops.aten._softmax.out(scores, -1, False, out=weights)
+    if beside is not None and masked is not None:
+        beside.masked_fill_(masked, 0.0)
+    return weights, scores, row_max, keys
+
+
 def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: torch.Tensor,
                  key: torch.Tensor, causal: bool, device: torch.device,
-                 query_row: tuple[int, int] | None = None) -> LayerAttention:
+                 query_row: tuple[int, int] | None = None, budget: int | None = None,
+                 sink: RowSink | None = None) -> LayerAttention:
     """Per-head maps → display views (per sentence and head, plus their mean) and statistics,
     for query inputs x (B, L, E) and key inputs (B, S, kdim); values do not enter the maps.
     With query_row = (sentence, query), that row of every head is kept too, for --query.
 
-    Each sentence runs alone over its real tokens: that equals its rows of the padded batch,
-    whose key padding mask only removes the padded keys.
+    Each sentence runs alone over its real keys: that equals its rows of the padded batch,
+    whose key padding mask only removes the padded keys. A sink also gets every row of the
+    padded batch (padded queries included) in (sentence, head, row) order, for --export.
     """
     weights = load_weights(layer, store, device=str(device))
-    x, key = x.to(device), key.to(device)
-    reducer = MapReducer(0, batch.tokens, query_row)
-    with torch.no_grad():
-        # Whole projections once (O(B · L · H · d), small next to one head's L × S map), then
-        # per-head slices of them: the same rows of W_q/W_k that head_attention takes.
-        q_all = F.linear(x, weights.W_q, weights.b_q) * layer.effective_scale  # (B, L, H·d)
-        k_all = F.linear(key, weights.W_k, weights.b_k)  # (B, S, H_kv·d)
-        for h in range(layer.num_heads or 0):
-            q0, q1 = layer.q_rows(h)
-            k0, k1 = layer.kv_rows(layer.kv_head_of(h))
-            for b, tokens in enumerate(batch.tokens):
-                n = len(tokens)
-                # (1, n, S) or None: causal over the real keys, a bias_k column left open
-                mask = merged_mask(None, causal_mask(n, device) if causal else None,
-                                   weights.bias_k is not None)
-                k_h = k_all[b, :n, k0:k1]  # (n, d)
-                if weights.bias_k is not None:  # one extra key after the real ones
-                    k_h = torch.cat([k_h, weights.bias_k[None, k0:k1]])  # (n + 1, d)
-                scores = q_all[b, :n, q0:q1] @ k_h.T  # (n, S) with S = n (+ 1)
-                attn = torch.softmax(scores if mask is None else
-                                     scores.masked_fill(mask[0], float("-inf")), dim=-1)
-                reducer.add(b, h, attn.float().cpu()[None], scores.float().cpu()[None])
-                del scores, attn
-    return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED})")
+    extra = 1 if weights.bias_k is not None else 0
+    reducer = MapReducer(0, batch.tokens, query_row, extra)
+    rows = block_rows(budget, batch.max_len + extra, device)
+    size = rows * (batch.max_len + extra)
+    scores_buf = torch.empty(size, device=device)
+    weights_buf = torch.empty(size, device=device)
+    scale = layer.effective_scale
+    with torch.inference_mode():
+        for b, tokens in enumerate(batch.tokens):
+            n = len(tokens)
+            length = batch.max_len if sink is not None else n  # padded queries only for a sink
+            xb, kb = x[b, :length].to(device), key[b, :n].to(device)
+            cached: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
+            for h in range(layer.num_heads or 0):
+                q0, q1 = layer.q_rows(h)
+                # Projections per head (the same rows of W_q/W_k that head_attention takes),
+                # the scale folded into q: O(L · d) per head, never O(L · S).
+                q = F.linear(xb, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1)).mul_(scale)
+                kv = layer.kv_head_of(h)
+                if cached is None or cached[0] != kv:
+                    k0, k1 = layer.kv_rows(kv)
+                    k_extra = None if weights.bias_k is None else weights.bias_k[None, k0:k1]
+                    cached = kv, F.linear(kb, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1)), \
+                        k_extra
+                _, k, k_extra = cached
+                for start in range(0, length, rows):
+                    attn, scores, row_max, keys = block_softmax(
+                        q[start:start + rows], k, k_extra, start, causal, scores_buf,
+                        weights_buf)
+                    if sink is not None:
+                        sink.rows(b, h, start, attn, keys)
+                    real = min(attn.shape[0], n - start)  # padded queries are not shown
+                    if real > 0:
+                        reducer.add_rows(b, h, start, attn[None, :real], scores[None, :real],
+                                         row_max[None, :real])
+    return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED}, "
+                                          f"{rows} row{'s' if rows > 1 else ''} per block)")
 
+
+def _rows(bias: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    return None if bias is None else bias[start:stop]
