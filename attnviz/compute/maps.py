@@ -6,7 +6,7 @@ to that span of keys) and query blocks averaged, so every displayed row still su
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnviz.compute.results import AttentionRun
@@ -26,11 +26,12 @@ class MapView:
     row_spans: tuple[tuple[int, int], ...] | None = None
     col_spans: tuple[tuple[int, int], ...] | None = None
     tokens: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # original (rows, cols)
+    label: str | None = None  # the layer's label when it is not its number ("enc 0", "cross 1")
 
     @property
     def title(self) -> str:
         head = "mean of heads" if self.head is None else f"head {self.head}"
-        return f"L{self.layer} · {head}"
+        return f"{self.label if self.label is not None else f'L{self.layer}'} · {head}"
 
 
 def check_head(head: int | None, num_heads: int) -> None:
@@ -42,27 +43,28 @@ def check_head(head: int | None, num_heads: int) -> None:
 def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapView]:
     """One view per (sentence, layer, head) in that order; padding cut away."""
     views = []
-    for b, tokens in enumerate(run.batch.tokens):
-        n = len(tokens)
+    for b in range(len(run.batch.tokens)):
         for captured in run.layers:
             if captured.weights is None:  # streamed: display-sized views were kept instead
                 views += [v for v in captured.views or [] if v.sentence == b and (
                     v.head is None if average else
                     v.head is not None and (head is None or v.head == head))]
                 continue
-            maps = captured.weights[b, :, :n, :]  # (H, n, S)
-            extra = maps.shape[-1] - run.batch.max_len  # bias_k columns sit after the padding
-            keys = list(range(n)) + list(range(run.batch.max_len, maps.shape[-1]))
+            rows, cols = captured.rows_of(run.batch)[b], captured.columns_of(run.batch)[b]
+            width = max(len(t) for t in captured.columns_of(run.batch))
+            maps = captured.weights[b, :, :len(rows), :]  # (H, n, S)
+            extra = maps.shape[-1] - width  # bias_k columns sit after the padding
+            keys = list(range(len(cols))) + list(range(width, maps.shape[-1]))
             maps = maps[:, :, keys]
-            col_labels = tokens + ["<bias_k>"] * extra
+            col_labels = cols + ["<bias_k>"] * extra
             if average:
                 chosen = [(None, maps.mean(0))]
             elif head is not None:
                 chosen = [(head, maps[head])]
             else:
                 chosen = list(enumerate(maps))
-            views += [MapView(b, captured.index, h, m.numpy(), list(tokens), col_labels, False)
-                      for h, m in chosen]
+            views += [MapView(b, captured.index, h, m.numpy(), list(rows), col_labels, False,
+                              label=captured.label) for h, m in chosen]
     return views
 
 
@@ -75,9 +77,9 @@ def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:
     row_spans = _compose(view.row_spans or _unit(rows), row_blocks)
     col_spans = _compose(view.col_spans or _unit(cols), col_blocks)
     tokens = view.tokens or (tuple(view.row_labels), tuple(view.col_labels))
-    return MapView(view.sentence, view.layer, view.head, averaged,
-                   _span_labels(tokens[0], row_spans), _span_labels(tokens[1], col_spans), True,
-                   row_spans, col_spans, tokens)
+    return replace(view, values=averaged, row_labels=_span_labels(tokens[0], row_spans),
+                   col_labels=_span_labels(tokens[1], col_spans), downsampled=True,
+                   row_spans=row_spans, col_spans=col_spans, tokens=tokens)
 
 
 def _block_reduce(values: Any, row_blocks: list[tuple[int, int]],
