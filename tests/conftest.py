@@ -14,6 +14,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_weights"
 
 
+@pytest.fixture(scope="session")
+def zoo_model(tmp_path_factory):
+    """zoo_model(kind) -> folder: the tiny Hugging Face models of tests/zoo.py, each built at
+    most once per session and shared by every test module."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from zoo import zoo_factory
+
+    return zoo_factory(tmp_path_factory)
+
+
 @pytest.fixture
 def cli():
     runner = CliRunner()

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import torch  # noqa: E402
-from zoo import ENCODER_DECODER, SENTENCES, TEXT, ZOO, load_tokenizer, zoo_factory  # noqa: E402
+from zoo import ENCODER_DECODER, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.errors import CheckpointError, UsageError  # noqa: E402
 from attnviz.sources import capture as cap  # noqa: E402
@@ -24,12 +24,6 @@ FALLBACK = {"deberta_v2", "mpnet", "gpt_neo", "bloom", "falcon"}
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGET = "the big red barn"  # decoder input of encoder-decoder models: T != S
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="session")
-def zoo_model(tmp_path_factory):
-    """zoo_model(kind) -> folder, each kind built once per session (moves to conftest.py)."""
-    return zoo_factory(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", autouse=True)

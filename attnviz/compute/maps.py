@@ -57,6 +57,7 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
             keys = list(range(len(cols))) + list(range(width, maps.shape[-1]))
             maps = maps[:, :, keys]
             col_labels = cols + ["<bias_k>"] * extra
+            chosen: list[tuple[int | None, Any]]
             if average:
                 chosen = [(None, maps.mean(0))]
             elif head is not None:
