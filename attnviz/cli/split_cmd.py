@@ -98,6 +98,7 @@ def split(
             out.print()
             out.print(ablation_lines(result.ablation, result.recompute_skipped))
         if result.verified is not None:
+            out.print()
             out.print(verify_lines(result.verified, list(result.sentences)))
         if png_path is not None:
             out.print(plain(f"wrote {png_path}"))

@@ -176,14 +176,18 @@ def ablation_lines(result: Any, recompute_skipped: str | None) -> Text:
                 f"{result.module}, {result.sentences} sentences): the rows attnviz assigns to "
                 "each head negated in turn in the model's own parameters; only that head may "
                 f"change (unchanged: ≤ {result.unchanged:.0e}, changed: > {result.changed:.0e})\n")
-    names = {"q": "W_q head", "k": "W_k kv head", "v": "W_v kv head"}
+    names = {"q": "W_q head", "k": "W_k kv  ", "v": "W_v kv  "}
+    prefix = result.layer.name
     for check in result.checks:
         heads = ", ".join(map(str, check.expected))
-        what = "map" if check.projection != "v" else "W_o input slice"
+        what = f"head{'s' if len(check.expected) > 1 else ''} {heads}"
+        if check.projection == "v":
+            what = f"W_o input of {what}"
         mark = {"pass": "✓", "fail": "✗", "untestable": "?"}[check.status]
-        text.append(f"  {mark} {names[check.projection]} {check.head:<3} {check.rows:<28} "
-                    f"→ {what} of head{'s' if len(check.expected) > 1 else ''} {heads} changed "
-                    f"by {check.own:.1e}; other heads ≤ {check.others:.1e}",
+        text.append(f"  {mark} {names[check.projection]} {check.head:<3} "
+                    f"{_relative(check.rows, prefix):<24} changed {what} by "
+                    f"{'≥ ' if len(check.expected) > 1 else ''}{check.own:.1e}, others ≤ "
+                    f"{check.others:.1e}",
                     style="" if check.status == "pass" else
                     "bold red" if check.status == "fail" else "yellow")
         if check.reason:

@@ -45,7 +45,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 # The most one block of one shown layer's float32 maps (B, H, rows, S) may take in eager.
-BLOCK_BUDGET_BYTES = 64 * 2**20
+BLOCK_BUDGET_BYTES = 32 * 2**20
 STACK_OF = {cap.LayerKind.SELF: "enc", cap.LayerKind.DECODER_SELF: "dec",
             cap.LayerKind.CROSS: "cross"}
 PATHS = {
@@ -388,22 +388,42 @@ def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None
 # --- the run -----------------------------------------------------------------------------------
 
 class _RowsToAdd:
-    """Stands in for `MapReducer.add_rows` until it exists: collects each sentence's rows of
-    every head and hands the sentence to `MapReducer.add` once its last real row is in."""
+    """Stands in for `MapReducer.add_rows` until it exists: copies each sentence's rows of
+    every head into one (H, n, S) buffer and hands the sentence to `MapReducer.add` once its
+    last real row is in (so one layer's maps of one sentence are held at a time, not all)."""
 
     def __init__(self, reducer: Any, lengths: list[int]) -> None:
         self.reducer = reducer
         self.lengths = lengths
-        self.rows: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        self.buffers: dict[int, tuple[torch.Tensor, int]] = {}  # sentence: (maps, rows filled)
 
     def add_rows(self, sentence: int, first_head: int, row_start: int, attn_block: torch.Tensor,
                  scores_block: torch.Tensor | None = None) -> None:
-        blocks = self.rows.setdefault(sentence, [])
-        blocks.append((row_start, attn_block))
-        if sum(block.shape[1] for _, block in blocks) == self.lengths[sentence]:
-            whole = torch.cat([b for _, b in sorted(blocks, key=lambda x: x[0])], dim=1)
-            del self.rows[sentence]
-            self.reducer.add(sentence, first_head, whole)
+        heads, rows, keys = attn_block.shape
+        buffer, filled = self.buffers.get(sentence) or (
+            torch.empty(heads, self.lengths[sentence], keys), 0)
+        buffer[:, row_start:row_start + rows] = attn_block
+        filled += rows
+        if filled < self.lengths[sentence]:
+            self.buffers[sentence] = buffer, filled
+            return
+        self.buffers.pop(sentence, None)
+        for head in range(heads):  # one head at a time: add's temporaries are one map's
+            self.reducer.add(sentence, first_head + head, buffer[head:head + 1])
+        del buffer
+        _release_freed_memory()
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc's malloc_trim), so that a long input's
+    layer after layer of freed maps does not add up in the process's resident memory."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
 
 
 class _Collector:
