@@ -143,10 +143,13 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
 def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int | None = None,
               head: int | None = None, average: bool = False, query: str | int | None = None,
               sentence: int = 1, device: str = "auto", dtype: str = "float32",
-              keep_full_maps: bool = False, max_tokens: int = DEFAULT_MAX_TOKENS) -> Heatmap:
-    """A Hugging Face model's own attention (needs the `attnviz[hf]` extra; never downloads)."""
+              keep_full_maps: bool = False, targets: Sequence[str] | None = None,
+              max_tokens: int = DEFAULT_MAX_TOKENS) -> Heatmap:
+    """A Hugging Face model's own attention (needs the `attnviz[hf]` extra; never downloads);
+    `targets` (one per sentence) run an encoder-decoder model's decoder too."""
     job = HeatmapJob(list(sentences), model=str(model), layer=None if layer is None else str(layer),
                      device=device, dtype=dtype, head=head, average=average,
                      query=None if query is None else str(query), sentence=sentence,
-                     keep_full_maps=keep_full_maps, max_tokens=max_tokens)
+                     keep_full_maps=keep_full_maps,
+                     targets=None if targets is None else list(targets), max_tokens=max_tokens)
     return _as(Heatmap, _run_heatmap(job))

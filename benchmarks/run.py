@@ -3,11 +3,12 @@
     python benchmarks/run.py [--repeats 3] [--quick] [--workdir DIR] [--keep]
 
 Builds its own inputs (synthetic TinyLlama-layout checkpoints, an nn.MultiheadAttention layer,
-random attention maps) in a temporary folder, runs every command --repeats times interleaved with
+random attention maps, random-weight transformers models with a WordLevel tokenizer) in a
+temporary folder, runs every command --repeats times interleaved with
 its baseline (medians of whole-process wall time, and of each process's own peak RSS from GNU
 `/usr/bin/time -f %M`, else a tiny Python wrapper), and prints a table of ratios with pass/fail,
-plain and as Markdown. Exits 0 unless the script itself breaks. --quick: smaller sizes and one
-repeat, a smoke run whose verdicts are only indicative.
+plain and as Markdown. Exits 1 when a target fails (or its step breaks), else 0. --quick:
+smaller sizes and one repeat, a smoke run whose verdicts are only indicative.
 """
 
 from __future__ import annotations
@@ -53,9 +54,15 @@ class Sizes:
     tokens: int  # target 3's sequence (quick: still past heatmap's full-map budget, so it
     #              streams) and target 4's long map
     grid: int  # target 4's grid: grid × grid maps of 32 tokens
+    model_width: int  # target 5's 12-layer model: BERT-base's 768, or narrower for --quick
+    model_tokens: int  # target 5a/5b's sentence
 
 
-FULL, QUICK = Sizes(22, 5, 4096, 12), Sizes(4, 1, 2560, 4)
+FULL, QUICK = Sizes(22, 5, 4096, 12, 768, 200), Sizes(4, 1, 2560, 4, 256, 100)
+MODEL_LAYERS = 12
+LONG_MODEL = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "intermediate_size": 128, "num_hidden_layers": MODEL_LAYERS}  # LLaMA, tiny width
+LONG_BUDGET_MB = 1500  # target 5c: the stated peak-memory budget of the 4096-token run
 
 
 @dataclass(frozen=True)
@@ -203,6 +210,20 @@ print(json.dumps({{"q": [norm(w["q"][h * D:(h + 1) * D]).item() for h in range(H
                   "k": [norm(w["k"][g * D:(g + 1) * D]).item() for g in range(H_KV)],
                   "v": [norm(w["v"][g * D:(g + 1) * D]).item() for g in range(H_KV)],
                   "o": [norm(w["o"][:, h * D:(h + 1) * D]).item() for h in range(H)]}}))
+""", "baseline_model.py": """\
+import sys
+import torch
+import transformers
+folder, implementation = sys.argv[1], sys.argv[2]
+transformers.utils.logging.disable_progress_bar()
+text = open(sys.argv[3]).read()
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+model = transformers.AutoModel.from_pretrained(folder, attn_implementation=implementation,
+                                               local_files_only=True).eval()
+with torch.no_grad():
+    out = model(**tokenizer(text, return_tensors="pt"),
+                output_attentions=implementation == "eager")
+print(0 if out.attentions is None else len(out.attentions))
 """, "baseline_mha.py": """\
 import sys
 import torch
@@ -290,6 +311,78 @@ def long_sequence(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
                     0.6, wrote_png),
             compare(f"3b long sequence time ({what})", m["ours"], ours, m["base"], base, "s", 2.0,
                     wrote_png)]
+
+
+def write_model(folder: Path, config: object, words: list[str]) -> None:
+    """A random-weight transformers model and a WordLevel tokenizer over `words`."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config)
+    model.save_pretrained(folder)
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<s>", "</s>", *sorted(set(words))])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                         pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+                                         ).save_pretrained(folder)
+
+
+def model_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """heatmap --model against a bare transformers script, and a long input's memory."""
+    import transformers
+
+    words = [f"w{i}" for i in range(max(sizes.tokens, sizes.model_tokens))]
+    bert, text = workdir / "bert12", workdir / "sentence.txt"
+    width = sizes.model_width
+    write_model(bert, transformers.BertConfig(
+        hidden_size=width, num_hidden_layers=MODEL_LAYERS, num_attention_heads=width // 64,
+        intermediate_size=4 * width, vocab_size=30522, pad_token_id=1), words)
+    text.write_text(" ".join(words[:sizes.model_tokens]) + "\n")
+    base = str(workdir / "baseline_model.py")
+    heatmap = [ATTNVIZ, "heatmap", "--model", str(bert), "--file", str(text), "--no-maps"]
+    m = measure({"sdpa": [PY, base, str(bert), "sdpa", str(text)],
+                 "one": [*heatmap, "--layer", "5"],
+                 "eager": [PY, base, str(bert), "eager", str(text)],
+                 "all": [*heatmap, "--layer", "all"]}, repeats, True)
+    what = f"{MODEL_LAYERS}-layer BERT, E={width}, {sizes.model_tokens} tokens"
+
+    def header(run: Run) -> tuple[bool, str]:
+        ok = "path    transformers attention interface" in run.stdout
+        return ok, "" if ok else "the header does not name the interface path"
+
+    rows = [compare(f"5a one layer of a {what}", m["one"],
+                    "`heatmap --model DIR --layer 5 --no-maps`", m["sdpa"],
+                    "load + one forward with sdpa", "s", 1.2, header),
+            compare(f"5b all layers of a {what}", m["all"],
+                    "`heatmap --model DIR --layer all --no-maps`", m["eager"],
+                    "load + one forward, eager, output_attentions=True", "s", 1.2, header)]
+    llama = workdir / "llama-long"
+    write_model(llama, transformers.LlamaConfig(
+        **LONG_MODEL, vocab_size=len(words) + 4, max_position_embeddings=sizes.tokens,
+        pad_token_id=1, bos_token_id=2, eos_token_id=3), words)
+    long_text = workdir / "long.txt"
+    long_text.write_text(" ".join(words[:sizes.tokens]) + "\n")
+    long = [ATTNVIZ, "heatmap", "--model", str(llama), "--file", str(long_text), "--max-tokens",
+            str(sizes.tokens), "--no-maps"]
+    m = measure({"two": [*long, "--layer", "0:2"], "all": [*long, "--layer", "all"]},
+                repeats, False)
+
+    def budget(run: Run) -> tuple[bool, str]:
+        streamed = "long input" in run.stdout
+        ok = streamed and max(run.peak_mb, m["two"].peak_mb) <= LONG_BUDGET_MB
+        return ok, (f"budget {LONG_BUDGET_MB} MB: {'within' if ok else 'NOT within'}; time "
+                    f"{run.seconds:.0f} s vs {m['two'].seconds:.0f} s"
+                    + ("" if streamed else "; the maps were not streamed"))
+
+    # Per layer shown only its display maps stay (H · c², c ≤ 512): 1 MB per head.
+    return rows + [compare(
+        f"5c long input memory ({sizes.tokens} tokens, {MODEL_LAYERS}-layer LLaMA, E=64, H=4)",
+        m["all"], f"`heatmap --model DIR -f LONG --layer all --no-maps` ({MODEL_LAYERS} layers)",
+        m["two"], "same, `--layer 0:2` (2 layers)", "MB", 1.25, budget)]
 
 
 def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
@@ -390,7 +483,9 @@ def main() -> int:
     steps = ((startup, ("1 start-up",)),
              (inspect_targets, ("2a inspect time", "2b inspect memory", "2c per-head norms")),
              (long_sequence, ("3a long sequence memory", "3b long sequence time")),
-             (figures, ("4a figure grid", "4b long figure")))
+             (figures, ("4a figure grid", "4b long figure")),
+             (model_targets, ("5a one model layer", "5b all model layers",
+                              "5c long input memory")))
     try:
         for name, text in SCRIPTS.items():
             (workdir / name).write_text(text)
@@ -415,7 +510,7 @@ def main() -> int:
     if args.keep:
         print(f"\ninputs kept in {workdir}")
     print(f"\n{sum(r.passed for r in rows)} passed, {sum(not r.passed for r in rows)} failed")
-    return 0
+    return 0 if all(r.passed for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ randomly initialized nn.MultiheadAttention (`--random`)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +134,24 @@ def _run_standalone(request: HeatmapRequest, layer: Any, inputs_store: Any, stor
     return result
 
 
+# --export names per kind of layer: (maps, inputs) key prefixes.
+EXPORT_NAMES = {"self": ("attn", "inputs"), "decoder-self": ("decoder", "inputs.decoder"),
+                "cross": ("cross", "inputs.cross")}
+
+
+def export_key(captured: Any) -> tuple[str, str]:
+    """(maps key, inputs key) of a layer: attn.N / inputs.N, decoder.N / inputs.decoder.N and
+    cross.N / inputs.cross.N, N its number within its stack."""
+    maps, inputs = EXPORT_NAMES[captured.kind]
+    number = captured.display_label.split()[-1]
+    return f"{maps}.{number}", f"{inputs}.{number}"
+
+
 def export(run: Any, path: Path) -> None:
-    """attn.{layer} (B, H, L, S), inputs.{layer} (B, L, E), mask (B, L), metadata tokens."""
+    """attn.{layer} (B, H, L, S), inputs.{layer} (B, L, E) where captured, mask (B, L),
+    metadata tokens; with a decoder run also decoder.{layer} (B, H, T, T), cross.{layer}
+    (B, H, T, S), inputs.decoder.{layer} / inputs.cross.{layer}, target_mask (B, T) and
+    metadata target_tokens."""
     import torch
     from safetensors.torch import save_file
 
@@ -145,10 +161,17 @@ def export(run: Any, path: Path) -> None:
     if run.exported == path:  # a streamed run wrote the file as it went
         return
     tensors = {"mask": (~padding_mask(run.batch)).to(torch.int64).contiguous()}
-    for captured in run.layers:
-        tensors[f"attn.{captured.index}"] = captured.weights.float().contiguous()
-        tensors[f"inputs.{captured.index}"] = captured.inputs.float().contiguous()
     metadata = _export_metadata(run.batch, run.source, run.inputs_described, run.causal)
+    if run.target is not None:
+        tensors["target_mask"] = (~padding_mask(run.target)).to(torch.int64).contiguous()
+        metadata["target_tokens"] = json.dumps(run.target.tokens)
+    if run.path is not None:
+        metadata["path"] = run.path
+    for captured in run.layers:
+        maps_key, inputs_key = export_key(captured)
+        tensors[maps_key] = captured.weights.float().contiguous()
+        if captured.inputs is not None:
+            tensors[inputs_key] = captured.inputs.float().contiguous()
     with atomic_output(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
 
@@ -240,10 +263,16 @@ def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
         "inputs": run.inputs_described,
         "sentences": run.batch.sentences,
         "tokens": run.batch.tokens,
-        "layers": [{"index": c.index, "name": c.layer.name, "num_heads": c.layer.num_heads,
-                    "method": c.method} for c in run.layers],
+        "layers": [{"index": c.index, "label": c.display_label, "kind": c.kind,
+                    "name": c.display_name, "num_heads": c.heads, "method": c.method}
+                   for c in run.layers],
         "head_stats": [s.to_json() for s in head_stats],
     }
+    if run.target is not None:
+        doc["targets"] = run.target.sentences
+        doc["target_tokens"] = run.target.tokens
+    if run.path is not None:
+        doc["path"] = run.path
     if breakdown is not None:
         doc["query"] = asdict(breakdown)
     return doc
@@ -252,20 +281,19 @@ def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
 def run_model(spec: str, sentences: list[str], layer: str | None, device: str, dtype: str,
               device_map: str | None, max_tokens: int, one_per_layer: bool,
               max_panels: int | None, keep_full_maps: bool = False,
-              query: tuple[int, str] | None = None) -> Any:
+              query: tuple[int, str] | None = None, targets: list[str] | None = None) -> Any:
     """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra); long
-    inputs stream unless keep_full_maps (--export); query = (sentence, --query) keeps that row."""
-    from attnviz.core.selection import parse_layers
+    inputs stream unless keep_full_maps (--export); query = (sentence, --query) keeps that row;
+    targets run an encoder-decoder model's decoder too."""
     from attnviz.sources import hf
 
     loaded = hf.load_model(spec, device, dtype, device_map)
-    chosen = parse_layers(layer, len(loaded.layers))
-    count = len(loaded.layers) if chosen is None else len(chosen)
-    heads = max(layer.num_heads or 0 for layer in loaded.layers)
+    plan = hf.plan_run(loaded, sentences, layer, targets, max_tokens)
+    heads = max(shown.num_heads or 0 for shown in plan.shown)
     check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
                                 max_panels=max_panels, panels_per_map=1 if one_per_layer
-                                else None), count, heads)
-    return hf.run_model(loaded, sentences, chosen, max_tokens, not keep_full_maps, query)
+                                else None), len(plan.shown), heads)
+    return hf.run_model(loaded, plan, not keep_full_maps, query)
 
 
 @dataclass(frozen=True)
@@ -294,6 +322,7 @@ class HeatmapJob:
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_sentences: int = DEFAULT_MAX_SENTENCES
     max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
+    targets: list[str] | None = None  # --model, encoder-decoder: the decoder's text per sentence
 
 
 @dataclass
@@ -336,6 +365,9 @@ def check_applicable(job: HeatmapJob) -> None:
     elif job.dtype != "float32" or job.device_map is not None:
         raise UsageError("--dtype and --device-map apply to --model only",
                          fix="drop them, or pass --model")
+    if job.targets is not None and job.model is None:
+        raise UsageError("--target applies to --model (an encoder-decoder model) only",
+                         fix="drop --target, or pass --model", option="--target")
 
 
 def run_heatmap(job: HeatmapJob) -> HeatmapResult:
@@ -352,7 +384,8 @@ def run_heatmap(job: HeatmapJob) -> HeatmapResult:
             job.model, job.sentences, job.layer, job.device, job.dtype, job.device_map,
             job.max_tokens, job.head is not None or job.average, job.max_panels,
             keep_full_maps=job.keep_full_maps,
-            query=None if job.query is None else (job.sentence - 1, job.query))
+            query=None if job.query is None else (job.sentence - 1, job.query),
+            targets=job.targets)
     else:
         batch = make_batch(job.sentences, job.max_tokens, job.max_sentences)
         _check_sentence(job, len(batch.tokens))
@@ -382,15 +415,24 @@ def summarize(attention_run: Any, head: int | None, average: bool, query: str | 
     from attnviz.compute.inputs import find_query
 
     for captured in attention_run.layers:
-        maps.check_head(head, captured.layer.num_heads or 0)
+        maps.check_head(head, captured.heads)
     check_finite_maps(attention_run)
-    head_stats = [s for captured in attention_run.layers for s in (
-        captured.stats if captured.weights is None else stats_mod.head_stats(
-            captured.weights, attention_run.batch.tokens, captured.index))]
+    head_stats: list[Any] = []
+    batch = attention_run.batch
+    for captured in attention_run.layers:
+        if captured.weights is None:
+            head_stats += captured.stats or []
+            continue
+        cross = captured.kind == "cross"
+        found = stats_mod.head_stats(captured.weights, captured.rows_of(batch), captured.index,
+                                     key_tokens=captured.columns_of(batch) if cross else None)
+        if captured.label is not None:
+            found = [replace(s, layer_label=captured.label) for s in found]
+        head_stats += found
     selected = maps.select_maps(attention_run, head, average)
     breakdown = None
     if query is not None:
-        query_index = find_query(attention_run.batch.tokens[sentence_index], query)
-        layer_index = attention_run.layers[-1].index
-        breakdown = query_breakdown(attention_run, layer_index, sentence_index, query_index)
+        last = attention_run.layers[-1]
+        query_index = find_query(last.rows_of(batch)[sentence_index], query)
+        breakdown = query_breakdown(attention_run, last.index, sentence_index, query_index)
     return HeatmapResult(attention_run, head_stats, selected, breakdown)

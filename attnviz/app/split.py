@@ -16,10 +16,13 @@ if TYPE_CHECKING:
     from attnviz.compute.split import SplitReport
     from attnviz.compute.split_views import BandPicture, MatrixPanel
     from attnviz.core.layer import AttentionLayer
+    from attnviz.sources.ablation import AblationResult
     from attnviz.sources.hf import VerifyResult
 
 VERIFY_SENTENCES = ["the cat sat on the mat and the cat slept",
                     "heads split the projection, not the input"]
+# an encoder-decoder model's decoder input for the proofs, one per sentence
+VERIFY_TARGETS = ["the cat slept on the mat", "the input is split by no head"]
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,21 @@ class SplitResult:
     source: str
     report: SplitReport
     layer_weights: LayerWeights
-    verified: VerifyResult | None = None
+    verified: VerifyResult | None = None  # the recompute proof, where it applies
     sentences: tuple[str, ...] = tuple(VERIFY_SENTENCES)
+    ablation: AblationResult | None = None  # the ablation proof (split --model --verify)
+    recompute_skipped: str | None = None  # why the recompute proof did not run
 
     @property
     def failure(self) -> CheckFailed | None:
         """The check that did not hold, if any: the CLI exits 1 with it."""
+        if self.ablation is not None and not self.ablation.passed:
+            worst = self.ablation.failures[0]
+            return CheckFailed(f"the ablation proof failed for {len(self.ablation.failures)} "
+                               f"of {len(self.ablation.checks)} perturbations (first: W_"
+                               f"{worst.projection} head {worst.head}: {worst.reason})",
+                               fix="attnviz's head slicing of this layer is wrong: report this "
+                               "with the model")
         if self.verified is not None and not self.verified.passed:
             return CheckFailed(f"attnviz's per-head recomputation differs from the model's own "
                                f"attention by {self.verified.max_diff:.2e}, above "
@@ -86,12 +98,19 @@ class SplitResult:
     def to_json(self) -> dict[str, Any]:
         doc = self.report.to_json()
         doc["source"] = self.source
-        if self.verified is not None:
-            v = self.verified
-            doc["verify"] = {"layer": v.layer_index, "max_abs_diff": v.max_diff,
-                             "per_head": v.per_head, "tolerance": v.tolerance,
-                             "positions": v.positions, "passed": v.passed,
-                             "sentences": list(self.sentences)}
+        if self.ablation is not None:
+            doc["verify"] = {"passed": self.failure is None, "label": self.ablation.label,
+                             "layer": self.ablation.layer_index,
+                             "sentences": list(self.sentences),
+                             "proofs": ["ablation"] + (["recompute"] if self.verified else []),
+                             "ablation": self.ablation.to_json()}
+            if self.verified is not None:
+                v = self.verified
+                doc["verify"]["recompute"] = {
+                    "layer": v.layer_index, "max_abs_diff": v.max_diff, "per_head": v.per_head,
+                    "tolerance": v.tolerance, "positions": v.positions, "passed": v.passed}
+            else:
+                doc["verify"]["recompute"] = {"skipped": self.recompute_skipped}
         return doc
 
 
@@ -104,9 +123,9 @@ def run_split(request: SplitRequest) -> SplitResult:
     if sum(x is not None for x in (request.weights, request.model, request.random)) > 1:
         raise UsageError("--model, --weights and the random-init options exclude each other",
                          fix="choose one source")
-    verified = None
+    verified = ablation = skipped = None
     if request.model is not None:
-        layer, store, verified = _model_layer(request.model, request)
+        layer, store, (verified, ablation, skipped) = _model_layer(request.model, request)
     elif request.weights is not None:
         from attnviz.sources.layers import checkpoint_layer
 
@@ -119,7 +138,8 @@ def run_split(request: SplitRequest) -> SplitResult:
             raise UsageError("--layer, --num-kv-heads and --head-dim need --weights or --model")
         layer, store = random_mha(request.random or RandomSpec(seed=request.seed))
     report, layer_weights = make_report(layer, store, request.seed)
-    return SplitResult(layer, store.source, report, layer_weights, verified)
+    return SplitResult(layer, store.source, report, layer_weights, verified,
+                       ablation=ablation, recompute_skipped=skipped)
 
 
 def _model_layer(model: str, request: SplitRequest) -> tuple[Any, Any, Any]:
@@ -134,10 +154,24 @@ def _model_layer(model: str, request: SplitRequest) -> tuple[Any, Any, Any]:
     inventory, store = open_inventory(folder, request.hints)
     layer = select_layer(inventory, request.layer if request.layer is not None else "0",
                          store.source)
-    verified = None
+    proofs: tuple[Any, Any, Any] = (None, None, None)
     if request.verify:
-        from attnviz.sources import hf
+        proofs = verify_model_layer(str(folder), layer)
+    return layer, store, proofs
 
-        loaded = hf.load_model(str(folder))
-        verified = hf.verify_layer(loaded, hf.model_index(loaded, layer), VERIFY_SENTENCES)
-    return layer, store, verified
+
+def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, str | None]:
+    """(recompute proof or None, ablation proof, why the recompute proof did not run)."""
+    from attnviz.sources import ablation as ablation_mod
+    from attnviz.sources import hf
+
+    loaded = hf.load_model(folder)
+    targets = VERIFY_TARGETS if loaded.encoder_decoder else None
+    ablation = ablation_mod.ablate(loaded, layer, VERIFY_SENTENCES, targets)
+    plan = hf.plan_run(loaded, VERIFY_SENTENCES, None, targets)
+    call = hf.call_of(plan.layers, loaded.model, layer)
+    skipped = hf.recompute_supported(loaded, call)
+    verified = None
+    if skipped is None:
+        verified = hf.verify_layer(loaded, layer, VERIFY_SENTENCES, plan=plan)
+    return verified, ablation, skipped

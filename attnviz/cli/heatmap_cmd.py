@@ -36,8 +36,11 @@ def heatmap(
     weights: Annotated[Path | None, typer.Option("--weights", "-w", help=(
         "A checkpoint; default: the bundled 2-layer model with induction heads."))] = None,
     layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
-        "Bundled model: all (default), N, -1 or A:B. Checkpoint: which attention layer."))]
-    = None,
+        "Bundled model and --model: all (default), N, -1 or A:B, numbered in the order the "
+        "forward pass runs them. Encoder-decoder --model: 'enc N', 'dec N' (decoder "
+        "self-attention), 'cross N' (cross-attention), each with N, -1, A:B or all, joined by "
+        "commas ('enc -1,cross 0:2'); a bare N is the encoder's. Checkpoint: which attention "
+        "layer."))] = None,
     head: Annotated[int | None, typer.Option("--head", help="Show only this head.")] = None,
     average: Annotated[bool, typer.Option("--average", help="Show the mean over heads.")]
     = False,
@@ -77,6 +80,10 @@ def heatmap(
         "--model: float32, bfloat16 or float16."))] = "float32",
     device_map: Annotated[str | None, typer.Option("--device-map", help=(
         "--model: 'auto' spreads a large model over devices (needs accelerate)."))] = None,
+    target: Annotated[list[str] | None, typer.Option("--target", "-t", help=(
+        "--model, encoder-decoder: the decoder's text, one --target per sentence in order; "
+        "runs the decoder too (its self-attention and its cross-attention over the "
+        "sentence)."))] = None,
     random: Annotated[bool, typer.Option("--random", help=(
         "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))] = False,
     embed_dim: EmbedDim = None,
@@ -134,8 +141,8 @@ def heatmap(
         causal, positions, device, dtype, device_map, head, average, query, sentence,
         keep_full_maps=export is not None, export_path=export_path,
         memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
-        max_sentences=max_sentences,
-        max_panels=max_panels if out_path else None))
+        max_sentences=max_sentences, max_panels=max_panels if out_path else None,
+        targets=list(target) if target else None))
     if export_path is not None:
         result.export(export_path)
     if out_path is not None:
@@ -183,15 +190,20 @@ def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
     out = console()
     out.print(plain(f"source  {run.source}   device {run.device}"))
     out.print(plain(f"inputs  {run.inputs_described}"))
+    if run.path is not None:
+        out.print(plain(f"path    {run.path}"))
     for captured in run.layers:
-        out.print(plain(f"layer {captured.index} ({captured.layer.name or 'top level'}): "
-                        f"{captured.method}" + ("; causal" if run.causal else "")))
+        causal = run.causal if captured.causal is None else captured.causal
+        out.print(plain(f"layer {captured.display_label} ({captured.display_name or 'top level'}, "
+                        f"{captured.heads} heads): {captured.method}"
+                        + ("; causal" if causal else "")))
     for note in run.notes:
         out.print(plain(f"note: {note}"))
     out.print()
     if show_maps:
         fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
-        render.print_maps(out, fitted, run.batch.sentences)
+        render.print_maps(out, fitted, run.batch.sentences,
+                          None if run.target is None else run.target.sentences)
     if show_stats:
         out.print()
         render.print_stats(out, result.head_stats)

@@ -47,8 +47,10 @@ def split(
     as_json: Json = False,
     model: Model = None,
     verify: Annotated[bool, typer.Option("--verify", help=(
-        "--model: recompute the layer's attention from attnviz's slices and compare with the "
-        "model's own weights (needs attnviz\\[hf])."))] = False,
+        "--model: prove attnviz's head slicing through the model's own forward pass: negate "
+        "each head's W_q, W_k, W_v rows in turn and check that only that head changes; where "
+        "attnviz knows the family's positions, also recompute the layer's attention from the "
+        "slices (needs attnviz\\[hf])."))] = False,
 ) -> None:
     """Show how the heads split W_q, W_k, W_v (by rows) and W_o (by columns), and prove it
     against torch's own forward."""
@@ -82,12 +84,21 @@ def split(
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
     else:
-        from attnviz.render.split_terminal import LABEL_WIDTH, print_split, verify_lines
+        from attnviz.render.split_terminal import (
+            LABEL_WIDTH,
+            ablation_lines,
+            print_split,
+            verify_lines,
+        )
 
         out = console()
         picture = result.band_picture(max(8, min(out.width, 120) - LABEL_WIDTH))
         print_split(out, result.report, picture, result.explanation(), result.source)
+        if result.ablation is not None:
+            out.print()
+            out.print(ablation_lines(result.ablation, result.recompute_skipped))
         if result.verified is not None:
+            out.print()
             out.print(verify_lines(result.verified, list(result.sentences)))
         if png_path is not None:
             out.print(plain(f"wrote {png_path}"))

@@ -153,6 +153,11 @@ class QueryBreakdown:
     heads: list[HeadBreakdown]
     max_diff: float  # recomputed weights vs the run's weights
     positions: str = "none"  # what was applied to q_h and k_h besides projection (RoPE, …)
+    # "slices": recomputed from attnviz's W_q/W_k slices; "captured": from the q_h and k_h the
+    # model's own attention function received (after its own positions, whatever they are)
+    source: str = "slices"
+    layer_label: str | None = None
+    added: str = ""  # what the model adds to the scores before softmax besides the mask
 
 
 def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
@@ -160,7 +165,12 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     """Recompute one query's attention head by head from the weight slices, and check it
     against the maps the run produced."""
     captured = run.layer(layer_index)
+    if captured.scores is not None:
+        return captured_breakdown(run, captured, sentence, query)
     layer = captured.layer
+    if layer is None or run.store is None:
+        raise UsageError("--query needs the q and k the model's attention receives, and this "
+                         "run did not keep them", fix="drop --query", option="--query")
     n = run.batch.lengths[sentence]
     assert captured.inputs is not None  # the last layer always keeps its inputs
     x = captured.inputs[sentence : sentence + 1, :n]
@@ -194,6 +204,61 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
                           "none" if positions is None else positions.described)
 
 
+def captured_breakdown(run: AttentionRun, captured: LayerAttention, sentence: int,
+                       query: int) -> QueryBreakdown:
+    """One query's scores head by head from the q_h and k_h the model's attention received:
+    scaling · q_h·k_h (softcapped, plus any position bias, then the mask, as eager applies
+    them), softmax; checked against the maps the run captured."""
+    scores_in = captured.scores
+    assert scores_in is not None
+    keys = len(captured.columns_of(run.batch)[sentence])
+    p = scores_in.query_offsets[sentence] + query  # the query's row in the padded batch
+    k0 = scores_in.key_offsets[sentence]
+    with torch.no_grad():
+        q = scores_in.query[sentence, :, p].float()  # (H, d)
+        heads, groups = q.shape[0], q.shape[0] // scores_in.key.shape[1]
+        k = scores_in.key[sentence].float().repeat_interleave(groups, dim=0)  # (H, S, d)
+        dots = torch.einsum("hd,hsd->hs", q, k)  # (H, S)
+        logits = dots * scores_in.scaling
+        added = []
+        if scores_in.softcap is not None:
+            logits = torch.tanh(logits / scores_in.softcap) * scores_in.softcap
+            added.append(f"softcap {scores_in.softcap:g}: tanh(s / c) · c")
+        if scores_in.position_bias is not None:
+            bias = scores_in.position_bias
+            logits = logits + bias[min(sentence, bias.shape[0] - 1), :, p].float()
+            added.append("the model's position bias (its mask included)")
+        scores = logits.clone()
+        mask = scores_in.mask
+        if mask is not None:
+            row = mask[min(sentence, mask.shape[0] - 1), :, p]  # (1|H, S)
+            logits = (logits.masked_fill(~row, float("-inf")) if row.dtype == torch.bool
+                      else logits + row.float())
+        if scores_in.sinks is not None:
+            sink = scores_in.sinks.float().reshape(heads, 1)
+            attn = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[:, :-1]
+            added.append("one sink logit per head")
+        else:
+            attn = torch.softmax(logits, dim=-1)
+    got = attn[:, k0:k0 + keys]  # (H, keys) real keys
+    expected = _run_weights_of(captured, run.batch, sentence, query)
+    max_diff = (got - expected).abs().max().item()
+    if max_diff > run.tolerance:
+        raise CheckFailed(f"recomputing query {query} from the captured q_h and k_h differs "
+                          f"from the run by {max_diff:.2e}", fix="report this model to attnviz")
+    d = q.shape[1]
+    heads_out = [HeadBreakdown(h, h // groups, (h * d, (h + 1) * d), q[h].tolist(),
+                               k[h, k0:k0 + keys].tolist(), dots[h, k0:k0 + keys].tolist(),
+                               scores[h, k0:k0 + keys].tolist(), got[h].tolist())
+                 for h in range(heads)]
+    tokens = captured.rows_of(run.batch)[sentence]
+    return QueryBreakdown(sentence, query, tokens[query], captured.index, scores_in.scaling,
+                          heads_out, max_diff,
+                          "the model's own: q_h and k_h as its attention function received "
+                          "them (after its position scheme, if any)", "captured",
+                          captured.label, "; ".join(added))
+
+
 def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
                     query: int) -> torch.Tensor:
     """The run's weights of one query row, every head: (H, S) over real keys (+ bias_k)."""
@@ -202,8 +267,10 @@ def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
             raise UsageError("this streamed run kept no weights for that query",
                              fix="pass --query to the run that streams")
         return captured.query_weights
-    expected = captured.weights[sentence, :, query, :batch.lengths[sentence]]
-    extra = captured.weights.shape[-1] - batch.max_len  # bias_k columns sit after the padding
+    columns = captured.columns_of(batch)
+    width = max(len(t) for t in columns)
+    expected = captured.weights[sentence, :, query, :len(columns[sentence])]
+    extra = captured.weights.shape[-1] - width  # bias_k columns sit after the padding
     if extra:
         expected = torch.cat([expected, captured.weights[sentence, :, query, -extra:]], -1)
     return expected
@@ -212,7 +279,8 @@ def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
 def _model_positions(run: AttentionRun, captured: LayerAttention, length: int) -> Any:
     """How positions enter a model's attention (RoPE, sliding windows), for a --model run of a
     family attnviz can recompute; None where the inputs already carry them."""
-    if not captured.method.startswith("transformers"):
+    if not captured.method.startswith("transformers") or run.store is None \
+            or captured.layer is None:
         return None
     kind = hfconfig.model_type(run.store.config)
     if kind in SCHEMES:
@@ -229,8 +297,10 @@ def check_finite_maps(run: AttentionRun) -> None:
     for captured in run.layers:
         if captured.weights is None:
             continue  # streamed maps were checked head by head as they were computed
-        for b, n in enumerate(run.batch.lengths):
-            bad = int((~torch.isfinite(captured.weights[b, :, :n, :n])).sum())
+        rows, columns = captured.rows_of(run.batch), captured.columns_of(run.batch)
+        for b, (row_tokens, column_tokens) in enumerate(zip(rows, columns, strict=True)):
+            n, m = len(row_tokens), len(column_tokens)
+            bad = int((~torch.isfinite(captured.weights[b, :, :n, :m])).sum())
             if bad:
                 raise CheckFailed(f"layer {captured.index} produced {bad} non-finite attention "
                                   f"weights for sentence {b + 1}",

@@ -6,7 +6,7 @@ to that span of keys) and query blocks averaged, so every displayed row still su
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attnviz.compute.results import AttentionRun
@@ -26,11 +26,12 @@ class MapView:
     row_spans: tuple[tuple[int, int], ...] | None = None
     col_spans: tuple[tuple[int, int], ...] | None = None
     tokens: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # original (rows, cols)
+    label: str | None = None  # the layer's label when it is not its number ("enc 0", "cross 1")
 
     @property
     def title(self) -> str:
         head = "mean of heads" if self.head is None else f"head {self.head}"
-        return f"L{self.layer} · {head}"
+        return f"{self.label if self.label is not None else f'L{self.layer}'} · {head}"
 
 
 def check_head(head: int | None, num_heads: int) -> None:
@@ -42,19 +43,20 @@ def check_head(head: int | None, num_heads: int) -> None:
 def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapView]:
     """One view per (sentence, layer, head) in that order; padding cut away."""
     views = []
-    for b, tokens in enumerate(run.batch.tokens):
-        n = len(tokens)
+    for b in range(len(run.batch.tokens)):
         for captured in run.layers:
             if captured.weights is None:  # streamed: display-sized views were kept instead
                 views += [v for v in captured.views or [] if v.sentence == b and (
                     v.head is None if average else
                     v.head is not None and (head is None or v.head == head))]
                 continue
-            maps = captured.weights[b, :, :n, :]  # (H, n, S)
-            extra = maps.shape[-1] - run.batch.max_len  # bias_k columns sit after the padding
-            keys = list(range(n)) + list(range(run.batch.max_len, maps.shape[-1]))
+            rows, cols = captured.rows_of(run.batch)[b], captured.columns_of(run.batch)[b]
+            width = max(len(t) for t in captured.columns_of(run.batch))
+            maps = captured.weights[b, :, :len(rows), :]  # (H, n, S)
+            extra = maps.shape[-1] - width  # bias_k columns sit after the padding
+            keys = list(range(len(cols))) + list(range(width, maps.shape[-1]))
             maps = maps[:, :, keys]
-            col_labels = tokens + ["<bias_k>"] * extra
+            col_labels = cols + ["<bias_k>"] * extra
             chosen: list[tuple[int | None, Any]]
             if average:
                 chosen = [(None, maps.mean(0))]
@@ -62,8 +64,8 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
                 chosen = [(head, maps[head])]
             else:
                 chosen = list(enumerate(maps))
-            views += [MapView(b, captured.index, h, m.numpy(), list(tokens), col_labels, False)
-                      for h, m in chosen]
+            views += [MapView(b, captured.index, h, m.numpy(), list(rows), col_labels, False,
+                              label=captured.label) for h, m in chosen]
     return views
 
 
@@ -73,9 +75,10 @@ def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:
     if not grid.downsampled:
         return view
     averaged = _block_reduce(view.values, grid.row_blocks, grid.col_blocks)
-    return _blocked_view(view.sentence, view.layer, view.head, averaged, grid,
-                         view.row_spans or _unit(rows), view.col_spans or _unit(cols),
-                         view.tokens or (tuple(view.row_labels), tuple(view.col_labels)))
+    blocked = _blocked_view(view.sentence, view.layer, view.head, averaged, grid,
+                            view.row_spans or _unit(rows), view.col_spans or _unit(cols),
+                            view.tokens or (tuple(view.row_labels), tuple(view.col_labels)))
+    return replace(blocked, label=view.label)
 
 
 @dataclass(frozen=True)

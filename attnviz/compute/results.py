@@ -18,10 +18,27 @@ from attnviz.load.checkpoint import TensorStore
 SDPA_TOLERANCE = 1e-4  # explicit per-head output vs F.scaled_dot_product_attention, relative
 
 
+@dataclass(frozen=True)
+class CapturedScores:
+    """What a model's own attention call received for one layer (attnviz.sources.capture with
+    keep_qk), in the padded batch's coordinates: enough to recompute its scores head by head
+    with no knowledge of the family's positions (q and k are taken after rotary)."""
+
+    query: torch.Tensor  # (B, H, L, d) per query head, after rotary
+    key: torch.Tensor  # (B, H_kv, S, d) per key/value head, before repeat_kv
+    scaling: float  # multiplies q·kᵀ
+    mask: torch.Tensor | None  # additive (B|1, 1|H, L, S), or boolean (True = attend)
+    position_bias: torch.Tensor | None = None  # additive (B|1, H, L, S): T5's relative bias
+    softcap: float | None = None  # tanh(s / c) · c before bias and mask (Gemma 2)
+    sinks: torch.Tensor | None = None  # (H,) one extra logit per head, dropped after softmax
+    query_offsets: tuple[int, ...] = ()  # per sentence: padded index of its real token 0
+    key_offsets: tuple[int, ...] = ()
+
+
 @dataclass
 class LayerAttention:
     index: int  # position of the layer in the model (0 for a standalone layer)
-    layer: AttentionLayer
+    layer: AttentionLayer | None  # attnviz's description; None for a layer captured from a model
     weights: torch.Tensor | None  # (B, H, L, S) float32 on the CPU; None when streamed
     # (B, L, E) the vectors entering the layer; None for a streamed model layer before the last
     inputs: torch.Tensor | None
@@ -35,6 +52,44 @@ class LayerAttention:
     stats: list[Any] | None = None
     query_row: tuple[int, int] | None = None
     query_weights: torch.Tensor | None = None
+    # Layers captured from a model (attnviz.sources.hf): the module's name and head count as the
+    # forward pass reported them, what kind of attention it is (self, decoder-self, cross), its
+    # label ("3", "enc 0", "cross 1"), and the query's and key's tokens where they are not the
+    # batch's (decoder rows are target tokens).
+    name: str | None = None
+    num_heads: int | None = None
+    kind: str = "self"
+    label: str | None = None
+    query_tokens: list[list[str]] | None = None
+    key_tokens: list[list[str]] | None = None
+    scores: CapturedScores | None = None  # for --query on a model: what its attention received
+    causal: bool | None = None  # observed on the maps (None: not known)
+
+    @property
+    def heads(self) -> int:
+        """Query heads: attnviz's description, else what the model reported, else the maps'."""
+        if self.num_heads is not None:
+            return self.num_heads
+        if self.layer is not None and self.layer.num_heads is not None:
+            return self.layer.num_heads
+        return 0 if self.weights is None else int(self.weights.shape[1])
+
+    @property
+    def display_name(self) -> str:
+        return self.name if self.name is not None else (
+            self.layer.name if self.layer is not None else "")
+
+    @property
+    def display_label(self) -> str:
+        return self.label if self.label is not None else str(self.index)
+
+    def rows_of(self, batch: Batch) -> list[list[str]]:
+        """Each sentence's query tokens (the map's rows)."""
+        return self.query_tokens if self.query_tokens is not None else batch.tokens
+
+    def columns_of(self, batch: Batch) -> list[list[str]]:
+        """Each sentence's key tokens (the map's columns)."""
+        return self.key_tokens if self.key_tokens is not None else batch.tokens
 
 
 @dataclass
@@ -45,12 +100,14 @@ class AttentionRun:
     inputs_described: str
     device: str
     causal: bool
-    store: TensorStore  # where the layers' weights are read from
+    store: TensorStore | None  # where the layers' weights are read from (None: a model run)
     notes: list[str] = field(default_factory=list)
     # how closely a float32 recomputation from the slices must match these maps (looser for a
     # model run in half precision)
     tolerance: float = SDPA_TOLERANCE
     exported: Any = None  # the --export path a streamed run already wrote, block by block
+    target: Batch | None = None  # an encoder-decoder run's decoder inputs, per sentence
+    path: str | None = None  # a model run: how the maps were obtained (capture path)
 
     def layer(self, index: int) -> LayerAttention:
         return next(layer for layer in self.layers if layer.index == index)

@@ -11,6 +11,10 @@ All statistics average over the real (non-padding) query positions of every sent
   2019, "What Does BERT Look At?");
 - special: Σ a_ij over special tokens j ([CLS], [SEP], <s>, </s>, <|endoftext|>, …: SPECIAL_RE),
   over sentences that have one.
+
+Cross-attention maps (queries from one sequence, keys from another: an encoder-decoder's target
+over its source) have entropy, max weight and first (a_i0, every query) only: distances and
+the token patterns compare positions of one sequence.
 """
 
 from __future__ import annotations
@@ -36,14 +40,15 @@ class HeadStats:
     head: int
     entropy: float
     max_weight: float
-    distance: float
+    distance: float | None  # None for cross-attention
     first: float
-    previous: float
-    self: float
-    duplicate: float | None  # None when no sentence repeats a token
+    previous: float | None  # None for cross-attention
+    self: float | None
+    duplicate: float | None  # None when no sentence repeats a token (or cross-attention)
     induction: float | None
     last: float | None = None  # None when every sentence is one token long
     special: float | None = None  # None when no sentence has a special token
+    layer_label: str | None = None  # how the run labels the layer ("enc 0"), if not by number
 
     @property
     def label(self) -> str:
@@ -98,9 +103,30 @@ StatSums = tuple[dict[str, torch.Tensor], dict[str, int]]  # per-head sums (H,),
 
 
 def head_stats(weights: torch.Tensor, tokens: list[list[str]], layer: int,
-               scores: torch.Tensor | None = None) -> list[HeadStats]:
-    """Statistics of maps (B, H, L, S) for sentences with the given (unpadded) tokens."""
+               scores: torch.Tensor | None = None,
+               key_tokens: list[list[str]] | None = None) -> list[HeadStats]:
+    """Statistics of maps (B, H, L, S) for sentences with the given (unpadded) tokens; with
+    key_tokens, of cross-attention maps whose columns are those tokens."""
+    if key_tokens is not None:
+        return finish_stats(cross_sums(weights, tokens, key_tokens), layer)
     return finish_stats(stat_sums(weights, tokens, scores), layer)
+
+
+def cross_sums(weights: torch.Tensor, tokens: list[list[str]],
+               key_tokens: list[list[str]]) -> StatSums:
+    """stat_sums of cross-attention maps: rows are `tokens`, columns `key_tokens`."""
+    H = weights.shape[1]
+    names = ("entropy", "max_weight", "distance", *PATTERNS)
+    sums = {name: torch.zeros(H, dtype=torch.float64) for name in names}
+    counts = dict.fromkeys(sums, 0)
+    for b, (rows, cols) in enumerate(zip(tokens, key_tokens, strict=True)):
+        a = weights[b, :, :len(rows), :len(cols)].float()  # (H, T, S) real rows and columns
+        sums["entropy"] -= torch.special.xlogy(a, a).sum((-1, -2)).double()
+        sums["max_weight"] += a.max(-1).values.sum(-1).double()
+        sums["first"] += a[:, :, 0].sum(-1).double()
+        for name in ("entropy", "max_weight", "first"):
+            counts[name] += len(rows)
+    return sums, counts
 
 
 def stat_sums(weights: torch.Tensor, tokens: list[list[str]],

@@ -102,14 +102,20 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
     gap = max(1, size // 6)
     step = size + gap
     n_rows, n_cols = len(rows_keys), len(heads)
-    sentences = list(dict.fromkeys(sentence for sentence, _ in rows_keys))
-    # Below the last row of each sentence, room for that sentence's key labels.
-    label_room = int(size * 0.45) + gap if len(sentences) > 1 else 0
+    # The first view of each row: its query labels, and its key labels (an encoder-decoder's
+    # rows differ: source, target × target, target × source).
+    row_view = [next(by_key[(sentence, layer, h)] for h in heads
+                     if (sentence, layer, h) in by_key) for sentence, layer in rows_keys]
+    # Key labels go under the last row of each sentence, and under any row whose keys differ
+    # from the next row's; the bottom row's are the axis ticks.
+    labelled = [r + 1 < n_rows and (rows_keys[r + 1][0] != rows_keys[r][0]
+                                    or row_view[r + 1].col_labels != row_view[r].col_labels)
+                for r in range(n_rows)]
+    label_room = int(size * 0.45) + gap if any(labelled) else 0
     offsets, y = [], 0
-    for r, (sentence, _) in enumerate(rows_keys):
+    for r in range(n_rows):
         offsets.append(y)
-        last_of_sentence = r + 1 == n_rows or rows_keys[r + 1][0] != sentence
-        y += step + (label_room if last_of_sentence and r + 1 < n_rows else 0)
+        y += step + (label_room if labelled[r] else 0)
     mosaic = np.full((y - gap, n_cols * step - gap), np.nan, dtype=np.float32)
     for r, (sentence, layer) in enumerate(rows_keys):
         for c, head in enumerate(heads):
@@ -135,30 +141,26 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0, labelsize=6)
-    first = {sentence: by_key[(sentence, layer, heads[0])] for sentence, layer in rows_keys
-             if (sentence, layer, heads[0]) in by_key}
     y_pos, y_text = [], []
-    for r, (sentence, _) in enumerate(rows_keys):
-        labels = first[sentence].row_labels
+    for r in range(n_rows):
+        labels = row_view[r].row_labels
         for i in _label_steps(len(labels), max_labels):
             y_pos.append(offsets[r] + i)
             y_text.append(labels[i][:12])
     ax.set_yticks(y_pos, y_text)
-    last_sentence = rows_keys[-1][0]
     x_pos, x_text = [], []
     for c in range(n_cols):
-        labels = first[last_sentence].col_labels
+        labels = row_view[-1].col_labels
         for i in _label_steps(len(labels), max_labels):
             x_pos.append(c * step + i)
             x_text.append(labels[i][:12])
     ax.set_xticks(x_pos, x_text, rotation=90)
     for r, (sentence, layer) in enumerate(rows_keys):
-        last_of_sentence = r + 1 == n_rows or rows_keys[r + 1][0] != sentence
-        if last_of_sentence and sentence != last_sentence:
-            # Every head of a sentence has the same keys: label them under its first panel
-            # only (text is most of a big grid's drawing time); the bottom row labels all.
-            labels = first[sentence].col_labels
-            rows = first[sentence].values.shape[0]
+        if labelled[r]:
+            # Every head of a row has the same keys: label them under its first panel only
+            # (text is most of a big grid's drawing time); the bottom row labels all.
+            labels = row_view[r].col_labels
+            rows = row_view[r].values.shape[0]
             for i in _label_steps(len(labels), max_labels):
                 ax.text(i, offsets[r] + rows - 0.3, labels[i][:12], fontsize=6, rotation=90,
                         ha="center", va="top")

@@ -107,8 +107,8 @@ def document_from_run(run: Any, head_stats: list[Any], breakdown: Any = None,
         "sentences": [{"text": str(text), "tokens": [str(t) for t in tokens]}
                       for text, tokens in zip(run.batch.sentences, run.batch.tokens,
                                               strict=True)],
-        "layers": [{"index": c.index, "name": str(c.layer.name or ""),
-                    "num_heads": int(c.layer.num_heads or 0), "method": str(c.method)}
+        "layers": [{"index": c.index, "name": str(c.display_name),
+                    "num_heads": int(c.heads), "method": str(c.method)}
                    for c in run.layers],
         # HeadStats as a table: one row per (layer, head), values rounded to 4 digits
         "stats": {"fields": fields, "rows": [[_round(s.get(k), 4) if isinstance(s.get(k), float)

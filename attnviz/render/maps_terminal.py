@@ -68,31 +68,44 @@ def legend() -> Text:
     return text
 
 
-def print_maps(console: Console, views: list[MapView], sentences: list[str]) -> None:
-    """Panels grouped by sentence, as many side by side as the terminal width allows."""
+def print_maps(console: Console, views: list[MapView], sentences: list[str],
+               targets: list[str] | None = None) -> None:
+    """Panels grouped by sentence, as many side by side as the terminal width allows; maps of
+    another shape (an encoder-decoder's decoder and cross-attention) start a new row."""
     width = console.width
     for b, sentence in enumerate(sentences):
         group = [v for v in views if v.sentence == b]
         if not group:
             continue
         console.print(Text(f"sentence {b + 1}: {sentence}", style="bold"), overflow="fold")
+        if targets is not None:
+            console.print(Text(f"target {b + 1}: {targets[b]}", style="bold"), overflow="fold")
         if any(v.downsampled for v in group):
             console.print(Text("downsampled to fit: labels a-b are token ranges; key blocks are "
                                "summed, query blocks averaged", style="dim"))
-        cell = cell_width(group[0].values.shape[1], width)
-        panels = [panel_lines(v, cell) for v in group]
-        panel_width = panels[0][0].cell_len
-        per_row = max(1, (width + GAP) // (panel_width + GAP))
-        for start in range(0, len(panels), per_row):
-            row = panels[start : start + per_row]
-            for line_parts in zip(*row, strict=True):
-                line = Text()
-                for i, part in enumerate(line_parts):
-                    if i:
-                        line.append(" " * GAP)
-                    line.append_text(part)
-                console.print(line, no_wrap=True, crop=True)
-            console.print()
+        runs: list[list[MapView]] = []
+        for view in group:  # consecutive views of one shape and labels print side by side
+            if runs and (runs[-1][0].values.shape, runs[-1][0].row_labels,
+                         runs[-1][0].col_labels) == (view.values.shape, view.row_labels,
+                                                     view.col_labels):
+                runs[-1].append(view)
+            else:
+                runs.append([view])
+        for run in runs:
+            cell = cell_width(run[0].values.shape[1], width)
+            panels = [panel_lines(v, cell) for v in run]
+            panel_width = panels[0][0].cell_len
+            per_row = max(1, (width + GAP) // (panel_width + GAP))
+            for start in range(0, len(panels), per_row):
+                row = panels[start : start + per_row]
+                for line_parts in zip(*row, strict=True):
+                    line = Text()
+                    for i, part in enumerate(line_parts):
+                        if i:
+                            line.append(" " * GAP)
+                        line.append_text(part)
+                    console.print(line, no_wrap=True, crop=True)
+                console.print()
     console.print(legend())
 
 
@@ -103,12 +116,13 @@ def stats_table(stats: list) -> Table:
                   "induct", "label"):
         table.add_column(title, justify="left" if title == "label" else "right", no_wrap=True)
 
-    def num(value: float | None) -> str:
-        return "–" if value is None else f"{value:.2f}"
+    def num(value: float | None, digits: int = 2) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
 
     for s in stats:
-        table.add_row(str(s.layer), str(s.head), num(s.entropy), num(s.max_weight),
-                      f"{s.distance:.1f}", num(s.first), num(s.previous), num(s.self),
+        table.add_row(s.layer_label or str(s.layer), str(s.head), num(s.entropy),
+                      num(s.max_weight), num(s.distance, 1), num(s.first), num(s.previous),
+                      num(s.self),
                       num(s.duplicate), num(s.induction),
                       Text(s.label, style="bold green" if s.label else ""))
     return table
@@ -132,16 +146,24 @@ def _vector(values: list[float], shown: int = 4) -> str:
 def print_query(console: Console, breakdown, key_labels: list[str]) -> None:
     """One query token's per-head slices: q_h, each key's k_h, products, scores, weights."""
     b = breakdown
+    captured = getattr(b, "source", "slices") == "captured"
+    layer = getattr(b, "layer_label", None) or b.layer
     console.print(Text(f"query {b.query} {b.token!r} of sentence {b.sentence + 1}, layer "
-                       f"{b.layer}: each head works on its own d = {len(b.heads[0].q)} features "
+                       f"{layer}: each head works on its own d = {len(b.heads[0].q)} features "
                        f"of the projected query and key (scale {b.scale:.4g})", style="bold"))
-    if b.positions != "none":
+    if captured:
+        console.print(Text(f"q_h and k_h: {b.positions}; score = scale · q_h·k_h"
+                           + (f", then {b.added}" if b.added else "")
+                           + ", then the model's mask and softmax", style="dim"))
+    elif b.positions != "none":
         console.print(Text(f"positions: {b.positions}; q_h and k_h below are after it",
                            style="dim"))
     for h in b.heads:
         console.print()
         projected = f"x_{b.query} · W_q[{h.q_rows[0]}:{h.q_rows[1]}]ᵀ (+ b)"
-        if b.positions.startswith("RoPE"):
+        if captured:
+            projected = f"query head {h.head} of the model's attention at token {b.query}"
+        elif b.positions.startswith("RoPE"):
             projected = f"RoPE_{b.query}({projected})"
         console.print(Text(f"head {h.head}: q_{h.head} = {projected} = {_vector(h.q, 6)}"
                            + (f"   (kv head {h.kv_head})" if h.kv_head != h.head else "")))
@@ -156,5 +178,5 @@ def print_query(console: Console, breakdown, key_labels: list[str]) -> None:
                           f"{h.scores[j]:+.3f}", "masked" if masked else f"{h.weights[j]:.3f}",
                           style="bold" if j == best else "")
         console.print(table)
-    console.print(Text(f"recomputed from the slices; max |Δ| against the maps above: "
-                       f"{b.max_diff:.1e}", style="dim"))
+    console.print(Text(f"recomputed from the {'captured q_h and k_h' if captured else 'slices'}; "
+                       f"max |Δ| against the maps above: {b.max_diff:.1e}", style="dim"))

@@ -155,9 +155,10 @@ def verify_lines(result: Any, sentences: list[str]) -> Text:
     """The model check of `split --model --verify`."""
     text = Text()
     text.append("verify ", style="bold")
-    text.append(f"layer {result.layer_index}'s attention recomputed by attnviz from its per-head "
-                f"W_q/W_k slices ({result.positions}) on the block's captured input, against "
-                f"the model's own weights, for {len(sentences)} sentences:\n")
+    text.append(f"recompute proof: layer {result.label or result.layer_index}'s attention "
+                f"recomputed by attnviz from its per-head W_q/W_k slices ({result.positions}) "
+                f"on the block's captured input, against the model's own weights, for "
+                f"{len(sentences)} sentences:\n")
     worst = ", ".join(f"{d:.1e}" for d in result.per_head)
     text.append(f"  max |Δ| per head: {worst}\n  max |Δ| = {result.max_diff:.1e}   (tolerance "
                 f"{result.tolerance:.0e})\n  ")
@@ -165,4 +166,45 @@ def verify_lines(result: Any, sentences: list[str]) -> Text:
                 style="bold green" if result.passed else "bold red")
     for note in result.notes:
         text.append(f"\n  note: {note}", style="yellow")
+    return text
+
+
+def ablation_lines(result: Any, recompute_skipped: str | None) -> Text:
+    """The ablation proof of `split --model --verify`, one line per perturbation."""
+    text = Text()
+    text.append("verify ", style="bold")
+    text.append(f"ablation proof, through the model's own forward pass (layer {result.label}, "
+                f"{result.module}, {result.sentences} sentences): the rows attnviz assigns to "
+                "each head negated in turn in the model's own parameters; only that head may "
+                f"change (unchanged: ≤ {result.unchanged:.0e}, changed: > {result.changed:.0e})\n")
+    names = {"q": "W_q head", "k": "W_k kv  ", "v": "W_v kv  "}
+    prefix = result.layer.name
+    for check in result.checks:
+        heads = ", ".join(map(str, check.expected))
+        what = f"head{'s' if len(check.expected) > 1 else ''} {heads}"
+        if check.projection == "v":
+            what = f"W_o input of {what}"
+        mark = {"pass": "✓", "fail": "✗", "untestable": "?"}[check.status]
+        text.append(f"  {mark} {names[check.projection]} {check.head:<3} "
+                    f"{_relative(check.rows, prefix):<24} changed {what} by "
+                    f"{'≥ ' if len(check.expected) > 1 else ''}{check.own:.1e}, others ≤ "
+                    f"{check.others:.1e}",
+                    style="" if check.status == "pass" else
+                    "bold red" if check.status == "fail" else "yellow")
+        if check.reason:
+            text.append(f"  ({check.reason})", style="bold red" if check.status == "fail"
+                        else "yellow")
+        text.append("\n")
+    untestable = len(result.untestable)
+    if result.passed:
+        text.append(f"  ✓ every head's rows are where attnviz says ({len(result.checks)} "
+                    f"perturbations" + (f", {untestable} untestable" if untestable else "")
+                    + ")", style="bold green")
+    else:
+        text.append(f"  ✗ FAILED: {len(result.failures)} of {len(result.checks)} perturbations",
+                    style="bold red")
+    for note in result.notes:
+        text.append(f"\n  note: {note}", style="yellow")
+    if recompute_skipped is not None:
+        text.append(f"\n  recompute proof not run: {recompute_skipped}", style="dim")
     return text

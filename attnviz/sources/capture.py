@@ -43,6 +43,8 @@ NAME = "attnviz"  # must not contain "sdpa", "flash", "flex" or "/": transformer
 OnBlock = Callable[[int, int, torch.Tensor], None]
 # kwargs sdpa cannot honour: it refuses softcap and silently ignores sinks.
 _SDPA_UNSUPPORTED = ("softcap", "s_aux", "sinks")
+# kwargs of the attention call that change its scores; kept with the query and key (keep_qk).
+_SCORE_KWARGS = ("scaling", "softcap", "position_bias", "s_aux", "sinks")
 # Module-name parts of cross-attention (BART family, T5, BERT as a decoder, ...).
 _CROSS_PARTS = {"encoder_attn", "EncDecAttention", "crossattention", "cross_attn",
                 "cross_attention"}
@@ -76,6 +78,10 @@ class CapturedLayer:
     key_length: int | None = None  # S
     query: torch.Tensor | None = None  # (B, H, L, d) after rotary, when keep_qk (interface only)
     key: torch.Tensor | None = None  # (B, H_kv, S, d) before repeat_kv, when keep_qk
+    # With keep_qk also what else enters the scores: the additive mask (B|1, 1|H, L, S) eager
+    # received, and the call's scaling, softcap, position_bias and sinks kwargs, where given.
+    mask: torch.Tensor | None = None
+    score_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,12 +162,13 @@ def load_for_capture(folder: str | Path, model_class: str = "AutoModel",
 
 def capture(model: Any, inputs: Mapping[str, Any], shown_layers: Iterable[int] | None = None,
             block_budget_bytes: int | None = None, on_block: OnBlock | None = None,
-            keep_qk: bool = False) -> CaptureResult:
+            keep_qk: bool | Iterable[int] = False) -> CaptureResult:
     """Run `model(**inputs)` once and hand each shown layer's maps to `on_block`, block by block.
 
     shown_layers: call indices (see the module docstring); None shows every layer.
     block_budget_bytes: the most one block of float32 maps (B, H, rows, S) may take; None: one
-    block per layer. keep_qk: keep each shown layer's per-head query and key (interface path).
+    block per layer. keep_qk: keep each shown layer's per-head query and key (interface path),
+    with its mask and score kwargs; or only those of the call indices it lists.
     """
     try:
         shown = None if shown_layers is None else {operator.index(i) for i in shown_layers}
@@ -211,12 +218,13 @@ class _Session:
     """The state of one `capture` call, reached by the registered function through `_ACTIVE`."""
 
     def __init__(self, model: Any, names: dict[int, str], shown: set[int] | None,
-                 budget: int | None, sink: OnBlock, keep_qk: bool) -> None:
+                 budget: int | None, sink: OnBlock, keep_qk: bool | Iterable[int]) -> None:
         self.names = names
         self.shown = shown
         self.budget = budget
         self.sink = sink
-        self.keep_qk = keep_qk
+        self.keep_qk = keep_qk if isinstance(keep_qk, bool) else {operator.index(i)
+                                                                   for i in keep_qk}
         self.layers: list[CapturedLayer] = []
         # sdpa refuses some models outright (Gemma 2's softcapping): those run eager throughout.
         self.sdpa_ok = bool(getattr(model, "_supports_sdpa", True))
@@ -233,8 +241,12 @@ class _Session:
                               key.shape[1], query.shape[2], key.shape[2])
         self.layers.append(layer)
         if show:
-            if self.keep_qk:
+            if self.keep_qk is True or (not isinstance(self.keep_qk, bool)
+                                        and index in self.keep_qk):
                 layer.query, layer.key = query.detach(), key.detach()
+                layer.mask = None if mask is None else mask.detach()
+                layer.score_kwargs = {k: kwargs[k] for k in _SCORE_KWARGS
+                                      if kwargs.get(k) is not None}
             return self._blocks(index, module, query, key, value, mask, args, kwargs), None
         if fast:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS

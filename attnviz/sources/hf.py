@@ -1,12 +1,22 @@
 """Real pretrained models through Hugging Face transformers: load offline, capture, verify.
 
-`run_model` runs the model's own forward pass (eager attention) and keeps, for the requested layers
-only, the per-query-head weights (B, H, L, L) and the hidden states entering each attention block.
+`run_model` runs the model's own forward pass once through `attnviz.sources.capture`: the layers
+shown go through their module's own eager attention (in blocks of query rows under a memory
+budget), the others through sdpa; models whose modeling file does not use transformers'
+attention interface return their maps through `output_attentions` instead. Nothing here depends
+on attnviz's layout registry: layers, their names and head counts come from the attention calls
+of the forward pass itself (a 1-token probe run first numbers them), so any model transformers
+loads without remote code works, recognized by `attnviz inspect` or not.
+
 Sequences are re-aligned so each sentence's real tokens sit at positions 0..n-1 (right padding),
-as the renderers and `attnviz.compute.stats` assume. `verify_layer` recomputes one layer's
-weights from that captured input with attnviz's own AttentionLayer slices, read from the
-checkpoint files, and positions recomputed from config.json by `attnviz.compute.positions`
-(never taken from the model).
+as the renderers and `attnviz.compute.stats` assume. Encoder-decoder models run their encoder
+alone, or, given a target per sentence, the decoder too: decoder self-attention (target × target)
+and cross-attention (target × source).
+
+`verify_layer` (the recompute proof) recomputes one layer's weights from its captured input with
+attnviz's own AttentionLayer slices, read from the checkpoint files, and positions recomputed
+from config.json by `attnviz.compute.positions` (never taken from the model); the ablation proof,
+which needs no per-family math, is `attnviz.sources.ablation`.
 transformers is imported lazily: the core install works without it.
 """
 
@@ -15,27 +25,37 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from attnviz.compute.attention import resolve_device
-from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, Batch, find_query
-from attnviz.compute.positions import SCHEMES, positions_for, recompute_weights
-from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
 from attnviz.core.layer import AttentionLayer
+from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import CheckFailed, CheckpointError, UsageError, printable
-from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
-from attnviz.recognize import find_layers
+from attnviz.sources import capture as cap
 
-METHOD = "transformers eager attention (output_attentions)"
 DTYPES = ("float32", "bfloat16", "float16")
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+# The most one block of one shown layer's float32 maps (B, H, rows, S) may take in eager.
+BLOCK_BUDGET_BYTES = 32 * 2**20
+STACK_OF = {cap.LayerKind.SELF: "enc", cap.LayerKind.DECODER_SELF: "dec",
+            cap.LayerKind.CROSS: "cross"}
+PATHS = {
+    cap.CapturePath.INTERFACE: (
+        "transformers attention interface: attnviz's attention function runs the layers shown "
+        "through their module's own eager attention, the others through sdpa"),
+    cap.CapturePath.OUTPUT_ATTENTIONS: (
+        "output_attentions (eager): this model's modeling file does not use the attention "
+        "interface, so the maps are the ones it returns when asked"),
+}
 
 
 def require_transformers() -> None:
@@ -53,14 +73,19 @@ class LoadedModel:
     folder: Path  # the local model folder (or hub-cache snapshot) the weights came from
     config: Any  # the transformers config object
     dtype: str
-    store: TensorStore  # attnviz's own view of the same files
-    layers: list[AttentionLayer] = field(default_factory=list)  # find_layers, in model order
-    encoder_only: bool = False  # an encoder-decoder model: its encoder runs, alone
+    path: cap.CapturePath  # how its maps are captured
+    _store: TensorStore | None = field(default=None, repr=False)
 
     @property
-    def runner(self) -> Any:
-        """The module whose forward pass runs: the model, or an encoder-decoder's encoder."""
-        return self.model.get_encoder() if self.encoder_only else self.model
+    def encoder_decoder(self) -> bool:
+        return bool(getattr(self.config, "is_encoder_decoder", False))
+
+    @property
+    def store(self) -> TensorStore:
+        """attnviz's own view of the same files (for the proofs, which read attnviz's slices)."""
+        if self._store is None:
+            self._store = open_checkpoint(self.folder)
+        return self._store
 
 
 def resolve_folder(spec: str) -> Path:
@@ -89,8 +114,13 @@ def resolve_folder(spec: str) -> Path:
 
 
 def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
-               device_map: str | None = None) -> LoadedModel:
-    """Model + tokenizer from a folder or the local hub cache, with eager attention."""
+               device_map: str | None = None, tokenizer: Any = None) -> LoadedModel:
+    """Model + tokenizer from a folder or the local hub cache, ready for `capture`.
+
+    The model is loaded with eager attention, then switched to attnviz's attention function
+    when its modeling file uses transformers' attention interface. `tokenizer` replaces the
+    folder's own (the Python API; AutoTokenizer otherwise).
+    """
     require_transformers()
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}", fix=f"use one of {', '.join(DTYPES)}",
@@ -103,16 +133,6 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
             raise UsageError("--device-map auto needs accelerate", fix="pip install accelerate")
     target = None if device_map else resolve_device(device)
     folder = resolve_folder(spec)
-    store = open_checkpoint(folder)
-    inventory = find_layers(store)
-    layers = inventory.layers
-    if inventory.unresolved:  # the model's attention modules and attnviz's layers must pair up
-        item = inventory.unresolved[0]
-        raise CheckpointError(item.what, fix=item.fix, where=printable(str(folder)))
-    if not layers:
-        raise CheckpointError("no attention layer recognized in the model",
-                              fix="run 'attnviz inspect' on the folder",
-                              where=printable(str(folder)))
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # attnviz owns the terminal
@@ -124,7 +144,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
         model = transformers.AutoModel.from_pretrained(
             folder, attn_implementation="eager", device_map=device_map,
             **{dtype_key: getattr(torch, dtype)}, **common)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **common)
+        if tokenizer is None:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **common)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"transformers cannot load the model: {printable(first, 200)}",
@@ -133,95 +154,66 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     model.eval()
     if target is not None:
         model.to(target)
-    loaded = LoadedModel(model, tokenizer, folder, config, dtype, store, layers)
-    if getattr(config, "is_encoder_decoder", False):
-        # The decoder needs target text, which --model does not take: run the encoder alone
-        # and number its self-attention layers from 0.
-        loaded.encoder_only = True
-        inside = {id(m) for m in model.get_encoder().modules()}
-        pairs = zip(layers, _attention_modules(loaded), strict=True)
-        loaded.layers = [layer for layer, (_, module) in pairs if id(module) in inside]
-    return loaded
+    cap.register()
+    path = cap.CapturePath.OUTPUT_ATTENTIONS
+    if cap.uses_interface(model):
+        model.set_attn_implementation(cap.NAME)
+        path = cap.CapturePath.INTERFACE
+    return LoadedModel(model, tokenizer, folder, config, dtype, path)
 
 
-def model_index(loaded: LoadedModel, layer: AttentionLayer) -> int:
-    """Where a checkpoint layer (numbered as `inspect` numbers them) runs in the model's own
-    order; a decoder layer of an encoder-decoder model does not run at all."""
-    names = [candidate.name for candidate in loaded.layers]
-    if layer.name not in names:
-        shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
-        raise UsageError(f"layer {printable(layer.name)!r} is in the decoder of an "
-                         "encoder-decoder model, which --model runs only the encoder of",
-                         fix=f"choose an encoder layer, by name: {printable(shown)}",
-                         option="--layer")
-    return names.index(layer.name)
+# --- inputs ------------------------------------------------------------------------------------
+
+@dataclass
+class Prepared:
+    """A padded batch ready for the model, and where each sentence's real tokens sit in it."""
+
+    runner: Any  # the module whose forward runs: the model, or an encoder-decoder's encoder
+    runner_name: str  # its name in the model ("" for the model itself, "encoder")
+    feed: dict[str, torch.Tensor]
+    batch: Batch  # source sentences and their tokens
+    offsets: list[int]  # per sentence: the padded index of its first real token
+    target: Batch | None = None  # decoder inputs (target text and decoder tokens)
+    target_offsets: list[int] | None = None  # always 0: targets are right-padded
+
+    def tiny(self) -> dict[str, torch.Tensor]:
+        """The first sentence's first real token (and the decoder's start token): a probe."""
+        first = self.offsets[0]
+        out = {}
+        for name, value in self.feed.items():
+            start = 0 if name.startswith("decoder_") else first
+            out[name] = value[:1, start:start + 1]
+        return out
 
 
-def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | None = None,
-              max_tokens: int = DEFAULT_MAX_TOKENS, allow_stream: bool = False,
-              query: tuple[int, str] | None = None) -> AttentionRun:
-    """The model's own attention weights and attention inputs for the requested layers.
-
-    With allow_stream, when the requested layers' full maps would exceed the streaming budget,
-    each layer's maps are reduced inside the forward pass to display views and statistics
-    (`attnviz.compute.streaming.MapReducer`) and dropped, keeping only the last layer's inputs
-    and, for query = (sentence, token spec), that query's row of every head of the last layer.
-    """
-    from attnviz.compute import streaming
-
-    indices = _layer_indices(len(loaded.layers), layers)
-    ids = _encode(loaded, sentences, max_tokens)
-    tokens = [loaded.tokenizer.convert_ids_to_tokens(row["input_ids"]) for row in ids]
-    batch = Batch(list(sentences), tokens)
-    query_row = None
-    if query is not None:  # resolved before the model runs: a typo costs nothing
-        query_row = query[0], find_query(tokens[query[0]], query[1])
-    heads = max(loaded.layers[i].num_heads or 0 for i in indices)
-    stream = allow_stream and streaming.full_maps_bytes(batch, heads, layers=len(indices)) > \
-        streaming.MAP_BUDGET_BYTES
-    feed, mask = _pad(loaded, ids)
-    real = [row.nonzero().flatten() for row in mask.cpu()]  # where each sentence's tokens sit
-    reducers = {i: streaming.MapReducer(i, tokens, query_row if i == indices[-1] else None)
-                for i in indices} if stream else None
-    captured = _capture(loaded, indices, feed, mask, real, reducers)
-    results = []
-    for i in indices:
-        weights, inputs = captured[i]
-        inputs = None if inputs is None else _realign(inputs, real, (1,))
-        if reducers is not None:
-            results.append(reducers[i].finish(loaded.layers[i], inputs,
-                                              f"{METHOD}, streamed ({streaming.STREAMED})"))
-        elif weights is not None:
-            results.append(LayerAttention(i, loaded.layers[i], _realign(weights, real, (2, 3)),
-                                          inputs, METHOD))
-    described = ("the model's own hidden states entering each attention block (token and "
-                 "position embeddings, earlier layers and the block's own norm, if any)")
-    causal = all(result.layer.causal for result in results)
-    notes = ["long input: each layer's maps reduced to display size inside the forward pass, "
-             f"{streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); --export keeps the "
-             "full maps"] if stream else []
-    if loaded.encoder_only:
-        notes.append("encoder-decoder model: its encoder's self-attention layers, numbered from "
-                     "0 (the decoder's layers need target text, which --model does not take)")
-    return AttentionRun(batch, results, printable(str(loaded.folder)), described,
-                        str(_input_device(loaded.model)), causal, loaded.store, notes,
-                        TOLERANCE[loaded.dtype])
+def prepare(loaded: LoadedModel, sentences: list[str], targets: list[str] | None = None,
+            max_tokens: int = DEFAULT_MAX_TOKENS) -> Prepared:
+    """Each sentence tokenized alone (special tokens included), limits checked, then padded on
+    the tokenizer's side with the model's attention mask. With targets (encoder-decoder models
+    only), the decoder input of sentence i is the decoder start token followed by target i's
+    tokens, right-padded."""
+    if targets is not None and not loaded.encoder_decoder:
+        raise UsageError("--target applies to encoder-decoder models only",
+                         fix="drop --target", option="--target")
+    if targets is not None and len(targets) != len(sentences):
+        raise UsageError(f"{len(targets)} --target texts for {len(sentences)} sentences",
+                         fix="give one --target per sentence, in order", option="--target")
+    rows = _encode(loaded, sentences, max_tokens)
+    tokens = [loaded.tokenizer.convert_ids_to_tokens(row["input_ids"]) for row in rows]
+    runner, runner_name = loaded.model, ""
+    if loaded.encoder_decoder and targets is None:
+        runner = loaded.model.get_encoder()
+        runner_name = next((n for n, m in loaded.model.named_modules() if m is runner), "")
+    feed, offsets = _pad(loaded, runner, rows)
+    prepared = Prepared(runner, runner_name, feed, Batch(list(sentences), tokens), offsets)
+    if targets is not None:
+        _add_targets(loaded, prepared, targets, max_tokens)
+    return prepared
 
 
-def _layer_indices(count: int, layers: list[int] | None) -> list[int]:
-    if layers is None:
-        return list(range(count))
-    out = []
-    for index in layers:
-        if not -count <= index < count:
-            raise UsageError(f"layer index {index} is out of range", fix=f"choose 0..{count - 1}",
-                             option="--layer")
-        out.append(index % count)
-    return sorted(set(out))
-
-
-def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int) -> list[dict[str, list]]:
-    """Each sentence tokenized alone, special tokens included; limits checked before any run."""
+def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int,
+            what: str = "sentence", target: bool = False) -> list[dict[str, list]]:
+    """Each text tokenized alone, special tokens included; limits checked before any run."""
     if not sentences:
         raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
     if len(sentences) > DEFAULT_MAX_SENTENCES:
@@ -230,37 +222,45 @@ def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int) -> list[
     limit = getattr(loaded.config, "max_position_embeddings", None)
     out = []
     for i, sentence in enumerate(sentences, 1):
-        row = dict(loaded.tokenizer(sentence, add_special_tokens=True))
-        n = len(row["input_ids"])
-        if n == 0:
-            raise UsageError(f"sentence {i} gives no tokens", fix="give it some text")
+        if target:
+            row = dict(loaded.tokenizer(text_target=sentence, add_special_tokens=True))
+        else:
+            row = dict(loaded.tokenizer(sentence, add_special_tokens=True))
+        n = len(row["input_ids"]) + (1 if target else 0)  # the decoder start token
+        if n == 0 or not sentence.strip():
+            raise UsageError(f"{what} {i} gives no tokens", fix="give it some text")
         if n > max_tokens:
-            raise UsageError(f"sentence {i} has {n} tokens, more than --max-tokens {max_tokens} "
+            raise UsageError(f"{what} {i} has {n} tokens, more than --max-tokens {max_tokens} "
                              "(attention costs O(L²) per head)",
-                             fix="raise --max-tokens or shorten the sentence")
+                             fix="raise --max-tokens or shorten it")
         if isinstance(limit, int) and n > limit:
-            raise UsageError(f"sentence {i} has {n} tokens; the model takes at most {limit}",
-                             fix="shorten the sentence")
+            raise UsageError(f"{what} {i} has {n} tokens; the model takes at most {limit}",
+                             fix="shorten it")
         out.append(row)
     return out
 
 
-def _pad(loaded: LoadedModel, rows: list[dict[str, list]]) -> tuple[dict[str, Any], Any]:
-    """Padded model inputs on the tokenizer's padding side, and the (B, L) attention mask.
-
-    Padding is done here rather than by the tokenizer so that tokenizers without a pad token
-    (GPT-2, LLaMA) need no change: any id the embedding table has will do at masked positions.
-    """
+def _filler(loaded: LoadedModel) -> int:
+    """An id for padded positions: any id the embedding table has will do, they are masked."""
     tok = loaded.tokenizer
     vocab = loaded.model.get_input_embeddings().num_embeddings
-    filler = next((i for i in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id)
-                   if isinstance(i, int) and 0 <= i < vocab), 0)
-    left = getattr(tok, "padding_side", "right") == "left"
+    return next((i for i in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id)
+                 if isinstance(i, int) and 0 <= i < vocab), 0)
+
+
+def _pad(loaded: LoadedModel, runner: Any, rows: list[dict[str, list]]
+         ) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Padded model inputs on the tokenizer's padding side, and each sentence's offset.
+
+    Padding is done here rather than by the tokenizer so that tokenizers without a pad token
+    (GPT-2, LLaMA) need no change.
+    """
+    left = getattr(loaded.tokenizer, "padding_side", "right") == "left"
     length = max(len(row["input_ids"]) for row in rows)
     rows = [{**row, "attention_mask": [1] * len(row["input_ids"])} for row in rows]
-    fills = {"input_ids": filler}  # attention_mask and token_type_ids pad with 0
+    fills = {"input_ids": _filler(loaded)}  # attention_mask and token_type_ids pad with 0
     # Tokenizers may return inputs the model does not take (token_type_ids for LLaMA in 4.x).
-    accepts = inspect.signature(loaded.runner.forward).parameters
+    accepts = inspect.signature(runner.forward).parameters
     feed: dict[str, torch.Tensor] = {}
     for name in ("input_ids", "attention_mask", "token_type_ids"):
         if name not in rows[0] or name not in accepts:
@@ -270,13 +270,389 @@ def _pad(loaded: LoadedModel, rows: list[dict[str, list]]) -> tuple[dict[str, An
             pad = [fills.get(name, 0)] * (length - len(row[name]))
             padded.append(pad + row[name] if left else row[name] + pad)
         feed[name] = torch.tensor(padded)
+    if "attention_mask" not in feed:
+        raise CheckpointError("the model's forward takes no attention_mask",
+                              fix="report this model to attnviz")
     mask = feed["attention_mask"]
     if left and "position_ids" in accepts:
         # As generate() does: real tokens count from 0 after left padding, so learned absolute
         # positions (GPT-2) match a sentence run alone. Right padding keeps the model's default.
         feed["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    offsets = [length - len(row["input_ids"]) if left else 0 for row in rows]
     device = _input_device(loaded.model)
-    return {k: v.to(device) for k, v in feed.items()}, mask
+    return {k: v.to(device) for k, v in feed.items()}, offsets
+
+
+def _add_targets(loaded: LoadedModel, prepared: Prepared, targets: list[str],
+                 max_tokens: int) -> None:
+    start = getattr(loaded.config, "decoder_start_token_id", None)
+    if not isinstance(start, int):
+        raise CheckpointError("the model's config has no decoder_start_token_id",
+                              fix="add it to config.json", where=printable(str(loaded.folder)))
+    rows = _encode(loaded, targets, max_tokens, "--target", target=True)
+    ids = [[start, *row["input_ids"]] for row in rows]
+    length = max(len(row) for row in ids)
+    filler = _filler(loaded)
+    device = _input_device(loaded.model)
+    prepared.feed["decoder_input_ids"] = torch.tensor(
+        [row + [filler] * (length - len(row)) for row in ids], device=device)
+    if "decoder_attention_mask" in inspect.signature(loaded.model.forward).parameters:
+        prepared.feed["decoder_attention_mask"] = torch.tensor(
+            [[1] * len(row) + [0] * (length - len(row)) for row in ids], device=device)
+    tokens = [loaded.tokenizer.convert_ids_to_tokens(row) for row in ids]
+    prepared.target = Batch(list(targets), tokens)
+    prepared.target_offsets = [0] * len(ids)
+
+
+# --- layers ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelLayer:
+    """One attention call of the model's forward pass, as the probe saw it."""
+
+    index: int  # call order (capture's numbering)
+    name: str  # the calling module's name in the runner
+    display_name: str  # … in the whole model
+    kind: cap.LayerKind
+    stack: str  # "" (single-stack model), "enc", "dec" or "cross"
+    stack_index: int  # its number within the stack
+    num_heads: int | None
+    num_kv_heads: int | None
+    occurrence: int  # how many earlier calls the same module made (ALBERT shares one)
+
+    @property
+    def label(self) -> str:
+        return f"{self.stack} {self.stack_index}" if self.stack else str(self.stack_index)
+
+
+def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
+    """Every attention call of the forward pass, from one run on a single token (all sdpa)."""
+    try:
+        result = cap.capture(prepared.runner, prepared.tiny(), shown_layers=[])
+    except (RuntimeError, ValueError, IndexError) as exc:  # a model that cannot run at all
+        raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
+                              fix="check that the model runs in transformers",
+                              where=printable(str(loaded.folder))) from None
+    if not result.layers:
+        raise CheckpointError("the model's forward pass made no attention call",
+                              fix="report this model to attnviz",
+                              where=printable(str(loaded.folder)))
+    counts: Counter[str] = Counter()
+    seen: Counter[tuple[str, str]] = Counter()
+    layers = []
+    prefix = prepared.runner_name + "." if prepared.runner_name else ""
+    for call in result.layers:
+        stack = STACK_OF[call.kind] if loaded.encoder_decoder else ""
+        layers.append(ModelLayer(call.index, call.name, prefix + call.name, call.kind, stack,
+                                 counts[stack], call.num_heads, call.num_kv_heads,
+                                 seen[(stack, call.name)]))
+        counts[stack] += 1
+        seen[(stack, call.name)] += 1
+    return layers
+
+
+def select(layers: list[ModelLayer], spec: str | None) -> list[ModelLayer]:
+    """The layers --layer names (see `attnviz.core.selection.parse_stack_layers`)."""
+    stacks: dict[str, int] = {}
+    for layer in layers:
+        stacks[layer.stack] = stacks.get(layer.stack, 0) + 1
+    try:
+        chosen = parse_stack_layers(spec, stacks)
+    except UsageError as error:
+        if list(stacks) == ["enc"] and "this run has no" in error.what:
+            error.fix = "pass --target 'text' (one per sentence) to run the decoder too"
+        raise
+    if chosen is None:
+        return list(layers)
+    by_stack = {(layer.stack, layer.stack_index): layer for layer in layers}
+    return sorted((by_stack[pair] for pair in chosen), key=lambda layer: layer.index)
+
+
+@dataclass
+class Plan:
+    """What one heatmap run will do: its inputs, the model's layers, the ones shown."""
+
+    prepared: Prepared
+    layers: list[ModelLayer]
+    shown: list[ModelLayer]
+
+
+def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None,
+             targets: list[str] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS) -> Plan:
+    """Inputs encoded and the layers numbered (a 1-token probe), before the real run."""
+    prepared = prepare(loaded, sentences, targets, max_tokens)
+    layers = probe(loaded, prepared)
+    return Plan(prepared, layers, select(layers, layer))
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+class _RowsToAdd:
+    """Stands in for `MapReducer.add_rows` until it exists: copies each sentence's rows of
+    every head into one (H, n, S) buffer and hands the sentence to `MapReducer.add` once its
+    last real row is in (so one layer's maps of one sentence are held at a time, not all)."""
+
+    def __init__(self, reducer: Any, lengths: list[int]) -> None:
+        self.reducer = reducer
+        self.lengths = lengths
+        self.buffers: dict[int, tuple[torch.Tensor, int]] = {}  # sentence: (maps, rows filled)
+
+    def add_rows(self, sentence: int, first_head: int, row_start: int, attn_block: torch.Tensor,
+                 scores_block: torch.Tensor | None = None) -> None:
+        heads, rows, keys = attn_block.shape
+        buffer, filled = self.buffers.get(sentence) or (
+            torch.empty(heads, self.lengths[sentence], keys), 0)
+        buffer[:, row_start:row_start + rows] = attn_block
+        filled += rows
+        if filled < self.lengths[sentence]:
+            self.buffers[sentence] = buffer, filled
+            return
+        self.buffers.pop(sentence, None)
+        for head in range(heads):  # one head at a time: add's temporaries are one map's
+            self.reducer.add(sentence, first_head + head, buffer[head:head + 1])
+        del buffer
+        _release_freed_memory()
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc's malloc_trim), so that a long input's
+    layer after layer of freed maps does not add up in the process's resident memory."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
+
+
+class _Collector:
+    """The on_block of one run: each shown layer's blocks, realigned to real tokens at once,
+    into a full (B, H, n, m) map or, when streaming, into the layer's MapReducer."""
+
+    def __init__(self, plan: Plan, reducers: dict[int, Any]) -> None:
+        self.plan = plan
+        self.by_index = {layer.index: layer for layer in plan.shown}
+        self.reducers = reducers
+        self.feeders: dict[int, Any] = {}
+        for index, reducer in reducers.items():
+            lengths = [len(t) for t in _rows_tokens(plan, self.by_index[index])]
+            # TODO(add_rows): once MapReducer.add_rows is merged, this line becomes
+            # `self.feeders[index] = reducer`, and _RowsToAdd goes.
+            self.feeders[index] = _RowsToAdd(reducer, lengths)
+        self.maps: dict[int, torch.Tensor] = {}
+        self.causal: dict[int, bool] = {}
+
+    def __call__(self, index: int, row_start: int, weights: torch.Tensor) -> None:
+        layer = self.by_index[index]
+        rows_tokens = _rows_tokens(self.plan, layer)
+        cols_tokens = _cols_tokens(self.plan, layer)
+        q_offsets, k_offsets = _offsets(self.plan, layer)
+        count = weights.shape[2]
+        if index not in self.reducers and index not in self.maps:
+            self.maps[index] = torch.zeros(
+                weights.shape[0], weights.shape[1], max(map(len, rows_tokens)),
+                max(map(len, cols_tokens)))
+        causal = self.causal.get(index, layer.kind != cap.LayerKind.CROSS)
+        for b, (rows, cols) in enumerate(zip(rows_tokens, cols_tokens, strict=True)):
+            n, m, q0, k0 = len(rows), len(cols), q_offsets[b], k_offsets[b]
+            lo, hi = max(row_start, q0), min(row_start + count, q0 + n)
+            if lo >= hi:
+                continue
+            block = weights[b, :, lo - row_start:hi - row_start, k0:k0 + m].float()  # (H, r, m)
+            if causal and bool(block.triu(lo - q0 + 1).any()):
+                causal = False
+            if index in self.reducers:
+                self.feeders[index].add_rows(b, 0, lo - q0, block.cpu(), None)
+            else:
+                self.maps[index][b, :, lo - q0:hi - q0, :m] = block.cpu()
+        self.causal[index] = causal
+
+
+def _rows_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
+    if layer.kind == cap.LayerKind.SELF:
+        return plan.prepared.batch.tokens
+    assert plan.prepared.target is not None
+    return plan.prepared.target.tokens
+
+
+def _cols_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
+    if layer.kind == cap.LayerKind.DECODER_SELF:
+        assert plan.prepared.target is not None
+        return plan.prepared.target.tokens
+    return plan.prepared.batch.tokens
+
+
+def _offsets(plan: Plan, layer: ModelLayer) -> tuple[list[int], list[int]]:
+    source = plan.prepared.offsets
+    target = plan.prepared.target_offsets or [0] * len(source)
+    if layer.kind == cap.LayerKind.SELF:
+        return source, source
+    if layer.kind == cap.LayerKind.CROSS:
+        return target, source
+    return target, target
+
+
+def _input_hooks(plan: Plan, keep: set[int]) -> tuple[list[Any], dict[int, torch.Tensor]]:
+    """Forward pre-hooks that keep the hidden states entering the modules of calls `keep`."""
+    modules = dict(plan.prepared.runner.named_modules())
+    wanted = {(layer.name, layer.occurrence): layer.index for layer in plan.shown
+              if layer.index in keep}
+    calls: Counter[str] = Counter()
+    inputs: dict[int, torch.Tensor] = {}
+    handles = []
+    batch = len(plan.prepared.batch.tokens)
+
+    def hook_for(name: str) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            occurrence = calls[name]
+            calls[name] += 1
+            index = wanted.get((name, occurrence))
+            x = args[0] if args else kwargs.get("hidden_states")
+            if index is not None and isinstance(x, torch.Tensor) and x.ndim == 3 \
+                    and x.shape[0] == batch:
+                inputs[index] = x.detach().float().cpu()
+        return hook
+
+    for name in dict.fromkeys(name for name, _ in wanted):
+        if name in modules:
+            handles.append(modules[name].register_forward_pre_hook(hook_for(name),
+                                                                   with_kwargs=True))
+    return handles, inputs
+
+
+def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
+              query: tuple[int, str] | None = None) -> AttentionRun:
+    """The model's own attention weights (and attention inputs) of the layers the plan shows.
+
+    With allow_stream, when the full maps of the source layers shown would exceed the streaming
+    budget, each is reduced block by block to display views and statistics
+    (`attnviz.compute.streaming.MapReducer`) and dropped, keeping only the last layer's inputs
+    and, for query = (sentence, token spec), that query's row of every head of the last layer.
+    Decoder and cross-attention maps (rows are target tokens) are always kept whole.
+    With query, the last layer's query, key and mask are kept for the breakdown.
+    """
+    from attnviz.compute import streaming
+
+    prepared, shown = plan.prepared, plan.shown
+    batch = prepared.batch
+    last = shown[-1]
+    query_row = None
+    if query is not None:  # resolved before the model runs: a typo costs nothing
+        if loaded.path != cap.CapturePath.INTERFACE:
+            raise UsageError("--query needs the q and k the model's attention receives, which "
+                             "only models using transformers' attention interface hand out; "
+                             f"{type(loaded.model).__name__} returns its maps through "
+                             "output_attentions", fix="drop --query", option="--query")
+        query_row = query[0], find_query(_rows_tokens(plan, last)[query[0]], query[1])
+    source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
+    heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
+    stream = allow_stream and bool(source_layers) and streaming.full_maps_bytes(
+        batch, heads, layers=len(source_layers)) > streaming.MAP_BUDGET_BYTES
+    reducers = {layer.index: streaming.MapReducer(
+        layer.index, batch.tokens, query_row if layer is last else None)
+        for layer in source_layers} if stream else {}
+    collector = _Collector(plan, reducers)
+    keep_inputs = {layer.index for layer in shown} if not stream else {last.index}
+    handles, inputs = _input_hooks(plan, keep_inputs)
+    try:
+        result = cap.capture(prepared.runner, prepared.feed, [layer.index for layer in shown],
+                             BLOCK_BUDGET_BYTES, collector,
+                             keep_qk=[last.index] if query is not None else False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    calls = {call.index: call for call in result.layers}
+    results = []
+    for layer in shown:
+        call = calls[layer.index]
+        method = _method(loaded, prepared, call)
+        x = inputs.get(layer.index)
+        q_offsets, _ = _offsets(plan, layer)
+        if x is not None:
+            x = _realign_rows(x, q_offsets, [len(t) for t in _rows_tokens(plan, layer)])
+        common: dict[str, Any] = dict(
+            name=layer.display_name, num_heads=call.num_heads, kind=layer.kind.value,
+            label=layer.label if layer.stack else None,
+            causal=collector.causal.get(layer.index),
+            query_tokens=None if layer.kind == cap.LayerKind.SELF else _rows_tokens(plan, layer),
+            key_tokens=None if layer.kind != cap.LayerKind.DECODER_SELF
+            else _cols_tokens(plan, layer))
+        if layer.index in reducers:
+            finished = reducers[layer.index].finish(
+                cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})")
+            for key, value in common.items():
+                setattr(finished, key, value)
+            if query is not None and layer is last:
+                finished.scores = _scores(call, plan, layer)
+            if layer.stack:
+                finished.views = [_labelled(v, layer.label) for v in finished.views or []]
+                finished.stats = [_labelled_stats(s, layer.label) for s in finished.stats or []]
+            results.append(finished)
+            continue
+        scores = _scores(call, plan, layer) if query is not None and layer is last else None
+        results.append(LayerAttention(layer.index, None, collector.maps[layer.index], x, method,
+                                      scores=scores, **common))
+    notes = []
+    if stream:
+        notes.append("long input: each source layer's maps reduced to display size block by "
+                     f"block, {streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); "
+                     "--export keeps the full maps")
+    if loaded.encoder_decoder and prepared.target is None:
+        notes.append("encoder-decoder model: its encoder ran alone (--target 'text', one per "
+                     "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
+    described = ("the model's own hidden states entering each attention module (token and "
+                 "position embeddings, earlier layers and the block's own norm, if any)")
+    causal = all(r.causal for r in results if r.kind != cap.LayerKind.CROSS.value)
+    return AttentionRun(batch, results, printable(str(loaded.folder)), described,
+                        str(_input_device(loaded.model)), causal, None, notes,
+                        TOLERANCE[loaded.dtype], target=prepared.target,
+                        path=PATHS[result.path])
+
+
+def _method(loaded: LoadedModel, prepared: Prepared, call: cap.CapturedLayer) -> str:
+    if call.computed_with == "output_attentions":
+        return "output_attentions (eager)"
+    module = dict(prepared.runner.named_modules()).get(call.name)
+    owner = type(module).__name__ if module is not None else "its module"
+    function = cap.eager_function(module) if module is not None else None
+    where = "attnviz's generic eager" if function is cap.generic_eager else \
+        f"{owner}'s own eager_attention_forward"
+    return f"{where}, in blocks of query rows"
+
+
+def _labelled(view: Any, label: str) -> Any:
+    from dataclasses import replace
+
+    return replace(view, label=label)
+
+
+def _labelled_stats(stats: Any, label: str) -> Any:
+    from dataclasses import replace
+
+    return replace(stats, layer_label=label)
+
+
+def _scores(call: cap.CapturedLayer, plan: Plan, layer: ModelLayer) -> CapturedScores | None:
+    if call.query is None or call.key is None:
+        return None
+    kwargs = call.score_kwargs
+    scaling = kwargs.get("scaling")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    q_offsets, k_offsets = _offsets(plan, layer)
+    return CapturedScores(
+        call.query, call.key, float(scaling) if scaling is not None else
+        call.query.shape[-1] ** -0.5, call.mask, kwargs.get("position_bias"),
+        None if kwargs.get("softcap") is None else float(kwargs["softcap"]),
+        None if sinks is None else sinks.detach(), tuple(q_offsets), tuple(k_offsets))
+
+
+def _realign_rows(x: torch.Tensor, offsets: list[int], lengths: list[int]) -> torch.Tensor:
+    """(B, L, E) with each sentence's real rows moved to 0..n-1, zeros after."""
+    out = torch.zeros(x.shape[0], max(lengths), x.shape[2], dtype=x.dtype)
+    for b, (offset, n) in enumerate(zip(offsets, lengths, strict=True)):
+        out[b, :n] = x[b, offset:offset + n]
+    return out
 
 
 def _major() -> int:
@@ -289,125 +665,43 @@ def _input_device(model: Any) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
-class _Done(Exception):
-    """Raised by the last requested layer's hook: later layers need not run."""
+# --- finding attnviz's layer in the model ------------------------------------------------------
+
+def parameter_of(model: Any, key: str) -> tuple[str, torch.nn.Parameter]:
+    """The model's parameter holding checkpoint tensor `key` (prefixes such as `model.` differ
+    between checkpoint keys and AutoModel's base model)."""
+    params = dict(model.named_parameters())
+    if key in params:
+        return key, params[key]
+    found = [(name, p) for name, p in params.items()
+             if key.endswith("." + name) or name.endswith("." + key)]
+    if len(found) != 1:
+        raise CheckpointError(f"checkpoint tensor {printable(key)!r} matches {len(found)} "
+                              "parameters of the loaded model",
+                              fix="report this model to attnviz")
+    return found[0]
 
 
-def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any], mask: Any,
-             real: list[torch.Tensor], reducers: dict[int, Any] | None = None,
-             ) -> dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]:
-    """(weights (B, H, L, L), inputs (B, L, E)) per requested layer, float32 on the CPU; with
-    reducers, each layer's weights go to its MapReducer instead (weights None), and only the
-    last layer's inputs are kept."""
-    modules = _attention_modules(loaded)
-    wanted, last = set(indices), max(indices)
-    shape = (mask.shape[0], mask.shape[1])
-    inputs: dict[int, torch.Tensor | None] = {}
-    weights: dict[int, torch.Tensor | None] = {}
-
-    def pre_hook(i: int) -> Any:
-        def hook(module: Any, args: tuple, kwargs: dict) -> None:
-            x = args[0] if args else kwargs["hidden_states"]
-            keep = reducers is None or i == last
-            inputs[i] = x.detach().float().cpu() if keep else None
-        return hook
-
-    def post_hook(i: int) -> Any:
-        def hook(module: Any, args: tuple, output: Any) -> Any:
-            pos = _weights_slot(output, shape, loaded.layers[i].num_heads)
-            if i in wanted:
-                if pos is None:
-                    raise CheckFailed(f"the model's attention module {modules[i][0]!r} returned "
-                                      "no attention weights", fix="report this (eager attention "
-                                      "was requested)")
-                if reducers is None:
-                    weights[i] = output[pos].detach().float().cpu()
-                else:
-                    weights[i] = None
-                    _reduce(reducers[i], output[pos].detach(), real)
-            if i == last:
-                raise _Done
-            # Unrequested layers' weights (and, with output_attentions, the model's own copies)
-            # are dropped here, so only the requested layers' maps are ever held.
-            return None if pos is None else (*output[:pos], None, *output[pos + 1 :])
-        return hook
-
-    handles = [module.register_forward_hook(post_hook(i)) for i, (_, module) in enumerate(modules)]
-    handles += [modules[i][1].register_forward_pre_hook(pre_hook(i), with_kwargs=True)
-                for i in wanted]
-    # transformers 4 returns weights from attention modules only when asked; 5 always does.
-    extra = {"output_attentions": True} if _major() < 5 else {}
-    if "use_cache" in inspect.signature(loaded.runner.forward).parameters:
-        extra["use_cache"] = False
-    try:
-        with torch.no_grad():
-            loaded.runner(**feed, **extra)
-    except _Done:
-        pass
-    finally:
-        for handle in handles:
-            handle.remove()
-    missing = [i for i in indices if i not in weights or i not in inputs]
-    if missing:
-        raise CheckFailed(f"layers {missing} did not run in the model's forward pass",
-                          fix="they may be cross-attention layers, which --model does not run")
-    return {i: (weights[i], inputs[i]) for i in indices}
+def module_of(model: Any, parameter_name: str) -> tuple[str, Any]:
+    """The module owning a parameter (its name without the last part)."""
+    name = parameter_name.rsplit(".", 1)[0] if "." in parameter_name else ""
+    return name, model.get_submodule(name)
 
 
-def _reduce(reducer: Any, maps: torch.Tensor, real: list[torch.Tensor]) -> None:
-    """One layer's maps (B, H, L, L), wherever the model put them, into its reducer: one head
-    of one sentence at a time, real tokens only, so the CPU never holds more than n × n."""
-    for b, idx in enumerate(real):
-        idx = idx.to(maps.device)
-        for h in range(maps.shape[1]):
-            block = maps[b, h].index_select(0, idx).index_select(1, idx)  # (n, n)
-            reducer.add(b, h, block.float().cpu()[None])
+def call_of(layers: list[ModelLayer], model: Any, layer: AttentionLayer) -> ModelLayer:
+    """The attention call that runs attnviz's `layer`: the call whose module holds its W_q (the
+    innermost such module; its first call when the module runs several times)."""
+    q_name, _ = parameter_of(model, layer.q_weight.key)
+    owners = [call for call in layers if q_name.startswith(call.display_name + ".")]
+    if not owners:
+        raise CheckpointError(f"no attention call of the model's forward pass holds "
+                              f"{printable(layer.q_weight.key)!r}",
+                              fix="report this model to attnviz")
+    longest = max(len(call.display_name) for call in owners)
+    return next(call for call in owners if len(call.display_name) == longest)
 
 
-def _attention_modules(loaded: LoadedModel) -> list[tuple[str, Any]]:
-    """The model's module for each attnviz layer, matched by name (prefixes such as `model.`
-    differ between checkpoint keys and AutoModel's base model)."""
-    modules = [(name, m) for name, m in loaded.model.named_modules() if name]
-    out = []
-    for layer in loaded.layers:
-        found = [(n, m) for n, m in modules if n == layer.name or layer.name.endswith("." + n)
-                 or n.endswith("." + layer.name)]
-        exact = [(n, m) for n, m in found if n == layer.name]
-        if len(exact or found) != 1:
-            raise CheckpointError(f"attention layer {layer.name!r} matches {len(found)} modules "
-                                  "of the loaded model", fix="report this",
-                                  where=str(loaded.folder))
-        out.append((exact or found)[0])
-    return out
-
-
-def _weights_slot(output: Any, shape: tuple[int, int], heads: int | None) -> int | None:
-    """Where in an attention module's output tuple the (B, H, L, L) weights are: the last such
-    tensor, since T5 returns (output, position_bias, weights) and its position bias, mask
-    included, has the same shape."""
-    if not isinstance(output, tuple):
-        return None
-    found = None
-    for pos, item in enumerate(output):
-        if isinstance(item, torch.Tensor) and item.dim() == 4 and item.shape[0] == shape[0] \
-                and item.shape[-1] == item.shape[-2] == shape[1] and item.shape[1] == heads:
-            found = pos
-    return found
-
-
-def _realign(t: torch.Tensor, real: list[torch.Tensor], dims: tuple[int, ...]) -> torch.Tensor:
-    """Move each sentence's real positions (along `dims`) to 0..n-1; zeros elsewhere."""
-    out = torch.zeros_like(t)
-    for b, idx in enumerate(real):
-        block = t[b]
-        for dim in dims:
-            block = block.index_select(dim - 1, idx)
-        target = out[b]
-        for dim in dims:
-            target = target.narrow(dim - 1, 0, len(idx))
-        target.copy_(block)
-    return out
-
+# --- the recompute proof -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class VerifyResult:
@@ -417,6 +711,7 @@ class VerifyResult:
     tolerance: float
     positions: str  # how positions entered the recomputation
     notes: list[str] = field(default_factory=list)
+    label: str = ""
 
     @property
     def max_diff(self) -> float:
@@ -427,36 +722,55 @@ class VerifyResult:
         return self.max_diff <= self.tolerance
 
 
-def verify_layer(loaded: LoadedModel, layer_index: int, sentences: list[str], *,
-                 layer: AttentionLayer | None = None, run: AttentionRun | None = None,
+def recompute_supported(loaded: LoadedModel, call: ModelLayer) -> str | None:
+    """Why the recompute proof cannot run on this layer, or None when it can."""
+    from attnviz.compute.positions import SCHEMES
+    from attnviz.load import config as hfconfig
+
+    kind = hfconfig.model_type(loaded.store.config)
+    if kind not in SCHEMES:
+        return (f"attnviz does not recompute the positions of model_type {kind!r} (supported: "
+                f"{', '.join(sorted(SCHEMES))})")
+    if call.kind != cap.LayerKind.SELF:
+        return "the recompute proof covers self-attention over the source only"
+    return None
+
+
+def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str], *,
+                 described: AttentionLayer | None = None, plan: Plan | None = None,
+                 run: AttentionRun | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS) -> VerifyResult:
     """Recompute one layer's weights from its captured input with attnviz's slices; compare.
 
-    `layer` replaces attnviz's own description (tests use it to prove a wrong slicing fails);
-    `run` reuses a run that captured this layer instead of running the model again.
+    `described` replaces attnviz's own description in the recomputation (tests use it to prove a
+    wrong slicing fails); `plan`/`run` reuse a run that captured this layer.
     """
-    config = loaded.store.config
-    kind = hfconfig.model_type(config)
-    if kind not in SCHEMES:  # before the model runs: refusing is cheap
-        raise UsageError(f"verification does not support model_type {kind!r}",
-                         fix=f"supported: {', '.join(sorted(SCHEMES))}")
-    index = _layer_indices(len(loaded.layers), [layer_index])[0]
-    if run is None or all(c.index != index for c in run.layers):
-        run = run_model(loaded, sentences, [index], max_tokens)
-    captured = run.layer(index)
-    layer = layer or captured.layer
+    from attnviz.compute.forward import load_weights
+    from attnviz.compute.positions import positions_for, recompute_weights
+
+    plan = plan or plan_run(loaded, sentences, None, None, max_tokens)
+    call = call_of(plan.layers, loaded.model, layer)
+    reason = recompute_supported(loaded, call)
+    if reason is not None:
+        raise UsageError(f"the recompute proof does not apply: {reason}",
+                         fix="the ablation proof (split --verify) needs no per-family math")
+    if run is None or all(c.index != call.index for c in run.layers):
+        run = run_model(loaded, Plan(plan.prepared, plan.layers, [call]))
+    captured = run.layer(call.index)
     if captured.inputs is None or captured.weights is None:
-        raise CheckFailed(f"layer {index} kept neither its inputs nor its maps",
-                          fix="report this")
-    positions = positions_for(config, layer, index, captured.inputs.shape[1])
-    recomputed = recompute_weights(layer, load_weights(layer, loaded.store), captured.inputs,
+        raise CheckFailed(f"the input of {printable(call.display_name)!r} was not captured",
+                          fix="report this model to attnviz")
+    used = described or layer
+    positions = positions_for(loaded.store.config, used, call.stack_index,
+                              captured.inputs.shape[1])
+    recomputed = recompute_weights(used, load_weights(used, loaded.store), captured.inputs,
                                    run.batch.lengths, positions)
     per_head = torch.zeros(recomputed.shape[1])
     for b, n in enumerate(run.batch.lengths):
         diff = (recomputed[b, :, :n] - captured.weights[b, :, :n]).abs()  # (H, n, L)
         per_head = torch.maximum(per_head, diff.flatten(1).amax(1))
     notes = []
-    if positions.rope is not None and not layer.positions.startswith("rope"):
-        notes.append(f"attnviz describes this layer's positions as {layer.positions!r}")
-    return VerifyResult(index, layer, per_head.tolist(), TOLERANCE[loaded.dtype],
-                        positions.described, notes)
+    if positions.rope is not None and not used.positions.startswith("rope"):
+        notes.append(f"attnviz describes this layer's positions as {used.positions!r}")
+    return VerifyResult(call.index, used, per_head.tolist(), TOLERANCE[loaded.dtype],
+                        positions.described, notes, call.label)

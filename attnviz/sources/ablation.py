@@ -1,0 +1,282 @@
+"""The ablation proof: attnviz's head slicing checked through the model's own forward pass.
+
+Nothing is recomputed, so no family's position scheme, norm or scaling has to be known: for
+each head, the rows attnviz assigns to it (its AttentionLayer: q_rows / kv_rows, wherever the
+packing stores them) are negated in the model's own parameters, the model runs again, and
+only that head may change:
+
+- W_q rows (and bias) of query head h → head h's map changes, every other head's map stays
+  equal to float round-off. Negation, unlike zeroing, keeps any norm over the whole projection
+  unchanged (OLMo 2 normalizes the full query vector), and passes through RoPE and per-head norms;
+- W_k rows (and bias) of key/value head g → exactly the query heads of group g change;
+- W_v rows (and bias) of key/value head g → exactly those heads' slices of the input to W_o
+  (attnviz's o_cols, captured by a forward pre-hook on the output projection) change.
+
+A head whose map is uniform either way (all scores equal) cannot show a change: it is reported
+as untestable, not passed. Packed storage is perturbed where it lives: fused qkv rows,
+interleaved NeoX/BLOOM/Falcon rows, and Conv1D (stored (in, out)) columns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.errors import CheckpointError, printable
+from attnviz.sources import capture as cap
+from attnviz.sources import hf
+
+# "unchanged": equal to float round-off, by the dtype the model runs in
+UNCHANGED = {"float32": 1e-6, "bfloat16": 1e-3, "float16": 1e-4}
+CHANGED_FACTOR = 100  # "changed": above this many times the unchanged tolerance
+UNIFORM = 1e-3  # a map whose rows spread less than this cannot show a change
+
+
+@dataclass(frozen=True)
+class HeadCheck:
+    """One perturbation and what it did."""
+
+    projection: str  # "q", "k" or "v"
+    head: int  # the query head (q) or key/value head (k, v) whose rows were negated
+    rows: str  # where, in the stored tensors
+    expected: tuple[int, ...]  # the query heads that should change
+    deltas: tuple[float, ...]  # per query head: max |Δ| of its map (q, k) or W_o input slice (v)
+    status: str  # "pass", "fail" or "untestable"
+    reason: str = ""
+
+    @property
+    def others(self) -> float:
+        """The largest change of a head that should not have changed."""
+        return max((d for h, d in enumerate(self.deltas) if h not in self.expected), default=0.0)
+
+    @property
+    def own(self) -> float:
+        """The smallest change of a head that should have changed."""
+        return min(self.deltas[h] for h in self.expected)
+
+
+@dataclass(frozen=True)
+class AblationResult:
+    layer_index: int  # the call index in the model's forward pass
+    label: str  # "3", "enc 1", "cross 0"
+    module: str  # the module that runs it
+    layer: AttentionLayer  # the description whose rows were perturbed
+    checks: list[HeadCheck]
+    unchanged: float  # tolerance of "unchanged"
+    changed: float  # threshold of "changed"
+    sentences: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(check.status != "fail" for check in self.checks)
+
+    @property
+    def failures(self) -> list[HeadCheck]:
+        return [check for check in self.checks if check.status == "fail"]
+
+    @property
+    def untestable(self) -> list[HeadCheck]:
+        return [check for check in self.checks if check.status == "untestable"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layer": self.layer_index, "label": self.label, "module": self.module,
+                "passed": self.passed, "unchanged_tolerance": self.unchanged,
+                "changed_threshold": self.changed,
+                "checks": [{"projection": c.projection, "head": c.head, "rows": c.rows,
+                            "expected": list(c.expected), "deltas": list(c.deltas),
+                            "status": c.status, "reason": c.reason} for c in self.checks]}
+
+
+class _Stop(Exception):
+    """Raised once the layer's output projection has its input: later layers need not run."""
+
+
+class _Observer:
+    """Runs the model and returns one layer's maps and the input of its output projection,
+    both realigned to each sentence's real tokens."""
+
+    def __init__(self, loaded: hf.LoadedModel, plan: hf.Plan, call: hf.ModelLayer,
+                 o_module: Any) -> None:
+        self.loaded, self.call, self.o_module = loaded, call, o_module
+        self.plan = hf.Plan(plan.prepared, plan.layers, [call])
+        self.early = loaded.path == cap.CapturePath.INTERFACE
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        collector = hf._Collector(self.plan, {})
+        seen: list[torch.Tensor | None] = []
+
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            x = args[0] if args else next(iter(kwargs.values()), None)
+            seen.append(x.detach().float().cpu() if isinstance(x, torch.Tensor) else None)
+            if len(seen) > self.call.occurrence and self.early:
+                raise _Stop
+
+        handle = self.o_module.register_forward_pre_hook(hook, with_kwargs=True)
+        prepared = self.plan.prepared
+        try:
+            cap.capture(prepared.runner, prepared.feed, [self.call.index], None, collector)
+        except _Stop:
+            pass
+        finally:
+            handle.remove()
+        maps = collector.maps.get(self.call.index)
+        if maps is None:
+            raise CheckpointError(f"the forward pass did not reach {self.call.display_name!r}",
+                                  fix="report this model to attnviz")
+        o_input = seen[self.call.occurrence] if len(seen) > self.call.occurrence else None
+        if o_input is not None:
+            offsets, _ = hf._offsets(self.plan, self.call)
+            lengths = [len(t) for t in hf._rows_tokens(self.plan, self.call)]
+            if o_input.ndim != 3 or o_input.shape[0] != len(lengths):
+                o_input = None
+            else:
+                o_input = hf._realign_rows(o_input, offsets, lengths)
+        return maps, o_input
+
+
+def _rows_text(ref: TensorRef, start: int, stop: int) -> str:
+    return ref.take(((start, stop),)).describe()
+
+
+@contextlib.contextmanager
+def negated(model: Any, refs: list[tuple[TensorRef, int, int]]) -> Iterator[None]:
+    """Rows start:stop (of each reference's canonical (out, in) view) negated in the model's own
+    parameters for the duration; negation is exact, so undoing it restores every bit."""
+    touched = []
+    with torch.no_grad():
+        for ref, start, stop in refs:
+            _, param = hf.parameter_of(model, ref.key)
+            for lo, hi in ref.take(((start, stop),)).row_ranges or ():
+                if param.ndim == 1:
+                    part = param[lo:hi]
+                elif ref.transposed:  # stored (in, out): canonical rows are stored columns
+                    part = param[:, lo:hi]
+                else:
+                    part = param[lo:hi]
+                part.neg_()
+                touched.append(part)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for part in touched:
+                part.neg_()
+
+
+def _check_parameters(loaded: hf.LoadedModel, refs: list[TensorRef]) -> None:
+    """The model must hold exactly the checkpoint's tensors where attnviz points (transformers
+    may convert weights on load; then attnviz's rows would not be the model's)."""
+    for ref in {ref.key: ref for ref in refs}.values():
+        name, param = hf.parameter_of(loaded.model, ref.key)
+        if tuple(param.shape) != tuple(ref.stored_shape):
+            raise CheckpointError(f"the model's parameter {printable(name)!r} has shape "
+                                  f"{tuple(param.shape)}, the checkpoint's "
+                                  f"{printable(ref.key)!r} {tuple(ref.stored_shape)}",
+                                  fix="report this model to attnviz")
+        stored = loaded.store.read(ref.key).to(param.dtype)
+        if not torch.equal(stored, param.detach().cpu()):
+            raise CheckpointError(f"the model's parameter {printable(name)!r} differs from the "
+                                  f"checkpoint's {printable(ref.key)!r}: transformers converted "
+                                  "it on load", fix="report this model to attnviz")
+
+
+def _map_deltas(base: torch.Tensor, other: torch.Tensor) -> tuple[float, ...]:
+    """Per head: max |Δ| over every sentence's real rows and columns (padding is zero in both)."""
+    return tuple((base - other).abs().transpose(0, 1).flatten(1).amax(1).tolist())
+
+
+def _spread(maps: torch.Tensor, head: int) -> float:
+    """How far head `head`'s rows are from uniform over their unmasked keys (0: uniform)."""
+    w = maps[:, head]  # (B, n, m)
+    positive = w > 0
+    top = w.masked_fill(~positive, float("-inf")).amax(-1)
+    bottom = w.masked_fill(~positive, float("inf")).amin(-1)
+    spread = torch.where(positive.any(-1), top - bottom, torch.zeros_like(top))
+    return float(spread.max())
+
+
+def ablate(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
+           targets: list[str] | None = None, *,
+           described: AttentionLayer | None = None) -> AblationResult:
+    """The ablation proof of attnviz's `layer` (found in the model by its W_q's module);
+    `described` replaces the description whose rows are perturbed (tests: a wrong one)."""
+    used = described or layer
+    heads, kv_heads = used.num_heads or 0, used.num_kv_heads or 0
+    plan = hf.plan_run(loaded, sentences, None, targets if loaded.encoder_decoder else None)
+    call = hf.call_of(plan.layers, loaded.model, layer)
+    if call.num_heads is not None and call.num_heads != heads:
+        raise CheckpointError(f"attnviz describes {heads} query heads, the model's attention "
+                              f"call has {call.num_heads}", fix="report this model to attnviz")
+    o_name, _ = hf.parameter_of(loaded.model, used.o_weight.key)
+    _, o_module = hf.module_of(loaded.model, o_name)
+    _check_parameters(loaded, [ref for ref in (used.q_weight, used.q_bias, used.k_weight,
+                                               used.k_bias, used.v_weight, used.v_bias)
+                               if ref is not None])
+    observe = _Observer(loaded, plan, call, o_module)
+    base_maps, base_o = observe()
+    unchanged = UNCHANGED[loaded.dtype]
+    changed = unchanged * CHANGED_FACTOR
+    checks = []
+
+    def parts(weight: TensorRef, bias: TensorRef | None, start: int, stop: int
+              ) -> list[tuple[TensorRef, int, int]]:
+        return [(ref, start, stop) for ref in (weight, bias) if ref is not None]
+
+    def judge_maps(projection: str, head: int, rows: str, expected: tuple[int, ...],
+                   maps: torch.Tensor) -> HeadCheck:
+        deltas = _map_deltas(base_maps, maps)
+        if any(d > unchanged for h, d in enumerate(deltas) if h not in expected):
+            return HeadCheck(projection, head, rows, expected, deltas, "fail",
+                             "a head attnviz does not assign these rows to changed")
+        quiet = [h for h in expected if deltas[h] <= changed]
+        if not quiet:
+            return HeadCheck(projection, head, rows, expected, deltas, "pass")
+        if all(max(_spread(base_maps, h), _spread(maps, h)) <= UNIFORM for h in quiet):
+            return HeadCheck(projection, head, rows, expected, deltas, "untestable",
+                             f"head {quiet[0]}'s map is uniform either way")
+        return HeadCheck(projection, head, rows, expected, deltas, "fail",
+                         f"head {quiet[0]}'s map did not change")
+
+    for h in range(heads):
+        start, stop = used.q_rows(h)
+        with negated(loaded.model, parts(used.q_weight, used.q_bias, start, stop)):
+            maps, _ = observe()
+        checks.append(judge_maps("q", h, _rows_text(used.q_weight, start, stop), (h,), maps))
+    for g in range(kv_heads):
+        start, stop = used.kv_rows(g)
+        group = tuple(h for h in range(heads) if used.kv_head_of(h) == g)
+        with negated(loaded.model, parts(used.k_weight, used.k_bias, start, stop)):
+            maps, _ = observe()
+        checks.append(judge_maps("k", g, _rows_text(used.k_weight, start, stop), group, maps))
+    notes = []
+    if base_o is None:
+        notes.append("the input of the output projection was not captured: W_v not checked")
+    else:
+        scale = max(1.0, float(base_o.abs().max()))
+        for g in range(kv_heads):
+            start, stop = used.kv_rows(g)
+            group = tuple(h for h in range(heads) if used.kv_head_of(h) == g)
+            with negated(loaded.model, parts(used.v_weight, used.v_bias, start, stop)):
+                _, o_input = observe()
+            assert o_input is not None
+            deltas = tuple(float((base_o[..., a:b] - o_input[..., a:b]).abs().max())
+                           for a, b in (used.o_cols(h) for h in range(heads)))
+            rows = _rows_text(used.v_weight, start, stop)
+            if any(d > unchanged * scale for h, d in enumerate(deltas) if h not in group):
+                status, reason = "fail", "another head's slice of the W_o input changed"
+            elif all(deltas[h] > changed * scale for h in group):
+                status, reason = "pass", ""
+            elif all(float(base_o[..., slice(*used.o_cols(h))].abs().max()) <= changed * scale
+                     for h in group if deltas[h] <= changed * scale):
+                status, reason = "untestable", "the head's output is zero either way"
+            else:
+                status, reason = "fail", "the head's slice of the W_o input did not change"
+            checks.append(HeadCheck("v", g, rows, group, deltas, status, reason))
+    return AblationResult(call.index, call.label, call.display_name, used, checks, unchanged,
+                          changed, len(sentences), notes)
