@@ -92,17 +92,22 @@ def heatmap(
         "Most sentences accepted in one batch."))] = 64,
     max_panels: Annotated[int, typer.Option("--max-panels", help=(
         "Most heatmap panels in one --out figure."))] = 256,
+    scale: Annotated[str, typer.Option("--scale", help=(
+        "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
+        "1) or log (3 decades below the largest)."))] = "max",
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
     from attnviz.app.heatmap import HeatmapJob, run_heatmap
     from attnviz.app.outputs import check_distinct, check_output_path
     from attnviz.compute.inputs import read_sentences
+    from attnviz.compute.scale import check_scale
     from attnviz.recognize.base import HeadHints
     from attnviz.render.figure import FIGURE_SUFFIXES
     from attnviz.render.html import HTML_SUFFIXES
     from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
+    check_scale(scale)
     out_path = export_path = html_path = None
     if out or export or html:  # every file the run reads is known before anything is computed
         reads = inputs_read(weights, model, file, not (random or weights or model))
@@ -134,7 +139,7 @@ def heatmap(
     if out_path is not None:
         from attnviz.render.figure import heatmap_figure, save_figure
 
-        save_figure(heatmap_figure(result.views, result.run.source), out_path)
+        save_figure(heatmap_figure(result.views, result.run.source, scale), out_path)
     if html_path is not None:
         from attnviz.render.html import document_from_run, write_html
 
@@ -142,7 +147,7 @@ def heatmap(
     if as_json:
         typer.echo(json.dumps(result.to_json(ranked=rank), indent=2))
         return
-    print_heatmap(result, stats, maps, sentence - 1)
+    print_heatmap(result, stats, maps, sentence - 1, scale)
     if rank:
         from attnviz.render.ranking_terminal import print_ranking
 
@@ -167,7 +172,7 @@ def probe_sentences(probe: str, given: list[str]) -> list[str]:
 
 
 def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
-                  sentence_index: int) -> None:
+                  sentence_index: int, scale: str = "max") -> None:
     """Header lines, terminal maps, the statistics table and the --query breakdown."""
     from attnviz.compute.maps import downsample
     from attnviz.render import maps_terminal as render
@@ -184,7 +189,7 @@ def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
     out.print()
     if show_maps:
         fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
-        render.print_maps(out, fitted, run.batch.sentences)
+        render.print_maps(out, fitted, run.batch.sentences, scale)
     if show_stats:
         out.print()
         render.print_stats(out, result.head_stats)

@@ -79,7 +79,7 @@ def panel_inches(views: list[Any]) -> float:
     return min(2.2 if size <= 16 else 2.8, max(1.2, 18 / max(n_rows, n_cols)))
 
 
-def heatmap_figure(views: list[Any], title: str) -> Any:
+def heatmap_figure(views: list[Any], title: str, scale: str = "max") -> Any:
     """A grid: one row per (sentence, layer), one column per head, one shared colour scale.
 
     The panels are tiled into one image on one Axes (white gaps between them): creating and
@@ -129,9 +129,14 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
     import matplotlib
 
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
-    vmax = max(float(v.values.max()) for v in views) or 1.0
-    image = ax.imshow(mosaic, cmap=cmap, vmin=0.0, vmax=vmax, interpolation="nearest",
-                      aspect="auto")
+    from matplotlib.colors import LogNorm, Normalize
+
+    from attnviz.compute.scale import map_scale
+
+    shown = map_scale(scale, [v.values for v in views])
+    norm = (LogNorm(shown.vmin, shown.vmax, clip=True) if shown.log
+            else Normalize(shown.vmin, shown.vmax, clip=True))
+    image = ax.imshow(mosaic, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0, labelsize=6)
