@@ -192,6 +192,50 @@ class HeatmapResult:
     def export(self, path: Path) -> None:
         export(self.run, path)
 
+    def title(self) -> str:
+        """A figure's title: the model (not a raw path) and the layers shown."""
+        return run_title(self.run)
+
+
+GENERIC_NAMES = ("model", "models", "checkpoint", "checkpoints", "weights", "final")
+GENERIC_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
+
+
+def display_name(source: str) -> str:
+    """A model's name from its path: the folder (a hub snapshot's repository id), the file's
+    name when it says more than 'model.safetensors', a generic folder with its parent."""
+    path = Path(source)
+    if path.name in GENERIC_FILES:
+        path = path.parent
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    if path.name.lower() in GENERIC_NAMES and path.parent.name:
+        return f"{path.parent.name}/{path.name}"
+    return path.name or source
+
+
+def run_title(run: Any) -> str:
+    from attnviz.sources.bundled import is_tiny_model
+
+    store = run.store
+    if is_tiny_model(store):
+        name = "the bundled induction model"
+    elif store.format == "random init":
+        name = run.source
+    else:
+        name = display_name(run.source)
+        kind = store.config.get("model_type")
+        name += f" ({kind})" if isinstance(kind, str) else ""
+    indices = [captured.index for captured in run.layers]
+    if len(indices) == 1:
+        layer = run.layers[0].layer
+        where = f"layer {indices[0]}" + (f" ({layer.name})" if layer.name else "")
+    elif indices == list(range(indices[0], indices[-1] + 1)):
+        where = f"layers {indices[0]}–{indices[-1]}"
+    else:
+        where = "layers " + ", ".join(map(str, indices))
+    return f"{name} · {where}"
+
 
 def check_applicable(job: HeatmapJob) -> None:
     """A flag that does not apply to the chosen source is a usage error, never ignored."""

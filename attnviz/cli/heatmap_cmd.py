@@ -92,6 +92,11 @@ def heatmap(
         "Most sentences accepted in one batch."))] = 64,
     max_panels: Annotated[int, typer.Option("--max-panels", help=(
         "Most heatmap panels in one --out figure."))] = 256,
+    size: Annotated[float | None, typer.Option("--size", help=(
+        "--out: the side of each heatmap panel in inches (default: room for every token's "
+        "label, 2.5 to 6, smaller in big grids)."))] = None,
+    dpi: Annotated[int, typer.Option("--dpi", help=(
+        "--out: dots per inch of a .png figure (its pixel size)."))] = 100,
     scale: Annotated[str, typer.Option("--scale", help=(
         "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
         "1) or log (3 decades below the largest)."))] = "max",
@@ -108,6 +113,7 @@ def heatmap(
     from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
     check_scale(scale)
+    check_figure_options(out, size, dpi)
     out_path = export_path = html_path = None
     if out or export or html:  # every file the run reads is known before anything is computed
         reads = inputs_read(weights, model, file, not (random or weights or model))
@@ -139,7 +145,7 @@ def heatmap(
     if out_path is not None:
         from attnviz.render.figure import heatmap_figure, save_figure
 
-        save_figure(heatmap_figure(result.views, result.run.source, scale), out_path)
+        save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi), out_path)
     if html_path is not None:
         from attnviz.render.html import document_from_run, write_html
 
@@ -157,6 +163,21 @@ def heatmap(
     for path in (out_path, export_path, html_path):
         if path is not None:
             console().print(plain(f"wrote {path}"))
+
+
+def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
+    """--size and --dpi shape the --out figure: given without it, or out of range, they are
+    usage errors, never ignored."""
+    given = [flag for flag, value in (("--size", size is not None), ("--dpi", dpi != 100))
+             if value]
+    if given and out is None:
+        raise UsageError(f"{' and '.join(given)} shape the --out figure",
+                         fix="add --out FILE.png, or drop them")
+    if size is not None and not 0.5 <= size <= 20:
+        raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
+                         option="--size")
+    if not 20 <= dpi <= 1200:
+        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="--dpi")
 
 
 def probe_sentences(probe: str, given: list[str]) -> list[str]:
