@@ -194,10 +194,11 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     torch.save(encoder.state_dict(), path)
     tensors, _ = _export(cli, tmp_path, "--weights", path, "--layer", "1", "-H", "2", "a b c")
     mha = encoder.layers[1].self_attn.eval()
-    x = tensors["inputs.0"].transpose(0, 1)  # the encoder's MHA is sequence-first
+    assert "attn.0" not in tensors  # keys carry the layer's index in the checkpoint
+    x = tensors["inputs.1"].transpose(0, 1)  # the encoder's MHA is sequence-first
     with torch.no_grad():
         _, expected = mha(x, x, x, need_weights=True, average_attn_weights=False)
-    torch.testing.assert_close(tensors["attn.0"], expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(tensors["attn.1"], expected, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("args,fragment", [

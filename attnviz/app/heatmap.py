@@ -6,7 +6,8 @@ randomly initialized nn.MultiheadAttention (`--random`)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,9 @@ def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
                          f"{request.max_panels}", fix="raise --max-panels, or pick --layer/--head")
 
 
-def run(request: HeatmapRequest) -> Any:
-    """The AttentionRun for a request (all checks before any tensor is allocated)."""
+def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None) -> Any:
+    """The AttentionRun for a request (all checks before any tensor is allocated); `warn`
+    hears what the caller should know but that does not stop the run."""
     from attnviz.compute.attention import resolve_device, run_layer
     from attnviz.core.selection import parse_layers
     from attnviz.load.checkpoint import open_checkpoint
@@ -83,9 +85,81 @@ def run(request: HeatmapRequest) -> Any:
                          fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
                          option="--num-heads")
     check_panels(request, 1, layer.num_heads or 0)
-    return run_layer(layer, store, request.batch, request.causal or layer.causal,
-                     request.positions, device, store, not request.keep_full_maps,
-                     request.query_row)
+    if warn is not None and request.hints.num_heads is not None:
+        for line in head_hint_warnings(store, request, layer):
+            warn(line)
+    attention_run = run_layer(layer, store, request.batch, request.causal or layer.causal,
+                              request.positions, device, store, not request.keep_full_maps,
+                              request.query_row)
+    index = inventory.layers.index(layer)
+    renumber(attention_run, index)
+    attention_run.notes.insert(0, synthetic_note(store, request.weights, index))
+    return attention_run
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt",
+                   "vocab.json", "sentencepiece.bpe.model")
+HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
+
+
+def renumber(attention_run: Any, index: int) -> None:
+    """A standalone layer runs alone; its maps, statistics and export keys carry the index
+    `inspect` gives it in its checkpoint (`--layer 3` shows L3), not 0."""
+    from dataclasses import replace
+
+    for captured in attention_run.layers:
+        captured.index = index
+        if captured.views is not None:
+            captured.views = [replace(view, layer=index) for view in captured.views]
+        if captured.stats is not None:
+            captured.stats = [replace(stat, layer=index) for stat in captured.stats]
+
+
+def model_folder(store: Any, weights: Path | None) -> Path | None:
+    """The folder that `--model` could load instead: config.json and tokenizer files."""
+    folder = store.folder or (None if weights is None else
+                              weights if weights.is_dir() else weights.parent)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    return folder if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
+
+
+def synthetic_note(store: Any, weights: Path | None, index: int) -> str:
+    """Plain words for what a standalone layer's maps are, and where the real ones come from."""
+    import shlex
+
+    from attnviz.errors import printable
+
+    note = (f"synthetic inputs: these maps are layer {index}'s weights applied to the vectors "
+            "above, not to the hidden states the model feeds that layer, so they are not the "
+            "model's own attention")
+    folder = model_folder(store, weights)
+    if folder is not None:
+        note += (f"; for that, run the model: attnviz heatmap --model "
+                 f"{shlex.quote(printable(str(folder), 200))} …")
+    return note
+
+
+def head_hint_warnings(store: Any, request: HeatmapRequest, chosen: Any) -> list[str]:
+    """-H that disagrees with the checkpoint's own head count (config.json or metadata)."""
+    from attnviz.errors import AttnvizError, printable
+    from attnviz.recognize import find_layers, select_layer
+
+    hints = request.hints
+    try:
+        own = select_layer(find_layers(store, HeadHints(None, hints.num_kv_heads,
+                                                        hints.head_dim)),
+                           request.layer, store.source)
+    except AttnvizError:
+        return []
+    if not own.heads_known or own.num_heads == hints.num_heads:
+        return []
+    key = next((k for k in HEADS_KEYS if isinstance(store.config.get(k), int)), None)
+    said = f"config.json's {key} = {store.config[key]}" if key else \
+        f"the checkpoint's own {own.num_heads}"
+    return [f"-H {hints.num_heads} disagrees with {said} for layer "
+            f"{printable(chosen.name)!r}: the maps split it into {hints.num_heads} heads of "
+            f"d = {chosen.head_dim}, not the model's {own.num_heads} heads"]
 
 
 def export(run: Any, path: Path) -> None:
@@ -176,6 +250,7 @@ class HeatmapResult:
     head_stats: list[Any]  # compute.stats.HeadStats, per (layer, head)
     views: list[Any]  # compute.maps.MapView: the selected maps, per (sentence, layer, head)
     breakdown: Any = None  # compute.attention.QueryBreakdown for --query
+    warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
 
     def to_json(self, ranked: bool = False) -> dict[str, Any]:
         doc = run_json(self.run, self.head_stats, self.breakdown)
@@ -262,6 +337,7 @@ def run_heatmap(job: HeatmapJob) -> HeatmapResult:
     from attnviz.compute.inputs import find_query, make_batch
 
     check_applicable(job)
+    warnings: list[str] = []
     if job.model is not None:  # the model's own tokenizer decides the tokens
         if not job.sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
@@ -281,8 +357,10 @@ def run_heatmap(job: HeatmapJob) -> HeatmapResult:
             batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
             job.device, keep_full_maps=job.keep_full_maps, query_row=query_row,
             max_panels=job.max_panels,
-            panels_per_map=1 if job.head is not None or job.average else None))
-    return summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+            panels_per_map=1 if job.head is not None or job.average else None), warnings.append)
+    result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+    result.warnings = warnings
+    return result
 
 
 def _check_sentence(job: HeatmapJob, count: int) -> None:

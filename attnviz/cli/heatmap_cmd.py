@@ -140,6 +140,7 @@ def heatmap(
         causal, positions, device, dtype, device_map, head, average, query, sentence,
         keep_full_maps=export is not None, max_tokens=max_tokens, max_sentences=max_sentences,
         max_panels=max_panels if out_path else None))
+    print_warnings(result.warnings)
     if export_path is not None:
         result.export(export_path)
     if out_path is not None:
@@ -163,6 +164,17 @@ def heatmap(
     for path in (out_path, export_path, html_path):
         if path is not None:
             console().print(plain(f"wrote {path}"))
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """One line each on stderr (so --json stays clean), the text never read as markup."""
+    if not warnings:
+        return
+    from rich.console import Console
+
+    errors = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in warnings:
+        errors.print(plain(f"warning: {line}"))
 
 
 def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
