@@ -331,17 +331,21 @@ def check_applicable(job: HeatmapJob) -> None:
                          fix="drop them, or pass --model")
 
 
-def run_heatmap(job: HeatmapJob) -> HeatmapResult:
+def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
+                ) -> HeatmapResult:
     """The attention maps, statistics and --query breakdown a heatmap job asks for (all limits
-    and flags checked before any weight is read)."""
+    and flags checked before any weight is read). `progress` hears, in words, each step as it
+    starts (the CLI shows them beside a spinner)."""
     from attnviz.compute.inputs import find_query, make_batch
 
     check_applicable(job)
+    report = progress or (lambda message: None)
     warnings: list[str] = []
     if job.model is not None:  # the model's own tokenizer decides the tokens
         if not job.sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
         _check_sentence(job, len(job.sentences))
+        report(f"loading the model and running it on {_count(len(job.sentences), 'sentence')}")
         attention_run = run_model(
             job.model, job.sentences, job.layer, job.device, job.dtype, job.device_map,
             job.max_tokens, job.head is not None or job.average, job.max_panels,
@@ -353,14 +357,21 @@ def run_heatmap(job: HeatmapJob) -> HeatmapResult:
         query_row = None
         if job.query is not None:  # fail before any work
             query_row = job.sentence - 1, find_query(batch.tokens[job.sentence - 1], job.query)
+        report(f"running attention on {_count(len(batch.tokens), 'sentence')} "
+               f"({_count(sum(batch.lengths), 'token')})")
         attention_run = run(HeatmapRequest(
             batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
             job.device, keep_full_maps=job.keep_full_maps, query_row=query_row,
             max_panels=job.max_panels,
             panels_per_map=1 if job.head is not None or job.average else None), warnings.append)
+    report("computing head statistics")
     result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
     result.warnings = warnings
     return result
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _check_sentence(job: HeatmapJob, count: int) -> None:

@@ -22,6 +22,7 @@ from attnviz.cli.options import (
     plain,
 )
 from attnviz.cli.paths import inputs_read
+from attnviz.cli.progress import progress
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
@@ -134,23 +135,30 @@ def heatmap(
     texts = list(sentences or []) + (read_sentences(file) if file else [])
     if probe is not None:
         texts = probe_sentences(probe, texts)
-    result = run_heatmap(HeatmapJob(
+    job = HeatmapJob(
         texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
                                                       num_kv_heads, head_dim),
         causal, positions, device, dtype, device_map, head, average, query, sentence,
         keep_full_maps=export is not None, max_tokens=max_tokens, max_sentences=max_sentences,
-        max_panels=max_panels if out_path else None))
+        max_panels=max_panels if out_path else None)
+    with progress(not as_json) as report:
+        result = run_heatmap(job, report)
+        if export_path is not None:
+            report(f"writing {export_path.name}")
+            result.export(export_path)
+        if out_path is not None:
+            from attnviz.render.figure import heatmap_figure, save_figure
+
+            report(f"drawing the figure {out_path.name}")
+            save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi),
+                        out_path)
+        if html_path is not None:
+            from attnviz.render.html import document_from_run, write_html
+
+            report(f"writing the page {html_path.name}")
+            write_html(document_from_run(result.run, result.head_stats, result.breakdown),
+                       html_path)
     print_warnings(result.warnings)
-    if export_path is not None:
-        result.export(export_path)
-    if out_path is not None:
-        from attnviz.render.figure import heatmap_figure, save_figure
-
-        save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi), out_path)
-    if html_path is not None:
-        from attnviz.render.html import document_from_run, write_html
-
-        write_html(document_from_run(result.run, result.head_stats, result.breakdown), html_path)
     if as_json:
         typer.echo(json.dumps(result.to_json(ranked=rank), indent=2))
         return
