@@ -279,7 +279,7 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
         for key in ("entropy", "max_weight", "distance", "previous", "induction", "duplicate"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
     out = tmp_path / "long.png"
-    result = cli("heatmap", "--random", "-H", "4", words, "--out", out, "--no-stats")
+    result = cli("heatmap", "--random", "-H", "4", words, "--out", out, "--no-stats", "--maps")
     assert result.exit_code == 0, result.output
     assert "long input: maps computed one head and sentence at a time" in result.stdout
     assert "downsampled to fit" in result.stdout

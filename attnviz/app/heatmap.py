@@ -394,6 +394,8 @@ def summarize(attention_run: Any, head: int | None, average: bool, query: str | 
     head_stats = [s for captured in attention_run.layers for s in (
         captured.stats if captured.weights is None else stats_mod.head_stats(
             captured.weights, attention_run.batch.tokens, captured.index))]
+    if head is not None:  # --head shows one head: its statistics alone, as its map
+        head_stats = [s for s in head_stats if s.head == head]
     selected = maps.select_maps(attention_run, head, average)
     breakdown = None
     if query is not None:

@@ -54,10 +54,13 @@ def heatmap(
     html: Annotated[Path | None, typer.Option("--html", help=(
         "Write an interactive page that works offline: head, model and query views (.html)."))]
     = None,
-    stats: Annotated[bool, typer.Option("--stats/--no-stats", help=(
-        "Print the head-statistics table."))] = True,
-    maps: Annotated[bool, typer.Option("--maps/--no-maps", help=(
-        "Print the terminal heatmaps."))] = True,
+    stats: Annotated[bool | None, typer.Option("--stats/--no-stats", help=(
+        "Print the head-statistics table (default: on)."))] = None,
+    maps: Annotated[bool | None, typer.Option("--maps/--no-maps", help=(
+        "Print the terminal heatmaps (default: on, unless --out, --export or --html writes "
+        "them to a file)."))] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help=(
+        "Print only the 'wrote …' lines (and errors): no header, maps or tables."))] = False,
     as_json: Json = False,
     rank: Annotated[bool, typer.Option("--rank", help=(
         "Rank the heads by type (previous-token, first/last-token, special-token, self, "
@@ -115,6 +118,14 @@ def heatmap(
 
     check_scale(scale)
     check_figure_options(out, size, dpi)
+    if quiet:
+        loud = [flag for flag, given in (("--maps", maps), ("--stats", stats), ("--rank", rank))
+                if given]
+        if loud:
+            raise UsageError(f"--quiet prints no maps or tables, but {', '.join(loud)} asks for "
+                             "one", fix=f"drop --quiet or {', '.join(loud)}")
+    writes = out is not None or export is not None or html is not None
+    show_maps = (not writes) if maps is None else maps
     out_path = export_path = html_path = None
     if out or export or html:  # every file the run reads is known before anything is computed
         reads = inputs_read(weights, model, file, not (random or weights or model))
@@ -141,7 +152,7 @@ def heatmap(
         causal, positions, device, dtype, device_map, head, average, query, sentence,
         keep_full_maps=export is not None, max_tokens=max_tokens, max_sentences=max_sentences,
         max_panels=max_panels if out_path else None)
-    with progress(not as_json) as report:
+    with progress(not (as_json or quiet)) as report:
         result = run_heatmap(job, report)
         if export_path is not None:
             report(f"writing {export_path.name}")
@@ -162,7 +173,9 @@ def heatmap(
     if as_json:
         typer.echo(json.dumps(result.to_json(ranked=rank), indent=2))
         return
-    print_heatmap(result, stats, maps, sentence - 1, scale)
+    if not quiet:
+        print_heatmap(result, stats is not False, show_maps, sentence - 1, scale,
+                      maps_written=writes and maps is None)
     if rank:
         from attnviz.render.ranking_terminal import print_ranking
 
@@ -171,7 +184,7 @@ def heatmap(
         print_ranking(terminal, result.ranking())
     for path in (out_path, export_path, html_path):
         if path is not None:
-            console().print(plain(f"wrote {path}"))
+            console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
 
 
 def print_warnings(warnings: list[str]) -> None:
@@ -213,7 +226,7 @@ def probe_sentences(probe: str, given: list[str]) -> list[str]:
 
 
 def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
-                  sentence_index: int, scale: str = "max") -> None:
+                  sentence_index: int, scale: str = "max", maps_written: bool = False) -> None:
     """Header lines, terminal maps, the statistics table and the --query breakdown."""
     from attnviz.compute.maps import downsample
     from attnviz.render import maps_terminal as render
@@ -231,6 +244,9 @@ def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
     if show_maps:
         fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
         render.print_maps(out, fitted, run.batch.sentences, scale)
+    elif maps_written:
+        out.print(plain("maps: in the files written below (--maps prints them here too)"),
+                  style="dim")
     if show_stats:
         out.print()
         render.print_stats(out, result.head_stats)
