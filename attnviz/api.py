@@ -53,11 +53,13 @@ class Split(SplitResult):
 class Heatmap(HeatmapResult):
     """Attention maps (`views`), head statistics (`head_stats`) and the run they came from."""
 
-    def figure(self) -> Any:
-        """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer."""
+    def figure(self, scale: str = "max", size: float | None = None,
+               dpi: int | None = None) -> Any:
+        """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer
+        (`scale` max|fixed|log, `size` the side of a panel in inches, as the CLI's options)."""
         from attnviz.render.figure import heatmap_figure
 
-        return heatmap_figure(self.views, self.run.source)
+        return heatmap_figure(self.views, self.title(), scale, size, dpi)
 
     def _repr_png_(self) -> bytes:
         return _png(self.figure())

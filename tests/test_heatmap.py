@@ -194,10 +194,11 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     torch.save(encoder.state_dict(), path)
     tensors, _ = _export(cli, tmp_path, "--weights", path, "--layer", "1", "-H", "2", "a b c")
     mha = encoder.layers[1].self_attn.eval()
-    x = tensors["inputs.0"].transpose(0, 1)  # the encoder's MHA is sequence-first
+    assert "attn.0" not in tensors  # keys carry the layer's index in the checkpoint
+    x = tensors["inputs.1"].transpose(0, 1)  # the encoder's MHA is sequence-first
     with torch.no_grad():
         _, expected = mha(x, x, x, need_weights=True, average_attn_weights=False)
-    torch.testing.assert_close(tensors["attn.0"], expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(tensors["attn.1"], expected, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -280,7 +281,7 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
         for key in ("entropy", "max_weight", "distance", "previous", "induction", "duplicate"):
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
     out = tmp_path / "long.png"
-    result = cli("heatmap", "--random", "-H", "4", words, "--out", out, "--no-stats")
+    result = cli("heatmap", "--random", "-H", "4", words, "--out", out, "--no-stats", "--maps")
     assert result.exit_code == 0, result.output
     assert "long input: maps computed one head and sentence at a time" in result.stdout
     assert "downsampled to fit" in result.stdout
@@ -381,10 +382,11 @@ def test_figure_downsamples_maps_larger_than_their_panel():
     labels = [f"t{i}" for i in range(n)]
     views = [MapView(0, 0, h, values, labels, labels, False) for h in range(2)]
     fig = heatmap_figure(views, "big")
-    mosaic = fig.axes[0].images[0].get_array()
-    pixels = int(panel_inches(views) * FIGURE_DPI)
-    assert mosaic.shape[0] == pixels < n
-    panel = np.asarray(mosaic[:, :pixels])
+    mosaic = np.ma.filled(fig.axes[0].images[0].get_array(), np.nan)
+    pixels = round(panel_inches(views) * FIGURE_DPI)
+    panel_rows = np.flatnonzero(~np.isnan(mosaic[:, 0]))  # under the panel's title band
+    assert len(panel_rows) == pixels < n
+    panel = mosaic[panel_rows, :pixels]
     np.testing.assert_allclose(panel.sum(1), 1.0, rtol=1e-5)
 
 

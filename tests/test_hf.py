@@ -283,7 +283,8 @@ def test_cli_marian_end_to_end(cli, zoo_model, tmp_path):
     targets = ["the big red barn", "a cat"]
     out = tmp_path / "maps.safetensors"
     result = cli("heatmap", "--model", folder, *SENTENCES, "--target", targets[0], "--target",
-                 targets[1], "--layer", "enc 1,dec all,cross all", "--export", out, "--head", "0")
+                 targets[1], "--layer", "enc 1,dec all,cross all", "--export", out, "--head", "0",
+                 "--maps")
     assert result.exit_code == 0, result.output
     for label in ("enc 1 · head 0", "dec 1 · head 0", "cross 0 · head 0", "target 2: a cat"):
         assert label in result.stdout

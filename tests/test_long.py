@@ -196,11 +196,13 @@ def test_streamed_export_equals_the_in_memory_export(cli, tmp_path, case):
     assert "--export wrote every full map block by block" in result.stdout.replace("\n", " ")
     raw = block_path.read_bytes()
     header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
-    assert header["attn.0"]["data_offsets"][1] == len(raw) - 8 - int.from_bytes(raw[:8],
-                                                                                 "little")
+    layer = args[args.index("--layer") + 1] if "--layer" in args else "0"  # keys carry it
+    maps_key = f"attn.{layer}"
+    assert header[maps_key]["data_offsets"][1] == len(raw) - 8 - int.from_bytes(raw[:8],
+                                                                                "little")
     with safe_open(str(full_path), "pt") as a, safe_open(str(block_path), "pt") as b:
         assert a.metadata() == b.metadata()
-        assert sorted(a.keys()) == sorted(b.keys()) == ["attn.0", "inputs.0", "mask"]
+        assert sorted(a.keys()) == sorted(b.keys()) == [maps_key, f"inputs.{layer}", "mask"]
         for key in a.keys():
             x, y = a.get_tensor(key), b.get_tensor(key)
             assert x.dtype == y.dtype and x.shape == y.shape, key

@@ -6,7 +6,8 @@ randomly initialized nn.MultiheadAttention (`--random`)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,9 @@ def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
                          f"{request.max_panels}", fix="raise --max-panels, or pick --layer/--head")
 
 
-def run(request: HeatmapRequest) -> Any:
-    """The AttentionRun for a request (all checks before any tensor is allocated)."""
+def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None) -> Any:
+    """The AttentionRun for a request (all checks before any tensor is allocated); `warn`
+    hears what the caller should know but that does not stop the run."""
     from attnviz.compute.attention import resolve_device
     from attnviz.core.selection import parse_layers
     from attnviz.load.checkpoint import open_checkpoint
@@ -107,11 +109,19 @@ def run(request: HeatmapRequest) -> Any:
                          fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
                          option="--num-heads")
     check_panels(request, 1, layer.num_heads or 0)
-    return _run_standalone(request, layer, store, store, request.causal or layer.causal, device)
+    if warn is not None and request.hints.num_heads is not None:
+        for line in head_hint_warnings(store, request, layer):
+            warn(line)
+    index = inventory.layers.index(layer)
+    attention_run = _run_standalone(request, layer, store, store,
+                                    request.causal or layer.causal, device, index)
+    renumber(attention_run, index)
+    attention_run.notes.insert(0, synthetic_note(store, request.weights, index))
+    return attention_run
 
 
 def _run_standalone(request: HeatmapRequest, layer: Any, inputs_store: Any, store: Any,
-                    causal: bool, device: Any) -> Any:
+                    causal: bool, device: Any, index: int = 0) -> Any:
     """run_layer, with --export of long inputs written block by block as the maps stream (the
     file is complete, and moved into place, only when the run succeeds)."""
     from attnviz.app.outputs import atomic_output
@@ -126,7 +136,7 @@ def _run_standalone(request: HeatmapRequest, layer: Any, inputs_store: Any, stor
                          store, not full, request.query_row, request.memory_budget)
     with atomic_output(request.export_path) as tmp, open(tmp, "wb") as file:
         sink = StreamedExport(file, request.batch, layer.num_heads or 0, extra, store.source,
-                              causal)
+                              causal, index)
         result = run_layer(layer, inputs_store, request.batch, causal, request.positions,
                            device, store, True, request.query_row, request.memory_budget, sink)
         sink.close()
@@ -145,6 +155,71 @@ def export_key(captured: Any) -> tuple[str, str]:
     maps, inputs = EXPORT_NAMES[captured.kind]
     number = captured.display_label.split()[-1]
     return f"{maps}.{number}", f"{inputs}.{number}"
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt",
+                   "vocab.json", "sentencepiece.bpe.model")
+HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
+
+
+def renumber(attention_run: Any, index: int) -> None:
+    """A standalone layer runs alone; its maps, statistics and export keys carry the index
+    `inspect` gives it in its checkpoint (`--layer 3` shows L3), not 0."""
+    from dataclasses import replace
+
+    for captured in attention_run.layers:
+        captured.index = index
+        if captured.views is not None:
+            captured.views = [replace(view, layer=index) for view in captured.views]
+        if captured.stats is not None:
+            captured.stats = [replace(stat, layer=index) for stat in captured.stats]
+
+
+def model_folder(store: Any, weights: Path | None) -> Path | None:
+    """The folder that `--model` could load instead: config.json and tokenizer files."""
+    folder = store.folder or (None if weights is None else
+                              weights if weights.is_dir() else weights.parent)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    return folder if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
+
+
+def synthetic_note(store: Any, weights: Path | None, index: int) -> str:
+    """Plain words for what a standalone layer's maps are, and where the real ones come from."""
+    import shlex
+
+    from attnviz.errors import printable
+
+    note = (f"synthetic inputs: these maps are layer {index}'s weights applied to the vectors "
+            "above, not to the hidden states the model feeds that layer, so they are not the "
+            "model's own attention")
+    folder = model_folder(store, weights)
+    if folder is not None:
+        note += (f"; for that, run the model: attnviz heatmap --model "
+                 f"{shlex.quote(printable(str(folder), 200))} …")
+    return note
+
+
+def head_hint_warnings(store: Any, request: HeatmapRequest, chosen: Any) -> list[str]:
+    """-H that disagrees with the checkpoint's own head count (config.json or metadata)."""
+    from attnviz.errors import AttnvizError, printable
+    from attnviz.recognize import find_layers, select_layer
+
+    hints = request.hints
+    try:
+        own = select_layer(find_layers(store, HeadHints(None, hints.num_kv_heads,
+                                                        hints.head_dim)),
+                           request.layer, store.source)
+    except AttnvizError:
+        return []
+    if not own.heads_known or own.num_heads == hints.num_heads:
+        return []
+    key = next((k for k in HEADS_KEYS if isinstance(store.config.get(k), int)), None)
+    said = f"config.json's {key} = {store.config[key]}" if key else \
+        f"the checkpoint's own {own.num_heads}"
+    return [f"-H {hints.num_heads} disagrees with {said} for layer "
+            f"{printable(chosen.name)!r}: the maps split it into {hints.num_heads} heads of "
+            f"d = {chosen.head_dim}, not the model's {own.num_heads} heads"]
 
 
 def export(run: Any, path: Path) -> None:
@@ -184,14 +259,15 @@ def _export_metadata(batch: Batch, source: str, inputs: str, causal: bool) -> di
 class StreamedExport:
     """The --export file of a streamed standalone layer, written as the maps are computed: the
     safetensors header first (every shape is known before the run), then the mask, the inputs
-    and attn.0 (B, H, L, S) row block by row block in layout order, so that no full map is
+    and attn.N (B, H, L, S) row block by row block in layout order, so that no full map is
     ever held. Rows are laid out as `export` lays out the full maps: real keys, zeros at padded
     keys (and at keys a causal block never computed), then the bias_k column; padded queries'
     rows are computed like any other (as torch does)."""
 
     def __init__(self, file: Any, batch: Batch, num_heads: int, extra_keys: int, source: str,
-                 causal: bool) -> None:
+                 causal: bool, index: int = 0) -> None:
         self.file, self.batch, self.heads = file, batch, num_heads
+        self.maps_key, self.inputs_key = f"attn.{index}", f"inputs.{index}"  # as `export` names
         self.source, self.causal = source, causal
         self.width = batch.max_len + extra_keys
         self._next = (0, 0, 0)  # the (sentence, head, row) the file expects next
@@ -207,14 +283,14 @@ class StreamedExport:
         B, L = len(self.batch.tokens), self.batch.max_len
         mask = (~padding_mask(self.batch)).to(torch.int64).contiguous()
         x = inputs.float().contiguous()
-        sizes = {"mask": mask.numel() * 8, "inputs.0": x.numel() * 4,
-                 "attn.0": B * self.heads * L * self.width * 4}
-        shapes = {"mask": ["I64", [B, L]], "inputs.0": ["F32", list(x.shape)],
-                  "attn.0": ["F32", [B, self.heads, L, self.width]]}
+        sizes = {"mask": mask.numel() * 8, self.inputs_key: x.numel() * 4,
+                 self.maps_key: B * self.heads * L * self.width * 4}
+        shapes = {"mask": ["I64", [B, L]], self.inputs_key: ["F32", list(x.shape)],
+                  self.maps_key: ["F32", [B, self.heads, L, self.width]]}
         header: dict[str, Any] = {"__metadata__": _export_metadata(
             self.batch, self.source, inputs_described, self.causal)}
         offset = 0
-        for name in ("mask", "inputs.0", "attn.0"):  # the data's order in the file
+        for name in ("mask", self.inputs_key, self.maps_key):  # the data's order in the file
             dtype, shape = shapes[name]
             header[name] = {"dtype": dtype, "shape": shape,
                             "data_offsets": [offset, offset + sizes[name]]}
@@ -331,6 +407,7 @@ class HeatmapResult:
     head_stats: list[Any]  # compute.stats.HeadStats, per (layer, head)
     views: list[Any]  # compute.maps.MapView: the selected maps, per (sentence, layer, head)
     breakdown: Any = None  # compute.attention.QueryBreakdown for --query
+    warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
 
     def to_json(self, ranked: bool = False) -> dict[str, Any]:
         doc = run_json(self.run, self.head_stats, self.breakdown)
@@ -346,6 +423,55 @@ class HeatmapResult:
 
     def export(self, path: Path) -> None:
         export(self.run, path)
+
+    def title(self) -> str:
+        """A figure's title: the model (not a raw path) and the layers shown."""
+        return run_title(self.run)
+
+
+GENERIC_NAMES = ("model", "models", "checkpoint", "checkpoints", "weights", "final")
+GENERIC_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
+
+
+def display_name(source: str) -> str:
+    """A model's name from its path: the folder (a hub snapshot's repository id), the file's
+    name when it says more than 'model.safetensors', a generic folder with its parent."""
+    path = Path(source)
+    if path.name in GENERIC_FILES:
+        path = path.parent
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
+    if path.name.lower() in GENERIC_NAMES and path.parent.name:
+        return f"{path.parent.name}/{path.name}"
+    return path.name or source
+
+
+def run_title(run: Any) -> str:
+    from attnviz.sources.bundled import is_tiny_model
+
+    store = run.store
+    if store is None:  # a model run: the layers were captured from the model itself
+        name = display_name(run.source)
+    elif is_tiny_model(store):
+        name = "the bundled induction model"
+    elif store.format == "random init":
+        name = run.source
+    else:
+        name = display_name(run.source)
+        kind = store.config.get("model_type")
+        name += f" ({kind})" if isinstance(kind, str) else ""
+    indices = [captured.index for captured in run.layers]
+    labels = [captured.display_label for captured in run.layers]
+    if len(indices) == 1:
+        shown = run.layers[0].display_name
+        where = f"layer {labels[0]}" + (f" ({shown})" if shown else "")
+    elif labels != [str(i) for i in indices]:  # an encoder-decoder's stacks: enc 0, cross 1, …
+        where = "layers " + ", ".join(labels)
+    elif indices == list(range(indices[0], indices[-1] + 1)):
+        where = f"layers {indices[0]}–{indices[-1]}"
+    else:
+        where = "layers " + ", ".join(map(str, indices))
+    return f"{name} · {where}"
 
 
 def check_applicable(job: HeatmapJob) -> None:
@@ -370,16 +496,21 @@ def check_applicable(job: HeatmapJob) -> None:
                          fix="drop --target, or pass --model", option="--target")
 
 
-def run_heatmap(job: HeatmapJob) -> HeatmapResult:
+def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
+                ) -> HeatmapResult:
     """The attention maps, statistics and --query breakdown a heatmap job asks for (all limits
-    and flags checked before any weight is read)."""
+    and flags checked before any weight is read). `progress` hears, in words, each step as it
+    starts (the CLI shows them beside a spinner)."""
     from attnviz.compute.inputs import find_query, make_batch
 
     check_applicable(job)
+    report = progress or (lambda message: None)
+    warnings: list[str] = []
     if job.model is not None:  # the model's own tokenizer decides the tokens
         if not job.sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
         _check_sentence(job, len(job.sentences))
+        report(f"loading the model and running it on {_count(len(job.sentences), 'sentence')}")
         attention_run = run_model(
             job.model, job.sentences, job.layer, job.device, job.dtype, job.device_map,
             job.max_tokens, job.head is not None or job.average, job.max_panels,
@@ -392,12 +523,21 @@ def run_heatmap(job: HeatmapJob) -> HeatmapResult:
         query_row = None
         if job.query is not None:  # fail before any work
             query_row = job.sentence - 1, find_query(batch.tokens[job.sentence - 1], job.query)
+        report(f"running attention on {_count(len(batch.tokens), 'sentence')} "
+               f"({_count(sum(batch.lengths), 'token')})")
         attention_run = run(HeatmapRequest(
             batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
             job.device, keep_full_maps=job.keep_full_maps, export_path=job.export_path,
             memory_budget=job.memory_budget, query_row=query_row, max_panels=job.max_panels,
-            panels_per_map=1 if job.head is not None or job.average else None))
-    return summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+            panels_per_map=1 if job.head is not None or job.average else None), warnings.append)
+    report("computing head statistics")
+    result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+    result.warnings = warnings
+    return result
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _check_sentence(job: HeatmapJob, count: int) -> None:
@@ -429,6 +569,8 @@ def summarize(attention_run: Any, head: int | None, average: bool, query: str | 
         if captured.label is not None:
             found = [replace(s, layer_label=captured.label) for s in found]
         head_stats += found
+    if head is not None:  # --head shows one head: its statistics alone, as its map
+        head_stats = [s for s in head_stats if s.head == head]
     selected = maps.select_maps(attention_run, head, average)
     breakdown = None
     if query is not None:

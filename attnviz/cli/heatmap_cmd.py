@@ -22,6 +22,7 @@ from attnviz.cli.options import (
     plain,
 )
 from attnviz.cli.paths import inputs_read
+from attnviz.cli.progress import progress
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
@@ -56,10 +57,13 @@ def heatmap(
     html: Annotated[Path | None, typer.Option("--html", help=(
         "Write an interactive page that works offline: head, model and query views (.html)."))]
     = None,
-    stats: Annotated[bool, typer.Option("--stats/--no-stats", help=(
-        "Print the head-statistics table."))] = True,
-    maps: Annotated[bool, typer.Option("--maps/--no-maps", help=(
-        "Print the terminal heatmaps."))] = True,
+    stats: Annotated[bool | None, typer.Option("--stats/--no-stats", help=(
+        "Print the head-statistics table (default: on)."))] = None,
+    maps: Annotated[bool | None, typer.Option("--maps/--no-maps", help=(
+        "Print the terminal heatmaps (default: on, unless --out, --export or --html writes "
+        "them to a file)."))] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help=(
+        "Print only the 'wrote …' lines (and errors): no header, maps or tables."))] = False,
     as_json: Json = False,
     rank: Annotated[bool, typer.Option("--rank", help=(
         "Rank the heads by type (previous-token, first/last-token, special-token, self, "
@@ -104,17 +108,36 @@ def heatmap(
         "(sentences × heads × L × S × 4 bytes) fit are computed whole; longer ones in blocks "
         "of query rows sized to fit it, each reduced at once to display maps and statistics "
         "(--export: written to the file). --weights and --random layers."))] = None,
+    size: Annotated[float | None, typer.Option("--size", help=(
+        "--out: the side of each heatmap panel in inches (default: room for every token's "
+        "label, 2.5 to 6, smaller in big grids)."))] = None,
+    dpi: Annotated[int, typer.Option("--dpi", help=(
+        "--out: dots per inch of a .png figure (its pixel size)."))] = 100,
+    scale: Annotated[str, typer.Option("--scale", help=(
+        "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
+        "1) or log (3 decades below the largest)."))] = "max",
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
     from attnviz.app.heatmap import HeatmapJob, parse_memory_budget, run_heatmap
     from attnviz.app.outputs import check_distinct, check_output_path
     from attnviz.compute.inputs import read_sentences
+    from attnviz.compute.scale import check_scale
     from attnviz.recognize.base import HeadHints
     from attnviz.render.figure import FIGURE_SUFFIXES
     from attnviz.render.html import HTML_SUFFIXES
     from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
+    check_scale(scale)
+    check_figure_options(out, size, dpi)
+    if quiet:
+        loud = [flag for flag, given in (("--maps", maps), ("--stats", stats), ("--rank", rank))
+                if given]
+        if loud:
+            raise UsageError(f"--quiet prints no maps or tables, but {', '.join(loud)} asks for "
+                             "one", fix=f"drop --quiet or {', '.join(loud)}")
+    writes = out is not None or export is not None or html is not None
+    show_maps = (not writes) if maps is None else maps
     out_path = export_path = html_path = None
     if out or export or html:  # every file the run reads is known before anything is computed
         reads = inputs_read(weights, model, file, not (random or weights or model))
@@ -135,28 +158,38 @@ def heatmap(
     texts = list(sentences or []) + (read_sentences(file) if file else [])
     if probe is not None:
         texts = probe_sentences(probe, texts)
-    result = run_heatmap(HeatmapJob(
+    job = HeatmapJob(
         texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
                                                       num_kv_heads, head_dim),
         causal, positions, device, dtype, device_map, head, average, query, sentence,
         keep_full_maps=export is not None, export_path=export_path,
         memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
         max_sentences=max_sentences, max_panels=max_panels if out_path else None,
-        targets=list(target) if target else None))
-    if export_path is not None:
-        result.export(export_path)
-    if out_path is not None:
-        from attnviz.render.figure import heatmap_figure, save_figure
+        targets=list(target) if target else None)
+    with progress(not (as_json or quiet)) as report:
+        result = run_heatmap(job, report)
+        if export_path is not None:
+            report(f"writing {export_path.name}")
+            result.export(export_path)
+        if out_path is not None:
+            from attnviz.render.figure import heatmap_figure, save_figure
 
-        save_figure(heatmap_figure(result.views, result.run.source), out_path)
-    if html_path is not None:
-        from attnviz.render.html import document_from_run, write_html
+            report(f"drawing the figure {out_path.name}")
+            save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi),
+                        out_path)
+        if html_path is not None:
+            from attnviz.render.html import document_from_run, write_html
 
-        write_html(document_from_run(result.run, result.head_stats, result.breakdown), html_path)
+            report(f"writing the page {html_path.name}")
+            write_html(document_from_run(result.run, result.head_stats, result.breakdown),
+                       html_path)
+    print_warnings(result.warnings)
     if as_json:
         typer.echo(json.dumps(result.to_json(ranked=rank), indent=2))
         return
-    print_heatmap(result, stats, maps, sentence - 1)
+    if not quiet:
+        print_heatmap(result, stats is not False, show_maps, sentence - 1, scale,
+                      maps_written=writes and maps is None)
     if rank:
         from attnviz.render.ranking_terminal import print_ranking
 
@@ -165,7 +198,33 @@ def heatmap(
         print_ranking(terminal, result.ranking())
     for path in (out_path, export_path, html_path):
         if path is not None:
-            console().print(plain(f"wrote {path}"))
+            console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """One line each on stderr (so --json stays clean), the text never read as markup."""
+    if not warnings:
+        return
+    from rich.console import Console
+
+    errors = Console(stderr=True, highlight=False, soft_wrap=True)
+    for line in warnings:
+        errors.print(plain(f"warning: {line}"))
+
+
+def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
+    """--size and --dpi shape the --out figure: given without it, or out of range, they are
+    usage errors, never ignored."""
+    given = [flag for flag, value in (("--size", size is not None), ("--dpi", dpi != 100))
+             if value]
+    if given and out is None:
+        raise UsageError(f"{' and '.join(given)} shape the --out figure",
+                         fix="add --out FILE.png, or drop them")
+    if size is not None and not 0.5 <= size <= 20:
+        raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
+                         option="--size")
+    if not 20 <= dpi <= 1200:
+        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="--dpi")
 
 
 def probe_sentences(probe: str, given: list[str]) -> list[str]:
@@ -181,7 +240,7 @@ def probe_sentences(probe: str, given: list[str]) -> list[str]:
 
 
 def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
-                  sentence_index: int) -> None:
+                  sentence_index: int, scale: str = "max", maps_written: bool = False) -> None:
     """Header lines, terminal maps, the statistics table and the --query breakdown."""
     from attnviz.compute.maps import downsample
     from attnviz.render import maps_terminal as render
@@ -202,8 +261,11 @@ def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
     out.print()
     if show_maps:
         fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
-        render.print_maps(out, fitted, run.batch.sentences,
+        render.print_maps(out, fitted, run.batch.sentences, scale,
                           None if run.target is None else run.target.sentences)
+    elif maps_written:
+        out.print(plain("maps: in the files written below (--maps prints them here too)"),
+                  style="dim")
     if show_stats:
         out.print()
         render.print_stats(out, result.head_stats)

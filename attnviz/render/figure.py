@@ -13,11 +13,12 @@ MAX_HEAD_LABELS = 16
 FIGURE_DPI = 100
 
 
-def new_figure(width: float, height: float, constrained: bool = True) -> Any:
+def new_figure(width: float, height: float, constrained: bool = True,
+               dpi: int = FIGURE_DPI) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=FIGURE_DPI,
+    fig = Figure(figsize=(width, height), dpi=dpi,
                  layout="constrained" if constrained else None)
     FigureCanvasAgg(fig)
     return fig
@@ -54,10 +55,10 @@ def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
         shown = list(zip(centers, panel.labels, strict=True))[::step]
         if panel.axis == "rows":
             twin = ax.secondary_yaxis("right")
-            twin.set_yticks([c for c, _ in shown], [label for _, label in shown], fontsize=7)
+            twin.set_yticks([c for c, _ in shown], [label for _, label in shown], fontsize=8)
         else:
             twin = ax.secondary_xaxis("top")
-            twin.set_xticks([c for c, _ in shown], [label for _, label in shown], fontsize=7,
+            twin.set_xticks([c for c, _ in shown], [label for _, label in shown], fontsize=8,
                             rotation=90)
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="weight value")
     fig.suptitle(suptitle, fontsize=12)
@@ -68,19 +69,72 @@ def _centers(boundaries: list[int], length: int) -> list[float]:
     return [(a + b) / 2 for a, b in zip(boundaries[:-1], boundaries[1:], strict=True)]
 
 
-MAX_TICK_LABELS = 40
+# Heatmap figures. Sizes in inches; text at TEXT_PT or more, so labels read at 100 % zoom.
+TEXT_PT = 8  # tick labels, panel titles
+TITLE_PT = 11
+CHAR_INCHES = 0.6 * TEXT_PT / 72  # the width of an average character at TEXT_PT
+LABEL_PITCH = 1.2 * TEXT_PT / 72  # the room one token label needs along an axis
+LABEL_CHARS = 12  # longest tick label
+PANEL_MIN, PANEL_MAX = 2.5, 6.0  # the automatic panel side: grown to label every token
+GRID_INCHES = 30.0  # the automatic panel size keeps a grid's panels within this, each way,
+GRID_AREA = 400.0  # and their area within this many square inches (a 12 × 12 grid: 1.7 in)
+PANEL_TITLE_BAND = 0.26  # above each row of panels
+PANEL_GAP = 0.3  # between the columns of panels
+MASKED_COLOR = "#c8c8c8"  # masked cells (causal, padding): light grey, never a weight's colour
+MAX_MOSAIC_PIXELS = 40_000_000  # the tiled image of all panels, before the dpi is lowered
+TICK_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
-def panel_inches(views: list[Any]) -> float:
-    """The side of one square panel: smaller as the grid grows, so the figure stays ~18 in."""
+def panel_inches(views: list[Any], size: float | None = None) -> float:
+    """The side of one square panel: `size`, else big enough to label every token (within
+    PANEL_MIN..PANEL_MAX), smaller as the grid grows so it stays within ~GRID_INCHES."""
+    if size is not None:
+        return size
     n_rows = len(dict.fromkeys((v.sentence, v.layer) for v in views))
     n_cols = len(dict.fromkeys(v.head for v in views))
-    size = max(max(v.values.shape) for v in views)
-    return min(2.2 if size <= 16 else 2.8, max(1.2, 18 / max(n_rows, n_cols)))
+    tokens = max(max(v.values.shape) for v in views)
+    wanted = min(PANEL_MAX, max(PANEL_MIN, tokens * LABEL_PITCH))
+    return max(1.0, min(wanted, GRID_INCHES / n_cols, GRID_INCHES / n_rows,
+                        (GRID_AREA / (n_rows * n_cols)) ** 0.5))
 
 
-def heatmap_figure(views: list[Any], title: str) -> Any:
+def axis_labels(labels: list[str], spans: Any, side: float) -> list[tuple[int, str]]:
+    """(cell, text) ticks along one side of a panel: every token when they fit, else every
+    k-th as 'index token' (k = 1, 2, 5, 10, …); a downsampled axis names its token ranges."""
+    count = len(labels)
+    step = next((k for k in TICK_STEPS if side / count * k >= LABEL_PITCH), TICK_STEPS[-1])
+    if step == 1 or spans is not None:
+        return [(i, labels[i][:LABEL_CHARS]) for i in range(0, count, step)]
+    return [(i, f"{i} {labels[i]}"[:LABEL_CHARS]) for i in range(0, count, step)]
+
+
+def _panel_title(view: Any, sentences: int, side: float) -> str:
+    title = view.title if sentences == 1 else f"s{view.sentence + 1} · {view.title}"
+    if len(title) * CHAR_INCHES <= side:
+        return title
+    head = "mean" if view.head is None else f"h{view.head}"
+    layer = view.label if view.label is not None else f"L{view.layer}"
+    return (f"s{view.sentence + 1} " if sentences > 1 else "") + f"{layer} {head}"
+
+
+def _stretch(values: Any, side: int) -> Any:
+    """A (rows, cols) map as a side × side block, each cell repeated (nearest): every panel
+    fills the same square whatever its sentence's length."""
+    import numpy as np
+
+    rows = np.arange(side) * values.shape[0] // side
+    cols = np.arange(side) * values.shape[1] // side
+    return values[rows][:, cols]
+
+
+def heatmap_figure(views: list[Any], title: str, scale: str = "max", size: float | None = None,
+                   dpi: int | None = None) -> Any:
     """A grid: one row per (sentence, layer), one column per head, one shared colour scale.
+
+    Laid out in bands that never overlap: the title on top, a title band above each row of
+    panels, each sentence's key labels below its last row, the colour bar (and the masked-cell
+    key) on the right. Every panel is the same square whatever the sentence's length. Masked
+    cells (exactly 0) are light grey, apart from the colour scale.
 
     The panels are tiled into one image on one Axes (white gaps between them): creating and
     laying out an Axes per panel costs ~30 ms each, which makes a 12 × 12 grid take seconds.
@@ -88,95 +142,137 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
     query blocks averaged): matplotlib would otherwise resample every cell of it, and with
     nearest-neighbour interpolation silently drop most of them.
     """
+    import textwrap
+
+    import matplotlib
     import numpy as np
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.patches import Rectangle
 
     from attnviz.compute.maps import downsample
+    from attnviz.compute.scale import map_scale
 
-    side = panel_inches(views)
-    pixels = int(side * FIGURE_DPI)
-    views = [downsample(v, pixels, pixels) for v in views]
+    dpi = dpi or FIGURE_DPI
+    side = panel_inches(views, size)
     rows_keys = list(dict.fromkeys((v.sentence, v.layer) for v in views))
     heads = list(dict.fromkeys(v.head for v in views))
-    by_key = {(v.sentence, v.layer, v.head): v for v in views}
-    size = max(max(v.values.shape) for v in views)  # cells per panel side
-    gap = max(1, size // 6)
-    step = size + gap
     n_rows, n_cols = len(rows_keys), len(heads)
-    # The first view of each row: its query labels, and its key labels (an encoder-decoder's
-    # rows differ: source, target × target, target × source).
-    row_view = [next(by_key[(sentence, layer, h)] for h in heads
-                     if (sentence, layer, h) in by_key) for sentence, layer in rows_keys]
+    sentences = list(dict.fromkeys(sentence for sentence, _ in rows_keys))
+    # The tiled image's resolution: the output's pixels, unless the image would be huge.
+    rows_inches = n_rows * (side + PANEL_TITLE_BAND) + len(sentences) * 1.0
+    cols_inches = n_cols * (side + PANEL_GAP)
+    ppi = min(float(dpi), (MAX_MOSAIC_PIXELS / (rows_inches * cols_inches)) ** 0.5)
+    pixels = max(1, round(side * ppi))
+    views = [downsample(v, pixels, pixels) for v in views]
+    by_key = {(v.sentence, v.layer, v.head): v for v in views}
+    first = {key: next(v for v in views if (v.sentence, v.layer) == key) for key in rows_keys}
+    shown = map_scale(scale, [v.values for v in views])
+
+    def label_sets(view: Any) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+        return (axis_labels(view.row_labels, view.row_spans, side),
+                axis_labels(view.col_labels, view.col_spans, side))
+
+    ticks = {key: label_sets(view) for key, view in first.items()}
+    y_chars = max(len(text) for ys, _ in ticks.values() for _, text in ys)
+    x_chars = max(len(text) for _, xs in ticks.values() for _, text in xs)
+    label_band = 0.15 + x_chars * CHAR_INCHES  # rotated key labels under a sentence's panels
+    margin_left = 0.45 + y_chars * CHAR_INCHES
+    margin_right = 1.35  # colour bar, its numbers and its label
+    margin_bottom = label_band + 0.3  # key labels and the word 'key'
+    band, gap = round(PANEL_TITLE_BAND * ppi), round(PANEL_GAP * ppi)
     # Key labels go under the last row of each sentence, and under any row whose keys differ
-    # from the next row's; the bottom row's are the axis ticks.
-    labelled = [r + 1 < n_rows and (rows_keys[r + 1][0] != rows_keys[r][0]
-                                    or row_view[r + 1].col_labels != row_view[r].col_labels)
+    # from the next row's (an encoder-decoder: source, target × target, target × source).
+    labelled = [r + 1 < n_rows and (rows_keys[r + 1][0] != rows_keys[r][0] or
+                                    first[rows_keys[r + 1]].col_labels
+                                    != first[rows_keys[r]].col_labels)
                 for r in range(n_rows)]
-    label_room = int(size * 0.45) + gap if any(labelled) else 0
     offsets, y = [], 0
     for r in range(n_rows):
+        y += band
         offsets.append(y)
-        y += step + (label_room if labelled[r] else 0)
-    mosaic = np.full((y - gap, n_cols * step - gap), np.nan, dtype=np.float32)
+        y += pixels
+        if labelled[r]:
+            y += round(label_band * ppi)
+    mosaic_h, mosaic_w = y, n_cols * pixels + (n_cols - 1) * gap
+    width = margin_left + mosaic_w / ppi + margin_right
+    wrapped = textwrap.wrap(title, max(20, int(width / (0.6 * TITLE_PT / 72)))) or [""]
+    title_band = 0.2 + 0.24 * len(wrapped)
+    height = title_band + mosaic_h / ppi + margin_bottom
+
+    masked = shown.vmin / 10 if shown.log else shown.vmin - 1.0  # drawn in the "under" colour
+    mosaic = np.full((mosaic_h, mosaic_w), np.nan, dtype=np.float32)
     for r, (sentence, layer) in enumerate(rows_keys):
         for c, head in enumerate(heads):
             view = by_key.get((sentence, layer, head))
-            if view is not None:
-                rows, cols = view.values.shape
-                mosaic[offsets[r] : offsets[r] + rows, c * step : c * step + cols] = view.values
-    extra_height = side * (mosaic.shape[0] / step - n_rows)
-    max_labels = max(2, int(side * 72 / 9))
-    margin_left, margin_bottom, margin_top, margin_right = 0.9, 0.8, 0.45, 1.2  # inches
-    width = margin_left + margin_right + side * n_cols
-    height = margin_bottom + margin_top + side * n_rows + extra_height
-    fig = new_figure(width, height, constrained=False)
-    ax = fig.add_axes((margin_left / width, margin_bottom / height,
-                       1 - (margin_left + margin_right) / width,
-                       1 - (margin_bottom + margin_top) / height))
-    import matplotlib
+            if view is None:
+                continue
+            block = _stretch(view.values, pixels)
+            block = np.where(block == 0.0, masked,
+                             np.maximum(block, shown.vmin) if shown.log else block)
+            x = c * (pixels + gap)
+            mosaic[offsets[r] : offsets[r] + pixels, x : x + pixels] = block
 
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
-    vmax = max(float(v.values.max()) for v in views) or 1.0
-    image = ax.imshow(mosaic, cmap=cmap, vmin=0.0, vmax=vmax, interpolation="nearest",
-                      aspect="auto")
+    fig = new_figure(width, height, constrained=False, dpi=dpi)
+    ax = fig.add_axes((margin_left / width, margin_bottom / height,
+                       mosaic_w / ppi / width, mosaic_h / ppi / height))
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white", under=MASKED_COLOR)
+    norm = LogNorm(shown.vmin, shown.vmax) if shown.log else Normalize(shown.vmin, shown.vmax)
+    image = ax.imshow(mosaic, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
+    ax.set_xlim(-0.5, mosaic_w - 0.5)
+    ax.set_ylim(mosaic_h - 0.5, -0.5)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    ax.tick_params(length=0, labelsize=6)
+    ax.tick_params(length=0, labelsize=TEXT_PT)
+
+    def centre(offset: int, cell: int, cells: int) -> float:
+        return offset + (cell + 0.5) * pixels / cells - 0.5
+
     y_pos, y_text = [], []
-    for r in range(n_rows):
-        labels = row_view[r].row_labels
-        for i in _label_steps(len(labels), max_labels):
-            y_pos.append(offsets[r] + i)
-            y_text.append(labels[i][:12])
+    for r, key in enumerate(rows_keys):
+        cells = first[key].values.shape[0]
+        for i, text in ticks[key][0]:
+            y_pos.append(centre(offsets[r], i, cells))
+            y_text.append(text)
     ax.set_yticks(y_pos, y_text)
+    last = rows_keys[-1]
     x_pos, x_text = [], []
     for c in range(n_cols):
-        labels = row_view[-1].col_labels
-        for i in _label_steps(len(labels), max_labels):
-            x_pos.append(c * step + i)
-            x_text.append(labels[i][:12])
+        cells = first[last].values.shape[1]
+        for i, text in ticks[last][1]:
+            x_pos.append(centre(c * (pixels + gap), i, cells))
+            x_text.append(text)
     ax.set_xticks(x_pos, x_text, rotation=90)
-    for r, (sentence, layer) in enumerate(rows_keys):
+    for r, key in enumerate(rows_keys):
         if labelled[r]:
             # Every head of a row has the same keys: label them under its first panel only
             # (text is most of a big grid's drawing time); the bottom row labels all.
-            labels = row_view[r].col_labels
-            rows = row_view[r].values.shape[0]
-            for i in _label_steps(len(labels), max_labels):
-                ax.text(i, offsets[r] + rows - 0.3, labels[i][:12], fontsize=6, rotation=90,
-                        ha="center", va="top")
+            cells = first[key].values.shape[1]
+            for i, text in ticks[key][1]:
+                ax.text(centre(0, i, cells), offsets[r] + pixels + 0.1 * ppi, text,
+                        fontsize=TEXT_PT, rotation=90, ha="center", va="top")
         for c, head in enumerate(heads):
-            view = by_key.get((sentence, layer, head))
+            view = by_key.get((sentence, key[1], head))
             if view is not None:
-                ax.text(c * step - 0.5, offsets[r] - 0.7, f"s{sentence + 1} · {view.title}",
-                        fontsize=7, va="bottom", ha="left")
-    ax.set_xlabel("key", fontsize=8)
-    ax.set_ylabel("query", fontsize=8)
-    # 0.8 in right of the bar: tick labels as wide as "0.010" plus the rotated label
-    bar = fig.add_axes((1 - 0.95 / width, 0.25, 0.15 / width, 0.5))
+                ax.text(c * (pixels + gap) - 0.5, offsets[r] - 0.04 * ppi,
+                        _panel_title(view, len(sentences), side), fontsize=TEXT_PT,
+                        va="bottom", ha="left")
+    ax.set_xlabel("key", fontsize=TEXT_PT + 1)
+    ax.set_ylabel("query", fontsize=TEXT_PT + 1)
+    # The colour bar beside the panels (at most 4 in tall), the masked-cell key under it.
+    bar_height = min(mosaic_h / ppi, 4.0)
+    bar_top = margin_bottom + mosaic_h / ppi
+    bar_left = margin_left + mosaic_w / ppi + 0.25
+    bar = fig.add_axes((bar_left / width, (bar_top - bar_height) / height, 0.15 / width,
+                        bar_height / height))
     fig.colorbar(image, cax=bar, label="attention weight")
-    fig.suptitle(title, fontsize=9)
+    bar.tick_params(labelsize=TEXT_PT)
+    if any((v.values == 0.0).any() for v in views):
+        key_top = bar_top - bar_height - 0.35
+        fig.patches.append(Rectangle((bar_left / width, key_top / height), 0.15 / width,
+                                     0.15 / height, transform=fig.transFigure,
+                                     facecolor=MASKED_COLOR, edgecolor="none"))
+        fig.text((bar_left + 0.22) / width, (key_top + 0.075) / height, "masked",
+                 fontsize=TEXT_PT, va="center")
+    fig.text(0.5, 1 - (title_band / 2) / height, "\n".join(wrapped), fontsize=TITLE_PT,
+             ha="center", va="center")
     return fig
-
-
-def _label_steps(count: int, most: int) -> range:
-    return range(0, count, max(1, -(-count // min(most, MAX_TICK_LABELS))))

@@ -14,6 +14,7 @@ from attnviz.compute.split_views import BandPicture
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
 LABEL_WIDTH = 14  # "h12 96:104 │ "
+BAND_SHADES = "░▒▓█"  # without colour: a quarter of the largest mean |w| each
 
 
 def head_rgb(head: int, num_heads: int) -> tuple[int, int, int]:
@@ -89,21 +90,31 @@ def _span(heads: tuple[int, ...]) -> str:
     return ", ".join(map(str, heads))
 
 
-def band_view(picture: BandPicture, num_heads: int, embed_dim: int) -> Group:
-    """W_q as coloured head bands: colour = head, brightness = mean |weight| of the block."""
+def band_view(picture: BandPicture, num_heads: int, embed_dim: int,
+              shades: bool = False) -> Group:
+    """W_q as head bands: colour = head, brightness = mean |weight| of the block; without colour
+    (`shades`) a shade glyph per quarter of the largest mean |w| (░ ▒ ▓ █) carries it instead."""
+    reading = ("shade = mean |w|: ░ < 25% ≤ ▒ < 50% ≤ ▓ < 75% ≤ █ of the largest" if shades
+               else "brightness = mean |w|")
     lines: list[RenderableType] = [Text(
         f"W_q rows (grouped by head) × {embed_dim} input features, "
         f"{len(picture.col_blocks)} columns of {_block_label(picture.col_blocks)} features each; "
-        "brightness = mean |w|", style="dim")]
+        + reading, style="dim")]
     previous = None
     for line in picture.lines:
         label = f"h{line.head} {line.head_rows[0]}:{line.head_rows[1]}" \
             if line.head != previous else ""
         previous = line.head
-        text = Text(f"{label:>{LABEL_WIDTH - 2}} │", style="dim")
+        # The label alone is dim: a dim base style would dim every cell of the line.
+        text = Text()
+        text.append(f"{label:>{LABEL_WIDTH - 2}} │", style="dim")
         r, g, b = head_rgb(line.head, num_heads)
         for value in line.cells:
-            level = 0.2 + 0.8 * min(max(value, 0.0), 1.0)
+            value = min(max(value, 0.0), 1.0)
+            if shades:
+                text.append(BAND_SHADES[min(len(BAND_SHADES) - 1, int(value * len(BAND_SHADES)))])
+                continue
+            level = 0.2 + 0.8 * value
             text.append("█", style=hex_color((int(r * level), int(g * level), int(b * level))))
         lines.append(text)
     return Group(*lines)
@@ -140,7 +151,8 @@ def print_split(console: Console, report: SplitReport, picture: BandPicture | No
         console.print(projection_table(proj, layer.num_heads, layer.name))
     if picture is not None:
         console.print()
-        console.print(band_view(picture, layer.num_heads, layer.embed_dim))
+        shades = console.color_system is None or console.no_color
+        console.print(band_view(picture, layer.num_heads, layer.embed_dim, shades))
     console.print()
     for sentence in explanation:
         console.print(Text("• " + sentence))

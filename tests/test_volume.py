@@ -1,0 +1,56 @@
+"""Sensible volume: --quiet prints only what was written; writing a file turns the terminal
+maps off unless --maps asks for them; --head filters the statistics too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import assert_clean_error
+
+SENTENCE = "the cat sat on the mat the cat sat"
+
+
+def test_quiet_prints_only_the_files_written(cli, tmp_path):
+    out, export = tmp_path / "m.png", tmp_path / "m.safetensors"
+    result = cli("heatmap", SENTENCE, "--out", out, "--export", export, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"wrote {out}", f"wrote {export}"]
+    assert result.stderr == ""
+    assert out.exists() and export.exists()
+
+
+def test_quiet_without_files_prints_nothing(cli):
+    result = cli("heatmap", SENTENCE, "--quiet", "--query", "mat")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "" and result.stderr == ""
+
+
+@pytest.mark.parametrize("flag", ["--maps", "--stats", "--rank"])
+def test_quiet_refuses_flags_that_ask_for_tables(cli, flag):
+    assert_clean_error(cli("heatmap", SENTENCE, "--quiet", flag), 2, "--quiet prints no maps",
+                       f"drop --quiet or {flag}")
+
+
+@pytest.mark.parametrize("option,suffix", [("--out", "m.png"), ("--export", "m.safetensors"),
+                                           ("--html", "m.html")])
+def test_writing_a_file_turns_terminal_maps_off_unless_asked(cli, tmp_path, option, suffix):
+    path = tmp_path / suffix
+    quiet_maps = cli("heatmap", SENTENCE, option, path)
+    assert quiet_maps.exit_code == 0, quiet_maps.output
+    assert "L0 · head 0" not in quiet_maps.stdout
+    assert "--maps prints them here too" in quiet_maps.stdout
+    assert "head statistics" in quiet_maps.stdout and f"wrote {path}" in quiet_maps.stdout
+    loud = cli("heatmap", SENTENCE, option, path, "--maps")
+    assert "L0 · head 0" in loud.stdout and "--maps prints them" not in loud.stdout
+    assert "L0 · head 0" in cli("heatmap", SENTENCE).stdout  # no file: maps by default
+
+
+def test_head_filters_the_statistics(cli):
+    result = cli("heatmap", SENTENCE, "--head", "1", "--no-maps")
+    assert result.exit_code == 0, result.output
+    table = result.stdout.split("head statistics", 1)[1].splitlines()
+    rows = [line.split() for line in table if line[:5].strip().isdigit()]
+    assert [(row[0], row[1]) for row in rows] == [("0", "1"), ("1", "1")]
+    doc = json.loads(cli("heatmap", SENTENCE, "--head", "1", "--json").stdout)
+    assert [(s["layer"], s["head"]) for s in doc["head_stats"]] == [(0, 1), (1, 1)]
