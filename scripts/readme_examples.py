@@ -7,8 +7,9 @@ Commands: every line of a ```bash block that starts with `attnviz` (a trailing `
 `# …` after it is a comment). Placeholders a reader replaces are mapped to shipped samples
 (`PLACEHOLDERS`), `[…]` marks optional arguments (dropped), outputs go to a scratch folder, and a
 line whose comment says `needs a GPU` is only parsed. Output blocks: an HTML comment
-`<!-- output: attnviz … -->` (optionally ending in `| head -n N`) right before a ```text block
-that holds exactly what the command prints (COLUMNS=100, no colour).
+`<!-- output: attnviz … -->` (optionally ending in `| lines A-B`, 1-based and inclusive, to
+show a part without machine-specific paths) right before a ```text block that holds exactly
+what the command prints (COLUMNS=100, no colour).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ README = ROOT / "README.md"
 SAMPLES = ROOT / "sample_weights"
 SENTENCE = "the cat sat on the mat"
 OUTPUT_OPTIONS = ("--out", "-o", "--png", "--export", "--html")
-OUTPUT_RE = re.compile(r"^<!-- output: (?P<cmd>attnviz .*?)(?: \| head -n (?P<head>\d+))? -->$")
+OUTPUT_RE = re.compile(r"^<!-- output: (?P<cmd>attnviz .*?)"
+                       r"(?: \| lines (?P<first>\d+)-(?P<last>\d+))? -->$")
 
 
 def minilm() -> str:
@@ -117,17 +119,24 @@ def run(args: list[str]) -> subprocess.CompletedProcess[str]:
                           text=True, cwd=ROOT, env=env, timeout=600)
 
 
-def output_of(command: str, head: int | None) -> str:
+Lines = tuple[int, int] | None  # (first, last) shown, 1-based inclusive; None: all
+
+
+def output_of(command: str, lines: Lines) -> str:
     with tempfile.TemporaryDirectory() as scratch:
         result = run(argv(command, Path(scratch)))
     if result.returncode != 0:
         raise RuntimeError(f"{command!r} exited {result.returncode}: {result.stderr.strip()}")
-    lines = [line.rstrip() for line in result.stdout.splitlines()]
-    return "\n".join(lines[:head] if head else lines)
+    printed = [line.rstrip() for line in result.stdout.splitlines()]
+    return "\n".join(printed[lines[0] - 1 : lines[1]] if lines else printed)
 
 
-def output_blocks(text: str) -> list[tuple[int, str, int | None, str]]:
-    """(line, command, head, shown text) of every marked output block."""
+def _marker(command: str, lines: Lines) -> str:
+    return f"<!-- output: {command}{f' | lines {lines[0]}-{lines[1]}' if lines else ''} -->"
+
+
+def output_blocks(text: str) -> list[tuple[int, str, Lines, str]]:
+    """(line, command, lines shown, shown text) of every marked output block."""
     lines = text.splitlines()
     blocks = []
     for i, line in enumerate(lines):
@@ -137,16 +146,16 @@ def output_blocks(text: str) -> list[tuple[int, str, int | None, str]]:
         if i + 1 >= len(lines) or lines[i + 1].strip() != "```text":
             raise SystemExit(f"README.md:{i + 1}: an output marker must precede a ```text block")
         end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
-        head = int(match["head"]) if match["head"] else None
-        blocks.append((i + 1, match["cmd"], head, "\n".join(lines[i + 2 : end])))
+        shown = (int(match["first"]), int(match["last"])) if match["first"] else None
+        blocks.append((i + 1, match["cmd"], shown, "\n".join(lines[i + 2 : end])))
     return blocks
 
 
 def write() -> None:
     text = README.read_text()
-    for _, command, head, shown in output_blocks(text):
-        marker = f"{command}{f' | head -n {head}' if head else ''} -->\n```text\n"
-        text = text.replace(marker + shown + "\n```", marker + output_of(command, head) + "\n```")
+    for _, command, lines, shown in output_blocks(text):
+        marker = _marker(command, lines) + "\n```text\n"
+        text = text.replace(marker + shown + "\n```", marker + output_of(command, lines) + "\n```")
     README.write_text(text)
 
 
@@ -163,8 +172,8 @@ def check() -> list[str]:
             if result.returncode != 0:
                 problems.append(f"README.md:{example.line}: {example.text!r} exited "
                                 f"{result.returncode}: {result.stderr.strip()[:300]}")
-    for line, command, head, shown in output_blocks(text):
-        real = output_of(command, head)
+    for line, command, lines, shown in output_blocks(text):
+        real = output_of(command, lines)
         if real != shown:
             problems.append(f"README.md:{line}: the output of {command!r} differs from the "
                             "block below it (python scripts/readme_examples.py --write)")
