@@ -145,7 +145,7 @@ def test_recompute_proof_says_where_it_does_not_apply(loaded):
     with pytest.raises(UsageError, match="does not recompute the positions of model_type 'opt'"):
         hf.verify_layer(model, layer, SENTENCES)
     t5 = loaded("t5")
-    plan = hf.plan_run(t5, SENTENCES)
+    plan = hf.plan_run(t5, SENTENCES, need_layers=True)
     call = hf.call_of(plan.layers, t5.model, find_layers(t5.store).layers[-1])
     assert call.label == "enc 1"
     assert "model_type 't5'" in hf.recompute_supported(t5, call)

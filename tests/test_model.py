@@ -158,6 +158,29 @@ def test_batch_equals_single(model, kind):
                 assert_same(many.inputs[b, :n], one.inputs[0])
 
 
+@pytest.mark.parametrize("kind", ["llama", "bart", "bloom", "albert"])
+def test_probed_run_equals_a_run_that_numbers_its_own_layers(model, kind):
+    """Short inputs with --layer all, N or A:B skip the 1-token probe: the run itself numbers
+    the calls. The same maps, inputs, labels and heads either way (ALBERT: one module, two
+    calls; BLOOM: output_attentions)."""
+    m = model(kind)
+    for spec in (None, "1", "0:2"):
+        direct = hf.plan_run(m.loaded, SENTENCES, spec, m.targets)
+        probed = hf.plan_run(m.loaded, SENTENCES, spec, m.targets, need_layers=True)
+        assert direct.layers is None and probed.layers is not None
+        a, b = hf.run_model(m.loaded, direct), hf.run_model(m.loaded, probed)
+        assert [(c.index, c.label, c.kind, c.display_name, c.heads) for c in a.layers] == \
+            [(c.index, c.label, c.kind, c.display_name, c.heads) for c in b.layers]
+        for x, y in zip(a.layers, b.layers, strict=True):
+            assert torch.equal(x.weights, y.weights) and x.causal == y.causal
+            assert (x.inputs is None) == (y.inputs is None)
+            if x.inputs is not None:
+                assert torch.equal(x.inputs, y.inputs)
+    with pytest.raises(UsageError, match="is not a layer of this model") as info:
+        run(m, SENTENCES, "7")
+    assert info.value.option == "--layer"
+
+
 @pytest.mark.parametrize("kind", INTERFACE)
 def test_query_from_captured_q_and_k(model, kind):
     """--query on every interface model: scaling · q_h·k_h (+ bias, mask) from the q_h and k_h

@@ -364,11 +364,13 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
     from attnviz.sources import hf
 
     loaded = hf.load_model(spec, device, dtype, device_map)
-    plan = hf.plan_run(loaded, sentences, layer, targets, max_tokens)
-    heads = max(shown.num_heads or 0 for shown in plan.shown)
-    check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
-                                max_panels=max_panels, panels_per_map=1 if one_per_layer
-                                else None), len(plan.shown), heads)
+    plan = hf.plan_run(loaded, sentences, layer, targets, max_tokens,
+                       need_layers=max_panels is not None, query=query is not None)
+    if plan.shown is not None:  # numbered by a probe: the figure's size is known before the run
+        heads = max(shown.num_heads or 0 for shown in plan.shown)
+        check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
+                                    max_panels=max_panels, panels_per_map=1 if one_per_layer
+                                    else None), len(plan.shown), heads)
     return hf.run_model(loaded, plan, not keep_full_maps, query)
 
 

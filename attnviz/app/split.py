@@ -168,7 +168,7 @@ def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, st
     loaded = hf.load_model(folder)
     targets = VERIFY_TARGETS if loaded.encoder_decoder else None
     ablation = ablation_mod.ablate(loaded, layer, VERIFY_SENTENCES, targets)
-    plan = hf.plan_run(loaded, VERIFY_SENTENCES, None, targets)
+    plan = hf.plan_run(loaded, VERIFY_SENTENCES, None, targets, need_layers=True)
     call = hf.call_of(plan.layers, loaded.model, layer)
     skipped = hf.recompute_supported(loaded, call)
     verified = None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,11 +338,17 @@ def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
         raise CheckpointError("the model's forward pass made no attention call",
                               fix="report this model to attnviz",
                               where=printable(str(loaded.folder)))
+    return model_layers(loaded, prepared, result.layers)
+
+
+def model_layers(loaded: LoadedModel, prepared: Prepared,
+                 calls: list[cap.CapturedLayer]) -> list[ModelLayer]:
+    """The attention calls of a forward pass, labelled per stack."""
     counts: Counter[str] = Counter()
     seen: Counter[tuple[str, str]] = Counter()
     layers = []
     prefix = prepared.runner_name + "." if prepared.runner_name else ""
-    for call in result.layers:
+    for call in calls:
         stack = STACK_OF[call.kind] if loaded.encoder_decoder else ""
         layers.append(ModelLayer(call.index, call.name, prefix + call.name, call.kind, stack,
                                  counts[stack], call.num_heads, call.num_kv_heads,
@@ -370,27 +377,85 @@ def select(layers: list[ModelLayer], spec: str | None) -> list[ModelLayer]:
 
 @dataclass
 class Plan:
-    """What one heatmap run will do: its inputs, the model's layers, the ones shown."""
+    """What one heatmap run will do: its inputs, the model's layers, the ones shown.
+
+    When the input is short and --layer names call indices directly (all, N, A:B), no probe
+    runs: `layers` and `shown` stay None until the run itself numbers the calls, and `indices`
+    says which to show (None: every call).
+    """
 
     prepared: Prepared
-    layers: list[ModelLayer]
-    shown: list[ModelLayer]
+    layers: list[ModelLayer] | None
+    shown: list[ModelLayer] | None
+    indices: list[int] | None = None
+    spec: str | None = None
 
 
 def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None,
-             targets: list[str] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS) -> Plan:
-    """Inputs encoded and the layers numbered (a 1-token probe), before the real run."""
+             targets: list[str] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
+             need_layers: bool = False, query: bool = False) -> Plan:
+    """Inputs encoded and, where the run needs them before it starts, the layers numbered by a
+    1-token probe: --layer forms that need the layer count or the stacks (-1, 'cross 0'), long
+    inputs (the streaming decision needs the heads), need_layers (a figure's panel limit), and
+    --query on a decoder run (its rows may be target tokens)."""
     prepared = prepare(loaded, sentences, targets, max_tokens)
+    direct = _direct_indices(layer)
+    if not need_layers and direct is not False and not (query and targets is not None) \
+            and _surely_small(loaded, prepared):
+        return Plan(prepared, None, None, cast(Any, direct), layer)
     layers = probe(loaded, prepared)
-    return Plan(prepared, layers, select(layers, layer))
+    return Plan(prepared, layers, select(layers, layer), None, layer)
+
+
+def _direct_indices(spec: str | None) -> list[int] | None | bool:
+    """Call indices a --layer names without knowing the layers: None (all), N, A:B with A < B;
+    False for every other form."""
+    if spec is None or spec.strip() == "all":
+        return None
+    text = spec.strip()
+    if re.fullmatch(r"\d+", text):
+        return [int(text)]
+    match = re.fullmatch(r"(\d+):(\d+)", text)
+    if match and int(match[1]) < int(match[2]):
+        return list(range(int(match[1]), int(match[2])))
+    return False
+
+
+def _surely_small(loaded: LoadedModel, prepared: Prepared) -> bool:
+    """Whether every layer's full maps fit well within the streaming budget, by the config's
+    head and layer counts (or the attention modules counted): then nothing can stream."""
+    from attnviz.compute import streaming
+
+    config = loaded.config
+    heads = max((value for name in ("num_attention_heads", "encoder_attention_heads",
+                                    "decoder_attention_heads", "num_heads", "n_head")
+                 if isinstance(value := getattr(config, name, None), int)), default=0)
+    layers = max((value for name in ("num_hidden_layers", "encoder_layers", "decoder_layers",
+                                     "num_layers", "num_decoder_layers", "n_layer")
+                  if isinstance(value := getattr(config, name, None), int)), default=0)
+    modules = sum(1 for module in prepared.runner.modules() if _attention_like(module))
+    if not heads or not (layers or modules):
+        return False
+    calls = max(modules, layers * (3 if prepared.target is not None else 1))
+    length = prepared.batch.max_len
+    if prepared.target is not None:
+        length = max(length, prepared.target.max_len)
+    size = len(prepared.batch.tokens) * heads * calls * length * length * 4
+    return size <= streaming.MAP_BUDGET_BYTES // 2
+
+
+def _attention_like(module: Any) -> bool:
+    """A module that calls the attention interface, or is named like an attention module."""
+    return (cap._calls_interface(type(module))  # type: ignore[arg-type]
+            or "Attention" in type(module).__name__)
 
 
 # --- the run -----------------------------------------------------------------------------------
 
 class _RowsToAdd:
-    """Stands in for `MapReducer.add_rows` until it exists: copies each sentence's rows of
-    every head into one (H, n, S) buffer and hands the sentence to `MapReducer.add` once its
-    last real row is in (so one layer's maps of one sentence are held at a time, not all)."""
+    """For cross-attention layers: copies each sentence's rows of every head into one (H, n, S)
+    buffer and hands the sentence to `MapReducer.add` once its last real row is in (so one
+    layer's maps of one sentence are held at a time, not all)."""
 
     def __init__(self, reducer: Any, lengths: list[int]) -> None:
         self.reducer = reducer
@@ -432,19 +497,39 @@ class _Collector:
 
     def __init__(self, plan: Plan, reducers: dict[int, Any]) -> None:
         self.plan = plan
-        self.by_index = {layer.index: layer for layer in plan.shown}
+        self.by_index = {layer.index: layer for layer in plan.shown or []}
+        # blocks of layers not numbered before the run (no probe): realigned by replay()
+        self.raw: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self.reducers = reducers
         self.feeders: dict[int, Any] = {}
         for index, reducer in reducers.items():
-            lengths = [len(t) for t in _rows_tokens(plan, self.by_index[index])]
-            # TODO(add_rows): once MapReducer.add_rows is merged, this line becomes
-            # `self.feeders[index] = reducer`, and _RowsToAdd goes.
+            layer = self.by_index[index]
+            if layer.kind != cap.LayerKind.CROSS:
+                # self-attention: each block of query rows is reduced at once (memory per head
+                # O(block × S), never a whole map)
+                self.feeders[index] = reducer
+                continue
+            # cross-attention: a sentence's target rows against its source keys are gathered
+            # into one map per sentence first (MapReducer's statistics compare positions of
+            # one sequence; cross maps have their own)
+            lengths = [len(t) for t in _rows_tokens(plan, layer)]
             self.feeders[index] = _RowsToAdd(reducer, lengths)
         self.maps: dict[int, torch.Tensor] = {}
         self.causal: dict[int, bool] = {}
 
+    def replay(self, shown: list[ModelLayer]) -> None:
+        """Realign the blocks kept raw, now that the run has numbered its layers."""
+        self.by_index = {layer.index: layer for layer in shown}
+        for index, blocks in self.raw.items():
+            for row_start, weights in blocks:
+                self(index, row_start, weights)
+        self.raw = {}
+
     def __call__(self, index: int, row_start: int, weights: torch.Tensor) -> None:
-        layer = self.by_index[index]
+        layer = self.by_index.get(index)
+        if layer is None:  # short input, no probe: kept as the model made it, realigned later
+            self.raw.setdefault(index, []).append((row_start, weights.float().cpu()))
+            return
         rows_tokens = _rows_tokens(self.plan, layer)
         cols_tokens = _cols_tokens(self.plan, layer)
         q_offsets, k_offsets = _offsets(self.plan, layer)
@@ -493,28 +578,37 @@ def _offsets(plan: Plan, layer: ModelLayer) -> tuple[list[int], list[int]]:
     return target, target
 
 
-def _input_hooks(plan: Plan, keep: set[int]) -> tuple[list[Any], dict[int, torch.Tensor]]:
-    """Forward pre-hooks that keep the hidden states entering the modules of calls `keep`."""
-    modules = dict(plan.prepared.runner.named_modules())
-    wanted = {(layer.name, layer.occurrence): layer.index for layer in plan.shown
-              if layer.index in keep}
+def _input_hooks(plan: Plan, keep: set[int] | None
+                 ) -> tuple[list[Any], dict[tuple[str, int], torch.Tensor]]:
+    """Forward pre-hooks that keep the hidden states entering the attention modules, by (module
+    name, call of that module): of the calls `keep` when the layers are known, else of every
+    attention-like module (short inputs only)."""
+    runner = plan.prepared.runner
+    modules = dict(runner.named_modules())
+    if plan.shown is not None:
+        names = [layer.name for layer in plan.shown if keep is None or layer.index in keep]
+        wanted: set[tuple[str, int]] | None = {
+            (layer.name, layer.occurrence) for layer in plan.shown
+            if keep is None or layer.index in keep}
+    else:
+        names = [name for name, module in modules.items() if name and _attention_like(module)]
+        wanted = None
     calls: Counter[str] = Counter()
-    inputs: dict[int, torch.Tensor] = {}
+    inputs: dict[tuple[str, int], torch.Tensor] = {}
     handles = []
     batch = len(plan.prepared.batch.tokens)
 
     def hook_for(name: str) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
-            occurrence = calls[name]
+            key = name, calls[name]
             calls[name] += 1
-            index = wanted.get((name, occurrence))
             x = args[0] if args else kwargs.get("hidden_states")
-            if index is not None and isinstance(x, torch.Tensor) and x.ndim == 3 \
-                    and x.shape[0] == batch:
-                inputs[index] = x.detach().float().cpu()
+            if (wanted is None or key in wanted) and isinstance(x, torch.Tensor) \
+                    and x.ndim == 3 and x.shape[0] == batch:
+                inputs[key] = x.detach().float().cpu()
         return hook
 
-    for name in dict.fromkeys(name for name, _ in wanted):
+    for name in dict.fromkeys(names):
         if name in modules:
             handles.append(modules[name].register_forward_pre_hook(hook_for(name),
                                                                    with_kwargs=True))
@@ -534,40 +628,76 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
     """
     from attnviz.compute import streaming
 
-    prepared, shown = plan.prepared, plan.shown
+    prepared = plan.prepared
     batch = prepared.batch
-    last = shown[-1]
+    if query is not None and loaded.path != cap.CapturePath.INTERFACE:
+        raise UsageError("--query needs the q and k the model's attention receives, which "
+                         "only models using transformers' attention interface hand out; "
+                         f"{type(loaded.model).__name__} returns its maps through "
+                         "output_attentions", fix="drop --query", option="--query")
+    shown = plan.shown
     query_row = None
-    if query is not None:  # resolved before the model runs: a typo costs nothing
-        if loaded.path != cap.CapturePath.INTERFACE:
-            raise UsageError("--query needs the q and k the model's attention receives, which "
-                             "only models using transformers' attention interface hand out; "
-                             f"{type(loaded.model).__name__} returns its maps through "
-                             "output_attentions", fix="drop --query", option="--query")
-        query_row = query[0], find_query(_rows_tokens(plan, last)[query[0]], query[1])
-    source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
-    heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
-    stream = allow_stream and bool(source_layers) and streaming.full_maps_bytes(
-        batch, heads, layers=len(source_layers)) > streaming.MAP_BUDGET_BYTES
-    reducers = {layer.index: streaming.MapReducer(
-        layer.index, batch.tokens, query_row if layer is last else None)
-        for layer in source_layers} if stream else {}
+    reducers: dict[int, Any] = {}
+    stream = False
+    if shown is not None:
+        last = shown[-1]
+        if query is not None:  # resolved before the model runs: a typo costs nothing
+            query_row = query[0], find_query(_rows_tokens(plan, last)[query[0]], query[1])
+        source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
+        heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
+        stream = allow_stream and bool(source_layers) and streaming.full_maps_bytes(
+            batch, heads, layers=len(source_layers)) > streaming.MAP_BUDGET_BYTES
+        reducers = {layer.index: streaming.MapReducer(
+            layer.index, batch.tokens, query_row if layer is last else None)
+            for layer in source_layers} if stream else {}
+        indices: list[int] | None = [layer.index for layer in shown]
+        keep_qk: bool | list[int] = [last.index] if query is not None else False
+    else:  # short input, layers numbered by the run itself: every source row is a sentence's
+        if query is not None:
+            find_query(batch.tokens[query[0]], query[1])
+        indices = plan.indices
+        keep_qk = query is not None and (indices is None or [max(indices)])
     collector = _Collector(plan, reducers)
-    keep_inputs = {layer.index for layer in shown} if not stream else {last.index}
-    handles, inputs = _input_hooks(plan, keep_inputs)
+    handles, inputs = _input_hooks(plan, None if not stream or shown is None
+                                   else {shown[-1].index})
     try:
-        result = cap.capture(prepared.runner, prepared.feed, [layer.index for layer in shown],
-                             BLOCK_BUDGET_BYTES, collector,
-                             keep_qk=[last.index] if query is not None else False)
+        result = cap.capture(prepared.runner, prepared.feed, indices, BLOCK_BUDGET_BYTES,
+                             collector, keep_qk=keep_qk)
+    except UsageError as error:
+        if not error.what.startswith("no attention layer"):
+            raise
+        count = error.what.split("ran ")[-1].split(" ")[0]
+        fix = f"use all, 0..{int(count) - 1}, -1 or A:B"
+        if loaded.encoder_decoder:
+            fix = "a bare number is an encoder layer; name the decoder's: 'dec N', 'cross N'"
+        raise UsageError(f"--layer {plan.spec!r} is not a layer of this model", fix=fix,
+                         option="--layer") from None
     finally:
         for handle in handles:
             handle.remove()
+    if shown is None:
+        layers = model_layers(loaded, prepared, result.layers)
+        if not layers:
+            raise CheckpointError("the model's forward pass made no attention call",
+                                  fix="report this model to attnviz",
+                                  where=printable(str(loaded.folder)))
+        shown = layers if indices is None else [layers[i] for i in indices]
+        if any(layer.stack not in ("", "enc") for layer in shown) and plan.spec not in (
+                None, "all"):
+            encoder = sum(layer.stack == "enc" for layer in layers)
+            raise UsageError(f"--layer {plan.spec!r}: a bare number is an encoder layer, and the "
+                             f"encoder has {encoder}", fix=f"use 0..{encoder - 1}, or name the "
+                             "stack: 'dec N', 'cross N'", option="--layer")
+        last = shown[-1]
+        collector.replay(shown)
+        if query is not None:
+            query_row = query[0], find_query(_rows_tokens(plan, last)[query[0]], query[1])
     calls = {call.index: call for call in result.layers}
     results = []
     for layer in shown:
         call = calls[layer.index]
         method = _method(loaded, prepared, call)
-        x = inputs.get(layer.index)
+        x = inputs.get((layer.name, layer.occurrence))
         q_offsets, _ = _offsets(plan, layer)
         if x is not None:
             x = _realign_rows(x, q_offsets, [len(t) for t in _rows_tokens(plan, layer)])
@@ -688,9 +818,12 @@ def module_of(model: Any, parameter_name: str) -> tuple[str, Any]:
     return name, model.get_submodule(name)
 
 
-def call_of(layers: list[ModelLayer], model: Any, layer: AttentionLayer) -> ModelLayer:
+def call_of(layers: list[ModelLayer] | None, model: Any, layer: AttentionLayer) -> ModelLayer:
     """The attention call that runs attnviz's `layer`: the call whose module holds its W_q (the
     innermost such module; its first call when the module runs several times)."""
+    if layers is None:  # a plan made with need_layers numbers them; without, nothing to match
+        raise CheckFailed("the run did not number the model's attention layers",
+                          fix="report this")
     q_name, _ = parameter_of(model, layer.q_weight.key)
     owners = [call for call in layers if q_name.startswith(call.display_name + ".")]
     if not owners:
@@ -748,7 +881,7 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     from attnviz.compute.forward import load_weights
     from attnviz.compute.positions import positions_for, recompute_weights
 
-    plan = plan or plan_run(loaded, sentences, None, None, max_tokens)
+    plan = plan or plan_run(loaded, sentences, None, None, max_tokens, need_layers=True)
     call = call_of(plan.layers, loaded.model, layer)
     reason = recompute_supported(loaded, call)
     if reason is not None:
