@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from attnviz.errors import Interrupted, OutputError, UsageError, printable
+from attnviz.errors import Interrupted, OutputError, UsageError, printable_path
 
 # Bounds the listing of a folder being read: a model folder holds tens of files, not millions.
 MAX_FOLDER_ENTRIES = 100_000
@@ -75,7 +75,7 @@ def check_output_path(path: Path, suffixes: Iterable[str], inputs: ReadSet = Rea
                       option: str = "--out") -> Path:
     """Resolve an output path and refuse ones that cannot be written safely."""
     allowed = tuple(suffixes)
-    shown = printable(str(path))
+    shown = printable_path(path)
     if path.suffix.lower() not in allowed:
         raise UsageError(f"cannot tell the output format from {shown!r}",
                          f"end the file name with {', '.join(allowed)}", option)
@@ -144,7 +144,7 @@ def atomic_output(path: Path) -> Iterator[Path]:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise OutputError(f"cannot write the output: {exc.strerror}", "",
-                              printable(str(path))) from None
+                              printable_path(path)) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

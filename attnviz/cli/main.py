@@ -66,8 +66,9 @@ class AttnvizGroup(TyperGroup):
 
 
 def _fail(message: str, code: int, fix: str = "") -> None:
-    text = " ".join(f"{message}{' — ' + fix if fix else ''}".split())
-    typer.echo(f"error: {text}", err=True)
+    from attnviz.errors import one_line
+
+    typer.echo(f"error: {one_line(message + (' — ' + fix if fix else ''))}", err=True)
     sys.exit(int(code))
 
 
@@ -109,9 +110,9 @@ LayerSpec = Annotated[str | None, typer.Option("--layer", "-l", help=(
 
 
 def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
+    from attnviz.render.safe import console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    return console(stderr)
 
 
 @app.command()
@@ -256,7 +257,7 @@ def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
 
             console.print(verify_lines(verified, VERIFY_SENTENCES))
         if png_path is not None:
-            console.print(f"wrote {png_path}")
+            console.print(Text_(f"wrote {png_path}"))
     if verified is not None and not verified.passed:
         from attnviz.errors import CheckFailed
 
@@ -482,13 +483,13 @@ def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path
         render.print_query(console, breakdown, tokens)
     for path in (out_path, export_path):
         if path is not None:
-            console.print(f"wrote {path}")
+            console.print(Text_(f"wrote {path}"))
 
 
-def Text_(text: str) -> Any:  # noqa: N802 - a tiny shim so rich markup in tokens is not parsed
-    from rich.text import Text
+def Text_(text: str) -> Any:  # noqa: N802 - strings from files and users, shown literally
+    from attnviz.render.safe import safe_text
 
-    return Text(text)
+    return safe_text(text)
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnviz.core.words import split_words, token_hash
-from attnviz.errors import UsageError, printable
+from attnviz.errors import UsageError, printable_path
 from attnviz.load.checkpoint import TensorStore
 
 DEFAULT_MAX_TOKENS = 256  # attention costs O(L²) per head
@@ -70,7 +70,7 @@ def read_sentences(path: Path) -> list[str]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the sentence file ({type(exc).__name__})",
                          "pass a UTF-8 text file, one sentence per line",
-                         printable(str(path))) from None
+                         printable_path(path)) from None
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
@@ -116,7 +116,7 @@ def find_vocabulary(store: TensorStore, width: int) -> Vocabulary | None:
         return None
     ids = {word: i for word, i in ids.items() if 0 <= i < rows}
     unk = next((ids[t] for t in ("[UNK]", "<unk>", "<|endoftext|>") if t in ids), None)
-    return Vocabulary(table, ids, unk, printable(str(store.folder)))
+    return Vocabulary(table, ids, unk, printable_path(store.folder))
 
 
 def _read_vocab(folder: Path) -> dict[str, int]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.errors import CheckpointError, UsageError, printable
+from attnviz.errors import CheckpointError, UsageError, printable, printable_path, quoted
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +88,7 @@ class TensorStore:
             return self._names[name]
         except KeyError:
             raise CheckpointError(
-                f"tensor {printable(name)!r} is not in the checkpoint", "", self.source
+                f"tensor {quoted(name)} is not in the checkpoint", "", self.source
             ) from None
 
     def _info(self, raw: str) -> TensorInfo:
@@ -151,16 +151,16 @@ def _check_regular_file(path: Path) -> os.stat_result:
         st = path.stat()
     except OSError as exc:
         raise CheckpointError(f"cannot read the file: {exc.strerror}", "check the path",
-                              printable(str(path))) from None
+                              printable_path(path)) from None
     if not stat.S_ISREG(st.st_mode):
         raise CheckpointError("not a regular file", "pass a checkpoint file or model folder",
-                              printable(str(path)))
+                              printable_path(path))
     return st
 
 
 def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """Parse and validate a safetensors header: (tensors, metadata, data start)."""
-    where = printable(str(path))
+    where = printable_path(path)
     size = _check_regular_file(path).st_size
     bad = "the file is not a valid safetensors checkpoint"
     with open(path, "rb") as f:
@@ -196,12 +196,12 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
 
 
 def _parse_entry(name: str, entry: Any, data_len: int, where: str) -> TensorInfo:
-    bad = f"the safetensors header entry for {printable(name)!r} is invalid"
+    bad = f"the safetensors header entry for {quoted(name)} is invalid"
     if not isinstance(entry, dict):
         raise CheckpointError(f"{bad}: not an object", "", where)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in DTYPE_SIZES:
-        raise CheckpointError(f"{bad}: unknown dtype {printable(str(dtype))!r}", "", where)
+        raise CheckpointError(f"{bad}: unknown dtype {quoted(str(dtype))}", "", where)
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise CheckpointError(f"{bad}: shape must be a list of non-negative integers", "", where)
     if (not isinstance(offsets, list) or len(offsets) != 2
@@ -234,7 +234,7 @@ class SafetensorsStore(TensorStore):
     """A .safetensors file: header parsed up front, data memory-mapped on first read."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(printable(str(path), 200), "safetensors", config)
+        super().__init__(printable_path(path), "safetensors", config)
         self.path = path
         self._tensors, self.metadata, self._data_start = read_safetensors_header(path)
         self._handle: Any = None
@@ -271,7 +271,7 @@ class SafetensorsStore(TensorStore):
                 return self._handle.get_tensor(raw)
             return self._handle.get_slice(raw)[rows[0] : rows[1]]
         except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"cannot read tensor {printable(raw)!r}: "
+            raise CheckpointError(f"cannot read tensor {quoted(raw)}: "
                                   f"{type(exc).__name__}", "the file may be damaged",
                                   self.source) from None
 
@@ -294,7 +294,7 @@ def check_torch_zip(path: Path) -> bool:
 
     Returns False for files that are not zip archives (legacy torch format or raw pickles).
     """
-    where = printable(str(path))
+    where = printable_path(path)
     size = _check_regular_file(path).st_size
     bad = "the file is not a safe PyTorch zip checkpoint"
     try:
@@ -313,14 +313,14 @@ def check_torch_zip(path: Path) -> bool:
     for entry in entries:
         parts = entry.filename.split("/")
         if entry.filename.startswith("/") or ".." in parts or "\\" in entry.filename:
-            raise CheckpointError(f"{bad}: entry name {printable(entry.filename)!r}", "", where)
+            raise CheckpointError(f"{bad}: entry name {quoted(entry.filename)}", "", where)
         tops.add(parts[0])
         if entry.compress_type != zipfile.ZIP_STORED or entry.compress_size != entry.file_size:
-            raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} is compressed "
+            raise CheckpointError(f"{bad}: entry {quoted(entry.filename)} is compressed "
                                   "(torch never compresses; this may be a decompression bomb)",
                                   "re-save it with torch.save or convert it to safetensors", where)
         if entry.header_offset + entry.file_size > size:
-            raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} claims more bytes "
+            raise CheckpointError(f"{bad}: entry {quoted(entry.filename)} claims more bytes "
                                   "than the file holds", "", where)
     if len(tops) > 1:
         raise CheckpointError(f"{bad}: entries under several top folders", "", where)
@@ -345,7 +345,7 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     import torch
 
     _require_safe_torch()
-    where = printable(str(path))
+    where = printable_path(path)
     is_zip = check_torch_zip(path)
     try:
         # weights_only is passed explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD only overrides a
@@ -432,7 +432,7 @@ class PickleStore(DictStore):
     """A .pt/.pth/.bin file loaded with weights_only=True (zip files memory-mapped)."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(load_pickle_tensors(path), printable(str(path), 200), "torch", config)
+        super().__init__(load_pickle_tensors(path), printable_path(path), "torch", config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,7 +444,7 @@ class ShardedStore(TensorStore):
 
     def __init__(self, folder: Path, weight_map: dict[str, str], fmt: str,
                  config: dict[str, Any] | None) -> None:
-        super().__init__(printable(str(folder), 200), fmt, config)
+        super().__init__(printable_path(folder), fmt, config)
         self.folder = folder
         self._weight_map = weight_map
         self._shards: dict[str, TensorStore] = {}
@@ -459,8 +459,8 @@ class ShardedStore(TensorStore):
             self._shards[file_name] = open_file(path, self.config)
         shard = self._shards[file_name]
         if raw not in shard._names.values():
-            raise CheckpointError(f"shard {printable(file_name)!r} lacks tensor "
-                                  f"{printable(raw)!r} that the index promises",
+            raise CheckpointError(f"shard {quoted(file_name)} lacks tensor "
+                                  f"{quoted(raw)} that the index promises",
                                   "re-download the model", self.source)
         return shard
 
@@ -483,10 +483,10 @@ class ShardedStore(TensorStore):
 
 def safe_child(folder: Path, file_name: str) -> Path:
     """`folder/file_name`, refusing names that leave the folder or are not regular files."""
-    where = printable(str(folder))
+    where = printable_path(folder)
     if not isinstance(file_name, str) or not file_name or "/" in file_name or "\\" in file_name \
             or file_name in (".", ".."):
-        raise CheckpointError(f"the index names shard {printable(str(file_name))!r}, which is not "
+        raise CheckpointError(f"the index names shard {quoted(str(file_name))}, which is not "
                               "a plain file name inside the folder", "", where)
     path = folder / file_name
     target = path.resolve()
@@ -496,10 +496,10 @@ def safe_child(folder: Path, file_name: str) -> Path:
     inside = target.parent == folder.resolve() or (
         folder.resolve().parent.name == "snapshots" and target.parent == blobs)
     if not inside:
-        raise CheckpointError(f"shard {printable(file_name)!r} resolves outside the folder", "",
+        raise CheckpointError(f"shard {quoted(file_name)} resolves outside the folder", "",
                               where)
     if not path.exists():
-        raise CheckpointError(f"shard {printable(file_name)!r} named in the index is missing",
+        raise CheckpointError(f"shard {quoted(file_name)} named in the index is missing",
                               "re-download the model", where)
     _check_regular_file(path)
     return path
@@ -508,14 +508,14 @@ def safe_child(folder: Path, file_name: str) -> Path:
 def read_json(path: Path, what: str) -> dict[str, Any]:
     _check_regular_file(path)
     if path.stat().st_size > MAX_HEADER_BYTES:
-        raise CheckpointError(f"{what} is too large", "", printable(str(path)))
+        raise CheckpointError(f"{what} is too large", "", printable_path(path))
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{what} is not valid JSON (line {getattr(exc, 'lineno', '?')})",
-                              "fix or re-download it", printable(str(path))) from None
+                              "fix or re-download it", printable_path(path)) from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{what} is not a JSON object", "", printable(str(path)))
+        raise CheckpointError(f"{what} is not a JSON object", "", printable_path(path))
     return data
 
 
@@ -537,7 +537,7 @@ def _open_folder_weights(folder: Path) -> TensorStore:
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
             ):
                 raise CheckpointError(f"{index_name} has no valid weight_map",
-                                      "re-download the model", printable(str(folder)))
+                                      "re-download the model", printable_path(folder))
             return ShardedStore(folder, weight_map, f"{fmt} (sharded)", config)
     candidates = [p for p in sorted(folder.iterdir())
                   if p.is_file() and p.name.endswith((SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES))]
@@ -547,7 +547,7 @@ def _open_folder_weights(folder: Path) -> TensorStore:
         found = ", ".join(printable(p.name, 40) for p in candidates[:5]) or "none"
         raise CheckpointError(f"the folder holds {len(candidates)} checkpoint files ({found})",
                               "pass one file, or a Hugging Face model folder",
-                              printable(str(folder)))
+                              printable_path(folder))
     return open_file(chosen[0], config)
 
 
@@ -557,15 +557,15 @@ def open_file(path: Path, config: dict[str, Any] | None = None) -> TensorStore:
         return SafetensorsStore(path, config)
     if name.endswith(PICKLE_SUFFIXES):
         return PickleStore(path, config)
-    raise UsageError(f"unknown checkpoint format {printable(path.suffix or path.name)!r}",
-                     "use .safetensors, .pt, .pth, .bin or a model folder", printable(str(path)))
+    raise UsageError(f"unknown checkpoint format {quoted(path.suffix or path.name)}",
+                     "use .safetensors, .pt, .pth, .bin or a model folder", printable_path(path))
 
 
 def open_checkpoint(path: Path | str) -> TensorStore:
     """Open a checkpoint file or folder, reading headers only."""
     path = Path(path)
     if not path.exists():
-        raise UsageError("no such file or folder", "check the path", printable(str(path)))
+        raise UsageError("no such file or folder", "check the path", printable_path(path))
     if path.is_dir():
         return open_hf_folder(path)
     return open_file(path)

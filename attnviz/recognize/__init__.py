@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import UsageError, printable
+from attnviz.errors import UsageError, quoted
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import bert, fused_qkv, gpt2, gpt_bigcode, neox, qkv_proj, t5, torch_mha
 from attnviz.recognize.base import HeadHints, Unresolved, natural_key
@@ -113,5 +113,5 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
     for item in inventory.unresolved:
         if item.name == spec.rstrip("."):
             raise UsageError(item.what, item.fix, source)
-    raise UsageError(f"no attention layer named {printable(spec)!r}",
+    raise UsageError(f"no attention layer named {quoted(spec)}",
                      "see 'attnviz inspect' for the names", source)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import LayoutError, printable
+from attnviz.errors import LayoutError, printable, quoted
 from attnviz.load.checkpoint import FLOAT_DTYPES, TensorStore
 
 
@@ -72,15 +72,15 @@ def ref(store: TensorStore, key: str, *, transposed: bool = False,
     """A reference to `key`, refusing tensors that cannot be attention weights."""
     info = store.info(key)
     if info.dtype not in FLOAT_DTYPES:
-        raise LayoutError(f"attention tensor {printable(key)!r} has dtype {info.dtype}, not a "
+        raise LayoutError(f"attention tensor {quoted(key)} has dtype {info.dtype}, not a "
                           "floating-point type", "the checkpoint is not a float model",
                           store.source)
     expected_dims = 1 if key.endswith("bias") and not flatten else None
     if expected_dims and len(info.shape) != 1:
-        raise LayoutError(f"bias {printable(key)!r} has shape {info.shape}, expected 1-D", "",
+        raise LayoutError(f"bias {quoted(key)} has shape {info.shape}, expected 1-D", "",
                           store.source)
     if not flatten and not key.endswith("bias") and len(info.shape) != 2:
-        raise LayoutError(f"weight {printable(key)!r} has shape {info.shape}, expected 2-D", "",
+        raise LayoutError(f"weight {quoted(key)} has shape {info.shape}, expected 2-D", "",
                           store.source)
     return TensorRef(key, info.shape, info.dtype, transposed, rows, flatten)
 
@@ -96,7 +96,7 @@ def split_rows(whole: TensorRef, sizes: Iterable[int]) -> list[TensorRef]:
         out.append(whole.take(((start, start + size),)))
         start += size
     if start != whole.shape[0]:
-        raise LayoutError(f"{printable(whole.key)!r} has {whole.shape[0]} rows, expected {start}",
+        raise LayoutError(f"{quoted(whole.key)} has {whole.shape[0]} rows, expected {start}",
                           "", "")
     return out
 
@@ -119,7 +119,7 @@ def metadata_int(store: TensorStore, name: str) -> int | None:
     if value is None:
         return None
     if not value.isdigit() or int(value) <= 0:
-        raise LayoutError(f"safetensors metadata {name!r} is {printable(value)!r}, expected a "
+        raise LayoutError(f"safetensors metadata {name!r} is {quoted(value)}, expected a "
                           "positive integer", "", store.source)
     return int(value)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from attnviz.app.outputs import atomic_output
 from attnviz.compute.split import MatrixPanel
+from attnviz.errors import printable
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_HEAD_LABELS = 16
@@ -23,10 +24,28 @@ def new_figure(width: float, height: float, constrained: bool = True) -> Any:
     return fig
 
 
+def label(text: str, limit: int | None = None) -> str:
+    """Figure text from a file or the user: escaped and shortened. Every text artist is also
+    created with parse_math=False, so `$\\frac` in a name is drawn as it is, never parsed."""
+    shown = printable(text, None)
+    return shown if limit is None else shown[:limit]
+
+
 def save_figure(fig: Any, path: Path) -> None:
-    """Write atomically: a failure leaves no partial file."""
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, format=path.suffix.lstrip(".").lower())
+    """Write atomically: a failure leaves no partial file. matplotlib's font warnings (a glyph
+    missing for a token's script) stay off stderr."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with atomic_output(path) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig.savefig(tmp, format=path.suffix.lstrip(".").lower())
+    finally:
+        logger.setLevel(level)
 
 
 def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
@@ -54,13 +73,14 @@ def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
         shown = list(zip(centers, panel.labels, strict=True))[::step]
         if panel.axis == "rows":
             twin = ax.secondary_yaxis("right")
-            twin.set_yticks([c for c, _ in shown], [label for _, label in shown], fontsize=7)
+            twin.set_yticks([c for c, _ in shown], [text for _, text in shown], fontsize=7,
+                            parse_math=False)
         else:
             twin = ax.secondary_xaxis("top")
-            twin.set_xticks([c for c, _ in shown], [label for _, label in shown], fontsize=7,
-                            rotation=90)
+            twin.set_xticks([c for c, _ in shown], [text for _, text in shown], fontsize=7,
+                            rotation=90, parse_math=False)
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="weight value")
-    fig.suptitle(suptitle, fontsize=12)
+    fig.suptitle(label(suptitle, 200), fontsize=12, parse_math=False)
     return fig
 
 
@@ -142,16 +162,16 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
         labels = first[sentence].row_labels
         for i in _label_steps(len(labels), max_labels):
             y_pos.append(offsets[r] + i)
-            y_text.append(labels[i][:12])
-    ax.set_yticks(y_pos, y_text)
+            y_text.append(label(labels[i], 12))
+    ax.set_yticks(y_pos, y_text, parse_math=False)
     last_sentence = rows_keys[-1][0]
     x_pos, x_text = [], []
     for c in range(n_cols):
         labels = first[last_sentence].col_labels
         for i in _label_steps(len(labels), max_labels):
             x_pos.append(c * step + i)
-            x_text.append(labels[i][:12])
-    ax.set_xticks(x_pos, x_text, rotation=90)
+            x_text.append(label(labels[i], 12))
+    ax.set_xticks(x_pos, x_text, rotation=90, parse_math=False)
     for r, (sentence, layer) in enumerate(rows_keys):
         last_of_sentence = r + 1 == n_rows or rows_keys[r + 1][0] != sentence
         if last_of_sentence and sentence != last_sentence:
@@ -160,19 +180,19 @@ def heatmap_figure(views: list[Any], title: str) -> Any:
             labels = first[sentence].col_labels
             rows = first[sentence].values.shape[0]
             for i in _label_steps(len(labels), max_labels):
-                ax.text(i, offsets[r] + rows - 0.3, labels[i][:12], fontsize=6, rotation=90,
-                        ha="center", va="top")
+                ax.text(i, offsets[r] + rows - 0.3, label(labels[i], 12), fontsize=6,
+                        rotation=90, ha="center", va="top", parse_math=False)
         for c, head in enumerate(heads):
             view = by_key.get((sentence, layer, head))
             if view is not None:
-                ax.text(c * step - 0.5, offsets[r] - 0.7, f"s{sentence + 1} · {view.title}",
-                        fontsize=7, va="bottom", ha="left")
+                ax.text(c * step - 0.5, offsets[r] - 0.7, label(f"s{sentence + 1} · {view.title}"),
+                        fontsize=7, va="bottom", ha="left", parse_math=False)
     ax.set_xlabel("key", fontsize=8)
     ax.set_ylabel("query", fontsize=8)
     # 0.8 in right of the bar: tick labels as wide as "0.010" plus the rotated label
     bar = fig.add_axes((1 - 0.95 / width, 0.25, 0.15 / width, 0.5))
     fig.colorbar(image, cax=bar, label="attention weight")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(label(title, 200), fontsize=9, parse_math=False)
     return fig
 
 

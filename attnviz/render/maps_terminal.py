@@ -9,6 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.compute.maps import MapView
+from attnviz.errors import printable
+from attnviz.render.safe import safe_text
 
 # viridis anchors: 0 → dark purple, 1 → yellow
 _RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -34,13 +36,16 @@ def cell_width(cols: int, available: int) -> int:
 def panel_lines(view: MapView, cell: int) -> list[Text]:
     rows, cols = view.values.shape
     width = ROW_LABEL_WIDTH + 1 + cols * cell
-    lines = [Text(view.title[:width].ljust(width), style="bold")]
-    for r in range(min(COL_LABEL_ROWS, max(len(label) for label in view.col_labels))):
+    # Tokens come from the user or a tokenizer: escaped before they are cut to fit.
+    col_labels = [printable(label, COL_LABEL_ROWS + 1) for label in view.col_labels]
+    row_labels = [printable(label, ROW_LABEL_WIDTH + 1) for label in view.row_labels]
+    lines = [Text(printable(view.title, None)[:width].ljust(width), style="bold")]
+    for r in range(min(COL_LABEL_ROWS, max(len(label) for label in col_labels))):
         text = Text(" " * (ROW_LABEL_WIDTH + 1))
-        for label in view.col_labels:
+        for label in col_labels:
             text.append((label[r] if r < len(label) else " ").ljust(cell), style="dim")
         lines.append(text)
-    for label, row in zip(view.row_labels, view.values, strict=True):
+    for label, row in zip(row_labels, view.values, strict=True):
         text = Text(label[:ROW_LABEL_WIDTH].rjust(ROW_LABEL_WIDTH) + " ", style="dim")
         # Runs of equal colour become one segment: terminals show 24 levels apart anyway, and
         # long rows of separate segments make rich slow.
@@ -75,7 +80,8 @@ def print_maps(console: Console, views: list[MapView], sentences: list[str]) -> 
         group = [v for v in views if v.sentence == b]
         if not group:
             continue
-        console.print(Text(f"sentence {b + 1}: {sentence}", style="bold"), overflow="fold")
+        console.print(safe_text(f"sentence {b + 1}: {sentence}", style="bold"),
+                      overflow="fold")
         if any(v.downsampled for v in group):
             console.print(Text("downsampled to fit: labels a-b are token ranges; key blocks are "
                                "summed, query blocks averaged", style="dim"))
@@ -132,12 +138,12 @@ def _vector(values: list[float], shown: int = 4) -> str:
 def print_query(console: Console, breakdown, key_labels: list[str]) -> None:
     """One query token's per-head slices: q_h, each key's k_h, products, scores, weights."""
     b = breakdown
-    console.print(Text(f"query {b.query} {b.token!r} of sentence {b.sentence + 1}, layer "
+    console.print(safe_text(f"query {b.query} {b.token!r} of sentence {b.sentence + 1}, layer "
                        f"{b.layer}: each head works on its own d = {len(b.heads[0].q)} features "
                        f"of the projected query and key (scale {b.scale:.4g})", style="bold"))
     if b.positions != "none":
-        console.print(Text(f"positions: {b.positions}; q_h and k_h below are after it",
-                           style="dim"))
+        console.print(safe_text(f"positions: {b.positions}; q_h and k_h below are after it",
+                                style="dim"))
     for h in b.heads:
         console.print()
         projected = f"x_{b.query} · W_q[{h.q_rows[0]}:{h.q_rows[1]}]ᵀ (+ b)"
@@ -152,7 +158,8 @@ def print_query(console: Console, breakdown, key_labels: list[str]) -> None:
         best = max(range(len(h.weights)), key=h.weights.__getitem__)
         for j, label in enumerate(key_labels):
             masked = h.weights[j] == 0.0 and h.scores[j] != 0.0
-            table.add_row(f"{j} {label[:10]}", _vector(h.keys[j]), f"{h.dots[j]:+.3f}",
+            table.add_row(f"{j} {printable(label, 11)[:10]}", _vector(h.keys[j]),
+                          f"{h.dots[j]:+.3f}",
                           f"{h.scores[j]:+.3f}", "masked" if masked else f"{h.weights[j]:.3f}",
                           style="bold" if j == best else "")
         console.print(table)

@@ -10,6 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.compute.split import BandPicture, ProjectionSplit, Proof, SplitReport
+from attnviz.errors import printable
+from attnviz.render.safe import safe_text
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
 LABEL_WIDTH = 14  # "h12 96:104 │ "
@@ -34,24 +36,25 @@ def summary(report: SplitReport, source: str) -> Text:
     layer = report.layer
     text = Text()
     text.append("source  ", style="bold")
-    text.append(f"{source}\n")
+    text.append(f"{printable(source, None)}\n")
     if layer.name:
         text.append("layer   ", style="bold")
-        text.append(f"{layer.name} ({layer.family})\n")
+        text.append(printable(f"{layer.name} ({layer.family})", None) + "\n")
     text.append("geometry  ", style="bold")
     text.append(f"E = {layer.embed_dim}, H = {layer.num_heads}, d = {layer.head_dim}")
     if layer.num_kv_heads != layer.num_heads:
         text.append(f", H_kv = {layer.num_kv_heads}")
     if layer.kdim != layer.embed_dim or layer.vdim != layer.embed_dim:
         text.append(f", kdim = {layer.kdim}, vdim = {layer.vdim}")
-    text.append(f"\nstorage   {layer.storage}")
+    text.append(f"\nstorage   {printable(layer.storage, None)}")
     return text
 
 
 def projection_title(proj: ProjectionSplit, prefix: str = "") -> Text:
     text = Text()
     text.append(f"{PROJECTION_TITLES[proj.name]} {fmt_shape(proj.shape)}", style="bold")
-    text.append(f" · split by {proj.split} · stored at {_relative(proj.stored_at, prefix)}")
+    text.append(f" · split by {proj.split} · stored at "
+                f"{printable(_relative(proj.stored_at, prefix), None)}")
     return text
 
 
@@ -75,7 +78,7 @@ def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") ->
     for h in proj.heads:
         color = hex_color(head_rgb(h.head, num_heads))
         cells = [Text(str(h.head), style=f"bold {color}"), f"{h.start}:{h.stop}",
-                 fmt_shape(h.shape), _relative(h.stored_at, prefix)]
+                 fmt_shape(h.shape), safe_text(_relative(h.stored_at, prefix))]
         if h.query_heads:
             cells.append(_span(h.query_heads))
         table.add_row(*cells)
@@ -142,9 +145,9 @@ def print_split(console: Console, report: SplitReport, picture: BandPicture | No
         console.print(band_view(picture, layer.num_heads, layer.embed_dim))
     console.print()
     for sentence in explanation:
-        console.print(Text("• " + sentence))
+        console.print(safe_text("• " + sentence))
     for note in report.notes:
-        console.print(Text("note: " + note, style="yellow"))
+        console.print(safe_text("note: " + note, style="yellow"))
     if report.proof is not None:
         console.print()
         console.print(proof_line(report.proof))
@@ -155,7 +158,8 @@ def verify_lines(result: Any, sentences: list[str]) -> Text:
     text = Text()
     text.append("verify ", style="bold")
     text.append(f"layer {result.layer_index}'s attention recomputed by attnviz from its per-head "
-                f"W_q/W_k slices ({result.positions}) on the block's captured input, against "
+                f"W_q/W_k slices ({printable(result.positions, None)}) on the block's captured "
+                "input, against "
                 f"the model's own weights, for {len(sentences)} sentences:\n")
     worst = ", ".join(f"{d:.1e}" for d in result.per_head)
     text.append(f"  max |Δ| per head: {worst}\n  max |Δ| = {result.max_diff:.1e}   (tolerance "
@@ -163,5 +167,5 @@ def verify_lines(result: Any, sentences: list[str]) -> Text:
     text.append("✓ the model's heads are these slices" if result.passed else "✗ FAILED",
                 style="bold green" if result.passed else "bold red")
     for note in result.notes:
-        text.append(f"\n  note: {note}", style="yellow")
+        text.append(f"\n  note: {printable(note, None)}", style="yellow")
     return text

@@ -27,7 +27,14 @@ from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, Ba
 from attnviz.compute.positions import SCHEMES, positions_for, recompute_weights
 from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckFailed, CheckpointError, UsageError, printable
+from attnviz.errors import (
+    CheckFailed,
+    CheckpointError,
+    UsageError,
+    printable,
+    printable_path,
+    quoted,
+)
 from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
 from attnviz.recognize import find_layers
@@ -82,7 +89,7 @@ def resolve_folder(spec: str) -> Path:
         raise UsageError("not a model folder nor a valid hub id", "check --model",
                          printable(spec)) from None
     if not isinstance(found, str):
-        raise CheckpointError(f"model {printable(spec)!r} is not in the local Hugging Face cache",
+        raise CheckpointError(f"model {quoted(spec)} is not in the local Hugging Face cache",
                               f"download it once with 'hf download {printable(spec)}' (attnviz "
                               "never downloads), or pass a model folder")
     return Path(found).parent
@@ -106,10 +113,10 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     layers = inventory.layers
     if inventory.unresolved:  # the model's attention modules and attnviz's layers must pair up
         item = inventory.unresolved[0]
-        raise CheckpointError(item.what, item.fix, printable(str(folder)))
+        raise CheckpointError(item.what, item.fix, printable_path(folder))
     if not layers:
         raise CheckpointError("no attention layer recognized in the model",
-                              "run 'attnviz inspect' on the folder", printable(str(folder)))
+                              "run 'attnviz inspect' on the folder", printable_path(folder))
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # attnviz owns the terminal
@@ -126,7 +133,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"transformers cannot load the model: {printable(first, 200)}",
                               "check that the folder holds config.json, the weights and the "
-                              "tokenizer files", printable(str(folder))) from None
+                              "tokenizer files", printable_path(folder)) from None
     model.eval()
     if target is not None:
         model.to(target)
@@ -147,7 +154,7 @@ def model_index(loaded: LoadedModel, layer: AttentionLayer) -> int:
     names = [candidate.name for candidate in loaded.layers]
     if layer.name not in names:
         shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
-        raise UsageError(f"layer {printable(layer.name)!r} is in the decoder of an "
+        raise UsageError(f"layer {quoted(layer.name)} is in the decoder of an "
                          "encoder-decoder model, which --model runs only the encoder of",
                          f"choose an encoder layer, by name: {printable(shown)}", "--layer")
     return names.index(layer.name)
@@ -199,7 +206,7 @@ def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | Non
     if loaded.encoder_only:
         notes.append("encoder-decoder model: its encoder's self-attention layers, numbered from "
                      "0 (the decoder's layers need target text, which --model does not take)")
-    return AttentionRun(batch, results, printable(str(loaded.folder)), described,
+    return AttentionRun(batch, results, printable_path(loaded.folder), described,
                         str(_input_device(loaded.model)), causal, loaded.store, notes,
                         TOLERANCE[loaded.dtype])
 
