@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import IntEnum
 
 
@@ -87,6 +88,33 @@ def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
     """An error message as one printable line: whitespace runs (newlines included) become one
     space, everything else that is not printable is escaped, and it is shortened to `limit`."""
     return printable(" ".join(str(text).split()), limit)
+
+
+# errno → (exit code, how to fix it) for file-system failures attnviz does not check itself
+_OS_FIXES = {
+    errno.ENAMETOOLONG: (ExitCode.USAGE, "shorten the path (at most 255 bytes per name)"),
+    errno.ELOOP: (ExitCode.DATA, "a symbolic link points back at itself: fix or remove it"),
+    errno.EACCES: (ExitCode.DATA, "check the permissions"),
+    errno.EPERM: (ExitCode.DATA, "check the permissions"),
+    errno.ENOSPC: (ExitCode.DATA, "free some space on that device, or write somewhere else"),
+    errno.EDQUOT: (ExitCode.DATA, "free some space (disk quota exceeded), or write elsewhere"),
+    errno.EFBIG: (ExitCode.DATA, "the file grew past a size limit: write somewhere else"),
+    errno.EROFS: (ExitCode.DATA, "the file system is read-only: write somewhere else"),
+    errno.EIO: (ExitCode.DATA, "check the device: it may be full or failing"),
+    errno.ENOENT: (ExitCode.USAGE, "check the path"),
+    errno.ENOTDIR: (ExitCode.USAGE, "check the path"),
+    errno.EISDIR: (ExitCode.USAGE, "name a file, not a folder"),
+}
+
+
+def from_os_error(exc: OSError, what: str = "") -> AttnvizError:
+    """An OSError (a path too long, a symlink loop, a full disk, …) in attnviz's words."""
+    code, fix = _OS_FIXES.get(exc.errno or -1, (ExitCode.DATA, ""))
+    reason = exc.strerror or type(exc).__name__
+    error = AttnvizError(f"{what or 'cannot use the path'}: {reason}", fix,
+                         printable_path(exc.filename) if exc.filename is not None else "")
+    error.exit_code = code
+    return error
 
 
 def printable_path(path: object, limit: int = 160) -> str:

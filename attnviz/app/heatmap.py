@@ -5,6 +5,7 @@ randomly initialized nn.MultiheadAttention (`--random`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +87,10 @@ def run(request: HeatmapRequest) -> Any:
 def export(run: Any, path: Path) -> None:
     """attn.{layer} (B, H, L, S), inputs.{layer} (B, L, E), mask (B, L), metadata tokens."""
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    from attnviz.app.outputs import atomic_output
+    from attnviz.app.outputs import atomic_output, check_free_space
     from attnviz.compute.inputs import padding_mask
 
     tensors = {"mask": (~padding_mask(run.batch)).to(torch.int64).contiguous()}
@@ -97,8 +99,13 @@ def export(run: Any, path: Path) -> None:
         tensors[f"inputs.{captured.index}"] = captured.inputs.float().contiguous()
     metadata = {"tokens": json.dumps(run.batch.tokens), "source": run.source,
                 "inputs": run.inputs_described, "causal": str(run.causal).lower()}
+    check_free_space(path, sum(t.numel() * t.element_size() for t in tensors.values()))
     with atomic_output(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+        except SafetensorError:  # the writer's own I/O error (a full disk, a size limit)
+            raise OSError(errno.EIO, "the safetensors writer failed (a full disk or a file "
+                          "size limit?)") from None
 
 
 def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:

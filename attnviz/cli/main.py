@@ -6,7 +6,7 @@ Only typer and rich are imported at start-up; torch and matplotlib load inside c
 
 from __future__ import annotations
 
-import json
+import errno
 import signal
 import sys
 from pathlib import Path
@@ -29,11 +29,16 @@ class AttnvizGroup(TyperGroup):
     """Every failure becomes one `error: …` line on stderr and an exit code; --debug re-raises."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        from attnviz.render.safe import check_terminal_size, prepare_streams
+
         argv = kwargs.get("args")
         argv = sys.argv[1:] if argv is None else argv
-        _state["debug"] = "--debug" in list(argv)
+        _state["debug"] = _leading_debug(list(argv))
+        prepare_streams()
         try:
+            check_terminal_size()
             result = super().main(*args, standalone_mode=False, **kwargs)
+            sys.stdout.flush()  # a full disk or closed pipe on stdout is reported here
         except typer.Exit as exc:
             sys.exit(exc.exit_code)
         except typer.Abort:
@@ -57,12 +62,55 @@ class AttnvizGroup(TyperGroup):
             if _state["debug"]:
                 raise
             _fail(exc.one_line(), exc.exit_code)
+        except BrokenPipeError:  # `attnviz … | head`: the reader has all it wanted
+            _quiet_stdout()
+            sys.exit(128 + signal.SIGPIPE)
         except Exception as exc:
             if _state["debug"]:
                 raise
-            _fail(f"unexpected {type(exc).__name__}: {exc}", ExitCode.DATA,
-                  "rerun with --debug for the traceback, and please report it")
+            _fail_known(exc)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def _leading_debug(argv: list[str]) -> bool:
+    """--debug counts only among the global options before the command: after `--`, after the
+    command name, or inside a sentence, the same word is text."""
+    for arg in argv:
+        if arg == "--debug":
+            return True
+        if arg == "--" or not arg.startswith("-"):
+            return False
+    return False
+
+
+def _fail_known(exc: Exception) -> None:
+    """Failures of the environment in attnviz's words; anything else is a bug to report."""
+    from attnviz.errors import from_os_error
+    from attnviz.render.safe import stdout_problem
+
+    problem = stdout_problem(exc)
+    if problem is not None:
+        _quiet_stdout()
+        _fail(problem.one_line(), problem.exit_code)
+    if isinstance(exc, OSError):
+        on_stdout = exc.filename is None and exc.errno in (errno.ENOSPC, errno.EIO, errno.EFBIG)
+        if on_stdout:
+            _quiet_stdout()
+        error = from_os_error(exc, "cannot write to stdout" if on_stdout else "")
+        _fail(error.one_line(), error.exit_code)
+    _fail(f"unexpected {type(exc).__name__}: {exc}", ExitCode.DATA,
+          "rerun with --debug for the traceback, and please report it")
+
+
+def _quiet_stdout() -> None:
+    """After stdout failed, send what is still buffered nowhere, so that the interpreter's own
+    flush at exit cannot print a second complaint."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def _fail(message: str, code: int, fix: str = "") -> None:
@@ -97,16 +145,41 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-NumHeads = Annotated[int | None, typer.Option("--num-heads", "-H", help=(
+def _path_arg(param: typer.CallbackParam, value: Any) -> Any:
+    """Paths (and --model ids) no file system can hold are usage errors, before any use."""
+    if value is not None:
+        from attnviz.load.paths import check_path_text
+
+        name = (param.opts or [param.name or "path"])[0]
+        check_path_text(value, name if name.startswith("-") else name.upper())
+    return value
+
+
+def _positive(param: typer.CallbackParam, value: Any) -> Any:
+    """Counts and sizes given on the command line are positive: -H 0 is a mistake, not 'unset'."""
+    if value is not None and value <= 0:
+        name = (param.opts or [param.name or "the value"])[0]
+        raise UsageError(f"{name} must be a positive integer, got {value}", "", name)
+    return value
+
+
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+NumHeads = Annotated[int | None, typer.Option("--num-heads", "-H", callback=_positive, help=(
     "Query heads (default 8 for random init; for checkpoints, overrides config/metadata)."))]
-NumKvHeads = Annotated[int | None, typer.Option("--num-kv-heads", help=(
+NumKvHeads = Annotated[int | None, typer.Option("--num-kv-heads", callback=_positive, help=(
     "Key/value heads, for grouped-query layers (default: from the config, else = H)."))]
-HeadDim = Annotated[int | None, typer.Option("--head-dim", help=(
+HeadDim = Annotated[int | None, typer.Option("--head-dim", callback=_positive, help=(
     "Head dimension d, for layouts where H·d ≠ E (default: from the config, else rows / H)."))]
-Weights = Annotated[Path | None, typer.Option("--weights", "-w", help=(
+Weights = Annotated[Path | None, typer.Option("--weights", "-w", callback=_path_arg, help=(
     "A checkpoint (.safetensors, .pt/.pth/.bin, or a model folder) instead of random init."))]
 LayerSpec = Annotated[str | None, typer.Option("--layer", "-l", help=(
     "Which attention layer of the checkpoint: an index from 'attnviz inspect' or its name."))]
+
+
+def _strict_json(doc: dict[str, Any]) -> str:
+    from attnviz.render.json_out import strict_json
+
+    return strict_json(doc)
 
 
 def _console(stderr: bool = False) -> Any:
@@ -130,14 +203,14 @@ def split(
     = None,
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="Random init: with biases.")]
     = True,
-    seed: Annotated[int, typer.Option(help="Seed of the random init and of the proof's batch.")]
-    = 0,
-    png: Annotated[Path | None, typer.Option("--png", help=(
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help=(
+        "Seed of the random init and of the proof's batch."))] = 0,
+    png: Annotated[Path | None, typer.Option("--png", callback=_path_arg, help=(
         "Also write a figure of W_q, W_k, W_v, W_o with head boundaries (.png, .svg, .pdf)."))]
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the facts as one JSON document.")]
     = False,
-    model: Annotated[str | None, typer.Option("--model", "-m", help=(
+    model: Annotated[str | None, typer.Option("--model", "-m", callback=_path_arg, help=(
         "A Hugging Face model folder or cached hub id; --layer is its layer index."))] = None,
     verify: Annotated[bool, typer.Option("--verify", help=(
         "--model: recompute the layer's attention from attnviz's slices and compare with the "
@@ -244,7 +317,7 @@ def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
                              "per_head": verified.per_head, "tolerance": verified.tolerance,
                              "positions": verified.positions, "passed": verified.passed,
                              "sentences": VERIFY_SENTENCES}
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(_strict_json(doc))
     else:
         from attnviz.render.split_terminal import LABEL_WIDTH, print_split
 
@@ -274,7 +347,7 @@ def run_split(attn_layer: Any, store: Any, seed: int, png_path: Path | None,
 
 @app.command()
 def inspect(
-    checkpoint: Annotated[Path, typer.Argument(help=(
+    checkpoint: Annotated[Path, typer.Argument(callback=_path_arg, help=(
         "A .safetensors or .pt/.pth/.bin file, or a Hugging Face model folder."))],
     layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
         "Show per-head slices and norms of one layer (index or name); reads its tensors."))]
@@ -308,7 +381,7 @@ def inspect(
     if non_finite is not None:
         doc["non_finite"] = non_finite
     if as_json:
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(_strict_json(doc))
         return
     from attnviz.render.inspect_tables import print_detail, print_inventory
 
@@ -322,9 +395,9 @@ def inspect(
 def heatmap(
     sentences: Annotated[list[str] | None, typer.Argument(help=(
         "One or more sentences (quote each). Tokens are words and punctuation marks."))] = None,
-    file: Annotated[Path | None, typer.Option("--file", "-f", help=(
+    file: Annotated[Path | None, typer.Option("--file", "-f", callback=_path_arg, help=(
         "Read sentences from a text file, one per line."))] = None,
-    weights: Annotated[Path | None, typer.Option("--weights", "-w", help=(
+    weights: Annotated[Path | None, typer.Option("--weights", "-w", callback=_path_arg, help=(
         "A checkpoint; default: the bundled 2-layer model with induction heads."))] = None,
     layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
         "Bundled model: all (default), N, -1 or A:B. Checkpoint: which attention layer."))]
@@ -332,14 +405,14 @@ def heatmap(
     head: Annotated[int | None, typer.Option("--head", help="Show only this head.")] = None,
     average: Annotated[bool, typer.Option("--average", help="Show the mean over heads.")]
     = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help=(
+    out: Annotated[Path | None, typer.Option("--out", "-o", callback=_path_arg, help=(
         "Write a figure: a grid of heads per sentence (.png, .svg, .pdf)."))] = None,
     query: Annotated[str | None, typer.Option("--query", "-q", help=(
         "Break one query token down head by head: its q_h, each key's k_h, scores, weights "
         "(an index, or a word)."))] = None,
     sentence: Annotated[int, typer.Option("--sentence", help=(
         "Which sentence --query refers to (1-based)."))] = 1,
-    export: Annotated[Path | None, typer.Option("--export", help=(
+    export: Annotated[Path | None, typer.Option("--export", callback=_path_arg, help=(
         "Write maps, inputs, mask and tokens to a .safetensors file."))] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help=(
         "Print the head-statistics table."))] = True,
@@ -355,7 +428,7 @@ def heatmap(
     = "none",
     device: Annotated[str, typer.Option("--device", help=(
         "auto (a GPU when present), cpu, cuda, cuda:N or mps."))] = "auto",
-    model: Annotated[str | None, typer.Option("--model", "-m", help=(
+    model: Annotated[str | None, typer.Option("--model", "-m", callback=_path_arg, help=(
         "A Hugging Face model folder or a hub id in the local cache (needs attnviz[hf])."))]
     = None,
     dtype: Annotated[str, typer.Option("--dtype", help=(
@@ -370,12 +443,12 @@ def heatmap(
     head_dim: HeadDim = None,
     kdim: Annotated[int | None, typer.Option(help="Random init: key width.")] = None,
     vdim: Annotated[int | None, typer.Option(help="Random init: value width.")] = None,
-    seed: Annotated[int, typer.Option(help="Random init: seed.")] = 0,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help=(
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Random init: seed.")] = 0,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", callback=_positive, help=(
         "Longest sentence accepted (attention costs O(L²) per head)."))] = 256,
-    max_sentences: Annotated[int, typer.Option("--max-sentences", help=(
+    max_sentences: Annotated[int, typer.Option("--max-sentences", callback=_positive, help=(
         "Most sentences accepted in one batch."))] = 64,
-    max_panels: Annotated[int, typer.Option("--max-panels", help=(
+    max_panels: Annotated[int, typer.Option("--max-panels", callback=_positive, help=(
         "Most heatmap panels in one --out figure."))] = 256,
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
@@ -457,8 +530,7 @@ def render_heatmap(attention_run: Any, head: int | None, average: bool, out_path
 
         save_figure(heatmap_figure(selected, attention_run.source), out_path)
     if as_json:
-        typer.echo(json.dumps(heatmap_mod.run_json(attention_run, head_stats, breakdown),
-                              indent=2))
+        typer.echo(_strict_json(heatmap_mod.run_json(attention_run, head_stats, breakdown)))
         return
     from attnviz.render import maps_terminal as render
 

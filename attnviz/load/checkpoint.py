@@ -7,7 +7,6 @@ of its rows, only when asked. Pickle checkpoints go through `torch.load(weights_
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import stat
@@ -19,7 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.errors import CheckpointError, UsageError, printable, printable_path, quoted
+from attnviz.errors import (
+    CheckpointError,
+    UsageError,
+    from_os_error,
+    printable,
+    printable_path,
+    quoted,
+)
+from attnviz.load.jsonfile import parse_json
+from attnviz.load.paths import check_path_text, stat_input
 
 if TYPE_CHECKING:
     import torch
@@ -150,8 +158,7 @@ def _check_regular_file(path: Path) -> os.stat_result:
     try:
         st = path.stat()
     except OSError as exc:
-        raise CheckpointError(f"cannot read the file: {exc.strerror}", "check the path",
-                              printable_path(path)) from None
+        raise from_os_error(exc, "cannot read the file") from None
     if not stat.S_ISREG(st.st_mode):
         raise CheckpointError("not a regular file", "pass a checkpoint file or model folder",
                               printable_path(path))
@@ -176,9 +183,9 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
                                   "", where)
         raw = f.read(header_len)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{bad}: header is not valid UTF-8 JSON", "", where) from None
+        header = parse_json(raw, "the header", where, finite=False)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{bad}: {exc.what}", "", where) from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{bad}: header is not a JSON object", "", where)
     metadata = header.pop("__metadata__", None) or {}
@@ -489,12 +496,15 @@ def safe_child(folder: Path, file_name: str) -> Path:
         raise CheckpointError(f"the index names shard {quoted(str(file_name))}, which is not "
                               "a plain file name inside the folder", "", where)
     path = folder / file_name
-    target = path.resolve()
+    try:
+        target, home = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python < 3.13 on a symbolic link loop
+        raise CheckpointError(f"shard {quoted(file_name)} is a symbolic link loop",
+                              "re-download the model", where) from None
     # The Hugging Face cache links snapshots/<rev>/<file> to ../../blobs/<hash>: allow that, and
     # nothing else outside the folder.
-    blobs = folder.resolve().parent.parent / "blobs"
-    inside = target.parent == folder.resolve() or (
-        folder.resolve().parent.name == "snapshots" and target.parent == blobs)
+    blobs = home.parent.parent / "blobs"
+    inside = target.parent == home or (home.parent.name == "snapshots" and target.parent == blobs)
     if not inside:
         raise CheckpointError(f"shard {quoted(file_name)} resolves outside the folder", "",
                               where)
@@ -509,11 +519,9 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     _check_regular_file(path)
     if path.stat().st_size > MAX_HEADER_BYTES:
         raise CheckpointError(f"{what} is too large", "", printable_path(path))
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{what} is not valid JSON (line {getattr(exc, 'lineno', '?')})",
-                              "fix or re-download it", printable_path(path)) from None
+    with open(path, "rb") as f:
+        raw = f.read(MAX_HEADER_BYTES + 1)
+    data = parse_json(raw, what, printable_path(path))
     if not isinstance(data, dict):
         raise CheckpointError(f"{what} is not a JSON object", "", printable_path(path))
     return data
@@ -564,8 +572,7 @@ def open_file(path: Path, config: dict[str, Any] | None = None) -> TensorStore:
 def open_checkpoint(path: Path | str) -> TensorStore:
     """Open a checkpoint file or folder, reading headers only."""
     path = Path(path)
-    if not path.exists():
-        raise UsageError("no such file or folder", "check the path", printable_path(path))
-    if path.is_dir():
+    check_path_text(path, "the checkpoint path")
+    if stat.S_ISDIR(stat_input(path, "the checkpoint").st_mode):
         return open_hf_folder(path)
     return open_file(path)

@@ -6,6 +6,7 @@ JSON null counts as missing.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from attnviz.errors import LayoutError, printable
@@ -36,9 +37,10 @@ def number(config: dict[str, Any], name: str, default: float | None) -> float | 
     value = config.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < value < math.inf):
         raise LayoutError(f"config.json field {name!r} is {printable(repr(value))}, expected a "
-                          "positive number", "fix config.json")
+                          "positive finite number", "fix config.json")
     return float(value)
 
 

@@ -10,7 +10,10 @@ Styles (colours) are rich's own escape sequences, added after that check.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -62,3 +65,31 @@ def check_terminal_size(environ: dict[str, str] | None = None) -> None:
 
 def console(stderr: bool = False) -> SafeConsole:
     return SafeConsole(stderr=stderr, highlight=False, soft_wrap=False, markup=False, emoji=False)
+
+
+def prepare_streams() -> None:
+    """stderr never fails on a character its encoding lacks (an error line must always get
+    out); stdout stays strict, so that `stdout_problem` can say what to change."""
+    reconfigure = getattr(sys.stderr, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(ValueError, OSError):
+            reconfigure(errors="backslashreplace")
+
+
+def stdout_problem(exc: BaseException) -> UsageError | None:
+    """The error for output stdout's encoding cannot carry (PYTHONIOENCODING=ascii, a legacy
+    locale), or None when `exc` is something else."""
+    if not isinstance(exc, UnicodeEncodeError):
+        return None
+    encoding = getattr(sys.stdout, "encoding", None) or ""
+    try:
+        same = codecs.lookup(encoding).name == codecs.lookup(exc.encoding).name
+    except LookupError:
+        same = False
+    if not same:
+        return None
+    char = exc.object[exc.start : exc.start + 1] if isinstance(exc.object, str) else "?"
+    return UsageError(f"stdout's encoding {printable(encoding, 20)} cannot show "
+                      f"{printable(ascii(char), 12)}, which attnviz's tables and maps use",
+                      "set PYTHONIOENCODING=utf-8 or a UTF-8 locale (LANG=C.UTF-8), or pass "
+                      "--json (ASCII-only output)", "stdout")
