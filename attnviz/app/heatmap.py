@@ -67,10 +67,10 @@ def run(request: HeatmapRequest) -> Any:
         if request.positions != "none":
             raise UsageError("the bundled model has its own learned positions",
                              "drop --positions", "--positions")
-        count = int(store.metadata.get("num_layers", "0") or 0)
-        chosen = parse_layers(request.layer, count)
-        check_panels(request, count if chosen is None else len(chosen),
-                     int(store.metadata.get("num_heads", "0") or 0))
+        layers = tinymodel.tiny_layers(store)  # checked against the metadata's counts
+        chosen = parse_layers(request.layer, len(layers))
+        check_panels(request, len(layers) if chosen is None else len(chosen),
+                     max(layer.num_heads or 0 for layer in layers))
         return tinymodel.run_tiny(store, request.batch, chosen, device)
     inventory = find_layers(store, request.hints)
     layer = select_layer(inventory, request.layer, store.source)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from attnviz.compute.forward import causal_mask, load_weights, merged_mask
 from attnviz.compute.inputs import Batch
-from attnviz.compute.maps import MapView, downsample
+from attnviz.compute.maps import MAX_VIEW_HEADS, MapView, downsample
 from attnviz.compute.results import LayerAttention
 from attnviz.compute.stats import StatSums, add_sums, finish_stats, stat_sums
 from attnviz.core.layer import AttentionLayer
@@ -69,7 +69,8 @@ class MapReducer:
                                       list(tokens), labels, False), DISPLAY_CELLS, DISPLAY_CELLS)
             if not view.downsampled:  # a view of attn itself would keep the whole block alive
                 view = replace(view, values=view.values.copy())
-            self.views.append(view)
+            if head < MAX_VIEW_HEADS:
+                self.views.append(view)
             total, heads = self._mean.get(sentence, (0, 0))
             self._mean[sentence] = (total + torch.from_numpy(view.values), heads + 1)
             if self.query_row is not None and self.query_row[0] == sentence:

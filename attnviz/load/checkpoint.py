@@ -371,7 +371,37 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     tensors = flatten_state_dict(obj)
     if not tensors:
         raise CheckpointError("the checkpoint holds no tensors", "", where)
+    for name, tensor in tensors.items():
+        check_pickled_tensor(name, tensor, where)
     return tensors
+
+
+def check_pickled_tensor(name: str, tensor: torch.Tensor, where: str) -> None:
+    """A pickled tensor must be dense data attnviz can read within what the file holds.
+
+    A pickle names each tensor's storage, offset, shape and strides separately: shape
+    (100000, 100000) with strides (0, 0) over a 4-byte storage loads from a 1.7 KB file as a
+    view, and materializing it (.float(), .contiguous()) would take 40 GB. Its size is checked
+    against its storage's before anything reads it; meta tensors (a shape, no data) and sparse
+    layouts are refused by name.
+    """
+    import torch
+
+    shown = quoted(name)
+    if tensor.device.type == "meta":
+        raise CheckpointError(f"tensor {shown} is a meta tensor: it has a shape but no data",
+                              "save the state dict of a model whose weights were loaded", where)
+    if tensor.layout != torch.strided:
+        layout = str(tensor.layout).removeprefix("torch.")
+        raise CheckpointError(f"tensor {shown} is a {layout} tensor, not a dense one",
+                              "save dense tensors (tensor.to_dense())", where)
+    needed = tensor.numel() * tensor.element_size()
+    held = tensor.untyped_storage().nbytes()
+    if needed > held:
+        raise CheckpointError(f"tensor {shown} has shape {tuple(tensor.shape)} ({needed} bytes) "
+                              f"but views only {held} bytes of data (strides "
+                              f"{tuple(tensor.stride())}: repeated or overlapping)",
+                              "re-save it from a dense copy (tensor.contiguous().clone())", where)
 
 
 def _unsafe_globals(path: Path) -> str:

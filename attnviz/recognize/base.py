@@ -71,6 +71,10 @@ def ref(store: TensorStore, key: str, *, transposed: bool = False,
         rows: tuple[tuple[int, int], ...] | None = None, flatten: bool = False) -> TensorRef:
     """A reference to `key`, refusing tensors that cannot be attention weights."""
     info = store.info(key)
+    if 0 in info.shape:  # a zero-sized axis holds no data, so the file cannot bound the others
+        raise LayoutError(f"attention tensor {quoted(key)} has shape {info.shape}, with a "
+                          "zero-sized dimension", "the checkpoint is damaged or not a model",
+                          store.source)
     if info.dtype not in FLOAT_DTYPES:
         raise LayoutError(f"attention tensor {quoted(key)} has dtype {info.dtype}, not a "
                           "floating-point type", "the checkpoint is not a float model",
@@ -118,7 +122,9 @@ def metadata_int(store: TensorStore, name: str) -> int | None:
     value = store.metadata.get(name)
     if value is None:
         return None
-    if not value.isdigit() or int(value) <= 0:
+    # ASCII digits only: str.isdigit() also accepts "²" and "١٢", and a 5000-digit string is
+    # past what int() converts; no count attnviz uses needs more than 18 digits.
+    if not re.fullmatch(r"[0-9]{1,18}", value) or int(value) <= 0:
         raise LayoutError(f"safetensors metadata {name!r} is {quoted(value)}, expected a "
                           "positive integer", "", store.source)
     return int(value)

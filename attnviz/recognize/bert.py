@@ -8,6 +8,7 @@ config.json's num_attention_heads; d = E / H. Both reshape q as (B, L, H, d): he
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from attnviz.core.layer import AttentionLayer
@@ -31,8 +32,24 @@ def find(store: TensorStore, hints: HeadHints) -> list[AttentionLayer]:
                                                            inner + "value.weight",
                                                            block + "output.dense.weight")):
             continue
-        layers.append(finish(_layer(store, inner, block, module, config), heads, store.source))
+        layer_heads = heads if heads.num_heads else _stage_heads(config, block, heads)
+        layers.append(finish(_layer(store, inner, block, module, config), layer_heads,
+                             store.source))
     return layers
+
+
+def _stage_heads(config: dict[str, Any], block: str, heads: HeadHints) -> HeadHints:
+    """Swin-style configs give one head count per stage (`num_heads: [3, 6, 12, 24]`); a layer
+    under `layers.{stage}.` takes its stage's. Anything else leaves the count unknown."""
+    per_stage = config.get("num_heads")
+    match = re.search(r"(?:^|\.)layers\.(\d+)\.", block)
+    if not (isinstance(per_stage, list) and match and "swin" in str(config.get("model_type"))):
+        return heads
+    stage = int(match.group(1))
+    value = per_stage[stage] if stage < len(per_stage) else None
+    if type(value) is not int or value <= 0:
+        return heads
+    return HeadHints(value, heads.num_kv_heads, heads.head_dim)
 
 
 def _block(inner: str) -> tuple[str | None, str]:

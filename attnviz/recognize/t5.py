@@ -17,12 +17,15 @@ MODULES = ("SelfAttention", "EncDecAttention")
 
 
 def find(store: TensorStore, hints: HeadHints) -> list[AttentionLayer]:
-    heads = head_counts(store, hints, store.config, heads_keys=("num_heads",), kv_keys=(),
-                        dim_keys=("d_kv",))
+    heads = None  # config's num_heads is read only for T5 layers: other models (Swin) use the
+    # name for other things, such as one count per stage
     layers = []
     for prefix in prefixes_with(store.keys(), "q.weight"):
         module = prefix.rstrip(".").rsplit(".", 1)[-1]
         if module in MODULES and all(f"{prefix}{n}.weight" in store for n in "kvo"):
+            if heads is None:
+                heads = head_counts(store, hints, store.config, heads_keys=("num_heads",),
+                                    kv_keys=(), dim_keys=("d_kv",))
             layers.append(finish(_layer(store, prefix, module), heads, store.source))
     return layers
 

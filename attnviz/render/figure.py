@@ -11,6 +11,7 @@ from attnviz.errors import printable
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_HEAD_LABELS = 16
+MAX_BOUNDARY_LINES = 128  # head boundaries drawn per panel (every k-th beyond that)
 FIGURE_DPI = 100
 
 
@@ -65,7 +66,8 @@ def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
         ax.set_ylabel("output features (out)")
         centers = _centers(panel.boundaries, out_dim if panel.axis == "rows" else in_dim)
         step = max(1, -(-len(centers) // MAX_HEAD_LABELS))
-        for edge in panel.boundaries[1:-1]:
+        edges = panel.boundaries[1:-1]
+        for edge in edges[:: max(1, -(-len(edges) // MAX_BOUNDARY_LINES))]:
             if panel.axis == "rows":
                 ax.axhline(edge, color="black", linewidth=0.8)
             else:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from attnviz.app.inspect_checkpoint import LayerDetail
 from attnviz.errors import printable
+from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
 
 
@@ -140,12 +141,18 @@ def print_detail(console: Console, detail: LayerDetail) -> None:
                             f"heads, {layer.num_kv_heads} key/value heads, d = {layer.head_dim}",
                             style="bold"))
     grouped = layer.num_kv_heads != layer.num_heads
-    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
+    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1),
+                  caption_justify="left")
     columns = ["head", "W_q rows", "W_o cols"] + (["kv head"] if grouped else [])
     columns += ["W_k/W_v rows", "‖W_q‖", "‖W_k‖", "‖W_v‖", "‖W_o‖"]
     for title in columns:
         table.add_column(title, justify="right", no_wrap=True)
-    for h in detail.heads:
+    for i in elided(len(detail.heads)):
+        if i is None:
+            table.add_row(*["…"] * len(columns))
+            table.caption = gap_note(len(detail.heads), MAX_TABLE_ROWS)
+            continue
+        h = detail.heads[i]
         cells = [str(h.head), f"{h.q_rows[0]}:{h.q_rows[1]}", f"{h.o_cols[0]}:{h.o_cols[1]}"]
         if grouped:
             cells.append(str(h.kv_head))

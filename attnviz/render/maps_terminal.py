@@ -10,6 +10,7 @@ from rich.text import Text
 
 from attnviz.compute.maps import MapView
 from attnviz.errors import printable
+from attnviz.render.elide import MAX_MAP_PANELS, MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
 
 # viridis anchors: 0 → dark purple, 1 → yellow
@@ -86,7 +87,8 @@ def print_maps(console: Console, views: list[MapView], sentences: list[str]) -> 
             console.print(Text("downsampled to fit: labels a-b are token ranges; key blocks are "
                                "summed, query blocks averaged", style="dim"))
         cell = cell_width(group[0].values.shape[1], width)
-        panels = [panel_lines(v, cell) for v in group]
+        hidden = len(group) - MAX_MAP_PANELS
+        panels = [panel_lines(v, cell) for v in group[:MAX_MAP_PANELS]]
         panel_width = panels[0][0].cell_len
         per_row = max(1, (width + GAP) // (panel_width + GAP))
         for start in range(0, len(panels), per_row):
@@ -99,12 +101,16 @@ def print_maps(console: Console, views: list[MapView], sentences: list[str]) -> 
                     line.append_text(part)
                 console.print(line, no_wrap=True, crop=True)
             console.print()
+        if hidden > 0:
+            console.print(Text(f"… {hidden} more maps of sentence {b + 1} not shown (--head H "
+                               "shows one, --out draws a figure)", style="dim"))
     console.print(legend())
 
 
 def stats_table(stats: list) -> Table:
     """Per-head statistics with labels (see attnviz.compute.stats for the definitions)."""
-    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
+    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1),
+                  caption_justify="left")
     for title in ("layer", "head", "entropy", "max", "dist", "first", "prev", "self", "dup",
                   "induct", "label"):
         table.add_column(title, justify="left" if title == "label" else "right", no_wrap=True)
@@ -112,7 +118,12 @@ def stats_table(stats: list) -> Table:
     def num(value: float | None) -> str:
         return "–" if value is None else f"{value:.2f}"
 
-    for s in stats:
+    for i in elided(len(stats)):
+        if i is None:
+            table.add_row(*["…"] * len(table.columns))
+            table.caption = gap_note(len(stats), MAX_TABLE_ROWS, "rows")
+            continue
+        s = stats[i]
         table.add_row(str(s.layer), str(s.head), num(s.entropy), num(s.max_weight),
                       f"{s.distance:.1f}", num(s.first), num(s.previous), num(s.self),
                       num(s.duplicate), num(s.induction),

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from attnviz.compute.split import BandPicture, ProjectionSplit, Proof, SplitReport
 from attnviz.errors import printable
+from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
@@ -66,7 +67,7 @@ def _relative(stored_at: str, prefix: str) -> str:
 
 def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") -> Table:
     axis = "rows" if proj.split == "rows" else "cols"
-    table = Table(show_edge=False, pad_edge=False)
+    table = Table(show_edge=False, pad_edge=False, caption_justify="left")
     is_kv = proj.name in ("k", "v")
     table.add_column("kv head" if is_kv and any(h.query_heads for h in proj.heads) else "head",
                      justify="right")
@@ -75,7 +76,12 @@ def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") ->
     table.add_column("stored at", overflow="fold")
     if any(h.query_heads for h in proj.heads):
         table.add_column("used by query heads")
-    for h in proj.heads:
+    for i in elided(len(proj.heads)):
+        if i is None:
+            table.add_row(*["…"] * len(table.columns))
+            table.caption = gap_note(len(proj.heads), MAX_TABLE_ROWS)
+            continue
+        h = proj.heads[i]
         color = hex_color(head_rgb(h.head, num_heads))
         cells = [Text(str(h.head), style=f"bold {color}"), f"{h.start}:{h.stop}",
                  fmt_shape(h.shape), safe_text(_relative(h.stored_at, prefix))]
@@ -108,6 +114,10 @@ def band_view(picture: BandPicture, num_heads: int, embed_dim: int) -> Group:
             level = 0.2 + 0.8 * min(max(value, 0.0), 1.0)
             text.append("█", style=hex_color((int(r * level), int(g * level), int(b * level))))
         lines.append(text)
+    shown = len({line.head for line in picture.lines})
+    if num_heads > shown:
+        lines.append(Text(gap_note(num_heads, shown, "heads", "the --png figure draws all of "
+                                   "W_q"), style="dim"))
     return Group(*lines)
 
 
