@@ -502,52 +502,61 @@ def bundled_with(path: Path, **metadata: str) -> Path:
     return path
 
 
-def test_work_sized_by_headers_stays_under_a_memory_cap(tmp_path):
-    """Each file below claims gigabytes (a zero-sized axis, a 10⁸-layer model, a 1.7 KB
-    pickle viewing 4 bytes as 40 GB): every command refuses it by name within 1.6 GB of
-    address space, torch included."""
-    zero = tmp_path / "zero.safetensors"
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, str]]:
+    """Hostile inputs that claim gigabytes, each run by the CLI in one fresh interpreter whose
+    address space is capped at 1.6 GB, torch included: (folder, results, digest before)."""
+    folder = tmp_path_factory.mktemp("capped")
+    zero = folder / "zero.safetensors"  # a zero-sized axis: 3·10⁹ rows of nothing
     zero.write_bytes(st_bytes({
         "__metadata__": {"num_heads": "1000000000"},
         "in_proj_weight": {"dtype": "F32", "shape": [3_000_000_000, 0], "data_offsets": [0, 0]},
         "out_proj.weight": {"dtype": "F32", "shape": [0, 1_000_000_000],
                             "data_offsets": [0, 0]}}))
     assert zero.stat().st_size < 300
-    layers = bundled_with(tmp_path / "layers.safetensors", num_layers="100000000")
-    vocab = bundled_with(tmp_path / "vocab.safetensors", vocab_size="4000000000")
-    stride = tmp_path / "stride0.pt"
+    layers = bundled_with(folder / "layers.safetensors", num_layers="100000000")
+    vocab = bundled_with(folder / "vocab.safetensors", vocab_size="4000000000")
+    stride = folder / "stride0.pt"  # 1.7 KB viewing 4 bytes as 40 GB
     torch.save({"in_proj_weight": torch.zeros(1).expand(100_000, 100_000),
                 "out_proj.weight": torch.zeros(1).expand(100_000, 100_000)}, stride)
     assert stride.stat().st_size < 2000
-    overlap = tmp_path / "overlap.pt"
+    overlap = folder / "overlap.pt"
     base = torch.zeros(300_000)
     torch.save({"in_proj_weight": base.as_strided((200_000, 100_000), (1, 1)),
                 "out_proj.weight": base[:4].view(2, 2)}, overlap)
-    before = digest(tmp_path)
+    before = digest(folder)
     cases = {
         "zero-inspect": ["inspect", zero], "zero-split": ["split", "--weights", zero],
         "zero-heatmap": ["heatmap", "--weights", zero, "a b"],
         "layers": ["heatmap", "--weights", layers, "a b"],
         "vocab": ["heatmap", "--weights", vocab, "a b"],
-        "stride-inspect": ["inspect", stride], "stride-split": ["split", "--weights", stride,
-                                                                "-H", "2"],
+        "stride-inspect": ["inspect", stride],
+        "stride-split": ["split", "--weights", stride, "-H", "2"],
         "overlap": ["inspect", overlap, "--scan", "-H", "2"],
+        "dev-zero": ["heatmap", "--random", "-f", "/dev/zero"],
+        "dev-zero-long-lines": ["heatmap", "--random", "-f", "/dev/zero", "--max-tokens",
+                                "1000000"],
     }
     script = "".join(f"out[{name!r}] = cli(*{[str(a) for a in args]!r})\n"
                      for name, args in cases.items())
-    out = in_subprocess(script, limits={"RLIMIT_AS": MEMORY_CAP})
-    expected = {
-        "zero-inspect": (1, "zero-sized dimension"), "zero-split": (1, "zero-sized dimension"),
-        "zero-heatmap": (1, "zero-sized dimension"),
-        "layers": (1, "num_layers is 100000000, but the file holds 2 attention layers"),
-        "vocab": (1, "vocab_size is 4000000000, but the file holds that many embedding rows"),
-        "stride-inspect": (1, "views only 4 bytes of data (strides (0, 0)"),
-        "stride-split": (1, "views only 4 bytes"),
-        "overlap": (1, "views only 1200000 bytes"),
-    }
-    for name, (code, fragment) in expected.items():
-        assert_error(Result(out[name]), code, fragment)
-    assert digest(tmp_path) == before
+    return folder, in_subprocess(script, limits={"RLIMIT_AS": MEMORY_CAP}), before
+
+
+HEADER_SIZE_CASES = {
+    "zero-inspect": "zero-sized dimension", "zero-split": "zero-sized dimension",
+    "zero-heatmap": "zero-sized dimension",
+    "layers": "num_layers is 100000000, but the file holds 2 attention layers",
+    "vocab": "vocab_size is 4000000000, but the file holds that many embedding rows",
+    "stride-inspect": "views only 4 bytes of data (strides (0, 0)",
+    "stride-split": "views only 4 bytes", "overlap": "views only 1200000 bytes",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEADER_SIZE_CASES))
+def test_work_sized_by_headers_stays_under_a_memory_cap(capped, name):
+    folder, results, before = capped
+    assert_error(Result(results[name]), 1, HEADER_SIZE_CASES[name])
+    assert digest(folder) == before
 
 
 @pytest.mark.parametrize("value", ["1e8", "²", "١٢", "9" * 5000, "-2", "0x10"])
@@ -712,3 +721,148 @@ def test_streamed_runs_keep_display_maps_of_the_first_heads_only(cli, monkeypatc
     assert kept == [[0, 1]] and len(json.loads(result.stdout)["head_stats"]) == 8
     assert_error(cli("heatmap", "--random", "-E", "16", "-H", "8", "a b c", "--head", "5"), 2,
                  "only the maps of heads 0..1 are kept", "--export")
+
+
+# ------------------------------------------------------------------------------------------
+# 4. Inputs read within bounds
+
+
+@pytest.mark.parametrize("name", ["dev-zero", "dev-zero-long-lines"])
+def test_endless_sentence_file_stops_at_the_limit_under_a_memory_cap(capped, name):
+    """/dev/zero is one endless line: refused after max(64 KiB, 64 bytes per --max-tokens)."""
+    limit = 65536 if name == "dev-zero" else 64_000_000
+    assert_error(Result(capped[1][name]), 2, f"line 1 of the sentence file is longer than "
+                 f"{limit} bytes", "/dev/zero")
+
+
+class FifoWriter:
+    """Writes `line` into a FIFO for as long as it is read (the writer end never closes)."""
+
+    def __init__(self, path: Path, line: bytes) -> None:
+        import os
+        import threading
+
+        self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)  # never blocks, even unread
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(line * 64,), daemon=True)
+        self.thread.start()
+
+    def _run(self, chunk: bytes) -> None:
+        import os
+        import time
+
+        while not self.stop.is_set():
+            try:
+                os.write(self.fd, chunk)
+            except BlockingIOError:
+                time.sleep(0.001)
+
+    def close(self) -> None:
+        import os
+
+        self.stop.set()
+        self.thread.join()
+        os.close(self.fd)
+
+
+FILE_CASES = [
+    ("too many lines", b"the cat sat\n" * 100, ["--max-sentences", "3"],
+     "the sentence file holds more than 3 sentences"),
+    ("too many with arguments", b"a b\n" * 10, ["--max-sentences", "4", "x", "y"],
+     "holds more than 2 sentences besides the 2 given"),
+    ("a line over --max-tokens", b"a b\n" + b"w " * 50 + b"\n" + b"\xff" * 10,
+     ["--max-tokens", "20"], "sentence 2 (line 2) has 50 tokens, more than --max-tokens 20"),
+    ("invalid UTF-8", b"fine\n\nok \xc3\x28 no\n", [],
+     "line 3 of the sentence file is not UTF-8 text (byte 4 of the line)"),
+    ("a NUL flood", b"\x00" * 70_000, [], "line 1 of the sentence file is longer than 65536"),
+]
+
+
+@pytest.mark.parametrize("case", FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_sentence_file_is_refused_as_soon_as_it_passes_a_limit(cli, tmp_path, case):
+    path = tmp_path / "s.txt"
+    path.write_bytes(case[1])
+    assert_error(cli("heatmap", "--random", "-f", path, *case[2]), 2, case[3])
+    assert path.read_bytes() == case[1] and list(tmp_path.iterdir()) == [path]
+
+
+def test_sentence_file_that_is_not_a_file(cli, tmp_path):
+    import os
+    import time
+
+    assert_error(cli("heatmap", "--random", "-f", tmp_path), 2, "the sentence file is a folder")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    start = time.perf_counter()  # no writer: read as empty at once, never waiting for one
+    assert_error(cli("heatmap", "--random", "-f", fifo), 2, "no sentence given")
+    writer = FifoWriter(fifo, b"the cat sat on the mat\n")  # an endless writer
+    try:
+        assert_error(cli("heatmap", "--random", "-f", fifo), 2,
+                     "the sentence file holds more than 64 sentences")
+    finally:
+        writer.close()
+    assert time.perf_counter() - start < 20
+    writer = FifoWriter(fifo, b"w " * 40_000)  # an endless line
+    try:
+        assert_error(cli("heatmap", "--random", "-f", fifo), 2, "longer than 65536 bytes")
+    finally:
+        writer.close()
+
+
+def vocab_folder(root: Path, vocab_words: list[str] | None = None) -> Path:
+    folder = root / "model"
+    folder.mkdir()
+    torch.manual_seed(0)
+    save = __import__("safetensors.torch", fromlist=["save_file"]).save_file
+    save({**mha_state(), "embeddings.word_embeddings.weight": torch.randn(1000, 8)},
+         folder / "model.safetensors")
+    if vocab_words is not None:
+        (folder / "vocab.txt").write_text("\n".join(vocab_words) + "\n")
+    return folder
+
+
+def test_embedding_rows_are_read_for_the_tokens_used(cli, tmp_path, monkeypatch):
+    from attnviz.load import checkpoint
+
+    folder = vocab_folder(tmp_path, ["[UNK]", "the", "cat", "sat"])
+    reads, rows = [], []
+    real_read, real_rows = checkpoint.TensorStore.read, checkpoint.TensorStore.read_rows
+    monkeypatch.setattr(checkpoint.TensorStore, "read",
+                        lambda self, name: reads.append(name) or real_read(self, name))
+    monkeypatch.setattr(checkpoint.TensorStore, "read_rows", lambda self, name, a, b: (
+        rows.append((name, a, b)) or real_rows(self, name, a, b)))
+    result = cli("heatmap", "--weights", folder, "-H", "2", "the cat sat the dog", "--json")
+    assert_printed_clean(result)
+    assert "5 of 5 tokens found" in json.loads(result.stdout)["inputs"]  # dog → [UNK]
+    table = "embeddings.word_embeddings.weight"
+    assert table not in reads  # never the whole table
+    assert sorted(r for r in rows if r[0] == table) == [(table, 0, 1), (table, 1, 2),
+                                                         (table, 2, 3), (table, 3, 4)]
+
+
+def test_vocabulary_files_have_size_caps(cli, tmp_path):
+    import os
+
+    from attnviz.compute import inputs
+
+    folder = vocab_folder(tmp_path)
+    vocab = folder / "vocab.txt"
+    with open(vocab, "wb") as f:  # sparse: large on paper, nothing on disk
+        f.truncate(inputs.MAX_VOCAB_TXT_BYTES + 1)
+    before = digest(tmp_path)
+    assert_error(cli("heatmap", "--weights", folder, "-H", "2", "a b"), 1, "vocab.txt holds",
+                 f"more than the {inputs.MAX_VOCAB_TXT_BYTES}-byte limit")
+    vocab.unlink()
+    os.mkfifo(vocab)  # would block a plain open() forever
+    assert_error(cli("heatmap", "--weights", folder, "-H", "2", "a b"), 1,
+                 "vocab.txt is not a regular file")
+    vocab.unlink()
+    tokenizer = folder / "tokenizer.json"
+    with open(tokenizer, "wb") as f:
+        f.truncate(inputs.MAX_TOKENIZER_JSON_BYTES + 1)
+    assert_error(cli("heatmap", "--weights", folder, "-H", "2", "a b"), 1,
+                 "tokenizer.json holds")
+    tokenizer.write_text('{"model": {"vocab": ' + DEEP + "}}")
+    assert_error(cli("heatmap", "--weights", folder, "-H", "2", "a b"), 1,
+                 "tokenizer.json nests arrays or objects deeper")
+    assert digest(tmp_path).keys() <= before.keys() | {"model/tokenizer.json"}

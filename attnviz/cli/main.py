@@ -460,7 +460,8 @@ def heatmap(
     from attnviz.render.figure import FIGURE_SUFFIXES
     from attnviz.sources import layers as sources
 
-    texts = list(sentences or []) + (inputs.read_sentences(file) if file else [])
+    texts = list(sentences or []) + (inputs.read_sentences(
+        file, max_tokens, max_sentences, len(sentences or [])) if file else [])
     batch = inputs.make_batch(texts, max_tokens, max_sentences)
     if sum((random, weights is not None, model is not None)) > 1:
         raise UsageError("--random, --weights and --model exclude each other", "choose one")

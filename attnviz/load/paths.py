@@ -50,3 +50,26 @@ def stat_input(path: Path, what: str = "the input") -> os.stat_result:
 
 def is_regular(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode)
+
+
+def read_capped(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (a FIFO, a device or a folder named
+    like a vocabulary is refused before it is opened; a file growing while read is cut off)."""
+    from attnviz.errors import CheckpointError
+
+    st = stat_input(path, what)
+    if not is_regular(st):
+        raise CheckpointError(f"{what} is not a regular file", "replace it with the real file",
+                              printable_path(path))
+    if st.st_size > limit:
+        raise CheckpointError(f"{what} holds {st.st_size} bytes, more than the {limit}-byte "
+                              "limit", "check that it is the right file", printable_path(path))
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise from_os_error(exc, f"cannot read {what}") from None
+    if len(data) > limit:
+        raise CheckpointError(f"{what} grew past the {limit}-byte limit while being read", "",
+                              printable_path(path))
+    return data
