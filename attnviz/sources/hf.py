@@ -12,6 +12,7 @@ transformers is imported lazily: the core install works without it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -38,6 +39,7 @@ from attnviz.errors import (
 from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
 from attnviz.recognize import find_layers
+from attnviz.sources import hf_guard as guard
 
 METHOD = "transformers eager attention (output_attentions)"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -63,11 +65,31 @@ class LoadedModel:
     store: TensorStore  # attnviz's own view of the same files
     layers: list[AttentionLayer] = field(default_factory=list)  # find_layers, in model order
     encoder_only: bool = False  # an encoder-decoder model: its encoder runs, alone
+    tower: str | None = None  # a multi-tower model (CLIP): the attribute of its text tower
 
     @property
     def runner(self) -> Any:
-        """The module whose forward pass runs: the model, or an encoder-decoder's encoder."""
+        """The module whose forward pass runs: the model, an encoder-decoder's encoder, or a
+        multi-tower model's text tower."""
+        if self.tower is not None:
+            return getattr(self.model, self.tower)
         return self.model.get_encoder() if self.encoder_only else self.model
+
+    @property
+    def embeddings(self) -> Any:
+        """The token embedding of the part that runs."""
+        for owner in (self.runner, self.model):
+            getter = getattr(owner, "get_input_embeddings", None)
+            if getter is not None:
+                with contextlib.suppress(NotImplementedError, AttributeError):
+                    found = getter()
+                    if isinstance(found, torch.nn.Embedding):
+                        return found
+        found = next((m for m in self.runner.modules() if isinstance(m, torch.nn.Embedding)),
+                     None)
+        if found is None:
+            raise CheckpointError("the model has no token embedding", "", str(self.folder))
+        return found
 
 
 def resolve_folder(spec: str) -> Path:
@@ -117,32 +139,43 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     if not layers:
         raise CheckpointError("no attention layer recognized in the model",
                               "run 'attnviz inspect' on the folder", printable_path(folder))
+    where = printable_path(folder)
+    guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()  # attnviz owns the terminal
     # Only local files, never repository code; eager attention is the one that returns weights.
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     dtype_key = "dtype" if _major() >= 5 else "torch_dtype"  # renamed in transformers 5
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder, **common)
-        model = transformers.AutoModel.from_pretrained(
-            folder, attn_implementation="eager", device_map=device_map,
-            **{dtype_key: getattr(torch, dtype)}, **common)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **common)
-    except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"transformers cannot load the model: {printable(first, 200)}",
-                              "check that the folder holds config.json, the weights and the "
-                              "tokenizer files", printable_path(folder)) from None
+    fix = "check that the folder holds config.json, the weights and the tokenizer files"
+    with guard.quiet():
+        with guard.contained("transformers cannot read the model's config.json", fix, where):
+            config = transformers.AutoConfig.from_pretrained(folder, **common)
+            meta = guard.meta_model(transformers, config)  # shapes only, on the meta device
+        tower = guard.text_runner(meta, config)
+        guard.check_tokenizer_files(folder)
+        guard.check_sizes(meta, store, where)
+        del meta
+        with guard.contained("transformers cannot load the model", fix, where):
+            model, info = transformers.AutoModel.from_pretrained(
+                folder, attn_implementation="eager", device_map=device_map,
+                output_loading_info=True, **{dtype_key: getattr(torch, dtype)}, **common)
+        with guard.contained("the model's tokenizer cannot be loaded", "check or replace its "
+                             "tokenizer files", where):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **common)
     model.eval()
     if target is not None:
         model.to(target)
     loaded = LoadedModel(model, tokenizer, folder, config, dtype, store, layers)
-    if getattr(config, "is_encoder_decoder", False):
-        # The decoder needs target text, which --model does not take: run the encoder alone
-        # and number its self-attention layers from 0.
-        loaded.encoder_only = True
-        inside = {id(m) for m in model.get_encoder().modules()}
+    loaded.tower = tower
+    # The decoder of an encoder-decoder model needs target text, which --model does not take:
+    # its encoder runs alone. A multi-tower model (CLIP) runs its text tower alone. Either way
+    # the layers are those inside the part that runs, numbered from 0.
+    loaded.encoder_only = tower is None and bool(getattr(config, "is_encoder_decoder", False))
+    runner_params = {id(p) for p in loaded.runner.parameters()}
+    guard.check_loaded(info, {name for name, p in model.named_parameters()
+                              if id(p) in runner_params}, where)
+    if loaded.encoder_only or tower is not None:
+        inside = {id(m) for m in loaded.runner.modules()}
         pairs = zip(layers, _attention_modules(loaded), strict=True)
         loaded.layers = [layer for layer, (_, module) in pairs if id(module) in inside]
     return loaded
@@ -174,7 +207,10 @@ def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | Non
 
     indices = _layer_indices(len(loaded.layers), layers)
     ids = _encode(loaded, sentences, max_tokens)
-    tokens = [loaded.tokenizer.convert_ids_to_tokens(row["input_ids"]) for row in ids]
+    with guard.quiet(), guard.contained("the model's tokenizer failed", "check or replace its "
+                                        "tokenizer files", printable_path(loaded.folder)):
+        tokens = [[str(t) for t in loaded.tokenizer.convert_ids_to_tokens(row["input_ids"])]
+                  for row in ids]
     batch = Batch(list(sentences), tokens)
     query_row = None
     if query is not None:  # resolved before the model runs: a typo costs nothing
@@ -207,7 +243,7 @@ def run_model(loaded: LoadedModel, sentences: list[str], layers: list[int] | Non
         notes.append("encoder-decoder model: its encoder's self-attention layers, numbered from "
                      "0 (the decoder's layers need target text, which --model does not take)")
     return AttentionRun(batch, results, printable_path(loaded.folder), described,
-                        str(_input_device(loaded.model)), causal, loaded.store, notes,
+                        str(_input_device(loaded)), causal, loaded.store, notes,
                         TOLERANCE[loaded.dtype])
 
 
@@ -230,10 +266,24 @@ def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int) -> list[
     if len(sentences) > DEFAULT_MAX_SENTENCES:
         raise UsageError(f"{len(sentences)} sentences exceed {DEFAULT_MAX_SENTENCES}",
                          "pass fewer sentences")
-    limit = getattr(loaded.config, "max_position_embeddings", None)
+    limit = getattr(getattr(loaded.runner, "config", loaded.config), "max_position_embeddings",
+                    None)
+    rows = loaded.embeddings.num_embeddings
+    where = printable_path(loaded.folder)
     out = []
     for i, sentence in enumerate(sentences, 1):
-        row = dict(loaded.tokenizer(sentence, add_special_tokens=True))
+        with guard.quiet(), guard.contained(f"the model's tokenizer failed on sentence {i}",
+                                            "check or replace its tokenizer files", where):
+            row = dict(loaded.tokenizer(sentence, add_special_tokens=True))
+            ids = row.get("input_ids")
+            if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+                raise CheckpointError(f"the model's tokenizer gave no token ids for sentence "
+                                      f"{i}", "check its tokenizer files", where)
+        if ids and not all(0 <= t < rows for t in ids):
+            raise CheckpointError(f"the model's tokenizer gives token id "
+                                  f"{max(ids) if max(ids) >= rows else min(ids)}, but the "
+                                  f"model's embedding has {rows} rows",
+                                  "the tokenizer files belong to another model", where)
         n = len(row["input_ids"])
         if n == 0:
             raise UsageError(f"sentence {i} gives no tokens", "give it some text")
@@ -245,7 +295,21 @@ def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int) -> list[
             raise UsageError(f"sentence {i} has {n} tokens; the model takes at most {limit}",
                              "shorten the sentence")
         out.append(row)
+    _check_not_all_unknown(loaded, out)
     return out
+
+
+def _check_not_all_unknown(loaded: LoadedModel, rows: list[dict[str, list]]) -> None:
+    """A tokenizer that maps every word to its unknown token (a vocabulary that does not belong
+    to the model, or none) would show maps of [UNK] tokens: refuse instead."""
+    tok = loaded.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    special = set(getattr(tok, "all_special_ids", None) or []) - {unk}
+    words = [t for row in rows for t in row["input_ids"] if t not in special]
+    if isinstance(unk, int) and words and all(t == unk for t in words):
+        raise CheckpointError("the model's tokenizer maps every word of the sentences to its "
+                              "unknown token", "check that the tokenizer files belong to the "
+                              "model", printable_path(loaded.folder))
 
 
 def _pad(loaded: LoadedModel, rows: list[dict[str, list]]) -> tuple[dict[str, Any], Any]:
@@ -255,7 +319,7 @@ def _pad(loaded: LoadedModel, rows: list[dict[str, list]]) -> tuple[dict[str, An
     (GPT-2, LLaMA) need no change: any id the embedding table has will do at masked positions.
     """
     tok = loaded.tokenizer
-    vocab = loaded.model.get_input_embeddings().num_embeddings
+    vocab = loaded.embeddings.num_embeddings
     filler = next((i for i in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id)
                    if isinstance(i, int) and 0 <= i < vocab), 0)
     left = getattr(tok, "padding_side", "right") == "left"
@@ -278,7 +342,7 @@ def _pad(loaded: LoadedModel, rows: list[dict[str, list]]) -> tuple[dict[str, An
         # As generate() does: real tokens count from 0 after left padding, so learned absolute
         # positions (GPT-2) match a sentence run alone. Right padding keeps the model's default.
         feed["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
-    device = _input_device(loaded.model)
+    device = _input_device(loaded)
     return {k: v.to(device) for k, v in feed.items()}, mask
 
 
@@ -288,8 +352,8 @@ def _major() -> int:
     return int(transformers.__version__.split(".")[0])
 
 
-def _input_device(model: Any) -> torch.device:
-    return model.get_input_embeddings().weight.device
+def _input_device(loaded: LoadedModel) -> torch.device:
+    return loaded.embeddings.weight.device
 
 
 class _Done(Exception):
@@ -343,10 +407,13 @@ def _capture(loaded: LoadedModel, indices: list[int], feed: dict[str, Any], mask
     if "use_cache" in inspect.signature(loaded.runner.forward).parameters:
         extra["use_cache"] = False
     try:
-        with torch.no_grad():
-            loaded.runner(**feed, **extra)
-    except _Done:
-        pass
+        with guard.quiet(), guard.contained("the model's forward pass failed", "report this "
+                                            "with the model", printable_path(loaded.folder)):
+            try:
+                with torch.no_grad():
+                    loaded.runner(**feed, **extra)
+            except _Done:
+                pass
     finally:
         for handle in handles:
             handle.remove()
