@@ -104,7 +104,12 @@ def hostile_checkpoint(tmp_path_factory) -> Path:
                **{f"blk.\x07{i}\u2066.attn.qkv.weight": torch.zeros(12, 4) for i in range(2)},
                **{f"blk.\x07{i}\u2066.attn.proj.weight": torch.zeros(4, 4) for i in range(2)},
                "other\x1b[5m.attention.thing": torch.zeros(2)}
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):  # a layer that reads config.json
+        tensors[f"model.layers.0.self_attn.{proj}.weight"] = torch.zeros(4, 4)
     write_named(folder / "model.safetensors", tensors, {"num_heads": "2"})
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "mistral", "num_attention_heads": 2,
+        "sliding_window": "\x1b[5m[blink]\u202e", "attn_logit_softcapping": "\x07"}))
     return folder
 
 
@@ -117,6 +122,7 @@ SPLIT_INSPECT_CASES = [
     ("split --json", lambda d: ["split", "--weights", d, "--layer", "-1", "-H", "2", "--json"]),
     ("heatmap", lambda d: ["heatmap", "--weights", d, "--layer", "-1", "-H", "2",
                            "a [b] \x1b[2J c"]),
+    ("inspect notes from config values", lambda d: ["inspect", d, "--layer", "1"]),
 ]
 
 
@@ -125,11 +131,13 @@ def test_hostile_names_print_escaped(cli, hostile_checkpoint, case):
     before = digest(hostile_checkpoint)
     result = cli(*case[1](hostile_checkpoint))
     assert_printed_clean(result)
-    if "--json" not in case[0]:
+    if "--json" in case[0]:
+        json.loads(result.stdout)
+    else:
         assert "[bold]" in result.stdout or "heatmap" in case[0]  # markup shown, not applied
         assert "\\x1b" in result.stdout
-    else:
-        json.loads(result.stdout)
+    if case[0] == "inspect notes from config values":
+        assert "sliding-window attention over \\x1b[5m[blink]\\u202e keys" in result.stdout
     assert digest(hostile_checkpoint) == before
 
 
@@ -191,10 +199,10 @@ def test_every_printer_escapes_random_strings(cli, tmp_path_factory, sentence, n
                         0xD800 <= ord(ch) <= 0xDFFF)[:40]
     checkpoint = folder / "w.safetensors"
     write_named(checkpoint, mha_state(prefix=name + "."))
-    runs = [
-        cli("heatmap", "--random", words, "--export", folder / f"{file_name}.safetensors"),
-        cli("heatmap", "--random", words, "--json", "--query", "0"),
-        cli("heatmap", "--random", words, "--query", sentence or "x"),
+    runs = [  # sentences after `--`: they may start with "-"
+        cli("heatmap", "--random", "--export", folder / f"{file_name}.safetensors", "--", words),
+        cli("heatmap", "--random", "--json", "--query", "0", "--", words),
+        cli("heatmap", "--random", f"--query={sentence or 'x'}", "--", words),
         cli("inspect", checkpoint, "-H", "2", "--layer", "0"),
         cli("split", "--weights", checkpoint, "-H", "2"),
         cli("split", "--weights", checkpoint, "--layer", name),
@@ -1030,3 +1038,45 @@ def test_a_multi_tower_model_runs_its_text_tower(cli, models):
     assert [layer["name"] for layer in doc["layers"]] == [
         f"text_model.encoder.layers.{i}.self_attn" for i in range(2)]
     assert doc["causal"] is True and result.stderr == ""
+
+
+def test_hostile_tokenizer_tokens_print_escaped(cli, tmp_path):
+    """Tokens come from the model's tokenizer: escape sequences and markup in its vocabulary
+    are shown escaped in maps, --query tables and errors, and as \\u escapes in --json."""
+    from test_hf import build_tiny
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = tmp_path / "gpt2"
+    build_tiny("gpt2", folder)
+    words = ["\x1b[2J", "[bold]", "\u202eevil", "\x9b31m", "$\\frac{", ":smile:"]
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<s>", "</s>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # whole words, escapes included
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                         pad_token="<pad>").save_pretrained(folder)
+    sentence = " ".join(words)
+    for args in (["--query", "[bold]"], ["--json"], ["--query", "\x1b]0;x\x07"]):
+        result = cli("heatmap", "--model", folder, sentence, *args)
+        assert result.exit_code in (0, 2) and "Traceback" not in result.output
+        assert_no_control(result.stdout, result.stderr)
+    assert "[bold]" in cli("heatmap", "--model", folder, sentence).stdout
+
+
+CONFIG_TYPES = [
+    ("scale_attn_weights", "yes", "config.json field 'scale_attn_weights' is 'yes', expected "
+     "true or false"),
+    ("n_head", [2, 2], "config.json field 'n_head' is [2, 2], expected a positive integer"),
+    ("n_positions", 1.5, "cannot read the model's config.json"),
+    ("n_inner", -5, "cannot read the model's config.json"),
+]
+
+
+@pytest.mark.parametrize("case", CONFIG_TYPES, ids=[c[0] for c in CONFIG_TYPES])
+def test_config_fields_of_unexpected_types(cli, models, tmp_path, case):
+    import shutil
+
+    folder = tmp_path / "gpt2"
+    shutil.copytree(models["gpt2"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, case[0]: case[1]}))
+    assert_error(cli("heatmap", "--model", folder, "the cat"), 1, case[2])

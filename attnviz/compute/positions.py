@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from attnviz.compute.forward import LayerWeights
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import UsageError
+from attnviz.errors import LayoutError, UsageError
 from attnviz.load import config as hfconfig
 
 # model_type → where positions enter attention. Causal masking and the scale come from the layer.
@@ -66,12 +66,13 @@ def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
     # an optional rope_scaling dict.
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     params = params if isinstance(params, dict) else {}
-    theta = float(params.get("rope_theta") or config.get("rope_theta")
-                  or config.get("rotary_emb_base") or 10000.0)
+    # Every number is checked (positive, finite, a number at all) before it enters arithmetic.
+    theta = (hfconfig.number(params, "rope_theta", None) or hfconfig.number(config, "rope_theta",
+             None) or hfconfig.number(config, "rotary_emb_base", None) or 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
     inv_freq = 1.0 / theta ** (torch.arange(0, dims, 2, dtype=torch.int64).float() / dims)
     if rope_type == "linear":
-        inv_freq = inv_freq / float(params["factor"])
+        inv_freq = inv_freq / _required(params, "factor")
     elif rope_type == "llama3":
         inv_freq = llama3_frequencies(inv_freq, params)
     elif rope_type != "default":
@@ -86,9 +87,12 @@ def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
 
 def llama3_frequencies(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1's frequency-dependent scaling (modeling_rope_utils._compute_llama3_parameters)."""
-    factor, low, high = (float(params[k]) for k in ("factor", "low_freq_factor",
-                                                     "high_freq_factor"))
-    old = float(params["original_max_position_embeddings"])
+    factor, low, high = (_required(params, k) for k in ("factor", "low_freq_factor",
+                                                         "high_freq_factor"))
+    old = _required(params, "original_max_position_embeddings")
+    if high == low:
+        raise LayoutError("config.json's rope scaling has low_freq_factor = high_freq_factor",
+                          "fix config.json")
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
     smooth = (old / wavelen - low) / (high - low)
@@ -116,8 +120,17 @@ def sliding_window(config: dict[str, Any], kind: str | None, index: int) -> int 
     if SLIDING[kind]:
         return window
     # Qwen2: only with use_sliding_window, and only from layer max_window_layers on.
-    start = config.get("max_window_layers", 28)
-    return window if config.get("use_sliding_window") and index >= start else None
+    start = config.get("max_window_layers")
+    start = start if type(start) is int else 28
+    return window if config.get("use_sliding_window") is True and index >= start else None
+
+
+def _required(params: dict[str, Any], name: str) -> float:
+    """A positive number the rope scaling needs; missing or malformed is a config error."""
+    value = hfconfig.number(params, name, None)
+    if value is None:
+        raise LayoutError(f"config.json's rope scaling lacks {name!r}", "fix config.json")
+    return value
 
 
 @dataclass(frozen=True)
