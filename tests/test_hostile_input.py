@@ -94,6 +94,28 @@ def test_printable_escapes_everything_a_terminal_interprets(text):
     assert "\n" not in line and len(line) <= 1000
 
 
+def test_the_console_escapes_what_a_renderer_missed():
+    """The last line of defence: plain strings, table cells and Text given to attnviz's
+    console come out escaped, markup and emoji codes literal."""
+    import io
+
+    from rich.table import Table
+    from rich.text import Text
+
+    from attnviz.render.safe import console
+
+    out = console()
+    out.file = io.StringIO()
+    table = Table()
+    table.add_column("[bold]name[/]")
+    table.add_row("x\x1b[2J[red]y", Text("\x1b]0;t\x07\u202ez"))
+    out.print(table)
+    out.print("wrote [/] :smile: \x9b31m \u2066")
+    text = out.file.getvalue()
+    assert_no_control(text)
+    assert "[bold]name[/]" in text and "[/] :smile:" in text and "\\x1b[2J[red]y" in text
+
+
 @pytest.fixture(scope="module")
 def hostile_checkpoint(tmp_path_factory) -> Path:
     """Tensor names, config values and metadata full of escapes and markup."""

@@ -41,12 +41,21 @@ class SafeConsole(Console):
     text: markup, emoji codes and highlighting are off, and segments are escaped as they are
     rendered (a missed `safe_text` cannot reach the terminal)."""
 
+    _checking = False  # renderables render their parts through this method too: check once
+
     def render(self, renderable: Any, options: Any = None) -> Iterable[Segment]:
-        for segment in super().render(renderable, options):
-            text = segment.text
-            if segment.control is None and text != "\n" and not text.isprintable():
-                segment = Segment(_escape_segment(text), segment.style, segment.control)
-            yield segment
+        if self._checking:
+            yield from super().render(renderable, options)
+            return
+        self._checking = True
+        try:
+            for segment in super().render(renderable, options):
+                text = segment.text
+                if segment.control is None and text != "\n" and not text.isprintable():
+                    segment = Segment(_escape_segment(text), segment.style, segment.control)
+                yield segment
+        finally:
+            self._checking = False
 
 
 def check_terminal_size(environ: dict[str, str] | None = None) -> None:

@@ -24,7 +24,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from attnviz.errors import AttnvizError, CheckpointError, Interrupted, UsageError, printable, quoted
+from attnviz.errors import (
+    AttnvizError,
+    CheckpointError,
+    Interrupted,
+    UsageError,
+    printable,
+    printable_path,
+    quoted,
+)
 from attnviz.load.checkpoint import TensorStore
 
 LAYER_COUNT_FIELDS = frozenset({"num_hidden_layers", "n_layer", "n_layers", "num_layers",
@@ -69,7 +77,7 @@ def _fields(config: dict[str, Any], names: frozenset[str]) -> Iterator[tuple[str
 
 def check_folder(folder: Path, store: TensorStore) -> None:
     """Before transformers: config.json present, and its layer counts against the weights."""
-    where = printable(str(folder), 160)
+    where = printable_path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError("the model folder has no config.json", "copy it from the model's "
                               "hub page; attnviz never guesses the architecture", where)
@@ -85,7 +93,7 @@ def check_folder(folder: Path, store: TensorStore) -> None:
 def check_tokenizer_files(folder: Path) -> None:
     """Tokenizer files present: a model without them would run on [UNK] tokens, or not at
     all."""
-    where = printable(str(folder), 160)
+    where = printable_path(folder)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError("the model folder has no tokenizer files (tokenizer.json, "
                               "vocab.txt, …)", "copy them from the model's hub page into the "
