@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from enum import IntEnum
 
 
@@ -34,8 +35,7 @@ class AttnvizError(Exception):
             text += f" ({context})"
         if self.fix:
             text += f" — {self.fix}"
-        # One line, always: library texts and file names may carry newlines.
-        return " ".join(text.split())
+        return one_line(text)
 
 
 class UsageError(AttnvizError):
@@ -70,9 +70,68 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def printable(text: str, limit: int = 80) -> str:
-    """Escape control characters and shorten: names from files may be hostile."""
-    escaped = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
-    if len(escaped) > limit:
-        escaped = escaped[: limit - 1] + "…"
-    return escaped
+MESSAGE_LIMIT = 1000  # characters of one error line; paths and names inside are shorter still
+
+
+def printable(text: str, limit: int | None = 80) -> str:
+    """`text` with every character that is not printable escaped, shortened to `limit`.
+
+    Names from files and strings from the user may be hostile. Escaped are what
+    `str.isprintable` refuses: C0 and C1 controls (ESC, BEL, NUL, CSI U+009B, …), DEL, format
+    characters such as the bidi overrides U+202A–U+202E and isolates U+2066–U+2069, line and
+    paragraph separators, lone surrogates and unassigned code points, each as its Python
+    escape (ESC as the four characters `\\x1b`). The result holds nothing a terminal interprets.
+    """
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """An error message as one printable line: whitespace runs (newlines included) become one
+    space, everything else that is not printable is escaped, and it is shortened to `limit`."""
+    return printable(" ".join(str(text).split()), limit)
+
+
+# errno → (exit code, how to fix it) for file-system failures attnviz does not check itself
+_OS_FIXES = {
+    errno.ENAMETOOLONG: (ExitCode.USAGE, "shorten the path (at most 255 bytes per name)"),
+    errno.ELOOP: (ExitCode.DATA, "a symbolic link points back at itself: fix or remove it"),
+    errno.EACCES: (ExitCode.DATA, "check the permissions"),
+    errno.EPERM: (ExitCode.DATA, "check the permissions"),
+    errno.ENOSPC: (ExitCode.DATA, "free some space on that device, or write somewhere else"),
+    errno.EDQUOT: (ExitCode.DATA, "free some space (disk quota exceeded), or write elsewhere"),
+    errno.EFBIG: (ExitCode.DATA, "the file grew past a size limit: write somewhere else"),
+    errno.EROFS: (ExitCode.DATA, "the file system is read-only: write somewhere else"),
+    errno.EIO: (ExitCode.DATA, "check the device: it may be full or failing"),
+    errno.ENOENT: (ExitCode.USAGE, "check the path"),
+    errno.ENOTDIR: (ExitCode.USAGE, "check the path"),
+    errno.EISDIR: (ExitCode.USAGE, "name a file, not a folder"),
+}
+
+
+def from_os_error(exc: OSError, what: str = "") -> AttnvizError:
+    """An OSError (a path too long, a symlink loop, a full disk, …) in attnviz's words."""
+    code, fix = _OS_FIXES.get(exc.errno or -1, (ExitCode.DATA, ""))
+    reason = exc.strerror or type(exc).__name__
+    error = AttnvizError(f"{what or 'cannot use the path'}: {reason}", fix=fix,
+                         where=printable_path(exc.filename) if exc.filename is not None else "")
+    error.exit_code = code
+    return error
+
+
+def printable_path(path: object, limit: int = 160) -> str:
+    """A path for a message: escaped, and when long, shortened in the middle so that both the
+    start and the file name stay visible."""
+    text = printable(str(path), None)
+    if len(text) > limit:
+        text = text[: limit // 3] + "…" + text[-(limit - limit // 3 - 1):]
+    return text
+
+
+def quoted(text: str, limit: int | None = 80) -> str:
+    """`printable(text)` in single quotes, for names inside messages."""
+    return f"'{printable(text, limit)}'"

@@ -5,6 +5,7 @@ randomly initialized nn.MultiheadAttention (`--random`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -97,10 +98,10 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None) -> A
         if request.positions != "none":
             raise UsageError("the bundled model has its own learned positions",
                              fix="drop --positions", option="--positions")
-        count = int(store.metadata.get("num_layers", "0") or 0)
-        chosen = parse_layers(request.layer, count)
-        check_panels(request, count if chosen is None else len(chosen),
-                     int(store.metadata.get("num_heads", "0") or 0))
+        layers = tinymodel.tiny_layers(store)  # checked against the metadata's counts
+        chosen = parse_layers(request.layer, len(layers))
+        check_panels(request, len(layers) if chosen is None else len(chosen),
+                     max(layer.num_heads or 0 for layer in layers))
         return tinymodel.run_tiny(store, request.batch, chosen, device)
     inventory = find_layers(store, request.hints)
     layer = select_layer(inventory, request.layer, store.source)
@@ -228,9 +229,10 @@ def export(run: Any, path: Path) -> None:
     (B, H, T, S), inputs.decoder.{layer} / inputs.cross.{layer}, target_mask (B, T) and
     metadata target_tokens."""
     import torch
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    from attnviz.app.outputs import atomic_output
+    from attnviz.app.outputs import atomic_output, check_free_space
     from attnviz.compute.inputs import padding_mask
 
     if run.exported == path:  # a streamed run wrote the file as it went
@@ -247,8 +249,13 @@ def export(run: Any, path: Path) -> None:
         tensors[maps_key] = captured.weights.float().contiguous()
         if captured.inputs is not None:
             tensors[inputs_key] = captured.inputs.float().contiguous()
+    check_free_space(path, sum(t.numel() * t.element_size() for t in tensors.values()))
     with atomic_output(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+        except SafetensorError:  # the writer's own I/O error (a full disk, a size limit)
+            raise OSError(errno.EIO, "the safetensors writer failed (a full disk or a file "
+                          "size limit?)") from None
 
 
 def _export_metadata(batch: Batch, source: str, inputs: str, causal: bool) -> dict[str, str]:

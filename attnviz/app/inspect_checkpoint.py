@@ -139,37 +139,64 @@ def layer_detail(layer: AttentionLayer, store: TensorStore) -> LayerDetail:
     return LayerDetail(layer, heads, non_finite)
 
 
+CHUNK_ELEMENTS = 1 << 22  # values read (and widened to float64) at a time: 32 MB
+
+
 def slice_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]],
                 by_columns: bool) -> tuple[list[float], int]:
     """Frobenius norms (of the finite values) of row or column spans that together cover
     `ref`, and its NaN/Inf count.
 
-    Safetensors data is read through a numpy memory map one span at a time (no torch import,
-    no whole-tensor copy); other formats go through torch.
+    Safetensors data is read through a numpy memory map in blocks of stored rows (no torch
+    import, no whole-tensor copy); each block is reduced to per-row or per-column sums of
+    squares, and each span's norm is a difference of their prefix sums, so the cost is one pass
+    over the tensor plus O(1) per head: tens of thousands of heads cost no more than a few.
+    Other formats go through torch.
     """
     view = store.numpy_view(ref.key)
     if view is None:
         return _torch_norms(store, ref, spans, by_columns)
     import numpy as np
 
+    if ref.flatten or view.ndim == 1:
+        view, keep_rows = view.reshape(-1, 1), True  # one value per canonical row
+    else:  # canonical rows are stored rows, or stored columns when the tensor is transposed
+        keep_rows = ref.transposed == by_columns
+    squares, bad = _line_sums(view, keep_rows, ref.dtype)
+    sq_prefix = np.concatenate([[0.0], np.cumsum(squares)])
+    bad_prefix = np.concatenate([[0], np.cumsum(bad)])
+    norms, non_finite = [], 0
+    for start, stop in spans:
+        ranges = ((start, stop),) if by_columns else (
+            ref.take(((start, stop),)).row_ranges or ((start, stop),))
+        norms.append(max(0.0, float(sum(sq_prefix[b] - sq_prefix[a] for a, b in ranges))) ** 0.5)
+        non_finite += int(sum(bad_prefix[b] - bad_prefix[a] for a, b in ranges))
+    return norms, non_finite  # the spans cover the whole reference, so this counts all of it
+
+
+def _line_sums(view: Any, keep_rows: bool, dtype: str) -> tuple[Any, Any]:
+    """Per stored row (keep_rows) or per stored column: the sum of squares of the finite values
+    and the count of NaN/Inf, reading blocks of stored rows of at most CHUNK_ELEMENTS."""
+    import numpy as np
+
     from attnviz.load.checkpoint import as_float32
 
-    canonical = ref.oriented(view)
-    norms, bad = [], 0
-    for start, stop in spans:
-        squares = 0.0
-        if by_columns:
-            blocks = [canonical[:, start:stop]]
+    rows, cols = view.shape
+    size = rows if keep_rows else cols
+    squares, bad = np.zeros(size), np.zeros(size, dtype=np.int64)
+    step = max(1, CHUNK_ELEMENTS // max(cols, 1))
+    for start in range(0, rows, step):
+        values = as_float32(view[start : start + step], dtype).astype(np.float64)
+        finite = np.isfinite(values)
+        values[~finite] = 0.0
+        axis = 1 if keep_rows else 0  # reduce across the other axis
+        part_sq, part_bad = np.square(values).sum(axis), (~finite).sum(axis)
+        if keep_rows:
+            squares[start : start + step], bad[start : start + step] = part_sq, part_bad
         else:
-            absolute = ref.take(((start, stop),)).row_ranges or ((start, stop),)
-            blocks = [canonical[a:b] for a, b in absolute]
-        for block in blocks:
-            values = as_float32(block, ref.dtype).astype(np.float64)
-            finite = np.isfinite(values)
-            bad += int(values.size - finite.sum())
-            squares += float(np.square(values[finite]).sum())
-        norms.append(squares**0.5)
-    return norms, bad  # the spans cover the whole reference, so `bad` counts all of it
+            squares += part_sq
+            bad += part_bad
+    return squares, bad
 
 
 def _torch_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]],
@@ -178,14 +205,15 @@ def _torch_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]
 
     from attnviz.compute.forward import read_ref
 
-    tensor = read_ref(store, ref).float()
+    tensor = read_ref(store, ref).double()
     bad = int((~torch.isfinite(tensor)).sum().item())
     if tensor.ndim == 1:
         tensor = tensor[:, None]
     if by_columns:
         tensor = tensor.T
     clean = torch.nan_to_num(tensor, nan=0.0, posinf=0.0, neginf=0.0)
-    return [torch.linalg.matrix_norm(clean[a:b]).item() for a, b in spans], bad
+    prefix = torch.cat([torch.zeros(1, dtype=torch.float64), clean.square().sum(1).cumsum(0)])
+    return [max(0.0, (prefix[b] - prefix[a]).item()) ** 0.5 for a, b in spans], bad
 
 
 def scan_non_finite(inventory: Inventory, store: TensorStore) -> dict[str, int]:

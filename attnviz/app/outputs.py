@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from attnviz.errors import Interrupted, OutputError, UsageError, printable
+from attnviz.errors import Interrupted, OutputError, UsageError, from_os_error, printable_path
 
 # Bounds the listing of a folder being read: a model folder holds tens of files, not millions.
 MAX_FOLDER_ENTRIES = 100_000
@@ -75,7 +75,7 @@ def check_output_path(path: Path, suffixes: Iterable[str], inputs: ReadSet = Rea
                       option: str = "--out") -> Path:
     """Resolve an output path and refuse ones that cannot be written safely."""
     allowed = tuple(suffixes)
-    shown = printable(str(path))
+    shown = printable_path(path)
     if path.suffix.lower() not in allowed:
         raise UsageError(f"cannot tell the output format from {shown!r}",
                          fix=f"end the file name with {', '.join(allowed)}", option=option)
@@ -142,13 +142,28 @@ def atomic_output(path: Path) -> Iterator[Path]:
             yield tmp
             os.chmod(tmp, _new_file_mode(path))  # mkstemp makes 0600; give the usual permissions
             os.replace(tmp, path)
-        except OSError as exc:
+        except OSError as exc:  # a full disk (ENOSPC), a size limit (EFBIG), a read-only disk
             tmp.unlink(missing_ok=True)
-            raise OutputError(f"cannot write the output: {exc.strerror}",
-                              where=printable(str(path))) from None
+            raise OutputError(f"cannot write the output: {exc.strerror or type(exc).__name__}",
+                              fix=from_os_error(exc).fix, where=printable_path(path)) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def check_free_space(path: Path, needed: int) -> None:
+    """Refuse, before writing, an output the device has no room for."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return  # the write itself will say
+    if needed > free:
+        raise OutputError(f"the output needs {needed / 1e6:.1f} MB but its device has "
+                          f"{free / 1e6:.1f} MB free",
+                          fix="free some space, or write somewhere else",
+                          where=printable_path(path))
 
 
 def _new_file_mode(path: Path) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,7 +18,10 @@ from attnviz.cli.options import (
     Seed,
     VDim,
     console,
+    path_arg,
     plain,
+    positive,
+    strict_json,
 )
 from attnviz.cli.paths import inputs_read
 from attnviz.cli.progress import progress
@@ -32,9 +34,9 @@ if TYPE_CHECKING:
 def heatmap(
     sentences: Annotated[list[str] | None, typer.Argument(help=(
         "One or more sentences (quote each). Tokens are words and punctuation marks."))] = None,
-    file: Annotated[Path | None, typer.Option("--file", "-f", help=(
+    file: Annotated[Path | None, typer.Option("--file", "-f", callback=path_arg, help=(
         "Read sentences from a text file, one per line."))] = None,
-    weights: Annotated[Path | None, typer.Option("--weights", "-w", help=(
+    weights: Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
         "A checkpoint; default: the bundled 2-layer model with induction heads."))] = None,
     layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
         "Bundled model and --model: all (default), N, -1 or A:B, numbered in the order the "
@@ -45,16 +47,16 @@ def heatmap(
     head: Annotated[int | None, typer.Option("--head", help="Show only this head.")] = None,
     average: Annotated[bool, typer.Option("--average", help="Show the mean over heads.")]
     = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help=(
+    out: Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
         "Write a figure: a grid of heads per sentence (.png, .svg, .pdf)."))] = None,
     query: Annotated[str | None, typer.Option("--query", "-q", help=(
         "Break one query token down head by head: its q_h, each key's k_h, scores, weights "
         "(an index, or a word)."))] = None,
     sentence: Annotated[int, typer.Option("--sentence", help=(
         "Which sentence --query refers to (1-based)."))] = 1,
-    export: Annotated[Path | None, typer.Option("--export", help=(
+    export: Annotated[Path | None, typer.Option("--export", callback=path_arg, help=(
         "Write maps, inputs, mask and tokens to a .safetensors file."))] = None,
-    html: Annotated[Path | None, typer.Option("--html", help=(
+    html: Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
         "Write an interactive page that works offline: head, model and query views (.html)."))]
     = None,
     stats: Annotated[bool | None, typer.Option("--stats/--no-stats", help=(
@@ -97,11 +99,11 @@ def heatmap(
     kdim: KDim = None,
     vdim: VDim = None,
     seed: Seed = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help=(
+    max_tokens: Annotated[int, typer.Option("--max-tokens", callback=positive, help=(
         "Longest sentence accepted (attention costs O(L²) per head)."))] = 256,
-    max_sentences: Annotated[int, typer.Option("--max-sentences", help=(
+    max_sentences: Annotated[int, typer.Option("--max-sentences", callback=positive, help=(
         "Most sentences accepted in one batch."))] = 64,
-    max_panels: Annotated[int, typer.Option("--max-panels", help=(
+    max_panels: Annotated[int, typer.Option("--max-panels", callback=positive, help=(
         "Most heatmap panels in one --out figure."))] = 256,
     memory_budget: Annotated[str | None, typer.Option("--memory-budget", help=(
         "Memory for attention maps, e.g. 512MB or 2GB (default 256MB). Inputs whose full maps "
@@ -155,7 +157,8 @@ def heatmap(
     spec = RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
                       DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
                       seed=seed or 0) if random else None
-    texts = list(sentences or []) + (read_sentences(file) if file else [])
+    texts = list(sentences or []) + (read_sentences(
+        file, max_tokens, max_sentences, len(sentences or [])) if file else [])
     if probe is not None:
         texts = probe_sentences(probe, texts)
     job = HeatmapJob(
@@ -185,7 +188,7 @@ def heatmap(
                        html_path)
     print_warnings(result.warnings)
     if as_json:
-        typer.echo(json.dumps(result.to_json(ranked=rank), indent=2))
+        typer.echo(strict_json(result.to_json(ranked=rank)))
         return
     if not quiet:
         print_heatmap(result, stats is not False, show_maps, sentence - 1, scale,

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from attnviz.cli.options import HeadDim, Json, NumHeads, NumKvHeads, console
+from attnviz.cli.options import (
+    HeadDim,
+    Json,
+    NumHeads,
+    NumKvHeads,
+    console,
+    path_arg,
+    strict_json,
+)
 
 
 def inspect(
-    checkpoint: Annotated[Path, typer.Argument(help=(
+    checkpoint: Annotated[Path, typer.Argument(callback=path_arg, help=(
         "A .safetensors or .pt/.pth/.bin file, or a Hugging Face model folder."))],
     layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
         "Show per-head slices and norms of one layer (index or name); reads its tensors."))]
@@ -31,7 +38,7 @@ def inspect(
     result = inspect_checkpoint(InspectRequest(checkpoint, layer,
                                                HeadHints(num_heads, num_kv_heads, head_dim), scan))
     if as_json:
-        typer.echo(json.dumps(result.doc, indent=2))
+        typer.echo(strict_json(result.doc))
         return
     from attnviz.render.inspect_tables import print_detail, print_inventory
 

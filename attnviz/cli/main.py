@@ -7,6 +7,7 @@ Only typer and rich are imported at start-up; torch and matplotlib load inside c
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 from typing import Annotated, Any
@@ -32,11 +33,16 @@ class AttnvizGroup(TyperGroup):
     """Every failure becomes one `error: …` line on stderr and an exit code; --debug re-raises."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        from attnviz.render.safe import check_terminal_size, prepare_streams
+
         argv = kwargs.get("args")
         argv = sys.argv[1:] if argv is None else argv
-        _state["debug"] = "--debug" in list(argv)
+        _state["debug"] = _leading_debug(list(argv))
+        prepare_streams()
         try:
+            check_terminal_size()
             result = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
+            sys.stdout.flush()  # a full disk or closed pipe on stdout is reported here
         except typer.Exit as exc:
             sys.exit(exc.exit_code)
         except typer.Abort:
@@ -61,17 +67,61 @@ class AttnvizGroup(TyperGroup):
             if _state["debug"]:
                 raise
             _fail(exc.one_line(), exc.exit_code)
+        except BrokenPipeError:  # `attnviz … | head`: the reader has all it wanted, a success
+            _quiet_stdout()
+            sys.exit(0)
         except Exception as exc:
             if _state["debug"]:
                 raise
-            _fail(f"unexpected {type(exc).__name__}: {exc}", ExitCode.DATA,
-                  "rerun with --debug for the traceback, and please report it")
+            _fail_known(exc)
         sys.exit(result if isinstance(result, int) else 0)
 
 
+def _leading_debug(argv: list[str]) -> bool:
+    """--debug counts only among the global options before the command: after `--`, after the
+    command name, or inside a sentence, the same word is text."""
+    for arg in argv:
+        if arg == "--debug":
+            return True
+        if arg == "--" or not arg.startswith("-"):
+            return False
+    return False
+
+
+def _fail_known(exc: Exception) -> None:
+    """Failures of the environment in attnviz's words; anything else is a bug to report."""
+    from attnviz.errors import from_os_error
+    from attnviz.render.safe import stdout_problem
+
+    problem = stdout_problem(exc)
+    if problem is not None:
+        _quiet_stdout()
+        _fail(problem.one_line(), problem.exit_code)
+    if isinstance(exc, OSError):
+        on_stdout = exc.filename is None and exc.errno in (errno.ENOSPC, errno.EIO, errno.EFBIG)
+        if on_stdout:
+            _quiet_stdout()
+        error = from_os_error(exc, "cannot write to stdout" if on_stdout else "")
+        _fail(error.one_line(), error.exit_code)
+    _fail(f"unexpected {type(exc).__name__}: {exc}", ExitCode.DATA,
+          "rerun with --debug for the traceback, and please report it")
+
+
+def _quiet_stdout() -> None:
+    """After stdout failed, send what is still buffered nowhere, so that the interpreter's own
+    flush at exit cannot print a second complaint."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def _fail(message: str, code: int, fix: str = "") -> None:
-    text = " ".join(f"{message}{' — ' + fix if fix else ''}".split())
-    typer.echo(f"error: {text}", err=True)
+    from attnviz.errors import one_line
+
+    typer.echo(f"error: {one_line(message + (' — ' + fix if fix else ''))}", err=True)
     sys.exit(int(code))
 
 

@@ -23,35 +23,66 @@ def _hide_flag_types() -> None:
 
 _hide_flag_types()
 
-NumHeads = Annotated[int | None, typer.Option("--num-heads", "-H", help=(
+def path_arg(param: typer.CallbackParam, value: Any) -> Any:
+    """Paths (and --model ids) no file system can hold are usage errors, before any use."""
+    if value is not None:
+        from attnviz.load.paths import check_path_text
+
+        name = (param.opts or [param.name or "path"])[0]
+        check_path_text(value, name if name.startswith("-") else name.upper())
+    return value
+
+
+def positive(param: typer.CallbackParam, value: Any) -> Any:
+    """Counts and sizes given on the command line are positive: -H 0 is a mistake, not 'unset'."""
+    if value is not None and value <= 0:
+        from attnviz.errors import UsageError
+
+        name = (param.opts or [param.name or "the value"])[0]
+        raise UsageError(f"{name} must be a positive integer, got {value}", option=name)
+    return value
+
+
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+
+NumHeads = Annotated[int | None, typer.Option("--num-heads", "-H", callback=positive, help=(
     "Query heads (default 8 for random init; for checkpoints, overrides config/metadata)."))]
-NumKvHeads = Annotated[int | None, typer.Option("--num-kv-heads", help=(
+NumKvHeads = Annotated[int | None, typer.Option("--num-kv-heads", callback=positive, help=(
     "Key/value heads, for grouped-query layers (default: from the config, else = H)."))]
-HeadDim = Annotated[int | None, typer.Option("--head-dim", help=(
+HeadDim = Annotated[int | None, typer.Option("--head-dim", callback=positive, help=(
     "Head dimension d, for layouts where H·d ≠ E (default: from the config, else rows / H)."))]
-Model = Annotated[str | None, typer.Option("--model", "-m", help=(
+Model = Annotated[str | None, typer.Option("--model", "-m", callback=path_arg, help=(
     "A Hugging Face model folder or a hub id in the local cache (needs attnviz\\[hf])."))]
-EmbedDim = Annotated[int | None, typer.Option("--embed-dim", "-E", help=(
+EmbedDim = Annotated[int | None, typer.Option("--embed-dim", "-E", callback=positive, help=(
     "Random init: embed_dim E (default 64)."))]
-KDim = Annotated[int | None, typer.Option("--kdim", help=(
+KDim = Annotated[int | None, typer.Option("--kdim", callback=positive, help=(
     "Random init: key input width (default E)."))]
-VDim = Annotated[int | None, typer.Option("--vdim", help=(
+VDim = Annotated[int | None, typer.Option("--vdim", callback=positive, help=(
     "Random init: value input width (default E)."))]
-Seed = Annotated[int | None, typer.Option("--seed", help=(
+Seed = Annotated[int | None, typer.Option("--seed", min=0, max=MAX_SEED, help=(
     "Seed of the random init and of split's proof batch (default 0)."))]
 Json = Annotated[bool, typer.Option("--json", help=(
     "Print one JSON document instead of tables."))]
 
 
 def console() -> Any:
-    """stdout, with no highlighting of numbers or paths and no soft wrapping."""
-    from rich.console import Console
+    """stdout through attnviz's safe console: no markup or emoji codes parsed in strings, and
+    every control sequence a string from a file or the user could carry escaped."""
+    from attnviz.render.safe import console as safe_console
 
-    return Console(highlight=False, soft_wrap=False)
+    return safe_console(False)
 
 
 def plain(text: str) -> Any:
-    """A rich Text holding `text` as it is: markup in tokens or paths is never parsed."""
-    from rich.text import Text
+    """A rich Text holding `text` as it is: markup in tokens or paths is never parsed and
+    control characters are escaped."""
+    from attnviz.render.safe import safe_text
 
-    return Text(text)
+    return safe_text(text)
+
+
+def strict_json(doc: dict[str, Any]) -> str:
+    """--json output: strict JSON (non-finite numbers become null and are listed)."""
+    from attnviz.render.json_out import strict_json as dumps
+
+    return dumps(doc)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -19,14 +18,16 @@ from attnviz.cli.options import (
     Seed,
     VDim,
     console,
+    path_arg,
     plain,
+    strict_json,
 )
 from attnviz.cli.paths import inputs_read
 from attnviz.errors import UsageError
 
 
 def split(
-    weights: Annotated[Path | None, typer.Option("--weights", "-w", help=(
+    weights: Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
         "A checkpoint (.safetensors, .pt/.pth/.bin, or a model folder) instead of random init."))]
     = None,
     layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
@@ -41,7 +42,7 @@ def split(
     bias: Annotated[bool, typer.Option("--bias/--no-bias", help="Random init: with biases.")]
     = True,
     seed: Seed = None,
-    png: Annotated[Path | None, typer.Option("--png", help=(
+    png: Annotated[Path | None, typer.Option("--png", callback=path_arg, help=(
         "Also write a figure of W_q, W_k, W_v, W_o with head boundaries (.png, .svg, .pdf)."))]
     = None,
     as_json: Json = False,
@@ -82,7 +83,7 @@ def split(
 
         save_figure(split_figure(result.matrix_panels(), result.title), png_path)
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        typer.echo(strict_json(result.to_json()))
     else:
         from attnviz.render.split_terminal import (
             LABEL_WIDTH,

@@ -11,15 +11,18 @@ plus, with `positions="sinusoidal"`, the standard sinusoidal encoding of positio
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnviz.core.words import split_words, token_hash
-from attnviz.errors import UsageError, printable
+from attnviz.errors import UsageError, printable_path
 from attnviz.load.checkpoint import TensorStore
+from attnviz.load.jsonfile import parse_json
+from attnviz.load.paths import read_capped
 
 DEFAULT_MAX_TOKENS = 256  # attention costs O(L²) per head
 DEFAULT_MAX_SENTENCES = 64
@@ -63,15 +66,68 @@ def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
     return Batch(list(sentences), tokens)
 
 
-def read_sentences(path: Path) -> list[str]:
-    """One sentence per non-blank line."""
+def max_line_bytes(max_tokens: int) -> int:
+    """The longest --file line read: room for max_tokens words of 64 bytes, at least 64 KiB."""
+    return max(1 << 16, 64 * max_tokens)
+
+
+def read_sentences(path: Path, max_tokens: int = DEFAULT_MAX_TOKENS,
+                   max_sentences: int = DEFAULT_MAX_SENTENCES, given: int = 0) -> list[str]:
+    """One sentence per non-blank line, read a line at a time and refused as soon as the file
+    passes the limits (`given` sentences came from the command line): `-f /dev/zero` stops
+    after one over-long line, not at the end of memory. A FIFO without a writer reads as
+    empty instead of blocking; a folder or invalid UTF-8 is an error naming the line."""
+    where = printable_path(path)
+    fix = "pass a UTF-8 text file, one sentence per line"
+    limit = max_line_bytes(max_tokens)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the sentence file ({type(exc).__name__})",
-                         fix="pass a UTF-8 text file, one sentence per line",
-                         where=printable(str(path))) from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+        # O_NONBLOCK: opening a FIFO that has no writer must not wait for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UsageError(f"cannot read the sentence file: {exc.strerror}", fix=fix,
+                         where=where) from None
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError("the sentence file is a folder", fix=fix, where=where)
+    with os.fdopen(fd, "rb") as f:
+        os.set_blocking(fd, True)  # a FIFO with a writer is then read like a pipe
+        sentences: list[str] = []
+        line_number = 0
+        while True:
+            try:
+                raw = f.readline(limit + 1)
+            except OSError as exc:
+                raise UsageError(f"cannot read the sentence file: {exc.strerror}", fix=fix,
+                                 where=where) from None
+            if not raw:
+                return sentences
+            line_number += 1
+            if len(raw) > limit:
+                raise UsageError(f"line {line_number} of the sentence file is longer than "
+                                 f"{limit} bytes", fix="one sentence per line, or raise "
+                                 "--max-tokens", where=where)
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"line {line_number} of the sentence file is not UTF-8 text "
+                                 f"(byte {exc.start + 1} of the line)", fix=fix,
+                                 where=where) from None
+            if not text:
+                continue
+            sentences.append(text)
+            number = given + len(sentences)
+            if number > max_sentences:
+                given_too = f" besides the {given} given" if given else ""
+                raise UsageError(f"the sentence file holds more than {max_sentences - given} "
+                                 f"sentences{given_too}: more than --max-sentences "
+                                 f"{max_sentences}", fix="raise --max-sentences or pass fewer",
+                                 where=where)
+            count = len(split_words(text))
+            if count > max_tokens:
+                raise UsageError(f"sentence {number} (line {line_number}) has {count} tokens, "
+                                 f"more than --max-tokens {max_tokens} (attention costs O(L²) "
+                                 "per head)", fix="raise --max-tokens or shorten the sentence",
+                                 where=where)
 
 
 def hashed_vector(token: str, width: int) -> Any:
@@ -116,20 +172,27 @@ def find_vocabulary(store: TensorStore, width: int) -> Vocabulary | None:
         return None
     ids = {word: i for word, i in ids.items() if 0 <= i < rows}
     unk = next((ids[t] for t in ("[UNK]", "<unk>", "<|endoftext|>") if t in ids), None)
-    return Vocabulary(table, ids, unk, printable(str(store.folder)))
+    return Vocabulary(table, ids, unk, printable_path(store.folder))
+
+
+MAX_VOCAB_TXT_BYTES = 32 * 2**20  # a 250,000-word vocab.txt is ~4 MB
+MAX_TOKENIZER_JSON_BYTES = 64 * 2**20  # the largest hub tokenizer.json files are ~35 MB
 
 
 def _read_vocab(folder: Path) -> dict[str, int]:
+    """word → id from vocab.txt or tokenizer.json's model.vocab, each read within a size cap;
+    {} when neither is there or tokenizer.json has no word → id map."""
     vocab_txt = folder / "vocab.txt"
-    if vocab_txt.is_file():
-        lines = vocab_txt.read_text(encoding="utf-8", errors="replace").splitlines()
-        return {word: i for i, word in enumerate(lines)}
+    if os.path.lexists(vocab_txt):
+        raw = read_capped(vocab_txt, MAX_VOCAB_TXT_BYTES, "vocab.txt")
+        lines = raw.decode("utf-8", errors="replace").split("\n")
+        return {word.rstrip("\r"): i for i, word in enumerate(lines) if word.rstrip("\r")}
     tokenizer_json = folder / "tokenizer.json"
-    if tokenizer_json.is_file():
-        try:
-            vocab = json.loads(tokenizer_json.read_text(encoding="utf-8"))["model"]["vocab"]
-        except (ValueError, KeyError, TypeError):
-            return {}
+    if os.path.lexists(tokenizer_json):
+        raw = read_capped(tokenizer_json, MAX_TOKENIZER_JSON_BYTES, "tokenizer.json")
+        data = parse_json(raw, "tokenizer.json", printable_path(tokenizer_json), finite=False)
+        model = data.get("model") if isinstance(data, dict) else None
+        vocab = model.get("vocab") if isinstance(model, dict) else None
         if isinstance(vocab, dict):
             return {w: i for w, i in vocab.items() if isinstance(w, str) and type(i) is int}
     return {}
@@ -148,14 +211,20 @@ def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
     import torch
 
     vocab = find_vocabulary(store, width) if store is not None else None
-    table = store.read(vocab.embedding_key).float() if vocab and store else None
+    rows: dict[int, Any] = {}
+    if vocab is not None and store is not None:
+        # Only the rows of the tokens used are read, never the whole table (a large
+        # vocabulary's embedding is gigabytes).
+        wanted = {lookup(vocab, token) for tokens in batch.tokens for token in tokens}
+        rows = {row: store.read_rows(vocab.embedding_key, row, row + 1)[0].float()
+                for row in sorted(r for r in wanted if r is not None)}
     x = torch.zeros(len(batch.tokens), batch.max_len, width)
     found = 0
     for b, tokens in enumerate(batch.tokens):
         for i, token in enumerate(tokens):
             row = lookup(vocab, token) if vocab is not None else None
-            if row is not None and table is not None:
-                x[b, i] = table[row]
+            if row is not None and row in rows:
+                x[b, i] = rows[row]
                 found += 1
             else:
                 x[b, i] = hashed_vector(token, width)

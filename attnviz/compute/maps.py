@@ -12,6 +12,11 @@ from typing import Any
 from attnviz.compute.results import AttentionRun
 from attnviz.errors import UsageError
 
+# A streamed layer keeps display views of its first heads only (a figure holds at most
+# --max-panels, 256 by default, and the terminal fewer), so a layer of 40,000 heads keeps
+# O(256 · B · c²), not O(H · B · c²); every head still enters the statistics and the mean.
+MAX_VIEW_HEADS = 256
+
 
 @dataclass(frozen=True)
 class MapView:
@@ -46,6 +51,7 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
     for b in range(len(run.batch.tokens)):
         for captured in run.layers:
             if captured.weights is None:  # streamed: display-sized views were kept instead
+                _check_kept(captured, head, average)
                 views += [v for v in captured.views or [] if v.sentence == b and (
                     v.head is None if average else
                     v.head is not None and (head is None or v.head == head))]
@@ -67,6 +73,15 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
             views += [MapView(b, captured.index, h, m.numpy(), list(rows), col_labels, False,
                               label=captured.label) for h, m in chosen]
     return views
+
+
+def _check_kept(captured: Any, head: int | None, average: bool) -> None:
+    """A streamed layer keeps display views of its first heads only (MAX_VIEW_HEADS)."""
+    if head is not None and not average and head >= MAX_VIEW_HEADS:
+        raise UsageError(f"a long input is streamed, and only the maps of heads "
+                         f"0..{MAX_VIEW_HEADS - 1} are kept for display; head {head} is not",
+                         fix="shorten the input, or pass --export FILE for every full map",
+                         option="--head")
 
 
 def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:

@@ -98,6 +98,9 @@ def llama3_frequencies(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.
     factor, low, high = (_required(params, k) for k in ("factor", "low_freq_factor",
                                                          "high_freq_factor"))
     old = _required(params, "original_max_position_embeddings")
+    if high == low:
+        raise LayoutError("config.json's rope scaling has low_freq_factor = high_freq_factor",
+                          fix="fix config.json")
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
     smooth = (old / wavelen - low) / (high - low)

@@ -110,7 +110,8 @@ def split_projections(layer: AttentionLayer) -> dict[str, ProjectionSplit]:
     H, H_kv = layer.num_heads, layer.num_kv_heads
     assert H is not None and H_kv is not None
     q_heads = [_row_slice(layer.q_weight, h, layer.q_rows(h)) for h in range(H)]
-    kv_users = {g: tuple(h for h in range(H) if layer.kv_head_of(h) == g) for g in range(H_kv)}
+    group = H // H_kv  # kv head g serves query heads g·group … (g+1)·group - 1 (kv_head_of)
+    kv_users = {g: tuple(range(g * group, (g + 1) * group)) for g in range(H_kv)}
 
     def kv_slices(ref: TensorRef) -> list[HeadSlice]:
         users = kv_users if H_kv != H else {g: () for g in range(H_kv)}

@@ -26,15 +26,18 @@ class BandPicture:
     scale: float  # the mean |W_q| that maps to 1.0
 
 
+MAX_BAND_HEADS = 32  # heads drawn in the terminal band picture (the first ones)
+
+
 def band_picture(layer: AttentionLayer, W_q: Any, max_lines: int = 16,
-                 max_cols: int = 48) -> BandPicture:
-    """Block means of |W_q|, never mixing two heads in one line."""
+                 max_cols: int = 48, max_heads: int = MAX_BAND_HEADS) -> BandPicture:
+    """Block means of |W_q|, never mixing two heads in one line; the first `max_heads` heads."""
     H, d = layer.num_heads, layer.head_dim
     assert H is not None and d is not None
     lines_per_head = max(1, min(d, max_lines // H))
     col_blocks = _blocks(W_q.shape[1], max_cols)
     raw: list[tuple[int, tuple[int, int], list[float]]] = []
-    for h in range(H):
+    for h in range(min(H, max_heads)):
         for r0, r1 in _blocks(d, lines_per_head):
             rows = (h * d + r0, h * d + r1)
             block = W_q[rows[0] : rows[1]].abs()

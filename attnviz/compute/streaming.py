@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch
-from attnviz.compute.maps import DisplayGrid, MapView, display_grid, grid_view
+from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
 from attnviz.compute.results import LayerAttention
 from attnviz.compute.stats import (
     ROW_TERMS,
@@ -213,7 +213,8 @@ class MapReducer:
         values = (part.cells.cpu() / sizes[:, None]).numpy().copy()
         labels = tokens + ["<bias_k>"] * (self.extra_keys or 0)
         view = grid_view(part.grid, sentence, self.layer_index, head, values, tokens, labels)
-        self.views.append(view)
+        if head < MAX_VIEW_HEADS:  # tens of thousands of heads: display views stay bounded
+            self.views.append(view)
         total, heads = self._mean.get(sentence, (0, 0))
         self._mean[sentence] = (total + torch.from_numpy(values), heads + 1)
 

@@ -11,6 +11,8 @@ Conventions used everywhere in attnviz:
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -85,16 +87,22 @@ class TensorRef:
 
 
 def _compose_ranges(base: RowRanges, ranges: RowRanges) -> RowRanges:
-    """Map row ranges given relative to the concatenation of `base` back to absolute rows."""
+    """Map row ranges given relative to the concatenation of `base` back to absolute rows.
+
+    Each range finds its first base block by bisection over the blocks' offsets and visits only
+    the blocks it overlaps: taking one head's rows out of H per-head blocks costs O(log H), not
+    O(H) (so all H heads cost O(H log H), not O(H²))."""
+    offsets = list(itertools.accumulate((b_stop - b_start for b_start, b_stop in base),
+                                        initial=0))
     out: list[tuple[int, int]] = []
     for start, stop in ranges:
-        offset = 0
-        for b_start, b_stop in base:
-            length = b_stop - b_start
-            lo, hi = max(start, offset), min(stop, offset + length)
+        i = max(0, bisect.bisect_right(offsets, start) - 1)
+        while i < len(base) and offsets[i] < stop:
+            b_start = base[i][0]
+            lo, hi = max(start, offsets[i]), min(stop, offsets[i + 1])
             if lo < hi:
-                out.append((b_start + lo - offset, b_start + hi - offset))
-            offset += length
+                out.append((b_start + lo - offsets[i], b_start + hi - offsets[i]))
+            i += 1
     return merge_ranges(tuple(out))
 
 
@@ -202,8 +210,32 @@ class AttentionLayer:
         return replace(self, num_heads=heads[0], num_kv_heads=heads[1], head_dim=heads[2])
 
 
+MAX_DIVISOR_SEARCH = 10**12  # √ of it is 10⁶ trial divisions; larger numbers are not listed
+
+
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of n in increasing order, in O(√n); [] when n is too large to search."""
+    if n <= 0 or n > MAX_DIVISOR_SEARCH:
+        return []
+    small, large = [], []
+    k = 1
+    while k * k <= n:
+        if n % k == 0:
+            small.append(k)
+            if k * k != n:
+                large.append(n // k)
+        k += 1
+    return small + large[::-1]
+
+
+def divisor_choices(n: int, shown: int = 16) -> str:
+    """"1, 2, 4, …, 64" for a message: at most `shown` divisors, always ending with n."""
+    found = divisors(n)
+    if not found:
+        return f"the divisors of {n}"
+    if len(found) > shown:
+        return ", ".join(map(str, found[: shown - 1])) + f", …, {n} ({len(found)} divisors)"
+    return ", ".join(map(str, found))
 
 
 def resolve_heads(
@@ -225,7 +257,7 @@ def resolve_heads(
         raise UsageError(f"the number of heads must be positive, got {num_heads}")
     if head_dim is None:
         if q_out % num_heads:
-            choices = ", ".join(map(str, divisors(q_out)))
+            choices = divisor_choices(q_out)
             raise LayoutError(
                 f"{q_key} has {q_out} rows, not divisible by {num_heads} heads "
                 f"(head_dim would be {q_out / num_heads:.2f})",

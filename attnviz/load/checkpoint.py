@@ -7,7 +7,6 @@ of its rows, only when asked. Pickle checkpoints go through `torch.load(weights_
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import stat
@@ -19,7 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.errors import CheckpointError, UsageError, printable
+from attnviz.errors import (
+    CheckpointError,
+    UsageError,
+    from_os_error,
+    printable,
+    printable_path,
+    quoted,
+)
+from attnviz.load.jsonfile import parse_json
+from attnviz.load.paths import check_path_text, stat_input
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +96,7 @@ class TensorStore:
             return self._names[name]
         except KeyError:
             raise CheckpointError(
-                f"tensor {printable(name)!r} is not in the checkpoint", where=self.source
+                f"tensor {quoted(name)} is not in the checkpoint", where=self.source
             ) from None
 
     def _info(self, raw: str) -> TensorInfo:
@@ -150,17 +158,16 @@ def _check_regular_file(path: Path) -> os.stat_result:
     try:
         st = path.stat()
     except OSError as exc:
-        raise CheckpointError(f"cannot read the file: {exc.strerror}", fix="check the path",
-                              where=printable(str(path))) from None
+        raise from_os_error(exc, "cannot read the file") from None
     if not stat.S_ISREG(st.st_mode):
         raise CheckpointError("not a regular file", fix="pass a checkpoint file or model folder",
-                              where=printable(str(path)))
+                              where=printable_path(path))
     return st
 
 
 def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """Parse and validate a safetensors header: (tensors, metadata, data start)."""
-    where = printable(str(path))
+    where = printable_path(path)
     size = _check_regular_file(path).st_size
     bad = "the file is not a valid safetensors checkpoint"
     with open(path, "rb") as f:
@@ -176,9 +183,9 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
                                   where=where)
         raw = f.read(header_len)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{bad}: header is not valid UTF-8 JSON", where=where) from None
+        header = parse_json(raw, "the header", where, finite=False)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{bad}: {exc.what}", where=where) from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{bad}: header is not a JSON object", where=where)
     metadata = header.pop("__metadata__", None) or {}
@@ -196,12 +203,12 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
 
 
 def _parse_entry(name: str, entry: Any, data_len: int, where: str) -> TensorInfo:
-    bad = f"the safetensors header entry for {printable(name)!r} is invalid"
+    bad = f"the safetensors header entry for {quoted(name)} is invalid"
     if not isinstance(entry, dict):
         raise CheckpointError(f"{bad}: not an object", where=where)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in DTYPE_SIZES:
-        raise CheckpointError(f"{bad}: unknown dtype {printable(str(dtype))!r}", where=where)
+        raise CheckpointError(f"{bad}: unknown dtype {quoted(str(dtype))}", where=where)
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise CheckpointError(f"{bad}: shape must be a list of non-negative integers", where=where)
     if (not isinstance(offsets, list) or len(offsets) != 2
@@ -234,7 +241,7 @@ class SafetensorsStore(TensorStore):
     """A .safetensors file: header parsed up front, data memory-mapped on first read."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(printable(str(path), 200), "safetensors", config)
+        super().__init__(printable_path(path), "safetensors", config)
         self.path = path
         self._tensors, self.metadata, self._data_start = read_safetensors_header(path)
         self._handle: Any = None
@@ -271,7 +278,7 @@ class SafetensorsStore(TensorStore):
                 return self._handle.get_tensor(raw)
             return self._handle.get_slice(raw)[rows[0] : rows[1]]
         except (SafetensorError, OSError) as exc:
-            raise CheckpointError(f"cannot read tensor {printable(raw)!r}: "
+            raise CheckpointError(f"cannot read tensor {quoted(raw)}: "
                                   f"{type(exc).__name__}", fix="the file may be damaged",
                                   where=self.source) from None
 
@@ -294,7 +301,7 @@ def check_torch_zip(path: Path) -> bool:
 
     Returns False for files that are not zip archives (legacy torch format or raw pickles).
     """
-    where = printable(str(path))
+    where = printable_path(path)
     size = _check_regular_file(path).st_size
     bad = "the file is not a safe PyTorch zip checkpoint"
     try:
@@ -313,15 +320,15 @@ def check_torch_zip(path: Path) -> bool:
     for entry in entries:
         parts = entry.filename.split("/")
         if entry.filename.startswith("/") or ".." in parts or "\\" in entry.filename:
-            raise CheckpointError(f"{bad}: entry name {printable(entry.filename)!r}", where=where)
+            raise CheckpointError(f"{bad}: entry name {quoted(entry.filename)}", where=where)
         tops.add(parts[0])
         if entry.compress_type != zipfile.ZIP_STORED or entry.compress_size != entry.file_size:
-            raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} is compressed "
+            raise CheckpointError(f"{bad}: entry {quoted(entry.filename)} is compressed "
                                   "(torch never compresses; this may be a decompression bomb)",
                                   fix="re-save it with torch.save or convert it to safetensors",
                                   where=where)
         if entry.header_offset + entry.file_size > size:
-            raise CheckpointError(f"{bad}: entry {printable(entry.filename)!r} claims more bytes "
+            raise CheckpointError(f"{bad}: entry {quoted(entry.filename)} claims more bytes "
                                   "than the file holds", where=where)
     if len(tops) > 1:
         raise CheckpointError(f"{bad}: entries under several top folders", where=where)
@@ -346,7 +353,7 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     import torch
 
     _require_safe_torch()
-    where = printable(str(path))
+    where = printable_path(path)
     is_zip = check_torch_zip(path)
     try:
         # weights_only is passed explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD only overrides a
@@ -365,7 +372,39 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     tensors = flatten_state_dict(obj)
     if not tensors:
         raise CheckpointError("the checkpoint holds no tensors", where=where)
+    for name, tensor in tensors.items():
+        check_pickled_tensor(name, tensor, where)
     return tensors
+
+
+def check_pickled_tensor(name: str, tensor: torch.Tensor, where: str) -> None:
+    """A pickled tensor must be dense data attnviz can read within what the file holds.
+
+    A pickle names each tensor's storage, offset, shape and strides separately: shape
+    (100000, 100000) with strides (0, 0) over a 4-byte storage loads from a 1.7 KB file as a
+    view, and materializing it (.float(), .contiguous()) would take 40 GB. Its size is checked
+    against its storage's before anything reads it; meta tensors (a shape, no data) and sparse
+    layouts are refused by name.
+    """
+    import torch
+
+    shown = quoted(name)
+    if tensor.device.type == "meta":
+        raise CheckpointError(f"tensor {shown} is a meta tensor: it has a shape but no data",
+                              fix="save the state dict of a model whose weights were loaded",
+                              where=where)
+    if tensor.layout != torch.strided:
+        layout = str(tensor.layout).removeprefix("torch.")
+        raise CheckpointError(f"tensor {shown} is a {layout} tensor, not a dense one",
+                              fix="save dense tensors (tensor.to_dense())", where=where)
+    needed = tensor.numel() * tensor.element_size()
+    held = tensor.untyped_storage().nbytes()
+    if needed > held:
+        raise CheckpointError(f"tensor {shown} has shape {tuple(tensor.shape)} ({needed} bytes) "
+                              f"but views only {held} bytes of data (strides "
+                              f"{tuple(tensor.stride())}: repeated or overlapping)",
+                              fix="re-save it from a dense copy (tensor.contiguous().clone())",
+                              where=where)
 
 
 def _unsafe_globals(path: Path) -> str:
@@ -433,7 +472,7 @@ class PickleStore(DictStore):
     """A .pt/.pth/.bin file loaded with weights_only=True (zip files memory-mapped)."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(load_pickle_tensors(path), printable(str(path), 200), "torch", config)
+        super().__init__(load_pickle_tensors(path), printable_path(path), "torch", config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,7 +484,7 @@ class ShardedStore(TensorStore):
 
     def __init__(self, folder: Path, weight_map: dict[str, str], fmt: str,
                  config: dict[str, Any] | None) -> None:
-        super().__init__(printable(str(folder), 200), fmt, config)
+        super().__init__(printable_path(folder), fmt, config)
         self.folder = folder
         self._folder = folder
         self._weight_map = weight_map
@@ -461,8 +500,8 @@ class ShardedStore(TensorStore):
             self._shards[file_name] = open_file(path, self.config)
         shard = self._shards[file_name]
         if raw not in shard._names.values():
-            raise CheckpointError(f"shard {printable(file_name)!r} lacks tensor "
-                                  f"{printable(raw)!r} that the index promises",
+            raise CheckpointError(f"shard {quoted(file_name)} lacks tensor "
+                                  f"{quoted(raw)} that the index promises",
                                   fix="re-download the model", where=self.source)
         return shard
 
@@ -485,23 +524,26 @@ class ShardedStore(TensorStore):
 
 def safe_child(folder: Path, file_name: str) -> Path:
     """`folder/file_name`, refusing names that leave the folder or are not regular files."""
-    where = printable(str(folder))
+    where = printable_path(folder)
     if not isinstance(file_name, str) or not file_name or "/" in file_name or "\\" in file_name \
             or file_name in (".", ".."):
-        raise CheckpointError(f"the index names shard {printable(str(file_name))!r}, which is not "
+        raise CheckpointError(f"the index names shard {quoted(str(file_name))}, which is not "
                               "a plain file name inside the folder", where=where)
     path = folder / file_name
-    target = path.resolve()
+    try:
+        target, home = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python < 3.13 on a symbolic link loop
+        raise CheckpointError(f"shard {quoted(file_name)} is a symbolic link loop",
+                              fix="re-download the model", where=where) from None
     # The Hugging Face cache links snapshots/<rev>/<file> to ../../blobs/<hash>: allow that, and
     # nothing else outside the folder.
-    blobs = folder.resolve().parent.parent / "blobs"
-    inside = target.parent == folder.resolve() or (
-        folder.resolve().parent.name == "snapshots" and target.parent == blobs)
+    blobs = home.parent.parent / "blobs"
+    inside = target.parent == home or (home.parent.name == "snapshots" and target.parent == blobs)
     if not inside:
-        raise CheckpointError(f"shard {printable(file_name)!r} resolves outside the folder",
+        raise CheckpointError(f"shard {quoted(file_name)} resolves outside the folder",
                               where=where)
     if not path.exists():
-        raise CheckpointError(f"shard {printable(file_name)!r} named in the index is missing",
+        raise CheckpointError(f"shard {quoted(file_name)} named in the index is missing",
                               fix="re-download the model", where=where)
     _check_regular_file(path)
     return path
@@ -510,14 +552,12 @@ def safe_child(folder: Path, file_name: str) -> Path:
 def read_json(path: Path, what: str) -> dict[str, Any]:
     _check_regular_file(path)
     if path.stat().st_size > MAX_HEADER_BYTES:
-        raise CheckpointError(f"{what} is too large", where=printable(str(path)))
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{what} is not valid JSON (line {getattr(exc, 'lineno', '?')})",
-                              fix="fix or re-download it", where=printable(str(path))) from None
+        raise CheckpointError(f"{what} is too large", where=printable_path(path))
+    with open(path, "rb") as f:
+        raw = f.read(MAX_HEADER_BYTES + 1)
+    data = parse_json(raw, what, printable_path(path))
     if not isinstance(data, dict):
-        raise CheckpointError(f"{what} is not a JSON object", where=printable(str(path)))
+        raise CheckpointError(f"{what} is not a JSON object", where=printable_path(path))
     return data
 
 
@@ -539,7 +579,7 @@ def _open_folder_weights(folder: Path) -> TensorStore:
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
             ):
                 raise CheckpointError(f"{index_name} has no valid weight_map",
-                                      fix="re-download the model", where=printable(str(folder)))
+                                      fix="re-download the model", where=printable_path(folder))
             return ShardedStore(folder, weight_map, f"{fmt} (sharded)", config)
     candidates = [p for p in sorted(folder.iterdir())
                   if p.is_file() and p.name.endswith((SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES))]
@@ -549,7 +589,7 @@ def _open_folder_weights(folder: Path) -> TensorStore:
         found = ", ".join(printable(p.name, 40) for p in candidates[:5]) or "none"
         raise CheckpointError(f"the folder holds {len(candidates)} checkpoint files ({found})",
                               fix="pass one file, or a Hugging Face model folder",
-                              where=printable(str(folder)))
+                              where=printable_path(folder))
     return open_file(chosen[0], config)
 
 
@@ -559,16 +599,15 @@ def open_file(path: Path, config: dict[str, Any] | None = None) -> TensorStore:
         return SafetensorsStore(path, config)
     if name.endswith(PICKLE_SUFFIXES):
         return PickleStore(path, config)
-    raise UsageError(f"unknown checkpoint format {printable(path.suffix or path.name)!r}",
+    raise UsageError(f"unknown checkpoint format {quoted(path.suffix or path.name)}",
                      fix="use .safetensors, .pt, .pth, .bin or a model folder",
-                     where=printable(str(path)))
+                     where=printable_path(path))
 
 
 def open_checkpoint(path: Path | str) -> TensorStore:
     """Open a checkpoint file or folder, reading headers only."""
     path = Path(path)
-    if not path.exists():
-        raise UsageError("no such file or folder", fix="check the path", where=printable(str(path)))
-    if path.is_dir():
+    check_path_text(path, "the checkpoint path")
+    if stat.S_ISDIR(stat_input(path, "the checkpoint").st_mode):
         return open_hf_folder(path)
     return open_file(path)

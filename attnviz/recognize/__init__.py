@@ -17,7 +17,7 @@ import attnviz.recognize.conventions as conventions
 import attnviz.recognize.discovered as discovered
 import attnviz.recognize.match as match
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import UsageError, printable
+from attnviz.errors import UsageError, quoted
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, Unresolved, natural_key
 from attnviz.recognize.discovered import Discover
@@ -130,5 +130,5 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
     for item in inventory.unresolved:
         if item.name == spec.rstrip("."):
             raise UsageError(item.what, fix=item.fix, where=source)
-    raise UsageError(f"no attention layer named {printable(spec)!r}",
+    raise UsageError(f"no attention layer named {quoted(spec)}",
                      fix="see 'attnviz inspect' for the names", where=source)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import LayoutError, printable
+from attnviz.errors import LayoutError, printable, quoted
 from attnviz.load.checkpoint import FLOAT_DTYPES, TensorStore
 
 
@@ -65,16 +65,20 @@ def ref(store: TensorStore, key: str, *, transposed: bool = False,
         rows: tuple[tuple[int, int], ...] | None = None, flatten: bool = False) -> TensorRef:
     """A reference to `key`, refusing tensors that cannot be attention weights."""
     info = store.info(key)
+    if 0 in info.shape:  # a zero-sized axis holds no data, so the file cannot bound the others
+        raise LayoutError(f"attention tensor {quoted(key)} has shape {info.shape}, with a "
+                          "zero-sized dimension", fix="the checkpoint is damaged or not a model",
+                          where=store.source)
     if info.dtype not in FLOAT_DTYPES:
-        raise LayoutError(f"attention tensor {printable(key)!r} has dtype {info.dtype}, not a "
+        raise LayoutError(f"attention tensor {quoted(key)} has dtype {info.dtype}, not a "
                           "floating-point type", fix="the checkpoint is not a float model",
                           where=store.source)
     expected_dims = 1 if key.endswith("bias") and not flatten else None
     if expected_dims and len(info.shape) != 1:
-        raise LayoutError(f"bias {printable(key)!r} has shape {info.shape}, expected 1-D",
+        raise LayoutError(f"bias {quoted(key)} has shape {info.shape}, expected 1-D",
                           where=store.source)
     if not flatten and not key.endswith("bias") and len(info.shape) != 2:
-        raise LayoutError(f"weight {printable(key)!r} has shape {info.shape}, expected 2-D",
+        raise LayoutError(f"weight {quoted(key)} has shape {info.shape}, expected 2-D",
                           where=store.source)
     return TensorRef(key, info.shape, info.dtype, transposed, rows, flatten)
 
@@ -87,8 +91,10 @@ def metadata_int(store: TensorStore, name: str) -> int | None:
     value = store.metadata.get(name)
     if value is None:
         return None
-    if not value.isdigit() or int(value) <= 0:
-        raise LayoutError(f"safetensors metadata {name!r} is {printable(value)!r}, expected a "
+    # ASCII digits only: str.isdigit() also accepts "²" and "١٢", and a 5000-digit string is
+    # past what int() converts; no count attnviz uses needs more than 18 digits.
+    if not re.fullmatch(r"[0-9]{1,18}", value) or int(value) <= 0:
+        raise LayoutError(f"safetensors metadata {name!r} is {quoted(value)}, expected a "
                           "positive integer", where=store.source)
     return int(value)
 

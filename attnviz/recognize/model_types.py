@@ -381,12 +381,21 @@ def window_note(entry: ModelType, config: dict[str, Any]) -> str | None:
 
 
 def extra_notes(entry: ModelType, config: dict[str, Any]) -> tuple[str, ...]:
+    """Notes for inspect. A malformed value here is reported in the note, not raised: inspect
+    does not compute with it (the commands that do refuse it where they use it)."""
     notes = list(entry.notes)
     if entry.softcap:
-        cap = hfconfig.number(config, entry.softcap, None)
-        if cap:
-            notes.append(f"scores are soft-capped: s ← {cap}·tanh(s/{cap})")
-    window = window_note(entry, config)
+        try:
+            cap = hfconfig.number(config, entry.softcap, None)
+        except LayoutError as exc:
+            notes.append(f"{exc.what} (ignored here)")
+        else:
+            if cap:
+                notes.append(f"scores are soft-capped: s ← {cap}·tanh(s/{cap})")
+    try:
+        window = window_note(entry, config)
+    except LayoutError as exc:
+        window = f"{exc.what} (ignored here)"
     if window:
         notes.append(window)
     return tuple(notes)

@@ -7,9 +7,11 @@ from typing import Any
 
 from attnviz.app.outputs import atomic_output
 from attnviz.compute.split_views import MatrixPanel
+from attnviz.errors import printable
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MAX_HEAD_LABELS = 16
+MAX_BOUNDARY_LINES = 128  # head boundaries drawn per panel (every k-th beyond that)
 FIGURE_DPI = 100
 
 
@@ -24,10 +26,28 @@ def new_figure(width: float, height: float, constrained: bool = True,
     return fig
 
 
+def label(text: str, limit: int | None = None) -> str:
+    """Figure text from a file or the user: escaped and shortened. Every text artist is also
+    created with parse_math=False, so `$\\frac` in a name is drawn as it is, never parsed."""
+    shown = printable(text, None)
+    return shown if limit is None else shown[:limit]
+
+
 def save_figure(fig: Any, path: Path) -> None:
-    """Write atomically: a failure leaves no partial file."""
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, format=path.suffix.lstrip(".").lower())
+    """Write atomically: a failure leaves no partial file. matplotlib's font warnings (a glyph
+    missing for a token's script) stay off stderr."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("matplotlib")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with atomic_output(path) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig.savefig(tmp, format=path.suffix.lstrip(".").lower())
+    finally:
+        logger.setLevel(level)
 
 
 def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
@@ -47,7 +67,8 @@ def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
         ax.set_ylabel("output features (out)")
         centers = _centers(panel.boundaries, out_dim if panel.axis == "rows" else in_dim)
         step = max(1, -(-len(centers) // MAX_HEAD_LABELS))
-        for edge in panel.boundaries[1:-1]:
+        edges = panel.boundaries[1:-1]
+        for edge in edges[:: max(1, -(-len(edges) // MAX_BOUNDARY_LINES))]:
             if panel.axis == "rows":
                 ax.axhline(edge, color="black", linewidth=0.8)
             else:
@@ -61,7 +82,7 @@ def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
             twin.set_xticks([c for c, _ in shown], [label for _, label in shown], fontsize=8,
                             rotation=90)
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="weight value")
-    fig.suptitle(suptitle, fontsize=12)
+    fig.suptitle(label(suptitle, 200), fontsize=12, parse_math=False)
     return fig
 
 

@@ -11,6 +11,8 @@ from rich.text import Text
 
 from attnviz.app.inspect_checkpoint import LayerDetail
 from attnviz.errors import printable
+from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
+from attnviz.render.safe import safe_text
 
 
 def _dims(shape: list[int]) -> str:
@@ -54,9 +56,9 @@ def group_title(key: tuple[str, ...], count: int) -> Text:
     pattern, family, storage, dtype, bias = key
     text = Text()
     text.append(printable(pattern or "(top level)", 70), style="bold")
-    text.append(f"  {family} · {count} layer{'s' * (count != 1)} · {dtype} · ")
-    text.append(f"bias {bias.replace(',', ' ') or 'none'}\n")
-    text.append(f"  stored as {storage}", style="dim")
+    text.append(printable(f"  {family} · {count} layer{'s' * (count != 1)} · {dtype} · ", None))
+    text.append(printable(f"bias {bias.replace(',', ' ') or 'none'}", None) + "\n")
+    text.append(printable(f"  stored as {storage}", None), style="dim")
     return text
 
 
@@ -81,7 +83,8 @@ def layers_table(layers: list[dict[str, Any]]) -> Table:
 
 def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str, int] | None,
                     data_read: bool = False) -> None:
-    console.print(Text.assemble(("source  ", "bold"), f"{doc['source']}  ({doc['format']})"))
+    console.print(Text.assemble(("source  ", "bold"),
+                                printable(f"{doc['source']}  ({doc['format']})", None)))
     for key, layers in layer_groups(doc["layers"]).items():
         console.print()
         console.print(group_title(key, len(layers)))
@@ -92,7 +95,7 @@ def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str,
                            "--layer", style="dim"))
         notes = dict.fromkeys(n for layer in doc["layers"] for n in layer["notes"])
         for note in notes:
-            console.print(Text(f"note: {note}", style="yellow"))
+            console.print(safe_text(f"note: {note}", style="yellow"))
     s = doc["summary"]
     console.print()
     families = ", ".join(s["families"]) or ("none resolved" if s["unresolved"]
@@ -108,8 +111,8 @@ def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str,
                            style="yellow"))
     for (pattern, family, reason, fix), names in unresolved_groups(doc["unresolved"]).items():
         shown = f"{pattern} × {len(names)}" if len(names) > 1 else names[0]
-        console.print(Text(f"unresolved: {printable(shown, 70)} ({family}): {reason} — {fix}",
-                           style="yellow"))
+        console.print(safe_text(f"unresolved: {printable(shown, 70)} ({family}): {reason} — "
+                                f"{fix}", style="yellow"))
     for prefix in doc["unclassified"]:
         console.print(Text(f"unclassified: {printable(prefix)} looks like attention but matches "
                            "no known layout", style="yellow"))
@@ -134,15 +137,22 @@ def print_non_finite(console: Console, counts: dict[str, int]) -> None:
 def print_detail(console: Console, detail: LayerDetail) -> None:
     layer = detail.layer
     console.print()
-    console.print(Text(f"layer {layer.name or '(top level)'}: {layer.num_heads} query heads, "
-                       f"{layer.num_kv_heads} key/value heads, d = {layer.head_dim}", style="bold"))
+    console.print(safe_text(f"layer {layer.name or '(top level)'}: {layer.num_heads} query "
+                            f"heads, {layer.num_kv_heads} key/value heads, d = {layer.head_dim}",
+                            style="bold"))
     grouped = layer.num_kv_heads != layer.num_heads
-    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
+    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1),
+                  caption_justify="left")
     columns = ["head", "W_q rows", "W_o cols"] + (["kv head"] if grouped else [])
     columns += ["W_k/W_v rows", "‖W_q‖", "‖W_k‖", "‖W_v‖", "‖W_o‖"]
     for title in columns:
         table.add_column(title, justify="right", no_wrap=True)
-    for h in detail.heads:
+    for i in elided(len(detail.heads)):
+        if i is None:
+            table.add_row(*["…"] * len(columns))
+            table.caption = gap_note(len(detail.heads), MAX_TABLE_ROWS)
+            continue
+        h = detail.heads[i]
         cells = [str(h.head), f"{h.q_rows[0]}:{h.q_rows[1]}", f"{h.o_cols[0]}:{h.o_cols[1]}"]
         if grouped:
             cells.append(str(h.kv_head))

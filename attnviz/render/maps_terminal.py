@@ -17,6 +17,8 @@ from rich.text import Text
 
 from attnviz.compute.maps import MapView
 from attnviz.compute.scale import DEFAULT_SCALE, Scale, map_scale
+from attnviz.errors import printable
+from attnviz.render.elide import MAX_MAP_PANELS, MAX_TABLE_ROWS, elided, gap_note
 
 # viridis anchors: 0 → dark purple, 1 → yellow
 _RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -68,10 +70,12 @@ def _tokens(view: MapView) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _stack_lines(view: MapView, cell: int) -> list[Text]:
     """Each key's token written downwards, its first COL_LABEL_ROWS characters."""
+    # Tokens come from the user or a tokenizer: escaped before they are cut to fit.
+    col_labels = [printable(label, COL_LABEL_ROWS + 1) for label in view.col_labels]
     lines = []
-    for r in range(min(COL_LABEL_ROWS, max(len(label) for label in view.col_labels))):
+    for r in range(min(COL_LABEL_ROWS, max(len(label) for label in col_labels))):
         text = Text(" " * (ROW_LABEL_WIDTH + 1))
-        for label in view.col_labels:
+        for label in col_labels:
             text.append((label[r] if r < len(label) else " ").ljust(cell), style="dim")
         lines.append(text)
     return lines
@@ -186,8 +190,9 @@ def print_maps(console: Console, views: list[MapView], sentences: list[str],
         if any(v.downsampled for v in group):
             console.print(Text("downsampled to fit: labels a-b are token ranges; key blocks are "
                                "summed, query blocks averaged", style="dim"))
+        hidden = len(group) - MAX_MAP_PANELS  # tens of thousands of heads: output stays bounded
         runs: list[list[MapView]] = []
-        for view in group:  # consecutive views of one shape and labels print side by side
+        for view in group[:MAX_MAP_PANELS]:  # views of one shape and labels print side by side
             if runs and (runs[-1][0].values.shape, runs[-1][0].row_labels,
                          runs[-1][0].col_labels) == (view.values.shape, view.row_labels,
                                                      view.col_labels):
@@ -212,6 +217,9 @@ def print_maps(console: Console, views: list[MapView], sentences: list[str],
         if ticks:
             console.print(token_key(_tokens(group[0])[1]))
             console.print()
+        if hidden > 0:
+            console.print(Text(f"… {hidden} more maps of sentence {b + 1} not shown (--head H "
+                               "shows one, --out draws a figure)", style="dim"))
     console.print(legend(scale, shades))
 
 
@@ -231,13 +239,19 @@ def stats_table(stats: list[Any]) -> Table:
              num(s.distance, 1), num(s.first), num(s.previous), num(s.self), num(s.duplicate),
              num(s.induction)]
             for s in stats]
-    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1, 0, 0))
+    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1, 0, 0),
+                  caption_justify="left")
     for i, title in enumerate(STATS_COLUMNS[:-1]):
         table.add_column(title, justify="right", no_wrap=True,
                          min_width=max([len(title), *(len(row[i]) for row in rows)]))
     table.add_column(STATS_COLUMNS[-1], no_wrap=True)
-    for s, row in zip(stats, rows, strict=True):
-        table.add_row(*row, Text(s.label, style="bold green" if s.label else ""))
+    for shown in elided(len(stats)):  # tens of thousands of heads: the table stays bounded
+        if shown is None:
+            table.add_row(*["…"] * len(table.columns))
+            table.caption = gap_note(len(stats), MAX_TABLE_ROWS, "rows")
+            continue
+        label = stats[shown].label
+        table.add_row(*rows[shown], Text(label, style="bold green" if label else ""))
     return table
 
 
@@ -287,7 +301,8 @@ def print_query(console: Console, breakdown, key_labels: list[str]) -> None:
         best = max(range(len(h.weights)), key=h.weights.__getitem__)
         for j, label in enumerate(key_labels):
             masked = h.weights[j] == 0.0 and h.scores[j] != 0.0
-            table.add_row(f"{j} {label[:10]}", _vector(h.keys[j]), f"{h.dots[j]:+.3f}",
+            table.add_row(f"{j} {printable(label, 11)[:10]}", _vector(h.keys[j]),
+                          f"{h.dots[j]:+.3f}",
                           f"{h.scores[j]:+.3f}", "masked" if masked else f"{h.weights[j]:.3f}",
                           style="bold" if j == best else "")
         console.print(table)

@@ -11,6 +11,9 @@ from rich.text import Text
 
 from attnviz.compute.split import ProjectionSplit, Proof, SplitReport
 from attnviz.compute.split_views import BandPicture
+from attnviz.errors import printable
+from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
+from attnviz.render.safe import safe_text
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
 LABEL_WIDTH = 14  # "h12 96:104 │ "
@@ -36,24 +39,25 @@ def summary(report: SplitReport, source: str) -> Text:
     layer = report.layer
     text = Text()
     text.append("source  ", style="bold")
-    text.append(f"{source}\n")
+    text.append(f"{printable(source, None)}\n")
     if layer.name:
         text.append("layer   ", style="bold")
-        text.append(f"{layer.name} ({layer.family})\n")
+        text.append(printable(f"{layer.name} ({layer.family})", None) + "\n")
     text.append("geometry  ", style="bold")
     text.append(f"E = {layer.embed_dim}, H = {layer.num_heads}, d = {layer.head_dim}")
     if layer.num_kv_heads != layer.num_heads:
         text.append(f", H_kv = {layer.num_kv_heads}")
     if layer.kdim != layer.embed_dim or layer.vdim != layer.embed_dim:
         text.append(f", kdim = {layer.kdim}, vdim = {layer.vdim}")
-    text.append(f"\nstorage   {layer.storage}")
+    text.append(f"\nstorage   {printable(layer.storage, None)}")
     return text
 
 
 def projection_title(proj: ProjectionSplit, prefix: str = "") -> Text:
     text = Text()
     text.append(f"{PROJECTION_TITLES[proj.name]} {fmt_shape(proj.shape)}", style="bold")
-    text.append(f" · split by {proj.split} · stored at {_relative(proj.stored_at, prefix)}")
+    text.append(f" · split by {proj.split} · stored at "
+                f"{printable(_relative(proj.stored_at, prefix), None)}")
     return text
 
 
@@ -65,7 +69,7 @@ def _relative(stored_at: str, prefix: str) -> str:
 
 def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") -> Table:
     axis = "rows" if proj.split == "rows" else "cols"
-    table = Table(show_edge=False, pad_edge=False)
+    table = Table(show_edge=False, pad_edge=False, caption_justify="left")
     is_kv = proj.name in ("k", "v")
     table.add_column("kv head" if is_kv and any(h.query_heads for h in proj.heads) else "head",
                      justify="right")
@@ -74,10 +78,16 @@ def projection_table(proj: ProjectionSplit, num_heads: int, prefix: str = "") ->
     table.add_column("stored at", overflow="fold")
     if any(h.query_heads for h in proj.heads):
         table.add_column("used by query heads")
-    for h in proj.heads:
+    for i in elided(len(proj.heads)):
+        if i is None:
+            table.add_row(*["…"] * len(table.columns))
+            table.caption = gap_note(len(proj.heads), MAX_TABLE_ROWS)
+            continue
+        h = proj.heads[i]
         color = hex_color(head_rgb(h.head, num_heads))
-        cells: list[Text | str] = [Text(str(h.head), style=f"bold {color}"), f"{h.start}:{h.stop}",
-                 fmt_shape(h.shape), _relative(h.stored_at, prefix)]
+        cells: list[Text | str] = [Text(str(h.head), style=f"bold {color}"),
+                                   f"{h.start}:{h.stop}", fmt_shape(h.shape),
+                                   safe_text(_relative(h.stored_at, prefix))]
         if h.query_heads:
             cells.append(_span(h.query_heads))
         table.add_row(*cells)
@@ -117,6 +127,10 @@ def band_view(picture: BandPicture, num_heads: int, embed_dim: int,
             level = 0.2 + 0.8 * value
             text.append("█", style=hex_color((int(r * level), int(g * level), int(b * level))))
         lines.append(text)
+    shown = len({line.head for line in picture.lines})
+    if num_heads > shown:
+        lines.append(Text(gap_note(num_heads, shown, "heads", "the --png figure draws all of "
+                                   "W_q"), style="dim"))
     return Group(*lines)
 
 
@@ -155,9 +169,9 @@ def print_split(console: Console, report: SplitReport, picture: BandPicture | No
         console.print(band_view(picture, layer.num_heads, layer.embed_dim, shades))
     console.print()
     for sentence in explanation:
-        console.print(Text("• " + sentence))
+        console.print(safe_text("• " + sentence))
     for note in report.notes:
-        console.print(Text("note: " + note, style="yellow"))
+        console.print(safe_text("note: " + note, style="yellow"))
     if report.proof is not None:
         console.print()
         console.print(proof_line(report.proof))
@@ -168,16 +182,16 @@ def verify_lines(result: Any, sentences: list[str]) -> Text:
     text = Text()
     text.append("verify ", style="bold")
     text.append(f"recompute proof: layer {result.label or result.layer_index}'s attention "
-                f"recomputed by attnviz from its per-head W_q/W_k slices ({result.positions}) "
-                f"on the block's captured input, against the model's own weights, for "
-                f"{len(sentences)} sentences:\n")
+                f"recomputed by attnviz from its per-head W_q/W_k slices "
+                f"({printable(result.positions, None)}) on the block's captured input, against "
+                f"the model's own weights, for {len(sentences)} sentences:\n")
     worst = ", ".join(f"{d:.1e}" for d in result.per_head)
     text.append(f"  max |Δ| per head: {worst}\n  max |Δ| = {result.max_diff:.1e}   (tolerance "
                 f"{result.tolerance:.0e})\n  ")
     text.append("✓ the model's heads are these slices" if result.passed else "✗ FAILED",
                 style="bold green" if result.passed else "bold red")
     for note in result.notes:
-        text.append(f"\n  note: {note}", style="yellow")
+        text.append(f"\n  note: {printable(note, None)}", style="yellow")
     return text
 
 

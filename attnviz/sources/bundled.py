@@ -15,8 +15,9 @@ from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch, padding_mask
 from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids
-from attnviz.errors import CheckpointError, UsageError
+from attnviz.errors import CheckpointError, UsageError, quoted
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
 from attnviz.recognize import find_layers
 from attnviz.recognize.base import HeadHints, metadata_int
@@ -38,6 +39,33 @@ def open_bundled() -> TensorStore:
     return open_checkpoint(BUNDLED)
 
 
+def tiny_layers(store: TensorStore) -> list[AttentionLayer]:
+    """The model's attention layers, in order; the metadata's counts must be what the file
+    holds (a `num_layers` of 10⁸ must not size any loop)."""
+    layers = find_layers(store, HeadHints()).layers
+    if not layers:
+        raise CheckpointError("the model holds no attention layer", where=store.source)
+    _expect(store, "num_layers", len(layers), f"{len(layers)} attention layers")
+    for i, layer in enumerate(layers):
+        if layer.name != f"layers.{i}.self_attn":
+            raise CheckpointError(f"attention layer {i} is named {quoted(layer.name)}, not "
+                                  f"'layers.{i}.self_attn'", where=store.source)
+    return layers
+
+
+def _expect(store: TensorStore, name: str, actual: int, holds: str) -> None:
+    claimed = metadata_int(store, name)
+    if claimed is not None and claimed != actual:
+        raise CheckpointError(f"the metadata's {name} is {claimed}, but the file holds {holds}",
+                              fix="fix the metadata, or regenerate the model", where=store.source)
+
+
+def _table_rows(store: TensorStore, name: str) -> int:
+    if name not in store or len(store.info(name).shape) != 2:
+        raise CheckpointError(f"the model lacks its 2-D {name}", where=store.source)
+    return store.info(name).shape[0]
+
+
 def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
              device: torch.device) -> AttentionRun:
     """The whole model on a padded batch, capturing each requested layer's input and weights."""
@@ -46,10 +74,15 @@ def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
     if vocab_size is None or max_positions is None:
         raise CheckpointError("the model's metadata lacks vocab_size or max_positions",
                               where=store.source)
+    # Word ids index the embedding and positions its position table: both must exist.
+    _expect(store, "vocab_size", _table_rows(store, "embed.weight"),
+            "that many embedding rows")
+    _expect(store, "max_positions", _table_rows(store, "pos_embed.weight"),
+            "that many position rows")
     if batch.max_len > max_positions:
         raise UsageError(f"the bundled model knows {max_positions} positions; a sentence has "
                          f"{batch.max_len} tokens", fix=f"use at most {max_positions} tokens")
-    layers = find_layers(store, HeadHints()).layers
+    layers = tiny_layers(store)
     wanted = set(range(len(layers)) if layer_indices is None else layer_indices)
     ids = torch.zeros(len(batch.tokens), batch.max_len, dtype=torch.long)
     for b, tokens in enumerate(batch.tokens):

@@ -22,6 +22,7 @@ transformers is imported lazily: the core install works without it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -38,9 +39,18 @@ from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, Ba
 from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.selection import parse_stack_layers
-from attnviz.errors import CheckFailed, CheckpointError, UsageError, printable
+from attnviz.errors import (
+    CheckFailed,
+    CheckpointError,
+    UsageError,
+    printable,
+    printable_path,
+    quoted,
+)
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
+from attnviz.recognize import find_layers
 from attnviz.sources import capture as cap
+from attnviz.sources import hf_guard as guard
 
 DTYPES = ("float32", "bfloat16", "float16")
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
@@ -76,6 +86,7 @@ class LoadedModel:
     dtype: str
     path: cap.CapturePath  # how its maps are captured
     _store: TensorStore | None = field(default=None, repr=False)
+    tower: str | None = None  # a multi-tower model (CLIP): the attribute of its text tower
 
     @property
     def encoder_decoder(self) -> bool:
@@ -87,6 +98,22 @@ class LoadedModel:
         if self._store is None:
             self._store = open_checkpoint(self.folder)
         return self._store
+
+    @property
+    def embeddings(self) -> Any:
+        """The token embedding of the part that runs."""
+        runner = getattr(self.model, self.tower) if self.tower is not None else self.model
+        for owner in (runner, self.model):
+            getter = getattr(owner, "get_input_embeddings", None)
+            if getter is not None:
+                with contextlib.suppress(NotImplementedError, AttributeError):
+                    found = getter()
+                    if isinstance(found, torch.nn.Embedding):
+                        return found
+        found = next((m for m in runner.modules() if isinstance(m, torch.nn.Embedding)), None)
+        if found is None:
+            raise CheckpointError("the model has no token embedding", where=str(self.folder))
+        return found
 
 
 def resolve_folder(spec: str) -> Path:
@@ -108,7 +135,7 @@ def resolve_folder(spec: str) -> Path:
         raise UsageError("not a model folder nor a valid hub id", fix="check --model",
                          where=printable(spec)) from None
     if not isinstance(found, str):
-        raise CheckpointError(f"model {printable(spec)!r} is not in the local Hugging Face cache",
+        raise CheckpointError(f"model {quoted(spec)} is not in the local Hugging Face cache",
                               fix=f"download it once with 'hf download {printable(spec)}' (attnviz "
                               "never downloads), or pass a model folder")
     return Path(found).parent
@@ -134,33 +161,48 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
             raise UsageError("--device-map auto needs accelerate", fix="pip install accelerate")
     target = None if device_map else resolve_device(device)
     folder = resolve_folder(spec)
+    where = printable_path(folder)
+    store = open_checkpoint(folder)  # headers only
+    guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
+    # config.json's fields read in attnviz's words (a list where a count belongs, 'yes' for a
+    # flag) before transformers' own validation answers in its; the run does not use the result.
+    find_layers(store)
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()  # attnviz owns the terminal
     # Only local files, never repository code; eager attention is the one that returns weights.
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     dtype_key = "dtype" if _major() >= 5 else "torch_dtype"  # renamed in transformers 5
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder, **common)
-        model = transformers.AutoModel.from_pretrained(
-            folder, attn_implementation="eager", device_map=device_map,
-            **{dtype_key: getattr(torch, dtype)}, **common)
+    fix = "check that the folder holds config.json, the weights and the tokenizer files"
+    with guard.quiet():  # transformers' reports and warnings are attnviz's to word
+        with guard.contained("transformers cannot read the model's config.json", fix, where):
+            config = transformers.AutoConfig.from_pretrained(folder, **common)
+            meta = guard.meta_model(transformers, config)  # shapes only, on the meta device
+        tower = guard.text_runner(meta, config)
         if tokenizer is None:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **common)
-    except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"transformers cannot load the model: {printable(first, 200)}",
-                              fix="check that the folder holds config.json, the weights and the "
-                              "tokenizer files", where=printable(str(folder))) from None
+            guard.check_tokenizer_files(folder)
+        guard.check_sizes(meta, store, where)
+        del meta
+        with guard.contained("transformers cannot load the model", fix, where):
+            model, info = transformers.AutoModel.from_pretrained(
+                folder, attn_implementation="eager", device_map=device_map,
+                output_loading_info=True, **{dtype_key: getattr(torch, dtype)}, **common)
+        if tokenizer is None:
+            with guard.contained("the model's tokenizer cannot be loaded",
+                                 "check or replace its tokenizer files", where):
+                tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **common)
     model.eval()
     if target is not None:
         model.to(target)
+    runner = getattr(model, tower) if tower is not None else model
+    runner_params = {id(p) for p in runner.parameters()}
+    guard.check_loaded(info, {name for name, p in model.named_parameters()
+                              if id(p) in runner_params}, where)
     cap.register()
     path = cap.CapturePath.OUTPUT_ATTENTIONS
     if cap.uses_interface(model):
         model.set_attn_implementation(cap.NAME)
         path = cap.CapturePath.INTERFACE
-    return LoadedModel(model, tokenizer, folder, config, dtype, path)
+    return LoadedModel(model, tokenizer, folder, config, dtype, path, _store=store, tower=tower)
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -202,7 +244,9 @@ def prepare(loaded: LoadedModel, sentences: list[str], targets: list[str] | None
     rows = _encode(loaded, sentences, max_tokens)
     tokens = [loaded.tokenizer.convert_ids_to_tokens(row["input_ids"]) for row in rows]
     runner, runner_name = loaded.model, ""
-    if loaded.encoder_decoder and targets is None:
+    if loaded.tower is not None:  # a multi-tower model (CLIP): its text tower runs alone
+        runner, runner_name = getattr(loaded.model, loaded.tower), loaded.tower
+    elif loaded.encoder_decoder and targets is None:
         runner = loaded.model.get_encoder()
         runner_name = next((n for n, m in loaded.model.named_modules() if m is runner), "")
     feed, offsets = _pad(loaded, runner, rows)
@@ -221,12 +265,26 @@ def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int,
         raise UsageError(f"{len(sentences)} sentences exceed {DEFAULT_MAX_SENTENCES}",
                          fix="pass fewer sentences")
     limit = getattr(loaded.config, "max_position_embeddings", None)
+    embedding_rows = loaded.embeddings.num_embeddings
+    where = printable_path(loaded.folder)
     out = []
     for i, sentence in enumerate(sentences, 1):
-        if target:
-            row = dict(loaded.tokenizer(text_target=sentence, add_special_tokens=True))
-        else:
-            row = dict(loaded.tokenizer(sentence, add_special_tokens=True))
+        # A tokenizer can fail in Rust (a panic surfaces as a BaseException): contained.
+        with guard.quiet(), guard.contained(f"the model's tokenizer failed on {what} {i}",
+                                            "check or replace its tokenizer files", where):
+            if target:
+                row = dict(loaded.tokenizer(text_target=sentence, add_special_tokens=True))
+            else:
+                row = dict(loaded.tokenizer(sentence, add_special_tokens=True))
+            ids = row.get("input_ids")
+            if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+                raise CheckpointError(f"the model's tokenizer gave no token ids for {what} {i}",
+                                      fix="check its tokenizer files", where=where)
+        if ids and not all(0 <= t < embedding_rows for t in ids):
+            raise CheckpointError(f"the model's tokenizer gives token id "
+                                  f"{max(ids) if max(ids) >= embedding_rows else min(ids)}, "
+                                  f"but the model's embedding has {embedding_rows} rows",
+                                  fix="the tokenizer files belong to another model", where=where)
         n = len(row["input_ids"]) + (1 if target else 0)  # the decoder start token
         if n == 0 or not sentence.strip():
             raise UsageError(f"{what} {i} gives no tokens", fix="give it some text")
@@ -238,13 +296,27 @@ def _encode(loaded: LoadedModel, sentences: list[str], max_tokens: int,
             raise UsageError(f"{what} {i} has {n} tokens; the model takes at most {limit}",
                              fix="shorten it")
         out.append(row)
+    _check_not_all_unknown(loaded, out)
     return out
+
+
+def _check_not_all_unknown(loaded: LoadedModel, rows: list[dict[str, list]]) -> None:
+    """A tokenizer that maps every word to its unknown token (a vocabulary that does not belong
+    to the model, or none) would show maps of [UNK] tokens: refuse instead."""
+    tok = loaded.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    special = set(getattr(tok, "all_special_ids", None) or []) - {unk}
+    words = [t for row in rows for t in row["input_ids"] if t not in special]
+    if isinstance(unk, int) and words and all(t == unk for t in words):
+        raise CheckpointError("the model's tokenizer maps every word of the sentences to its "
+                              "unknown token", fix="check that the tokenizer files belong to the "
+                              "model", where=printable_path(loaded.folder))
 
 
 def _filler(loaded: LoadedModel) -> int:
     """An id for padded positions: any id the embedding table has will do, they are masked."""
     tok = loaded.tokenizer
-    vocab = loaded.model.get_input_embeddings().num_embeddings
+    vocab = loaded.embeddings.num_embeddings
     return next((i for i in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id)
                  if isinstance(i, int) and 0 <= i < vocab), 0)
 
@@ -792,7 +864,12 @@ def _major() -> int:
 
 
 def _input_device(model: Any) -> torch.device:
-    return model.get_input_embeddings().weight.device
+    """Where the inputs go: the token embedding's device (under --device-map, the first)."""
+    import contextlib
+
+    with contextlib.suppress(NotImplementedError, AttributeError):
+        return model.get_input_embeddings().weight.device
+    return next(model.parameters()).device
 
 
 # --- finding attnviz's layer in the model ------------------------------------------------------

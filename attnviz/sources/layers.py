@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnviz.core.layer import AttentionLayer, divisors
+from attnviz.core.layer import AttentionLayer, divisor_choices
 from attnviz.errors import UsageError
 from attnviz.load.checkpoint import DictStore, TensorStore, open_checkpoint
 from attnviz.recognize import Inventory, find_layers, select_layer
@@ -37,7 +37,7 @@ def check_random_spec(spec: RandomSpec) -> None:
         if value is not None and value > MAX_RANDOM_DIM:
             raise UsageError(f"{flag} {value} is larger than {MAX_RANDOM_DIM}", option=flag)
     if spec.embed_dim % spec.num_heads:
-        choices = ", ".join(map(str, divisors(spec.embed_dim)))
+        choices = divisor_choices(spec.embed_dim)
         raise UsageError(
             f"embed_dim {spec.embed_dim} is not divisible by num_heads {spec.num_heads} "
             f"(head_dim would be {spec.embed_dim / spec.num_heads:.2f})",

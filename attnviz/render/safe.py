@@ -1,0 +1,104 @@
+"""The one way text reaches the terminal.
+
+Every string attnviz shows may come from a file (tensor names, config values, tokenizer tokens,
+paths) or from the user (sentences, --file lines, option values). Renderers build `Text` from
+them with `safe_text`, which escapes what `attnviz.errors.printable` escapes; the console from
+`console()` never interprets rich markup (`[bold]`, `[/]`) or emoji codes in plain strings, and, as
+a last line of defence, escapes any non-printable character still left in a rendered segment.
+Styles (colours) are rich's own escape sequences, added after that check.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.segment import Segment
+from rich.text import Text
+
+from attnviz.errors import UsageError, printable
+
+MIN_COLUMNS = 8  # narrower than this, no table or map can be drawn
+MAX_COLUMNS = 10_000  # wider than any terminal; lines are built to this width
+
+
+def safe_text(text: Any, style: str = "") -> Text:
+    """A rich Text of any string, escaped: no markup, no control character."""
+    return Text(printable(str(text), None), style=style)
+
+
+def _escape_segment(text: str) -> str:
+    return "\n".join(printable(part, None) for part in text.split("\n"))
+
+
+class SafeConsole(Console):
+    """A Console that shows strings literally and never writes a control character of its own
+    text: markup, emoji codes and highlighting are off, and segments are escaped as they are
+    rendered (a missed `safe_text` cannot reach the terminal)."""
+
+    _checking = False  # renderables render their parts through this method too: check once
+
+    def render(self, renderable: Any, options: Any = None) -> Iterable[Segment]:
+        if self._checking:
+            yield from super().render(renderable, options)
+            return
+        self._checking = True
+        try:
+            for segment in super().render(renderable, options):
+                text = segment.text
+                if segment.control is None and text != "\n" and not text.isprintable():
+                    segment = Segment(_escape_segment(text), segment.style, segment.control)
+                yield segment
+        finally:
+            self._checking = False
+
+
+def check_terminal_size(environ: Mapping[str, str] | None = None) -> None:
+    """COLUMNS and LINES, when set to digits, must be usable: rich trusts them (COLUMNS=0 leaves
+    no room for any output, and digits Python cannot convert make rich itself fail)."""
+    values: Mapping[str, str] = os.environ if environ is None else environ
+    for name, low in (("COLUMNS", MIN_COLUMNS), ("LINES", 1)):
+        value = values.get(name)
+        if value is None or not value.isdigit():
+            continue  # unset or not a number: rich ignores it too
+        if not (value.isascii() and len(value) <= 6 and low <= int(value) <= MAX_COLUMNS):
+            raise UsageError(f"{name}={printable(value, 20)} is not a usable terminal size",
+                             fix=f"unset {name} or set it to a number from {low} to {MAX_COLUMNS}",
+                             where=name)
+
+
+def console(stderr: bool = False) -> SafeConsole:
+    return SafeConsole(stderr=stderr, highlight=False, soft_wrap=False, markup=False, emoji=False)
+
+
+def prepare_streams() -> None:
+    """stderr never fails on a character its encoding lacks (an error line must always get
+    out); stdout stays strict, so that `stdout_problem` can say what to change."""
+    reconfigure = getattr(sys.stderr, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(ValueError, OSError):
+            reconfigure(errors="backslashreplace")
+
+
+def stdout_problem(exc: BaseException) -> UsageError | None:
+    """The error for output stdout's encoding cannot carry (PYTHONIOENCODING=ascii, a legacy
+    locale), or None when `exc` is something else."""
+    if not isinstance(exc, UnicodeEncodeError):
+        return None
+    encoding = getattr(sys.stdout, "encoding", None) or ""
+    try:
+        same = codecs.lookup(encoding).name == codecs.lookup(exc.encoding).name
+    except LookupError:
+        same = False
+    if not same:
+        return None
+    char = exc.object[exc.start : exc.start + 1] if isinstance(exc.object, str) else "?"
+    return UsageError(f"stdout's encoding {printable(encoding, 20)} cannot show "
+                      f"{printable(ascii(char), 12)}, which attnviz's tables and maps use",
+                      fix="set PYTHONIOENCODING=utf-8 or a UTF-8 locale (LANG=C.UTF-8), or pass "
+                      "--json (ASCII-only output)", where="stdout")
