@@ -38,3 +38,30 @@ def test_every_help_example_runs(cli, tmp_path, example):
              str(tmp_path / w) if w.endswith(".png") else w for w in shlex.split(example)[1:]]
     result = cli(*words)
     assert result.exit_code == 0, (example, result.output)
+
+
+def test_bare_attnviz_prints_help_and_no_empty_error():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "attnviz"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=120)
+    assert result.returncode == 2
+    assert "Usage" in result.stdout + result.stderr
+    assert "error:" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args", [["heatmap", "the cat sat on the mat"], ["split"],
+                                  ["inspect", "sample_weights/llama-gqa-tiny"]])
+def test_a_closed_pipe_exits_0_quietly(args):
+    """`attnviz … | head -1`: the reader closing the pipe early is a success, and silent."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "attnviz", *args], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.readline()
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 0, stderr
+    assert stderr == ""

@@ -62,6 +62,8 @@ class AttnvizGroup(TyperGroup):
                 hint = f" — see '{ctx.command_path} --help'"
             code = getattr(exc, "exit_code", 2)
             message = exc.format_message()  # type: ignore[attr-defined]
+            if not message.strip():  # bare `attnviz`: the help was printed, nothing else to say
+                sys.exit(int(ExitCode.USAGE))
             _fail(message + hint, ExitCode.USAGE if code == 2 else ExitCode.DATA)
         except AttnvizError as exc:
             if _state["debug"]:

@@ -43,6 +43,14 @@ class SafeConsole(Console):
 
     _checking = False  # renderables render their parts through this method too: check once
 
+    def on_broken_pipe(self) -> None:
+        """`attnviz … | head`: the reader took what it wanted and closed the pipe. That is a
+        success (exit 0, nothing on stderr), not rich's default exit 1."""
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0)
+
     def render(self, renderable: Any, options: Any = None) -> Iterable[Segment]:
         if self._checking:
             yield from super().render(renderable, options)
