@@ -32,3 +32,14 @@ def test_applicable_flags_still_work(cli):
     """Negative control: the same flags with the source they belong to run."""
     assert cli("heatmap", "a b", "--random", "-E", "32", "--seed", "3").exit_code == 0
     assert cli("split", "-E", "16", "-H", "2", "--no-bias").exit_code == 0
+
+
+def test_file_dash_reads_standard_input(cli, tmp_path):
+    """`-f -` reads the sentences from standard input, with the limits of any sentence file."""
+    import json
+
+    result = cli("heatmap", "-f", "-", "--json", input="the cat sat\na dog ran far\n")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["sentences"] == ["the cat sat", "a dog ran far"]
+    long_line = " ".join(["w"] * 300) + "\n"
+    assert_clean_error(cli("heatmap", "-f", "-", input=long_line), 2, "more than --max-tokens")

@@ -35,7 +35,7 @@ def heatmap(
     sentences: Annotated[list[str] | None, typer.Argument(help=(
         "One or more sentences (quote each). Tokens are words and punctuation marks."))] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", callback=path_arg, help=(
-        "Read sentences from a text file, one per line."))] = None,
+        "Read sentences from a text file, one per line ('-': standard input)."))] = None,
     weights: Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
         "A checkpoint; default: the bundled 2-layer model with induction heads."))] = None,
     layer: Annotated[str | None, typer.Option("--layer", "-l", help=(

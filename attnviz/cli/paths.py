@@ -10,6 +10,8 @@ from attnviz.app.outputs import ReadSet, read_set
 def inputs_read(weights: Path | None, model: str | None, file: Path | None,
                 bundled: bool) -> ReadSet:
     """Every file a run will read (a --weights/--model folder whole), for the output checks."""
+    if file is not None and str(file) == "-":  # standard input: whatever file it comes from
+        file = Path("/dev/stdin")
     files = [p for p in (weights, file) if p is not None]
     folders = [p for p in files if p.is_dir()]
     if model is not None:

@@ -11,9 +11,11 @@ plus, with `positions="sinusoidal"`, the standard sinusoidal encoding of positio
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,20 +79,25 @@ def read_sentences(path: Path, max_tokens: int = DEFAULT_MAX_TOKENS,
     passes the limits (`given` sentences came from the command line): `-f /dev/zero` stops
     after one over-long line, not at the end of memory. A FIFO without a writer reads as
     empty instead of blocking; a folder or invalid UTF-8 is an error naming the line."""
-    where = printable_path(path)
+    where = "standard input" if str(path) == "-" else printable_path(path)
     fix = "pass a UTF-8 text file, one sentence per line"
     limit = max_line_bytes(max_tokens)
-    try:
-        # O_NONBLOCK: opening a FIFO that has no writer must not wait for one.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise UsageError(f"cannot read the sentence file: {exc.strerror}", fix=fix,
-                         where=where) from None
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError("the sentence file is a folder", fix=fix, where=where)
-    with os.fdopen(fd, "rb") as f:
+    stream: contextlib.AbstractContextManager[Any]
+    if str(path) == "-":  # `-f -`: standard input, read with the same limits (not closed)
+        stream = contextlib.nullcontext(sys.stdin.buffer)
+    else:
+        try:
+            # O_NONBLOCK: opening a FIFO that has no writer must not wait for one.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise UsageError(f"cannot read the sentence file: {exc.strerror}", fix=fix,
+                             where=where) from None
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UsageError("the sentence file is a folder", fix=fix, where=where)
         os.set_blocking(fd, True)  # a FIFO with a writer is then read like a pipe
+        stream = os.fdopen(fd, "rb")
+    with stream as f:
         sentences: list[str] = []
         line_number = 0
         while True:
