@@ -163,32 +163,43 @@ def induction_score(weights: torch.Tensor, tokens: list[list[str]]) -> list[floa
 # their (query, key) pairs, generated block by block from the sentence's sorted tokens.
 
 ROW_TERMS = ("entropy", "max_weight", "distance", *PATTERNS, "total")  # total: Σ_j a_ij, all keys
-DENSE_PAIRS = 16  # a block gathers duplicate pairs while they are < 1/16 of its entries
+FREQUENT_TOKENS = 8  # the most common tokens (of at least FREQUENT_MIN copies) get matmul columns
+FREQUENT_MIN = 16
+DENSE_PAIRS = 16  # a block gathers pairs of other tokens while they are < 1/16 of its entries
 
 
 @dataclass(frozen=True)
 class SentencePatterns:
-    """One sentence's pattern structure, for any block of query rows: positions sorted by
-    (token, position), so that the earlier copies of position i are
-    order[group_start[i] : group_start[i] + copies[i]]."""
+    """One sentence's duplicate/induction structure, for any block of query rows.
+
+    A query's earlier copies split at its block's first row r0: keys inside the block are
+    compared densely (r × r); keys left of it are summed by the block's one matmul for the
+    sentence's most common tokens (a column per token, and one for the token before each key),
+    and gathered pair by pair for all other tokens, whose pairs are few: positions sorted by
+    (token, position) put the earlier copies of position i at
+    order[group_start[i] : group_start[i] + copies[i]].
+    """
 
     token_ids: torch.Tensor  # (n,) int64
-    order: torch.Tensor  # (n,) positions sorted by token, then position
-    group_start: torch.Tensor  # (n,) where i's token starts in `order`
-    copies: torch.Tensor  # (n,) earlier copies of i's token
-    copies_cum: list[int]  # prefix sums of copies (host ints: block sizes without a device sync)
+    prev_ids: torch.Tensor  # (n,) the token before each position (-1 at 0)
+    frequent: torch.Tensor  # (n,) index of the position's token among the common ones, or -1
+    columns: torch.Tensor  # (n, 2T) float32: token_j = t, token_{j-1} = t, per common t
+    copies_cum: list[int]  # prefix sums of earlier copies of uncommon tokens (host ints)
     counts: dict[str, int]  # queries each pattern averages over
-    host: dict[str, Any]  # order, group_start, copies as numpy arrays, for pair generation
+    host: dict[str, Any]  # order, group_start, copies (uncommon tokens only) as numpy arrays
 
     def to(self, device: torch.device) -> SentencePatterns:
-        return replace(self, token_ids=self.token_ids.to(device), order=self.order.to(device),
-                       group_start=self.group_start.to(device), copies=self.copies.to(device))
+        return replace(self, token_ids=self.token_ids.to(device),
+                       prev_ids=self.prev_ids.to(device), frequent=self.frequent.to(device),
+                       columns=self.columns.to(device))
 
 
 def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     n = len(tokens)
     ids = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
     token_ids = torch.tensor([ids[t] for t in tokens], dtype=torch.long)
+    prev_ids = torch.full((n,), -1, dtype=torch.long)
+    prev_ids[1:] = token_ids[:-1]
     order = torch.sort(token_ids, stable=True).indices
     sorted_ids = token_ids[order]
     starts = torch.ones(n, dtype=torch.bool)
@@ -201,14 +212,25 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     rank[order] = torch.arange(n)
     copies = rank - group_start
     # induction pairs: earlier copies j with j + 1 < i, i.e. all but a copy at i - 1
-    repeat_prev = torch.zeros(n, dtype=torch.long)
-    repeat_prev[1:] = (token_ids[1:] == token_ids[:-1]).long()
+    repeat_prev = (prev_ids == token_ids).long()
     counts = {"entropy": n, "max_weight": n, "distance": n, "first": n - 1, "previous": n - 1,
               "self": n, "duplicate": int((copies > 0).sum()),
               "induction": int((copies - repeat_prev > 0).sum()), "total": n}
-    cum = [0, *torch.cumsum(copies, 0).tolist()]
-    host = {"order": order.numpy(), "group_start": group_start.numpy(), "copies": copies.numpy()}
-    return SentencePatterns(token_ids, order, group_start, copies, cum, counts, host)
+    occurrences = torch.bincount(token_ids)
+    common = [t for t in torch.argsort(occurrences, descending=True, stable=True)[
+        :FREQUENT_TOKENS].tolist() if occurrences[t] >= FREQUENT_MIN]
+    frequent = torch.full((len(ids),), -1, dtype=torch.long)
+    frequent[common] = torch.arange(len(common))
+    columns = torch.zeros(n, 2 * len(common))
+    for f, t in enumerate(common):
+        columns[:, f] = (token_ids == t).float()
+        columns[:, len(common) + f] = (prev_ids == t).float()
+    rare_copies = torch.where(frequent[token_ids] < 0, copies, 0)
+    cum = [0, *torch.cumsum(rare_copies, 0).tolist()]
+    host = {"order": order.numpy(), "group_start": group_start.numpy(),
+            "copies": rare_copies.numpy()}
+    return SentencePatterns(token_ids, prev_ids, frequent[token_ids], columns, cum, counts,
+                            host)
 
 
 def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
@@ -247,16 +269,20 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
         dot = torch.einsum("hij,hij->hi", real, s)
     term["max_weight"].copy_(top)
 
-    # Distances and row sums in one pass: Σ_j a_ij |i - j| split at the block's own keys into
-    # keys left of it (|i - j| = i - j), right of it (j - i), and the r × r keys beside it,
-    # measured from row_start so that float32 sums lose no precision on long rows.
-    j = torch.arange(width, device=device)
-    offset = (j - row_start).to(torch.float32)
-    left = (j < row_start).to(torch.float32)
-    right = ((j >= row_start + r) & (j < keys)).to(torch.float32)
-    weights = torch.stack([torch.ones(width, device=device), left, left * offset, right,
-                           right * offset], 1)  # (width, 5)
-    sums = attn @ weights  # (H, r, 5)
+    # One matmul reads the block once for: row sums; distances, Σ_j a_ij |i - j| split at the
+    # block's own keys into keys left of it (|i - j| = i - j), right of it (j - i) and the r × r
+    # keys beside it, measured from row_start so that float32 sums stay exact on long rows; and
+    # the weight left of the block on each common token (and on the key after each copy).
+    common = patterns.columns.shape[1] // 2
+    weights = torch.zeros(width, 5 + 2 * common, device=device)
+    j = torch.arange(width, device=device, dtype=torch.float32)
+    weights[:, 0] = 1.0
+    weights[:row_start, 1] = 1.0
+    torch.sub(j[:row_start], row_start, out=weights[:row_start, 2])
+    weights[row_start + r:keys, 3] = 1.0
+    torch.sub(j[row_start + r:keys], row_start, out=weights[row_start + r:keys, 4])
+    weights[:row_start, 5:] = patterns.columns[:row_start]
+    sums = attn @ weights  # (H, r, 5 + 2T)
     local = rows.to(torch.float32)
     stop = min(row_start + r, keys)
     beside = real[..., row_start:stop]  # (H, r, c)
@@ -272,41 +298,58 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     term["self"].copy_(real[:, rows, queries])
     term["previous"].copy_(real[:, rows, (queries - 1).clamp(min=0)] * later)
     term["first"].copy_(real[:, :, 0] * later)
-    _copy_terms(real, row_start, patterns, term["duplicate"], term["induction"])
+
+    # duplicate / induction: keys beside the block (dense), common tokens left of it (from the
+    # matmul), other tokens left of it (gathered)
+    ids = patterns.token_ids[row_start:row_start + r]
+    before = near.new_ones(r, stop - row_start, dtype=torch.bool).tril(-1)  # key j' < query i'
+    same = (ids[:, None] == patterns.token_ids[row_start:stop]) & before
+    after = (ids[:, None] == patterns.prev_ids[row_start:stop]) & before
+    both = torch.einsum("hrc,krc->khr", beside, torch.stack([same, after]).to(beside.dtype))
+    term["duplicate"].copy_(both[0])
+    term["induction"].copy_(both[1])
+    if common:
+        which = patterns.frequent[row_start:row_start + r]
+        pick = (which.clamp(min=0) + 5).expand(H, r)[..., None]
+        found = (which >= 0).to(torch.float32)
+        term["duplicate"].add_(sums.gather(-1, pick)[..., 0] * found)
+        term["induction"].add_(sums.gather(-1, pick + common)[..., 0] * found)
+    _rare_copies(attn, row_start, keys, patterns, term["duplicate"], term["induction"])
     return out
 
 
-def _copy_terms(real: torch.Tensor, row_start: int, patterns: SentencePatterns,
-                duplicate: torch.Tensor, induction: torch.Tensor) -> None:
-    """Each row's weight on earlier copies of its token, and on the tokens that followed them
-    (j + 1 < i): gathered pair by pair while the pairs are few, else through a dense mask."""
-    H, r, keys = real.shape
-    device = real.device
+def _rare_copies(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
+                 duplicate: torch.Tensor, induction: torch.Tensor) -> None:
+    """Weight on earlier copies left of the block for tokens without a matmul column:
+    gathered pair by pair while the pairs are few, else through a dense mask."""
+    H, r, width = attn.shape
+    device = attn.device
     stop = row_start + r
     pairs = patterns.copies_cum[stop] - patterns.copies_cum[row_start]
-    if pairs == 0:
+    if pairs == 0 or row_start == 0:
         return
-    if pairs * DENSE_PAIRS <= r * keys:
-        local, key = _block_pairs(patterns, row_start, stop, pairs)
-        local, key = local.to(device), key.to(device)
-        duplicate.index_add_(1, local, real[:, local, key])
-        follows = ((key + 1) < (row_start + local)).to(real.dtype)
-        induction.index_add_(1, local, real[:, local, (key + 1).clamp(max=keys - 1)] * follows)
+    if pairs * DENSE_PAIRS > r * row_start:
+        ids = patterns.token_ids[row_start:stop, None]
+        rare = (patterns.frequent[row_start:stop] < 0)[:, None]
+        left = attn[..., :row_start]
+        same = (ids == patterns.token_ids[:row_start]) & rare
+        after = (ids == patterns.prev_ids[:row_start]) & rare
+        duplicate.add_(torch.where(same, left, 0.0).sum(-1))
+        induction.add_(torch.where(after, left, 0.0).sum(-1))
         return
-    ids = patterns.token_ids
-    queries = torch.arange(row_start, stop, device=device)
-    j = torch.arange(keys, device=device)
-    same = (ids[row_start:stop, None] == ids[None, :keys]) & (j < queries[:, None])  # (r, keys)
-    duplicate.add_(torch.where(same, real, 0.0).sum(-1))
-    after = torch.zeros_like(same)
-    after[:, 1:] = same[:, :-1] & (j[1:] < queries[:, None])
-    induction.add_(torch.where(after, real, 0.0).sum(-1))
+    local, key = _block_pairs(patterns, row_start, stop, pairs)
+    flat = attn.reshape(H, r * width)
+    for target, shift in ((duplicate, 0), (induction, 1)):
+        keep = key + shift < row_start  # left of the block; the rest were counted beside it
+        rows_kept = local[keep]
+        index = (rows_kept * width + key[keep] + shift).to(device)
+        target.index_add_(1, rows_kept.to(device), flat.index_select(1, index))
 
 
 def _block_pairs(patterns: SentencePatterns, start: int, stop: int,
                  pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block-local query, key) of every earlier-copy pair of queries start..stop, on the host
-    (numpy: single-threaded index arithmetic, no parallel region per block)."""
+    """(block-local query, key) of every earlier-copy pair of queries start..stop whose token
+    has no matmul column, on the host (numpy: index arithmetic, no parallel region)."""
     import numpy as np
 
     copies = patterns.host["copies"][start:stop]
