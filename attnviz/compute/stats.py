@@ -186,7 +186,7 @@ class SentencePatterns:
     columns: torch.Tensor  # (n, 2T) float32: token_j = t, token_{j-1} = t, per common t
     copies_cum: list[int]  # prefix sums of earlier copies of uncommon tokens (host ints)
     counts: dict[str, int]  # queries each pattern averages over
-    host: dict[str, Any]  # order, group_start, copies (uncommon tokens only) as numpy arrays
+    host: dict[str, Any]  # order, group_start, copies (uncommon tokens), ids, prev: numpy
 
     def to(self, device: torch.device) -> SentencePatterns:
         return replace(self, token_ids=self.token_ids.to(device),
@@ -228,7 +228,7 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     rare_copies = torch.where(frequent[token_ids] < 0, copies, 0)
     cum = [0, *torch.cumsum(rare_copies, 0).tolist()]
     host = {"order": order.numpy(), "group_start": group_start.numpy(),
-            "copies": rare_copies.numpy()}
+            "copies": rare_copies.numpy(), "ids": token_ids.numpy(), "prev": prev_ids.numpy()}
     return SentencePatterns(token_ids, prev_ids, frequent[token_ids], columns, cum, counts,
                             host)
 
@@ -273,25 +273,18 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     # block's own keys into keys left of it (|i - j| = i - j), right of it (j - i) and the r × r
     # keys beside it, measured from row_start so that float32 sums stay exact on long rows; and
     # the weight left of the block on each common token (and on the key after each copy).
-    common = patterns.columns.shape[1] // 2
-    weights = torch.zeros(width, 5 + 2 * common, device=device)
-    j = torch.arange(width, device=device, dtype=torch.float32)
-    weights[:, 0] = 1.0
-    weights[:row_start, 1] = 1.0
-    torch.sub(j[:row_start], row_start, out=weights[:row_start, 2])
-    weights[row_start + r:keys, 3] = 1.0
-    torch.sub(j[row_start + r:keys], row_start, out=weights[row_start + r:keys, 4])
-    weights[:row_start, 5:] = patterns.columns[:row_start]
-    sums = attn @ weights  # (H, r, 5 + 2T)
+    sums = attn @ _block_columns(width, row_start, r, keys, device)  # (H, r, 5)
     local = rows.to(torch.float32)
     stop = min(row_start + r, keys)
     beside = real[..., row_start:stop]  # (H, r, c)
-    near = _near(r, stop - row_start, str(device))
+    # the keys beside the block, one product: |i - j|, 1, earlier copy, key after a copy
+    near = torch.einsum("hrc,krc->khr", beside, _beside_masks(patterns, row_start, r, stop,
+                                                              device))
     term["total"].copy_(sums[..., 0])
     term["distance"].copy_(local * sums[..., 1] - sums[..., 2] + sums[..., 4] - local * sums[..., 3]
-                           + (beside * near).sum(-1))
+                           + near[0])
     if scores is not None:
-        mass = sums[..., 1] + sums[..., 3] + beside.sum(-1)  # Σ over real keys
+        mass = sums[..., 1] + sums[..., 3] + near[1]  # Σ over real keys
         term["entropy"].copy_(torch.where(top > 0, log_norm * mass, 0.0) - dot)
 
     later = (queries >= 1).to(torch.float32)
@@ -299,23 +292,63 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     term["previous"].copy_(real[:, rows, (queries - 1).clamp(min=0)] * later)
     term["first"].copy_(real[:, :, 0] * later)
 
-    # duplicate / induction: keys beside the block (dense), common tokens left of it (from the
-    # matmul), other tokens left of it (gathered)
-    ids = patterns.token_ids[row_start:row_start + r]
-    before = near.new_ones(r, stop - row_start, dtype=torch.bool).tril(-1)  # key j' < query i'
-    same = (ids[:, None] == patterns.token_ids[row_start:stop]) & before
-    after = (ids[:, None] == patterns.prev_ids[row_start:stop]) & before
-    both = torch.einsum("hrc,krc->khr", beside, torch.stack([same, after]).to(beside.dtype))
-    term["duplicate"].copy_(both[0])
-    term["induction"].copy_(both[1])
-    if common:
+    # duplicate / induction: keys beside the block (dense, above), common tokens left of it
+    # (a matmul with the sentence's fixed token columns), other tokens left of it (gathered)
+    term["duplicate"].copy_(near[2])
+    term["induction"].copy_(near[3])
+    common = patterns.columns.shape[1] // 2
+    if common and row_start > 0:
+        tokens = real[..., :row_start] @ patterns.columns[:row_start]  # (H, r, 2T)
         which = patterns.frequent[row_start:row_start + r]
-        pick = (which.clamp(min=0) + 5).expand(H, r)[..., None]
+        pick = which.clamp(min=0).expand(H, r)[..., None]
         found = (which >= 0).to(torch.float32)
-        term["duplicate"].add_(sums.gather(-1, pick)[..., 0] * found)
-        term["induction"].add_(sums.gather(-1, pick + common)[..., 0] * found)
+        term["duplicate"].add_(tokens.gather(-1, pick)[..., 0] * found)
+        term["induction"].add_(tokens.gather(-1, pick + common)[..., 0] * found)
     _rare_copies(attn, row_start, keys, patterns, term["duplicate"], term["induction"])
     return out
+
+
+def _block_columns(width: int, row_start: int, r: int, keys: int,
+                   device: torch.device) -> torch.Tensor:
+    """(width, 5): every key, keys left of the block, their offset from row_start, keys right
+    of it (real ones), their offset. Built on the host (numpy: no parallel region per block)."""
+    import numpy as np
+
+    columns = np.zeros((width, 5), dtype=np.float32)
+    columns[:, 0] = 1.0
+    columns[:row_start, 1] = 1.0
+    columns[:row_start, 2] = np.arange(-row_start, 0, dtype=np.float32)
+    columns[row_start + r:keys, 3] = 1.0
+    columns[row_start + r:keys, 4] = np.arange(r, keys - row_start, dtype=np.float32)
+    return torch.from_numpy(columns).to(device)
+
+
+def _beside_masks(patterns: SentencePatterns, row_start: int, r: int, stop: int,
+                  device: torch.device) -> torch.Tensor:
+    """(4, r, c) float32 over the keys beside a block (c = stop - row_start): |i - j|, 1, key
+    an earlier copy of the query's token, key right after such a copy (and before the query).
+    On a CPU built with numpy (single-threaded: no parallel region per block)."""
+    c = stop - row_start
+    if device.type != "cpu":
+        ids = patterns.token_ids[row_start:row_start + r, None]
+        before = torch.ones(r, c, dtype=torch.bool, device=device).tril(-1)
+        return torch.stack([_near(r, c, str(device)), torch.ones(r, c, device=device),
+                            ((ids == patterns.token_ids[row_start:stop]) & before).float(),
+                            ((ids == patterns.prev_ids[row_start:stop]) & before).float()])
+    import numpy as np
+
+    ids = patterns.host["ids"]
+    prev = patterns.host["prev"]
+    i = np.arange(r)[:, None]
+    j = np.arange(c)[None, :]
+    masks = np.empty((4, r, c), dtype=np.float32)
+    np.abs(i - j, out=masks[0], casting="unsafe")
+    masks[1] = 1.0
+    before = j < i
+    rows = ids[row_start:row_start + r, None]
+    np.logical_and(rows == ids[None, row_start:stop], before, out=masks[2], casting="unsafe")
+    np.logical_and(rows == prev[None, row_start:stop], before, out=masks[3], casting="unsafe")
+    return torch.from_numpy(masks)
 
 
 def _rare_copies(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
