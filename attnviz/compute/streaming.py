@@ -52,7 +52,7 @@ BLOCK_BUFFERS = 3
 # < 2 % of its work. GPUs take what the budget allows.
 CPU_BLOCK_ENTRIES = 2**22
 CPU_BLOCK_ROWS = 256
-MAX_BLOCK_ROWS = 8192
+MAX_BLOCK_ROWS = 2048  # GPUs: the r × r keys beside a block stay small
 
 
 def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0, layers: int = 1) -> int:
