@@ -120,7 +120,11 @@ class MapReducer:
         bias_k column); scores, when given, the pre-softmax scores it came from."""
         if self.extra_keys is None:
             self.extra_keys = attn.shape[-1] - len(self.tokens[sentence])
-        self.add_rows(sentence, first_head, 0, attn, scores)
+        step = block_rows(None, attn.shape[-1], attn.device)  # bounded temporaries, as streamed
+        for start in range(0, attn.shape[1], step):
+            stop = start + step
+            self.add_rows(sentence, first_head, start, attn[:, start:stop],
+                          None if scores is None else scores[:, start:stop])
 
     def add_rows(self, sentence: int, first_head: int, row_start: int, attn: torch.Tensor,
                  scores: torch.Tensor | None = None,
