@@ -1,12 +1,15 @@
 """CPU/GPU agreement and timing of attnviz's attention paths. Run on a machine with a GPU:
 
-    python benchmarks/gpu_check.py [--device cuda] [--length 1024]
+    python benchmarks/gpu_check.py [--device cuda] [--length 512] [--long 16384]
 
 Checks, for a torch-expressible layer (nn.MultiheadAttention path) and a grouped-query layer
 (explicit per-head path), that the per-head maps on the GPU equal the CPU's to 1e-4, and the same
-for the streamed path of long inputs (display maps and head statistics), and prints median times
-of each. Exits 1 if a check fails, 0 with a notice if no GPU is present. `--device cpu` runs the
-script against the CPU itself: a smoke test of the script, not of a GPU.
+for the streamed path (display maps and head statistics); then, for a long input (--long tokens,
+E=1024, H=16, blocks of query rows), that the GPU's display maps and statistics equal the CPU's
+to 1e-5, with the time of each and of F.scaled_dot_product_attention on the same q, k, v on the
+GPU. Exits 1 if a check fails, 0 with a notice if no GPU is present. `--device cpu` runs the
+script against the CPU itself (with --long 2048 unless given): a smoke test of the script, not
+of a GPU.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--long", type=int, default=None,
+                        help="tokens of the long-input check (default 16384; 2048 on --device cpu)")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device here: nothing to check")
@@ -90,6 +95,8 @@ def main() -> int:
         print(f"{name:<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x {diff:9.1e} "
               f"{'ok' if ok else 'FAILED'}")
     failures += streamed_agreement(gpu, args.length)
+    long = args.long or (2048 if gpu.type == "cpu" else 16384)
+    failures += long_agreement(gpu, long)
     return 1 if failures else 0
 
 
@@ -114,6 +121,51 @@ def streamed_agreement(gpu: torch.device, length: int) -> int:
     ok = diff <= 1e-4 and stats <= 1e-4
     print(f"{'streamed GQA, 2 sents':<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x "
           f"{diff:9.1e} {'ok' if ok else 'FAILED'} (stats rel Δ {stats:.1e})")
+    return int(not ok)
+
+
+def long_agreement(gpu: torch.device, length: int) -> int:
+    """A long input in blocks of query rows (stream_layer, the default memory budget) on the CPU
+    and on the GPU: display maps and statistics to 1e-5, and times against SDPA's forward on
+    the same q, k, v on the GPU."""
+    import torch.nn.functional as F
+
+    from attnviz.compute import streaming
+
+    layer, store = mha_layer(1024, 16)
+    words = [f"w{(i * 7919) % 1009}" for i in range(length)]  # repeats: copy statistics
+    batch = Batch(["long"], [words])
+    x = torch.randn(1, length, 1024, generator=torch.Generator().manual_seed(3))
+    results = {}
+    for device in (torch.device("cpu"), gpu):
+        def step(device=device):
+            return stream_layer(layer, store, batch, x, x, False, device)
+
+        results[device.type] = timed(step, device, repeats=1)
+    (cpu_s, cpu), (gpu_s, on_gpu) = results["cpu"], results[gpu.type]
+    maps = max(float(abs(a.values - b.values).max()) for a, b in zip(cpu.views, on_gpu.views,
+                                                                     strict=True))
+    keys = ("entropy", "max_weight", "distance", "first", "previous", "self", "duplicate",
+            "induction")
+    stats = max(abs(getattr(a, k) - getattr(b, k)) / max(1.0, abs(getattr(a, k)))
+                for a, b in zip(cpu.stats, on_gpu.stats, strict=True) for k in keys)
+    weights = load_weights(layer, store, device=str(gpu))
+    xg = x.to(gpu)
+    W = torch.cat([weights.W_q, weights.W_k, weights.W_v])
+    b = torch.cat([weights.b_q, weights.b_k, weights.b_v])
+
+    def sdpa():
+        with torch.no_grad():
+            q, k, v = F.linear(xg, W, b).view(1, length, 3, 16, 64).permute(2, 0, 3, 1, 4)
+            return F.scaled_dot_product_attention(q, k, v)
+
+    sdpa_s, _ = timed(sdpa, gpu, repeats=3)
+    ok = maps <= 1e-5 and stats <= 1e-5
+    rows = streaming.block_rows(None, length, gpu)
+    print(f"{f'long {length} tok, H=16':<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x "
+          f"{maps:9.1e} {'ok' if ok else 'FAILED'} (stats rel Δ {stats:.1e}; {rows} rows per "
+          f"block; SDPA forward on the {gpu.type}: {sdpa_s:.3f} s, attnviz "
+          f"{gpu_s / sdpa_s:.1f}x)")
     return int(not ok)
 
 

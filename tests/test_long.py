@@ -82,10 +82,14 @@ def _mismatch(full, streamed_views, streamed_stats, cells: int) -> tuple[float, 
 
 # blocks of 3 and 8 rows divide no sentence length; 23 rows: each sentence in one block. Display
 # maps heavily downsampled (4, 6 cells a side, blocks that straddle display rows) or exact (512).
-@pytest.mark.parametrize(("rows", "cells"), [(3, 4), (8, 512), (23, 6)])
+# Tokens seen 3 times or more get the matmul's columns in one of them (the common-token path).
+@pytest.mark.parametrize(("rows", "cells", "common"), [(3, 4, 16), (8, 512, 3), (23, 6, 16)])
 @pytest.mark.parametrize("case", list(CASES))
-def test_block_maps_equal_full_maps(monkeypatch, case, rows, cells):
+def test_block_maps_equal_full_maps(monkeypatch, case, rows, cells, common):
+    from attnviz.compute import stats
+
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", cells)
+    monkeypatch.setattr(stats, "FREQUENT_MIN", common)
     full, streamed = _runs(case, rows)
     layer = streamed.layers[0]
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, cells)
@@ -250,24 +254,28 @@ def test_memory_budget_decides_between_full_and_block_maps(cli):
     assert "--memory-budget" in cli("heatmap", "--help").stdout
 
 
-def test_duplicate_pairs_dense_and_gathered_agree(monkeypatch):
-    """Blocks with many earlier copies of their tokens switch from gathering pairs to a dense
-    mask; both give the same statistics."""
+def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypatch):
+    """Earlier copies left of a block are summed by the block's matmul for common tokens,
+    gathered pair by pair for the others, or masked densely when those pairs are many: all
+    three give the full maps' statistics."""
     from attnviz.compute import stats
 
-    text = " ".join(["x"] * 30 + [f"w{i % 3}" for i in range(30)])
+    text = " ".join(["x"] * 20 + [f"w{i % 3}" for i in range(30)] + [f"v{i % 9}" for i in
+                                                                     range(40)])
     batch = make_batch([text])
-    request = dict(random=RandomSpec(16, 2), causal=True,
-                   memory_budget=_budget_for(8, batch, 0))
-    gathered = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request)).layers[0].stats
-    monkeypatch.setattr(stats, "DENSE_PAIRS", 0)  # every block dense
-    dense = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request)).layers[0].stats
-    monkeypatch.setattr(stats, "DENSE_PAIRS", 10**9)  # every block gathered
-    sparse = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request)).layers[0].stats
-    for a, b, c in zip(gathered, dense, sparse, strict=True):
-        for key in STAT_KEYS:
-            assert getattr(a, key) == pytest.approx(getattr(b, key), rel=1e-6), key
-            assert getattr(a, key) == pytest.approx(getattr(c, key), rel=1e-6), key
+    request = dict(random=RandomSpec(16, 2), causal=True)
+    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request)).layers[0]
+    reference = head_stats(full.weights, batch.tokens, 0)
+    budget = _budget_for(8, batch, 0)
+    for common, dense in ((16, 16), (2, 16), (16, 0), (16, 10**9), (2, 0)):
+        monkeypatch.setattr(stats, "FREQUENT_MIN", common)
+        monkeypatch.setattr(stats, "DENSE_PAIRS", dense)
+        got = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request,
+                                                         memory_budget=budget)).layers[0]
+        for a, b in zip(reference, got.stats, strict=True):
+            for key in STAT_KEYS:
+                assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-6), \
+                    (common, dense, key)
 
 
 @pytest.mark.slow

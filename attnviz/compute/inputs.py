@@ -227,6 +227,7 @@ def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
                 for row in sorted(r for r in wanted if r is not None)}
     x = torch.zeros(len(batch.tokens), batch.max_len, width)
     found = 0
+    hashed: dict[str, Any] = {}  # a repeated word is drawn once (long texts repeat most words)
     for b, tokens in enumerate(batch.tokens):
         for i, token in enumerate(tokens):
             row = lookup(vocab, token) if vocab is not None else None
@@ -234,7 +235,9 @@ def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
                 x[b, i] = rows[row]
                 found += 1
             else:
-                x[b, i] = hashed_vector(token, width)
+                if token not in hashed:
+                    hashed[token] = hashed_vector(token, width)
+                x[b, i] = hashed[token]
     if vocab is not None:
         described = (f"rows of the checkpoint's embedding table {vocab.embedding_key} "
                      f"({found} of {sum(batch.lengths)} tokens found in its vocabulary, the rest "

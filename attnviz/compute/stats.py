@@ -205,34 +205,44 @@ def induction_score(weights: torch.Tensor, tokens: list[list[str]]) -> list[floa
 
 # total: Σ_j a_ij over all keys, bias_k included (a finiteness check; not a statistic)
 ROW_TERMS = ("entropy", "max_weight", "distance", *PATTERNS, "special", "total")
-DENSE_PAIRS = 16  # a block gathers duplicate pairs while they are < 1/16 of its entries
+FREQUENT_TOKENS = 8  # the most common tokens (of at least FREQUENT_MIN copies) get matmul columns
+FREQUENT_MIN = 16
+DENSE_PAIRS = 16  # a block gathers pairs of other tokens while they are < 1/16 of its entries
 
 
 @dataclass(frozen=True)
 class SentencePatterns:
-    """One sentence's pattern structure, for any block of query rows: positions sorted by
-    (token, position), so that the earlier copies of position i are
-    order[group_start[i] : group_start[i] + copies[i]]."""
+    """One sentence's duplicate/induction structure, for any block of query rows.
+
+    A query's earlier copies split at its block's first row r0: keys inside the block are
+    compared densely (r × r); keys left of it are summed by the block's one matmul for the
+    sentence's most common tokens (a column per token, and one for the token before each key),
+    and gathered pair by pair for all other tokens, whose pairs are few: positions sorted by
+    (token, position) put the earlier copies of position i at
+    order[group_start[i] : group_start[i] + copies[i]].
+    """
 
     token_ids: torch.Tensor  # (n,) int64
-    order: torch.Tensor  # (n,) positions sorted by token, then position
-    group_start: torch.Tensor  # (n,) where i's token starts in `order`
-    copies: torch.Tensor  # (n,) earlier copies of i's token
-    copies_cum: list[int]  # prefix sums of copies (host ints: block sizes without a device sync)
+    prev_ids: torch.Tensor  # (n,) the token before each position (-1 at 0)
+    frequent: torch.Tensor  # (n,) index of the position's token among the common ones, or -1
+    columns: torch.Tensor  # (n, 2T) float32: token_j = t, token_{j-1} = t, per common t
+    copies_cum: list[int]  # prefix sums of earlier copies of uncommon tokens (host ints)
     special: torch.Tensor  # (n,) float32: 1 at special tokens ([CLS], </s>, …)
     counts: dict[str, int]  # queries each pattern averages over
-    host: dict[str, Any]  # order, group_start, copies as numpy arrays, for pair generation
+    host: dict[str, Any]  # order, group_start, copies (uncommon tokens), ids, prev: numpy
 
     def to(self, device: torch.device) -> SentencePatterns:
-        return replace(self, token_ids=self.token_ids.to(device), order=self.order.to(device),
-                       group_start=self.group_start.to(device), copies=self.copies.to(device),
-                       special=self.special.to(device))
+        return replace(self, token_ids=self.token_ids.to(device),
+                       prev_ids=self.prev_ids.to(device), frequent=self.frequent.to(device),
+                       columns=self.columns.to(device), special=self.special.to(device))
 
 
 def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     n = len(tokens)
     ids = {token: i for i, token in enumerate(dict.fromkeys(tokens))}
     token_ids = torch.tensor([ids[t] for t in tokens], dtype=torch.long)
+    prev_ids = torch.full((n,), -1, dtype=torch.long)
+    prev_ids[1:] = token_ids[:-1]
     order = torch.sort(token_ids, stable=True).indices
     sorted_ids = token_ids[order]
     starts = torch.ones(n, dtype=torch.bool)
@@ -245,16 +255,27 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     rank[order] = torch.arange(n)
     copies = rank - group_start
     # induction pairs: earlier copies j with j + 1 < i, i.e. all but a copy at i - 1
-    repeat_prev = torch.zeros(n, dtype=torch.long)
-    repeat_prev[1:] = (token_ids[1:] == token_ids[:-1]).long()
+    repeat_prev = (prev_ids == token_ids).long()
     special = torch.tensor([float(bool(SPECIAL_RE.match(t))) for t in tokens])
     counts = {"entropy": n, "max_weight": n, "distance": n, "first": n - 1, "previous": n - 1,
               "last": n - 1, "self": n, "duplicate": int((copies > 0).sum()),
               "induction": int((copies - repeat_prev > 0).sum()),
               "special": n if bool(special.any()) else 0, "total": n}
-    cum = [0, *torch.cumsum(copies, 0).tolist()]
-    host = {"order": order.numpy(), "group_start": group_start.numpy(), "copies": copies.numpy()}
-    return SentencePatterns(token_ids, order, group_start, copies, cum, special, counts, host)
+    occurrences = torch.bincount(token_ids)
+    common = [t for t in torch.argsort(occurrences, descending=True, stable=True)[
+        :FREQUENT_TOKENS].tolist() if occurrences[t] >= FREQUENT_MIN]
+    frequent = torch.full((len(ids),), -1, dtype=torch.long)
+    frequent[common] = torch.arange(len(common))
+    columns = torch.zeros(n, 2 * len(common))
+    for f, t in enumerate(common):
+        columns[:, f] = (token_ids == t).float()
+        columns[:, len(common) + f] = (prev_ids == t).float()
+    rare_copies = torch.where(frequent[token_ids] < 0, copies, 0)
+    cum = [0, *torch.cumsum(rare_copies, 0).tolist()]
+    host = {"order": order.numpy(), "group_start": group_start.numpy(),
+            "copies": rare_copies.numpy(), "ids": token_ids.numpy(), "prev": prev_ids.numpy()}
+    return SentencePatterns(token_ids, prev_ids, frequent[token_ids], columns, cum, special,
+                            counts, host)
 
 
 def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
@@ -293,25 +314,22 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
         dot = torch.einsum("hij,hij->hi", real, s)
     term["max_weight"].copy_(top)
 
-    # Distances and row sums in one pass: Σ_j a_ij |i - j| split at the block's own keys into
-    # keys left of it (|i - j| = i - j), right of it (j - i), and the r × r keys beside it,
-    # measured from row_start so that float32 sums lose no precision on long rows.
-    j = torch.arange(width, device=device)
-    offset = (j - row_start).to(torch.float32)
-    left = (j < row_start).to(torch.float32)
-    right = ((j >= row_start + r) & (j < keys)).to(torch.float32)
-    weights = torch.stack([torch.ones(width, device=device), left, left * offset, right,
-                           right * offset], 1)  # (width, 5)
-    sums = attn @ weights  # (H, r, 5)
+    # One matmul reads the block once for: row sums; distances, Σ_j a_ij |i - j| split at the
+    # block's own keys into keys left of it (|i - j| = i - j), right of it (j - i) and the r × r
+    # keys beside it, measured from row_start so that float32 sums stay exact on long rows; and
+    # the weight left of the block on each common token (and on the key after each copy).
+    sums = attn @ _block_columns(width, row_start, r, keys, device)  # (H, r, 5)
     local = rows.to(torch.float32)
     stop = min(row_start + r, keys)
     beside = real[..., row_start:stop]  # (H, r, c)
-    near = _near(r, stop - row_start, str(device))
+    # the keys beside the block, one product: |i - j|, 1, earlier copy, key after a copy
+    near = torch.einsum("hrc,krc->khr", beside, _beside_masks(patterns, row_start, r, stop,
+                                                              device))
     term["total"].copy_(sums[..., 0])
     term["distance"].copy_(local * sums[..., 1] - sums[..., 2] + sums[..., 4] - local * sums[..., 3]
-                           + (beside * near).sum(-1))
+                           + near[0])
     if scores is not None:
-        mass = sums[..., 1] + sums[..., 3] + beside.sum(-1)  # Σ over real keys
+        mass = sums[..., 1] + sums[..., 3] + near[1]  # Σ over real keys
         term["entropy"].copy_(torch.where(top > 0, log_norm * mass, 0.0) - dot)
 
     later = (queries >= 1).to(torch.float32)
@@ -322,41 +340,98 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     term["self"].copy_(real[:, rows, queries])
     term["previous"].copy_(real[:, rows, (queries - 1).clamp(min=0)] * later)
     term["first"].copy_(real[:, :, 0] * later)
-    _copy_terms(real, row_start, patterns, term["duplicate"], term["induction"])
+
+    # duplicate / induction: keys beside the block (dense, above), common tokens left of it
+    # (a matmul with the sentence's fixed token columns), other tokens left of it (gathered)
+    term["duplicate"].copy_(near[2])
+    term["induction"].copy_(near[3])
+    common = patterns.columns.shape[1] // 2
+    if common and row_start > 0:
+        tokens = real[..., :row_start] @ patterns.columns[:row_start]  # (H, r, 2T)
+        which = patterns.frequent[row_start:row_start + r]
+        pick = which.clamp(min=0).expand(H, r)[..., None]
+        found = (which >= 0).to(torch.float32)
+        term["duplicate"].add_(tokens.gather(-1, pick)[..., 0] * found)
+        term["induction"].add_(tokens.gather(-1, pick + common)[..., 0] * found)
+    _rare_copies(attn, row_start, keys, patterns, term["duplicate"], term["induction"])
     return out
 
 
-def _copy_terms(real: torch.Tensor, row_start: int, patterns: SentencePatterns,
-                duplicate: torch.Tensor, induction: torch.Tensor) -> None:
-    """Each row's weight on earlier copies of its token, and on the tokens that followed them
-    (j + 1 < i): gathered pair by pair while the pairs are few, else through a dense mask."""
-    H, r, keys = real.shape
-    device = real.device
+def _block_columns(width: int, row_start: int, r: int, keys: int,
+                   device: torch.device) -> torch.Tensor:
+    """(width, 5): every key, keys left of the block, their offset from row_start, keys right
+    of it (real ones), their offset. Built on the host (numpy: no parallel region per block)."""
+    import numpy as np
+
+    columns = np.zeros((width, 5), dtype=np.float32)
+    columns[:, 0] = 1.0
+    columns[:row_start, 1] = 1.0
+    columns[:row_start, 2] = np.arange(-row_start, 0, dtype=np.float32)
+    columns[row_start + r:keys, 3] = 1.0
+    columns[row_start + r:keys, 4] = np.arange(r, keys - row_start, dtype=np.float32)
+    return torch.from_numpy(columns).to(device)
+
+
+def _beside_masks(patterns: SentencePatterns, row_start: int, r: int, stop: int,
+                  device: torch.device) -> torch.Tensor:
+    """(4, r, c) float32 over the keys beside a block (c = stop - row_start): |i - j|, 1, key
+    an earlier copy of the query's token, key right after such a copy (and before the query).
+    On a CPU built with numpy (single-threaded: no parallel region per block)."""
+    c = stop - row_start
+    if device.type != "cpu":
+        ids = patterns.token_ids[row_start:row_start + r, None]
+        before = torch.ones(r, c, dtype=torch.bool, device=device).tril(-1)
+        return torch.stack([_near(r, c, str(device)), torch.ones(r, c, device=device),
+                            ((ids == patterns.token_ids[row_start:stop]) & before).float(),
+                            ((ids == patterns.prev_ids[row_start:stop]) & before).float()])
+    import numpy as np
+
+    ids = patterns.host["ids"]
+    prev = patterns.host["prev"]
+    i = np.arange(r)[:, None]
+    j = np.arange(c)[None, :]
+    masks = np.empty((4, r, c), dtype=np.float32)
+    np.abs(i - j, out=masks[0], casting="unsafe")
+    masks[1] = 1.0
+    earlier = j < i
+    rows = ids[row_start:row_start + r, None]
+    np.logical_and(rows == ids[None, row_start:stop], earlier, out=masks[2], casting="unsafe")
+    np.logical_and(rows == prev[None, row_start:stop], earlier, out=masks[3], casting="unsafe")
+    return torch.from_numpy(masks)
+
+
+def _rare_copies(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
+                 duplicate: torch.Tensor, induction: torch.Tensor) -> None:
+    """Weight on earlier copies left of the block for tokens without a matmul column:
+    gathered pair by pair while the pairs are few, else through a dense mask."""
+    H, r, width = attn.shape
+    device = attn.device
     stop = row_start + r
     pairs = patterns.copies_cum[stop] - patterns.copies_cum[row_start]
-    if pairs == 0:
+    if pairs == 0 or row_start == 0:
         return
-    if pairs * DENSE_PAIRS <= r * keys:
-        local, key = _block_pairs(patterns, row_start, stop, pairs)
-        local, key = local.to(device), key.to(device)
-        duplicate.index_add_(1, local, real[:, local, key])
-        follows = ((key + 1) < (row_start + local)).to(real.dtype)
-        induction.index_add_(1, local, real[:, local, (key + 1).clamp(max=keys - 1)] * follows)
+    if pairs * DENSE_PAIRS > r * row_start:
+        ids = patterns.token_ids[row_start:stop, None]
+        rare = (patterns.frequent[row_start:stop] < 0)[:, None]
+        left = attn[..., :row_start]
+        same = (ids == patterns.token_ids[:row_start]) & rare
+        after = (ids == patterns.prev_ids[:row_start]) & rare
+        duplicate.add_(torch.where(same, left, 0.0).sum(-1))
+        induction.add_(torch.where(after, left, 0.0).sum(-1))
         return
-    ids = patterns.token_ids
-    queries = torch.arange(row_start, stop, device=device)
-    j = torch.arange(keys, device=device)
-    same = (ids[row_start:stop, None] == ids[None, :keys]) & (j < queries[:, None])  # (r, keys)
-    duplicate.add_(torch.where(same, real, 0.0).sum(-1))
-    after = torch.zeros_like(same)
-    after[:, 1:] = same[:, :-1] & (j[1:] < queries[:, None])
-    induction.add_(torch.where(after, real, 0.0).sum(-1))
+    local, key = _block_pairs(patterns, row_start, stop, pairs)
+    flat = attn.reshape(H, r * width)
+    for target, shift in ((duplicate, 0), (induction, 1)):
+        keep = key + shift < row_start  # left of the block; the rest were counted beside it
+        rows_kept = local[keep]
+        index = (rows_kept * width + key[keep] + shift).to(device)
+        target.index_add_(1, rows_kept.to(device), flat.index_select(1, index))
 
 
 def _block_pairs(patterns: SentencePatterns, start: int, stop: int,
                  pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block-local query, key) of every earlier-copy pair of queries start..stop, on the host
-    (numpy: single-threaded index arithmetic, no parallel region per block)."""
+    """(block-local query, key) of every earlier-copy pair of queries start..stop whose token
+    has no matmul column, on the host (numpy: index arithmetic, no parallel region)."""
     import numpy as np
 
     copies = patterns.host["copies"][start:stop]

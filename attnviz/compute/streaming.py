@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +47,12 @@ STREAMED = "blocks of query rows of one head and sentence at a time"
 # A block holds its scores, its weights and the temporaries of one elementwise pass over it:
 # about this many float32 copies of its rows.
 BLOCK_BUFFERS = 3
-# On a CPU, blocks beyond this many entries stop paying (its passes fall out of cache, while
-# the fixed cost of a block is already < 2 % of its work); GPUs take what the budget allows.
+# On a CPU, blocks beyond this many entries (or rows) stop paying: its passes fall out of
+# cache, and the r × r keys beside a block grow, while the fixed cost of a block is already
+# < 2 % of its work. GPUs take what the budget allows.
 CPU_BLOCK_ENTRIES = 2**22
-MAX_BLOCK_ROWS = 8192
+CPU_BLOCK_ROWS = 256
+MAX_BLOCK_ROWS = 2048  # GPUs: the r × r keys beside a block stay small
 
 
 def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0, layers: int = 1) -> int:
@@ -68,7 +70,8 @@ def block_rows(budget: int | None, keys: int, device: torch.device) -> int:
     """Query rows per block: as many as the budget holds, capped (see CPU_BLOCK_ENTRIES)."""
     limit = MAP_BUDGET_BYTES if budget is None else budget
     rows = limit // (BLOCK_BUFFERS * 4 * max(1, keys))
-    cap = CPU_BLOCK_ENTRIES // max(1, keys) if device.type == "cpu" else MAX_BLOCK_ROWS
+    cap = min(CPU_BLOCK_ROWS, CPU_BLOCK_ENTRIES // max(1, keys)) if device.type == "cpu" \
+        else MAX_BLOCK_ROWS
     return max(1, min(rows, cap))
 
 
@@ -84,6 +87,7 @@ class _Partial:
     terms: torch.Tensor  # (len(ROW_TERMS), n) each query's term of every statistic
     done: int = 0
     covered: list[tuple[int, int]] = field(default_factory=list)
+    col_plan: dict[int, Any] = field(default_factory=dict)  # per key count: reduceat starts
 
 
 class MapReducer:
@@ -116,7 +120,11 @@ class MapReducer:
         bias_k column); scores, when given, the pre-softmax scores it came from."""
         if self.extra_keys is None:
             self.extra_keys = attn.shape[-1] - len(self.tokens[sentence])
-        self.add_rows(sentence, first_head, 0, attn, scores)
+        step = block_rows(None, attn.shape[-1], attn.device)  # bounded temporaries, as streamed
+        for start in range(0, attn.shape[1], step):
+            stop = start + step
+            self.add_rows(sentence, first_head, start, attn[:, start:stop],
+                          None if scores is None else scores[:, start:stop])
 
     def add_rows(self, sentence: int, first_head: int, row_start: int, attn: torch.Tensor,
                  scores: torch.Tensor | None = None,
@@ -183,6 +191,9 @@ class MapReducer:
         each display row's query count when the map is finished): what `downsample` does."""
         r = attn.shape[0]
         low, high = part.rows_cpu[row_start], part.rows_cpu[row_start + r - 1]
+        if attn.device.type == "cpu":  # numpy segment sums: no parallel region per block
+            _add_cells_host(part, attn.detach().numpy(), row_start, keys, n, low, high)
+            return
         if high - low + 1 == r:  # one query per display row: the rows themselves
             summed = attn
         else:  # each row added into its display row: one pass over the block
@@ -238,6 +249,28 @@ class MapReducer:
                               views=self.views + means, stats=stats,
                               query_row=self.query_row if rows is not None else None,
                               query_weights=rows)
+
+
+def _add_cells_host(part: _Partial, attn: Any, row_start: int, keys: int, n: int, low: int,
+                    high: int) -> None:
+    """_add_cells on the CPU: np.add.reduceat over the block's rows, then its columns (each
+    display cell a contiguous range of both), into the display cells."""
+    import numpy as np
+
+    r = attn.shape[0]
+    if high - low + 1 < r:
+        edges = [max(a, row_start) - row_start for a, _ in part.grid.row_blocks[low:high + 1]]
+        attn = np.add.reduceat(attn, edges, axis=0)
+    if keys not in part.col_plan:  # the block's columns: real keys 0..keys, then the extras
+        def at(x: int) -> int:
+            return min(x, keys) + max(0, x - n)
+
+        spans = [(at(a), at(b)) for a, b in part.grid.col_blocks]
+        used = [c for c, (a, b) in enumerate(spans) if a < b]
+        part.col_plan[keys] = ([spans[c][0] for c in used],
+                               slice(None) if len(used) == len(spans) else np.array(used))
+    starts, cells = part.col_plan[keys]
+    part.cells.numpy()[low:high + 1, cells] += np.add.reduceat(attn, starts, axis=1)
 
 
 class RowSink(Protocol):
