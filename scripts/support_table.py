@@ -1,9 +1,11 @@
 """Regenerate the README's table of supported architectures from the test suite.
 
 Runs tests/test_zoo_support.py (every architecture of tests/zoo.py through `inspect` and
-`split --weights`, checked against the model's own config and forward), collects what each test
-established, and rewrites the block between the two markers in README.md. The block is never
-edited by hand: the last test of that file fails when it differs from what this script writes.
+`split --weights`, checked against the model's own config and forward) and tests/test_model.py
+(`heatmap --model` against transformers' own maps, `--query`, the `--verify` proofs,
+cross-attention), collects what each test established, and rewrites the block between the two
+markers in README.md. The block is never edited by hand: the last test of test_zoo_support.py
+fails when it differs from what this script writes.
 
     python scripts/support_table.py           # run the tests, rewrite README.md
     python scripts/support_table.py --check   # run the tests, exit 1 if README.md is stale
@@ -21,11 +23,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-TESTS = "tests/test_zoo_support.py"
+TESTS = ("tests/test_zoo_support.py", "tests/test_model.py")
 BEGIN = "<!-- support-table:begin (written by scripts/support_table.py from the test suite) -->"
 END = "<!-- support-table:end -->"
 HEADER = ("| architecture (transformers class) | model_type | attnviz family | attention "
-          "layers | inspect | split |\n|---|---|---|---|---|---|")
+          "layers | inspect | split | heatmap --model (path) | --query | --verify (proofs) | "
+          "cross-attention |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
@@ -33,9 +36,16 @@ def render(results: dict[str, dict[str, Any]]) -> str:
     rows = [HEADER]
     for _, facts in sorted(results.items(), key=lambda item: item[1].get("index", 0)):
         families = ", ".join(f"`{family}`" for family in facts.get("families", [])) or "—"
+        if "heatmap" not in facts:  # weights only (ViT): no text to run
+            run = query = verify = cross = "—"
+        else:
+            run = f"{_mark(facts['heatmap'])} ({facts.get('path', '?')})"
+            query = _mark(facts.get("query")) if "query" in facts else "—"
+            verify = facts.get("verify", "✗")
+            cross = "✓" if facts.get("cross") else "—"
         rows.append(f"| {facts['model_class']} | `{facts.get('model_type', '?')}` | {families} | "
                     f"{facts.get('layers', '—')} | {_mark(facts.get('inspect'))} | "
-                    f"{_mark(facts.get('split'))} |")
+                    f"{_mark(facts.get('split'))} | {run} | {query} | {verify} | {cross} |")
     return "\n".join(rows)
 
 
@@ -59,7 +69,7 @@ def collect() -> dict[str, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "support.json"
         env = {**os.environ, "ATTNVIZ_SUPPORT_JSON": str(out)}
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", TESTS],
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS],
                        cwd=ROOT, env=env, check=False)
         if not out.exists():
             raise SystemExit(f"{TESTS} wrote no results (is transformers installed?)")

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import torch  # noqa: E402
+from support_record import record  # noqa: E402
 from zoo import SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.app import heatmap as app  # noqa: E402
@@ -140,6 +141,8 @@ def test_exported_maps_equal_eager_for_each_sentence_alone(model, kind, tmp_path
     if kind not in FALLBACK:  # the hidden states entering each attention module
         for key in (k for k in maps if k.startswith("attn.")):
             assert maps["inputs." + key[5:]].shape[:2] == maps[key].shape[::2][:2]
+    record(kind, heatmap=True, path="interface" if kind not in FALLBACK else "output_attentions",
+           cross=bool(m.targets))
 
 
 @pytest.mark.parametrize("kind", TEXT)
@@ -205,6 +208,7 @@ def test_query_from_captured_q_and_k(model, kind):
             if kind not in ("gemma2", "t5"):  # softcap, position bias: added to the scores
                 assert_same(torch.tensor(head.scores),
                             torch.tensor(head.dots) * breakdown.scale, 1e-4)
+    record(kind, query=True)
 
 
 @pytest.mark.parametrize("kind", sorted(FALLBACK))
@@ -213,6 +217,7 @@ def test_query_is_refused_on_output_attentions_models(model, kind):
     with pytest.raises(UsageError, match="output_attentions") as info:
         run(m, SENTENCES, "-1", query=(0, "1"))
     assert info.value.option == "--query"
+    record(kind, query=False)
 
 
 def _verify_param(kind: str) -> Any:
@@ -234,6 +239,10 @@ def test_ablation_proof_passes(model, kind):
                                             for c in result.failures])
         assert len(result.checks) == layer.num_heads + 2 * layer.num_kv_heads
         assert not result.untestable  # the zoo's attention is sharp: every head shows
+    from attnviz.compute.positions import SCHEMES  # families whose positions attnviz recomputes
+
+    record(kind, verify="ablation" + (" + recompute" if m.loaded.config.model_type in SCHEMES
+                                      else ""))
 
 
 def swap(layer: Any, a: int, b: int, kind: str) -> Any:
