@@ -5,13 +5,14 @@ randomly initialized nn.MultiheadAttention (`--random`)."""
 
 from __future__ import annotations
 
-import errno
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from attnviz.app.export import StreamedExport, export
+from attnviz.app.naming import run_title
+from attnviz.app.standalone import head_hint_warnings, renumber, synthetic_note
 from attnviz.compute.inputs import (
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
@@ -111,7 +112,7 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None) -> A
                          option="--num-heads")
     check_panels(request, 1, layer.num_heads or 0)
     if warn is not None and request.hints.num_heads is not None:
-        for line in head_hint_warnings(store, request, layer):
+        for line in head_hint_warnings(store, request.hints, request.layer, layer):
             warn(line)
     index = inventory.layers.index(layer)
     attention_run = _run_standalone(request, layer, store, store,
@@ -146,196 +147,6 @@ def _run_standalone(request: HeatmapRequest, layer: Any, inputs_store: Any, stor
 
 
 # --export names per kind of layer: (maps, inputs) key prefixes.
-EXPORT_NAMES = {"self": ("attn", "inputs"), "decoder-self": ("decoder", "inputs.decoder"),
-                "cross": ("cross", "inputs.cross")}
-
-
-def export_key(captured: Any) -> tuple[str, str]:
-    """(maps key, inputs key) of a layer: attn.N / inputs.N, decoder.N / inputs.decoder.N and
-    cross.N / inputs.cross.N, N its number within its stack."""
-    maps, inputs = EXPORT_NAMES[captured.kind]
-    number = captured.display_label.split()[-1]
-    return f"{maps}.{number}", f"{inputs}.{number}"
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt",
-                   "vocab.json", "sentencepiece.bpe.model")
-HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
-
-
-def renumber(attention_run: Any, index: int) -> None:
-    """A standalone layer runs alone; its maps, statistics and export keys carry the index
-    `inspect` gives it in its checkpoint (`--layer 3` shows L3), not 0."""
-    from dataclasses import replace
-
-    for captured in attention_run.layers:
-        captured.index = index
-        if captured.views is not None:
-            captured.views = [replace(view, layer=index) for view in captured.views]
-        if captured.stats is not None:
-            captured.stats = [replace(stat, layer=index) for stat in captured.stats]
-
-
-def model_folder(store: Any, weights: Path | None) -> Path | None:
-    """The folder that `--model` could load instead: config.json and tokenizer files."""
-    folder = store.folder or (None if weights is None else
-                              weights if weights.is_dir() else weights.parent)
-    if folder is None or not (folder / "config.json").is_file():
-        return None
-    return folder if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
-
-
-def synthetic_note(store: Any, weights: Path | None, index: int) -> str:
-    """Plain words for what a standalone layer's maps are, and where the real ones come from."""
-    import shlex
-
-    from attnviz.errors import printable
-
-    note = (f"synthetic inputs: these maps are layer {index}'s weights applied to the vectors "
-            "above, not to the hidden states the model feeds that layer, so they are not the "
-            "model's own attention")
-    folder = model_folder(store, weights)
-    if folder is not None:
-        note += (f"; for that, run the model: attnviz heatmap --model "
-                 f"{shlex.quote(printable(str(folder), 200))} …")
-    return note
-
-
-def head_hint_warnings(store: Any, request: HeatmapRequest, chosen: Any) -> list[str]:
-    """-H that disagrees with the checkpoint's own head count (config.json or metadata)."""
-    from attnviz.errors import AttnvizError, printable
-    from attnviz.recognize import find_layers, select_layer
-
-    hints = request.hints
-    try:
-        own = select_layer(find_layers(store, HeadHints(None, hints.num_kv_heads,
-                                                        hints.head_dim)),
-                           request.layer, store.source)
-    except AttnvizError:
-        return []
-    if not own.heads_known or own.num_heads == hints.num_heads:
-        return []
-    key = next((k for k in HEADS_KEYS if isinstance(store.config.get(k), int)), None)
-    said = f"config.json's {key} = {store.config[key]}" if key else \
-        f"the checkpoint's own {own.num_heads}"
-    return [f"-H {hints.num_heads} disagrees with {said} for layer "
-            f"{printable(chosen.name)!r}: the maps split it into {hints.num_heads} heads of "
-            f"d = {chosen.head_dim}, not the model's {own.num_heads} heads"]
-
-
-def export(run: Any, path: Path) -> None:
-    """attn.{layer} (B, H, L, S), inputs.{layer} (B, L, E) where captured, mask (B, L),
-    metadata tokens; with a decoder run also decoder.{layer} (B, H, T, T), cross.{layer}
-    (B, H, T, S), inputs.decoder.{layer} / inputs.cross.{layer}, target_mask (B, T) and
-    metadata target_tokens."""
-    import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    from attnviz.app.outputs import atomic_output, check_free_space
-    from attnviz.compute.inputs import padding_mask
-
-    if run.exported == path:  # a streamed run wrote the file as it went
-        return
-    tensors = {"mask": (~padding_mask(run.batch)).to(torch.int64).contiguous()}
-    metadata = _export_metadata(run.batch, run.source, run.inputs_described, run.causal)
-    if run.target is not None:
-        tensors["target_mask"] = (~padding_mask(run.target)).to(torch.int64).contiguous()
-        metadata["target_tokens"] = json.dumps(run.target.tokens)
-    if run.path is not None:
-        metadata["path"] = run.path
-    for captured in run.layers:
-        maps_key, inputs_key = export_key(captured)
-        tensors[maps_key] = captured.weights.float().contiguous()
-        if captured.inputs is not None:
-            tensors[inputs_key] = captured.inputs.float().contiguous()
-    check_free_space(path, sum(t.numel() * t.element_size() for t in tensors.values()))
-    with atomic_output(path) as tmp:
-        try:
-            save_file(tensors, str(tmp), metadata=metadata)
-        except SafetensorError:  # the writer's own I/O error (a full disk, a size limit)
-            raise OSError(errno.EIO, "the safetensors writer failed (a full disk or a file "
-                          "size limit?)") from None
-
-
-def _export_metadata(batch: Batch, source: str, inputs: str, causal: bool) -> dict[str, str]:
-    return {"tokens": json.dumps(batch.tokens), "source": source, "inputs": inputs,
-            "causal": str(causal).lower()}
-
-
-class StreamedExport:
-    """The --export file of a streamed standalone layer, written as the maps are computed: the
-    safetensors header first (every shape is known before the run), then the mask, the inputs
-    and attn.N (B, H, L, S) row block by row block in layout order, so that no full map is
-    ever held. Rows are laid out as `export` lays out the full maps: real keys, zeros at padded
-    keys (and at keys a causal block never computed), then the bias_k column; padded queries'
-    rows are computed like any other (as torch does)."""
-
-    def __init__(self, file: Any, batch: Batch, num_heads: int, extra_keys: int, source: str,
-                 causal: bool, index: int = 0) -> None:
-        self.file, self.batch, self.heads = file, batch, num_heads
-        self.maps_key, self.inputs_key = f"attn.{index}", f"inputs.{index}"  # as `export` names
-        self.source, self.causal = source, causal
-        self.width = batch.max_len + extra_keys
-        self._next = (0, 0, 0)  # the (sentence, head, row) the file expects next
-        self._row_buf: Any = None
-
-    def begin(self, inputs_described: str, inputs: Any) -> None:
-        import struct
-
-        import torch
-
-        from attnviz.compute.inputs import padding_mask
-
-        B, L = len(self.batch.tokens), self.batch.max_len
-        mask = (~padding_mask(self.batch)).to(torch.int64).contiguous()
-        x = inputs.float().contiguous()
-        sizes = {"mask": mask.numel() * 8, self.inputs_key: x.numel() * 4,
-                 self.maps_key: B * self.heads * L * self.width * 4}
-        shapes = {"mask": ["I64", [B, L]], self.inputs_key: ["F32", list(x.shape)],
-                  self.maps_key: ["F32", [B, self.heads, L, self.width]]}
-        header: dict[str, Any] = {"__metadata__": _export_metadata(
-            self.batch, self.source, inputs_described, self.causal)}
-        offset = 0
-        for name in ("mask", self.inputs_key, self.maps_key):  # the data's order in the file
-            dtype, shape = shapes[name]
-            header[name] = {"dtype": dtype, "shape": shape,
-                            "data_offsets": [offset, offset + sizes[name]]}
-            offset += sizes[name]
-        raw = json.dumps(header).encode()
-        raw += b" " * (-len(raw) % 8)
-        self.file.write(struct.pack("<Q", len(raw)) + raw)
-        self.file.write(mask.numpy().data)
-        self.file.write(x.numpy().data)
-
-    def rows(self, sentence: int, head: int, row_start: int, attn: Any, keys: int) -> None:
-        """attn (r, keys + extra) on any device: rows row_start.. of (sentence, head)."""
-        import torch
-
-        if (sentence, head, row_start) != self._next:
-            raise ValueError(f"rows {(sentence, head, row_start)} arrived out of order; "
-                             f"expected {self._next}")
-        r, L = attn.shape[0], self.batch.max_len
-        if self._row_buf is None or self._row_buf.shape[0] < r:
-            self._row_buf = torch.empty(r, self.width)
-        out = self._row_buf[:r]
-        out[:, :keys] = attn[:, :keys]
-        out[:, keys:L] = 0.0
-        out[:, L:] = attn[:, keys:]
-        self.file.write(out.numpy().data)
-        row = row_start + r
-        if row < L:
-            self._next = (sentence, head, row)
-        elif head + 1 < self.heads:
-            self._next = (sentence, head + 1, 0)
-        else:
-            self._next = (sentence + 1, 0, 0)
-
-    def close(self) -> None:
-        if self._next != (len(self.batch.tokens), 0, 0):
-            raise ValueError(f"the export stopped at {self._next}")
-
-
 def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -436,51 +247,6 @@ class HeatmapResult:
     def title(self) -> str:
         """A figure's title: the model (not a raw path) and the layers shown."""
         return run_title(self.run)
-
-
-GENERIC_NAMES = ("model", "models", "checkpoint", "checkpoints", "weights", "final")
-GENERIC_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
-
-
-def display_name(source: str) -> str:
-    """A model's name from its path: the folder (a hub snapshot's repository id), the file's
-    name when it says more than 'model.safetensors', a generic folder with its parent."""
-    path = Path(source)
-    if path.name in GENERIC_FILES:
-        path = path.parent
-    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
-        return path.parent.parent.name.removeprefix("models--").replace("--", "/")
-    if path.name.lower() in GENERIC_NAMES and path.parent.name:
-        return f"{path.parent.name}/{path.name}"
-    return path.name or source
-
-
-def run_title(run: Any) -> str:
-    from attnviz.sources.bundled import is_tiny_model
-
-    store = run.store
-    if store is None:  # a model run: the layers were captured from the model itself
-        name = display_name(run.source)
-    elif is_tiny_model(store):
-        name = "the bundled induction model"
-    elif store.format == "random init":
-        name = run.source
-    else:
-        name = display_name(run.source)
-        kind = store.config.get("model_type")
-        name += f" ({kind})" if isinstance(kind, str) else ""
-    indices = [captured.index for captured in run.layers]
-    labels = [captured.display_label for captured in run.layers]
-    if len(indices) == 1:
-        shown = run.layers[0].display_name
-        where = f"layer {labels[0]}" + (f" ({shown})" if shown else "")
-    elif labels != [str(i) for i in indices]:  # an encoder-decoder's stacks: enc 0, cross 1, …
-        where = "layers " + ", ".join(labels)
-    elif indices == list(range(indices[0], indices[-1] + 1)):
-        where = f"layers {indices[0]}–{indices[-1]}"
-    else:
-        where = "layers " + ", ".join(map(str, indices))
-    return f"{name} · {where}"
 
 
 def check_applicable(job: HeatmapJob) -> None:
