@@ -21,6 +21,7 @@ from attnviz.cli.options import (
     path_arg,
     plain,
     positive,
+    refuse_random_options,
     strict_json,
 )
 from attnviz.cli.paths import inputs_read
@@ -148,12 +149,9 @@ def heatmap(
                        if export else None)
         html_path = check_output_path(html, HTML_SUFFIXES, reads, "--html") if html else None
         check_distinct(out_path, export_path, html_path)
-    random_options = (("--embed-dim", embed_dim), ("--kdim", kdim), ("--vdim", vdim),
-                      ("--seed", seed))
-    random_given = [flag for flag, value in random_options if value is not None]
-    if random_given and not random:
-        raise UsageError(f"{', '.join(random_given)} appl{'y' if len(random_given) > 1 else 'ies'} "
-                         "to --random only", fix="add --random")
+    if not random:
+        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,
+                               "--seed": seed}, "--random only", "add --random")
     spec = RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
                       DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
                       seed=seed or 0) if random else None

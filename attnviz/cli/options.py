@@ -86,3 +86,14 @@ def strict_json(doc: dict[str, Any]) -> str:
     from attnviz.render.json_out import strict_json as dumps
 
     return dumps(doc)
+
+
+def refuse_random_options(given: dict[str, Any], where: str, fix: str) -> None:
+    """Random-init options (-E, --kdim, --vdim, --seed) given where they do not apply: one usage
+    error naming every such flag."""
+    from attnviz.errors import UsageError
+
+    flags = [flag for flag, value in given.items() if value is not None]
+    if flags:
+        verb = "apply" if len(flags) > 1 else "applies"
+        raise UsageError(f"{', '.join(flags)} {verb} to {where}", fix=fix)

@@ -20,6 +20,7 @@ from attnviz.cli.options import (
     console,
     path_arg,
     plain,
+    refuse_random_options,
     strict_json,
 )
 from attnviz.cli.paths import inputs_read
@@ -63,12 +64,10 @@ def split(
 
     png_path = check_output_path(png, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
                                  "--png") if png else None
-    random_given = [flag for flag, value in (("--embed-dim", embed_dim), ("--kdim", kdim),
-                                             ("--vdim", vdim)) if value is not None]
-    if random_given and (weights is not None or model is not None):
-        raise UsageError(f"{', '.join(random_given)} appl{'y' if len(random_given) > 1 else 'ies'} "
-                         "to random init only; a checkpoint's shapes come from its weights",
-                         fix="drop them")
+    if weights is not None or model is not None:
+        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim},
+                              "random init only; a checkpoint's shapes come from its weights",
+                              "drop them")
     if not bias and (weights is not None or model is not None):
         raise UsageError("--no-bias applies to random init only", fix="drop it")
     random = None
