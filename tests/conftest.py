@@ -44,6 +44,18 @@ def zoo_model(tmp_path_factory):
     return zoo_factory(tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: two torch threads spin more than they compute on a shared 2-core machine
+    (a module asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def cli():
     runner = CliRunner()

@@ -14,25 +14,17 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import torch  # noqa: E402
-from zoo import ENCODER_DECODER, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
+from zoo import ENCODER_DECODER, FALLBACK, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.errors import CheckpointError, UsageError  # noqa: E402
 from attnviz.sources import capture as cap  # noqa: E402
 
-# Families whose modeling file (transformers 5.24) does not call ALL_ATTENTION_FUNCTIONS.
-FALLBACK = {"deberta_v2", "mpnet", "gpt_neo", "bloom", "falcon"}
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGET = "the big red barn"  # decoder input of encoder-decoder models: T != S
 ATOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: two torch threads spin more than they compute on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytestmark, pytest.mark.usefixtures("one_thread")]
 
 
 @dataclass

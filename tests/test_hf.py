@@ -28,14 +28,7 @@ from attnviz.sources import hf  # noqa: E402
 RECOMPUTED = ["bert", "gpt2", "llama", "gpt_neox", "mistral", "qwen2", "bart"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These models are tiny: on a shared machine two torch threads spin far more than they
-    compute (MiniLM's forward is ~9× faster on one), so run this module on one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytestmark, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

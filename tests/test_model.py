@@ -18,7 +18,7 @@ pytest.importorskip("tokenizers")
 
 import torch  # noqa: E402
 from support_record import record  # noqa: E402
-from zoo import SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
+from zoo import FALLBACK, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.app import heatmap as app  # noqa: E402
 from attnviz.compute.attention import query_breakdown  # noqa: E402
@@ -26,20 +26,12 @@ from attnviz.errors import UsageError  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
 from attnviz.sources import ablation, hf  # noqa: E402
 
-# Families whose modeling file (transformers 5.24) does not call ALL_ATTENTION_FUNCTIONS.
-FALLBACK = {"deberta_v2", "mpnet", "gpt_neo", "bloom", "falcon"}
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGETS = ["the big red barn", "a cat sat far away"]  # one per sentence; T ≠ S
 ATOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: two torch threads spin more than they compute on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytestmark, pytest.mark.usefixtures("one_thread")]
 
 
 @dataclass

@@ -147,6 +147,8 @@ ZOO: dict[str, Kind] = {
                 text=False),
 }
 TEXT = [kind for kind, row in ZOO.items() if row.text]
+# Families whose modeling file (transformers 5.24) does not call ALL_ATTENTION_FUNCTIONS.
+FALLBACK = {"deberta_v2", "mpnet", "gpt_neo", "bloom", "falcon"}
 ENCODER_DECODER = [kind for kind, row in ZOO.items() if row.encoder_decoder]
 
 # Parameters scaled up so attention is sharper than at init: projections of q and k (and ALBERT's
