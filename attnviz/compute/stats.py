@@ -279,16 +279,14 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
 
 
 def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
-              scores: torch.Tensor | None = None,
-              row_max: torch.Tensor | None = None) -> torch.Tensor:
+              scores: torch.Tensor | None = None) -> torch.Tensor:
     """Each query row's term of every statistic, (len(ROW_TERMS), heads, r) float32.
 
     attn (heads, r, keys + extra): weights of the sentence's queries row_start .. row_start + r
     against its first `keys` real keys (every later real key has weight 0, as under a causal
     mask), then `extra` columns outside the real keys (bias_k), which count only in `total`.
     scores, optional: the pre-softmax scores (finite everywhere; where a mask zeroed a weight,
-    any finite value), so that entropy needs no logarithm per entry; row_max (heads, r),
-    optional with them: each row's largest unmasked score, which spares a search for it.
+    any finite value), so that entropy needs no logarithm per entry.
     """
     H, r, width = attn.shape
     device = attn.device
@@ -303,14 +301,10 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
         term["entropy"].sub_(torch.special.xlogy(real, real).sum(-1))  # 0 · log 0 = 0
     else:
         s = scores[..., :keys]
-        # ln a_ij = s_ij - lse_i, and at the row's largest weight lse = s_max - ln a_max
-        if row_max is None:
-            top, top_index = real.max(-1)
-            log_norm = s.gather(-1, top_index[..., None])[..., 0] - top.log()
-        else:
-            largest = attn.amax(-1)  # over every column: where the unmasked max score is
-            top = largest if width == keys else real.amax(-1)
-            log_norm = row_max - largest.log()
+        # ln a_ij = s_ij - lse_i, and at the row's largest weight lse = s_max - ln a_max (one
+        # pass finds both the max weight and where it is)
+        top, top_index = real.max(-1)
+        log_norm = s.gather(-1, top_index[..., None])[..., 0] - top.log()
         dot = torch.einsum("hij,hij->hi", real, s)
     term["max_weight"].copy_(top)
 
@@ -318,7 +312,8 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     # block's own keys into keys left of it (|i - j| = i - j), right of it (j - i) and the r × r
     # keys beside it, measured from row_start so that float32 sums stay exact on long rows; and
     # the weight left of the block on each common token (and on the key after each copy).
-    sums = attn @ _block_columns(width, row_start, r, keys, device)  # (H, r, 5)
+    common = patterns.columns.shape[1] // 2
+    sums = attn @ _block_columns(patterns, width, row_start, r, keys, device)  # (H, r, 5 + 2T)
     local = rows.to(torch.float32)
     stop = min(row_start + r, keys)
     beside = real[..., row_start:stop]  # (H, r, c)
@@ -345,31 +340,37 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     # (a matmul with the sentence's fixed token columns), other tokens left of it (gathered)
     term["duplicate"].copy_(near[2])
     term["induction"].copy_(near[3])
-    common = patterns.columns.shape[1] // 2
     if common and row_start > 0:
-        tokens = real[..., :row_start] @ patterns.columns[:row_start]  # (H, r, 2T)
         which = patterns.frequent[row_start:row_start + r]
-        pick = which.clamp(min=0).expand(H, r)[..., None]
+        pick = (which.clamp(min=0) + 5).expand(H, r)[..., None]
         found = (which >= 0).to(torch.float32)
-        term["duplicate"].add_(tokens.gather(-1, pick)[..., 0] * found)
-        term["induction"].add_(tokens.gather(-1, pick + common)[..., 0] * found)
+        term["duplicate"].add_(sums.gather(-1, pick)[..., 0] * found)
+        term["induction"].add_(sums.gather(-1, pick + common)[..., 0] * found)
     _rare_copies(attn, row_start, keys, patterns, term["duplicate"], term["induction"])
     return out
 
 
-def _block_columns(width: int, row_start: int, r: int, keys: int,
+def _block_columns(patterns: SentencePatterns, width: int, row_start: int, r: int, keys: int,
                    device: torch.device) -> torch.Tensor:
-    """(width, 5): every key, keys left of the block, their offset from row_start, keys right
-    of it (real ones), their offset. Built on the host (numpy: no parallel region per block)."""
+    """(width, 5 + 2T): every key, keys left of the block, their offset from row_start, keys
+    right of it (real ones), their offset, then the common-token columns of the keys left of
+    it. The first five built on the host (numpy: no parallel region per block)."""
     import numpy as np
 
-    columns = np.zeros((width, 5), dtype=np.float32)
+    common = patterns.columns.shape[1]
+    on_host = device.type == "cpu"
+    columns = np.zeros((width, 5 + (common if on_host else 0)), dtype=np.float32)
     columns[:, 0] = 1.0
     columns[:row_start, 1] = 1.0
     columns[:row_start, 2] = np.arange(-row_start, 0, dtype=np.float32)
     columns[row_start + r:keys, 3] = 1.0
     columns[row_start + r:keys, 4] = np.arange(r, keys - row_start, dtype=np.float32)
-    return torch.from_numpy(columns).to(device)
+    if on_host:
+        columns[:row_start, 5:] = patterns.columns.numpy()[:row_start]
+        return torch.from_numpy(columns)
+    tokens = torch.zeros(width, common, device=device)
+    tokens[:row_start] = patterns.columns[:row_start]
+    return torch.cat([torch.from_numpy(columns).to(device), tokens], 1)
 
 
 def _beside_masks(patterns: SentencePatterns, row_start: int, r: int, stop: int,

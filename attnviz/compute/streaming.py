@@ -127,8 +127,7 @@ class MapReducer:
                           None if scores is None else scores[:, start:stop])
 
     def add_rows(self, sentence: int, first_head: int, row_start: int, attn: torch.Tensor,
-                 scores: torch.Tensor | None = None,
-                 row_max: torch.Tensor | None = None) -> None:
+                 scores: torch.Tensor | None = None) -> None:
         """One block of query rows of heads first_head.. of a sentence, reduced at once.
 
         attn (heads, r, K + extra) float32: the weights of queries row_start .. row_start + r
@@ -136,7 +135,7 @@ class MapReducer:
         (bias_k). K may stop short of the sentence's length n when every later key has weight
         0 (a causal block), but must reach past the block's last query. scores (same shape),
         optional: the pre-softmax scores (finite; where a mask zeroed a weight, any finite
-        value); row_max (heads, r), optional with them: each row's largest unmasked score.
+        value), which spare the entropy a logarithm per entry.
         """
         tokens = self.tokens[sentence]
         n = len(tokens)
@@ -148,7 +147,7 @@ class MapReducer:
             raise ValueError(f"a block of rows {row_start}:{row_start + r} with {keys} real keys "
                              f"does not fit a sentence of {n} tokens")
         patterns = self._sentence_patterns(sentence, attn.device)
-        terms = row_terms(attn, row_start, keys, patterns, scores, row_max)
+        terms = row_terms(attn, row_start, keys, patterns, scores)
         for j in range(heads):
             head = first_head + j
             part = self._open.get((sentence, head)) or self._start(sentence, head, attn.device)
@@ -291,10 +290,9 @@ def _above_diagonal(rows: int, cols: int, device: str) -> torch.Tensor:
 
 def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None,
                   row_start: int, causal: bool, scores_buf: torch.Tensor,
-                  weights_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                      int]:
-    """softmax(q kᵀ) for one block of query rows, exactly: (weights, scores, each row's largest
-    unmasked score, K) with weights and scores (r, K + extra) views into the two flat buffers.
+                  weights_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """softmax(q kᵀ) for one block of query rows, exactly: (weights, scores, K) with weights and
+    scores (r, K + extra) views into the two flat buffers.
 
     q (r, d), already scaled: queries row_start.. of the sentence; k (n, d) its real keys;
     k_extra (extra, d) keys after them (bias_k), never masked. Causal: queries see keys up to
@@ -316,11 +314,10 @@ def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None
         masked = _above_diagonal(r, keys - row_start, str(q.device))
         beside = scores[:, row_start:keys]
         beside.masked_fill_(masked, float("-inf"))
-    row_max = torch.amax(scores, -1)
     torch.ops.aten._softmax.out(scores, -1, False, out=weights)
     if beside is not None and masked is not None:
         beside.masked_fill_(masked, 0.0)
-    return weights, scores, row_max, keys
+    return weights, scores, keys
 
 
 def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: torch.Tensor,
@@ -362,15 +359,14 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
                         k_extra
                 _, k, k_extra = cached
                 for start in range(0, length, rows):
-                    attn, scores, row_max, keys = block_softmax(
+                    attn, scores, keys = block_softmax(
                         q[start:start + rows], k, k_extra, start, causal, scores_buf,
                         weights_buf)
                     if sink is not None:
                         sink.rows(b, h, start, attn, keys)
                     real = min(attn.shape[0], n - start)  # padded queries are not shown
                     if real > 0:
-                        reducer.add_rows(b, h, start, attn[None, :real], scores[None, :real],
-                                         row_max[None, :real])
+                        reducer.add_rows(b, h, start, attn[None, :real], scores[None, :real])
     return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED}, "
                                           f"{rows} row{'s' if rows > 1 else ''} per block)")
 
