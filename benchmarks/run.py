@@ -554,7 +554,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, help="runs per command (default 3; --quick 1)")
     parser.add_argument("--quick", action="store_true", help=(
         "smaller sizes and one repeat: a smoke run (about 45 s on this project's 2-core "
-        "machine; the full run takes about 9 minutes, most of it the 32k-token target 5)"))
+        "machine; the full run takes 5 minutes there when it is quiet, 10 when it is busy, "
+        "most of it the 32k-token target 5)"))
     parser.add_argument("--only", type=int, action="append", choices=range(1, 6),
                         help="run only this target group (1-5; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
