@@ -281,7 +281,11 @@ def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypat
 @pytest.mark.slow
 def test_4096_tokens_block_maps_equal_full_maps():
     """The real scale of the 4k benchmark, 4 heads: display maps (512 × 512 of 4096 tokens)
-    and statistics from 256-row blocks equal the full maps'."""
+    from 256-row blocks equal the full maps'; statistics equal a float64 computation from the
+    full maps (closer than head_stats' own float32 sums of 16M products per head, ~3e-5 apart
+    in distance, more under other thread counts)."""
+    from attnviz.compute.stats import pattern_pairs
+
     words = " ".join(f"w{(i * 7919) % 1009}" for i in range(4096))
     batch = make_batch([words], max_tokens=5000)
     request = dict(random=RandomSpec(64, 4))
@@ -291,10 +295,18 @@ def test_4096_tokens_block_maps_equal_full_maps():
         batch, **request, memory_budget=_budget_for(256, batch, 0)))
     layer = streamed.layers[0]
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, 512)
-    # The full maps' statistics sum 16M float32 products per head at once (distance: ~3e-5
-    # relative error); the blocks' per-row terms are closer to a float64 sum.
-    assert worst_map <= 1e-6 and worst_stat <= 1e-4
-    a = full.layers[0].weights[0, 0].double()
+    assert worst_map <= 1e-6 and worst_stat <= 1e-3
     pos = torch.arange(4096, dtype=torch.float64)
-    distance = float((a * (pos[:, None] - pos).abs()).sum() / 4096)
-    assert layer.stats[0].distance == pytest.approx(distance, rel=1e-6)
+    pairs = pattern_pairs(tuple(batch.tokens[0]))
+    for h, got in enumerate(layer.stats):
+        a = full.layers[0].weights[0, h].double()
+        expected = {"entropy": -torch.special.xlogy(a, a).sum(-1).mean(),
+                    "max_weight": a.max(-1).values.mean(),
+                    "distance": (a * (pos[:, None] - pos).abs()).sum(-1).mean()}
+        for name in ("first", "previous", "self", "duplicate", "induction"):
+            queries, keys = pairs[name]
+            mass = torch.zeros(4096, dtype=torch.float64).index_add_(0, queries,
+                                                                     a[queries, keys])
+            expected[name] = mass[torch.unique(queries)].mean()
+        for name, value in expected.items():
+            assert getattr(got, name) == pytest.approx(float(value), rel=1e-5), (h, name)

@@ -259,7 +259,13 @@ def _add_cells_host(part: _Partial, attn: Any, row_start: int, keys: int, n: int
     r = attn.shape[0]
     if high - low + 1 < r:
         edges = [max(a, row_start) - row_start for a, _ in part.grid.row_blocks[low:high + 1]]
-        attn = np.add.reduceat(attn, edges, axis=0)
+        if len(edges) <= 8:  # a few display rows: numpy sums of contiguous rows
+            attn = np.stack([attn[a:b].sum(0) for a, b in zip(edges, [*edges[1:], r],
+                                                               strict=True)])
+        else:  # many (np.add.reduceat along rows is slow): one index_add pass
+            summed = torch.from_numpy(np.zeros((len(edges), attn.shape[1]), np.float32))
+            attn = summed.index_add_(0, part.row_index[row_start:row_start + r] - low,
+                                     torch.from_numpy(attn)).numpy()
     if keys not in part.col_plan:  # the block's columns: real keys 0..keys, then the extras
         def at(x: int) -> int:
             return min(x, keys) + max(0, x - n)
