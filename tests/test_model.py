@@ -25,6 +25,8 @@ from attnviz.compute.attention import query_breakdown  # noqa: E402
 from attnviz.errors import UsageError  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
 from attnviz.sources import ablation, hf  # noqa: E402
+from attnviz.sources import capture as cap  # noqa: E402
+from attnviz.sources.hf import run as hf_run  # noqa: E402
 
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGETS = ["the big red barn", "a cat sat far away"]  # one per sentence; T ≠ S
@@ -106,7 +108,7 @@ def test_exported_maps_equal_eager_for_each_sentence_alone(model, kind, tmp_path
     m = model(kind)
     result = run(m, SENTENCES, targets=m.targets)
     assert result.path == hf.PATHS[m.loaded.path]
-    assert (m.loaded.path == hf.cap.CapturePath.INTERFACE) == (kind not in FALLBACK)
+    assert (m.loaded.path == cap.CapturePath.INTERFACE) == (kind not in FALLBACK)
     path = tmp_path / "maps.safetensors"
     app.export(result, path)
     with safe_open(str(path), "pt") as f:
@@ -304,7 +306,7 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
     m = model(kind)
     full = run(m, SENTENCES)
     monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
-    monkeypatch.setattr(hf, "BLOCK_BUDGET_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
+    monkeypatch.setattr(hf_run, "BLOCK_BUDGET_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
     streamed = run(m, SENTENCES, allow_stream=True, query=(1, "-2"))
     assert "long input" in streamed.notes[0]
     for a, b in zip(full.layers, streamed.layers, strict=True):
@@ -327,7 +329,7 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
 def test_blocks_of_query_rows_equal_whole_maps(model, monkeypatch):
     m = model("phi3")  # left padding, grouped-query
     whole = run(m, SENTENCES)
-    monkeypatch.setattr(hf, "BLOCK_BUDGET_BYTES", 2 * 2 * 4 * 16 * 4)  # 2 rows per block
+    monkeypatch.setattr(hf_run, "BLOCK_BUDGET_BYTES", 2 * 2 * 4 * 16 * 4)  # 2 rows per block
     blocked = run(m, SENTENCES)
     for a, b in zip(whole.layers, blocked.layers, strict=True):
         assert_same(b.weights, a.weights, 1e-6)
@@ -369,3 +371,41 @@ def test_cross_attention_statistics_and_views(model):
     view = next(v for v in result.views if v.label == "cross 0" and v.sentence == 1)
     assert view.row_labels[0] == "</s>" and view.col_labels[0] == "<s>"  # target × source
     assert view.title == "cross 0 · head 0"
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "marian"])  # left, right padding; enc-dec
+def test_streamed_export_equals_the_in_memory_export(model, kind, monkeypatch, tmp_path):
+    """A long --model --export is written block by block as the model computes (no full map
+    held): the file has the same keys, metadata and tensors as the export of the full maps."""
+    from safetensors import safe_open
+
+    from attnviz.app import export as exporting
+    from attnviz.compute import streaming
+
+    m = model(kind)
+    plan = hf.plan_run(m.loaded, SENTENCES, "all", m.targets, need_layers=True)
+    whole = tmp_path / "whole.safetensors"
+    exporting.export(hf.run_model(m.loaded, plan), whole)
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(hf_run, "BLOCK_BUDGET_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
+    streamed = tmp_path / "streamed.safetensors"
+    result = exporting.run_model_exporting(m.loaded, plan, None, streamed)
+    assert result is not None and result.exported == streamed
+    assert all(layer.weights is None for layer in result.layers if layer.kind == "self")
+    with safe_open(whole, "pt") as a, safe_open(streamed, "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys()) and a.metadata() == b.metadata()
+        for key in a.keys():
+            assert_same(b.get_tensor(key), a.get_tensor(key), 1e-6)
+        maps = sorted(k for k in a.keys() if not k.startswith(("inputs", "mask", "target")))
+        assert len(maps) >= 2
+        # negative control: the comparison tells two layers' maps apart
+        assert not torch.allclose(b.get_tensor(maps[0]), a.get_tensor(maps[1]), atol=1e-6)
+
+
+def test_short_inputs_export_after_the_run(model, tmp_path):
+    from attnviz.app import export as exporting
+
+    m = model("gpt2")
+    plan = hf.plan_run(m.loaded, SENTENCES, "all", None, need_layers=True)
+    assert exporting.run_model_exporting(m.loaded, plan, None, tmp_path / "x.safetensors") is None
+    assert not (tmp_path / "x.safetensors").exists()

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import errno
 import json
+import math
+import os
+import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +21,13 @@ EXPORT_NAMES = {"self": ("attn", "inputs"), "decoder-self": ("decoder", "inputs.
 def export_key(captured: Any) -> tuple[str, str]:
     """(maps key, inputs key) of a layer: attn.N / inputs.N, decoder.N / inputs.decoder.N and
     cross.N / inputs.cross.N, N its number within its stack."""
-    maps, inputs = EXPORT_NAMES[captured.kind]
-    number = captured.display_label.split()[-1]
+    return keys_for(captured.kind, captured.display_label)
+
+
+def keys_for(kind: str, label: str) -> tuple[str, str]:
+    """(maps key, inputs key) of a layer of `kind` labelled `label` ('3', 'enc 3', 'cross 1')."""
+    maps, inputs = EXPORT_NAMES[kind]
+    number = label.split()[-1]
     return f"{maps}.{number}", f"{inputs}.{number}"
 
 
@@ -133,3 +142,138 @@ class StreamedExport:
     def close(self) -> None:
         if self._next != (len(self.batch.tokens), 0, 0):
             raise ValueError(f"the export stopped at {self._next}")
+
+
+class ModelExport:
+    """The --export file of a long `--model` run, written as the captured blocks arrive, so that
+    no full map is held: the header's room is reserved first, the masks written, the file
+    extended to its full size (unwritten bytes read as zeros: padded rows and keys), each
+    block's rows written in place (os.pwrite) as the model's eager attention computes them,
+    and at the end the inputs (O(L · E), held) and the final header. Keys, shapes and layout
+    are `export`'s: attn.N (B, H, n, n), decoder.N, cross.N, inputs.*, mask, target_mask."""
+
+    HEADER_SLACK = 512
+
+    def __init__(self, file: Any, layers: Sequence[tuple[int, str, str, tuple[int, ...]]],
+                 small: dict[str, Any], metadata: dict[str, str]) -> None:
+        """layers: (call index, maps key, inputs key, (B, H, rows, cols)) per shown layer;
+        small: the masks (int64 tensors) written at once."""
+        self.file, self.metadata = file, metadata
+        self.small = {name: t.contiguous() for name, t in small.items()}
+        self.entries: dict[str, tuple[str, list[int], int, int]] = {}  # name: dtype, shape, span
+        offset = 0
+        for name, tensor in self.small.items():
+            size = tensor.numel() * tensor.element_size()
+            self.entries[name] = ("I64", list(tensor.shape), offset, offset + size)
+            offset += size
+        self.layers = {index: (maps_key, inputs_key, shape)
+                       for index, maps_key, inputs_key, shape in layers}
+        for maps_key, _, shape in self.layers.values():
+            size = 4 * shape[0] * shape[1] * shape[2] * shape[3]
+            self.entries[maps_key] = ("F32", list(shape), offset, offset + size)
+            offset += size
+        self.maps_end = offset
+        self.room = self._header_room()
+        self.data_start = 8 + self.room
+        file.truncate(self.data_start + self.maps_end)
+        for name, tensor in self.small.items():
+            os.pwrite(file.fileno(), tensor.numpy().tobytes(),
+                      self.data_start + self.entries[name][2])
+        self._row_buf: Any = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of the file before the inputs are added."""
+        return self.data_start + self.maps_end
+
+    def _header_room(self) -> int:
+        """Room for the final header, whatever the inputs' shapes turn out to be."""
+        big = 10 ** 15
+        header = self._header({inputs_key: [big, big, big] for _, inputs_key, _ in
+                               self.layers.values()}, big)
+        return len(header) + self.HEADER_SLACK + (-len(header) % 8)
+
+    def _header(self, inputs_shapes: dict[str, list[int]], start: int) -> bytes:
+        header: dict[str, Any] = {"__metadata__": self.metadata}
+        for name, (dtype, shape, begin, end) in self.entries.items():
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+        offset = start
+        for name, shape in inputs_shapes.items():
+            size = 4 * math.prod(shape)
+            header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
+        return json.dumps(header).encode()
+
+    def rows(self, index: int, sentence: int, row_start: int, block: Any) -> None:
+        """block (H, r, m): rows row_start.. of every head of one sentence in layer `index`,
+        its m real keys (the rest of each row stays zero)."""
+        import torch
+
+        maps_key, _, (_, heads, rows, cols) = self.layers[index]
+        r, m = block.shape[1], block.shape[2]
+        if self._row_buf is None or self._row_buf.shape[0] < r or self._row_buf.shape[1] != cols:
+            self._row_buf = torch.zeros(r, cols)
+        buf = self._row_buf[:r]
+        buf[:, m:] = 0.0
+        base = self.data_start + self.entries[maps_key][2]
+        for head in range(heads):
+            buf[:, :m] = block[head]
+            offset = base + 4 * cols * ((sentence * heads + head) * rows + row_start)
+            os.pwrite(self.file.fileno(), buf.numpy(), offset)  # the buffer itself, no copy
+
+    def finish(self, inputs: dict[str, Any]) -> None:
+        """Append the inputs (inputs key: (B, n, E) tensor) and write the final header."""
+        tensors = {name: x.float().contiguous() for name, x in inputs.items()}
+        self.file.seek(self.data_start + self.maps_end)
+        for x in tensors.values():
+            self.file.write(x.numpy().tobytes())
+        header = self._header({name: list(x.shape) for name, x in tensors.items()},
+                              self.maps_end)
+        if len(header) > self.room:
+            raise ValueError("the export header outgrew its reserved room")
+        header += b" " * (self.room - len(header))  # safetensors allows trailing spaces
+        os.pwrite(self.file.fileno(), struct.pack("<Q", self.room) + header, 0)
+
+
+def run_model_exporting(loaded: Any, plan: Any, query: tuple[int, str] | None,
+                        path: Path) -> Any | None:
+    """A long `--model` run whose --export is written block by block as the model computes
+    (ModelExport), the display maps and statistics reduced at once; None when the run does
+    not stream (a short input: `export` writes its full maps after the run)."""
+    import torch
+
+    from attnviz.app.outputs import atomic_output, check_free_space
+    from attnviz.compute.inputs import padding_mask
+    from attnviz.errors import printable
+    from attnviz.sources.hf.layers import cols_tokens, rows_tokens
+    from attnviz.sources.hf.load import PATHS
+    from attnviz.sources.hf.run import DESCRIBED_INPUTS, run_model, streams
+
+    if not streams(plan) or any(layer.num_heads is None for layer in plan.shown):
+        return None
+    prepared = plan.prepared
+    batch = prepared.batch
+    layers = []
+    for layer in plan.shown:
+        label = layer.label if layer.stack else str(layer.index)
+        maps_key, inputs_key = keys_for(layer.kind.value, label)
+        shape = (len(batch.tokens), layer.num_heads, max(map(len, rows_tokens(plan, layer))),
+                 max(map(len, cols_tokens(plan, layer))))
+        layers.append((layer.index, maps_key, inputs_key, shape))
+    small = {"mask": (~padding_mask(batch)).to(torch.int64)}
+    if prepared.target is not None:
+        small["target_mask"] = (~padding_mask(prepared.target)).to(torch.int64)
+    # every metadata field is known before the run but `causal` ("false" is the longer value)
+    metadata = _export_metadata(batch, printable(str(loaded.folder)), DESCRIBED_INPUTS, False)
+    metadata["path"] = PATHS[loaded.path]
+    if prepared.target is not None:
+        metadata["target_tokens"] = json.dumps(prepared.target.tokens)
+    with atomic_output(path) as tmp, open(tmp, "w+b") as file:
+        writer = ModelExport(file, layers, small, metadata)
+        check_free_space(path, writer.size)
+        run = run_model(loaded, plan, True, query, export_rows=writer.rows)
+        writer.metadata["causal"] = str(run.causal).lower()
+        writer.finish({keys_for(c.kind, c.display_label)[1]: c.inputs for c in run.layers
+                       if c.inputs is not None})
+    run.exported = path
+    return run

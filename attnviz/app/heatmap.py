@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from attnviz.app.export import StreamedExport, export
+from attnviz.app.export import StreamedExport, export, run_model_exporting
 from attnviz.app.naming import run_title
 from attnviz.app.standalone import head_hint_warnings, renumber, synthetic_note
 from attnviz.compute.inputs import (
@@ -175,20 +175,33 @@ def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
 def run_model(spec: str, sentences: list[str], layer: str | None, device: str, dtype: str,
               device_map: str | None, max_tokens: int, one_per_layer: bool,
               max_panels: int | None, keep_full_maps: bool = False,
-              query: tuple[int, str] | None = None, targets: list[str] | None = None) -> Any:
+              query: tuple[int, str] | None = None, targets: list[str] | None = None,
+              export_path: Path | None = None) -> Any:
     """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra); long
-    inputs stream unless keep_full_maps (--export); query = (sentence, --query) keeps that row;
-    targets run an encoder-decoder model's decoder too."""
+    inputs stream unless keep_full_maps (--export: a long input's maps are then written to
+    export_path block by block); query = (sentence, --query) keeps that row; targets run an
+    encoder-decoder model's decoder too."""
     from attnviz.sources import hf
 
-    loaded = hf.load_model(spec, device, dtype, device_map)
-    plan = hf.plan_run(loaded, sentences, layer, targets, max_tokens,
-                       need_layers=max_panels is not None, query=query is not None)
-    if plan.shown is not None:  # numbered by a probe: the figure's size is known before the run
-        heads = max(shown.num_heads or 0 for shown in plan.shown)
+    def check_shown(layers: int, heads: int) -> None:
         check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
                                     max_panels=max_panels, panels_per_map=1 if one_per_layer
-                                    else None), len(plan.shown), heads)
+                                    else None), layers, heads)
+
+    # every limit checked before the weights load: the inputs' lengths, and the panels as far
+    # as config.json counts the layers (after the probe, by the model's own count)
+    loaded, encoded = hf.load_checked(spec, sentences, targets=targets, max_tokens=max_tokens,
+                                      device=device, dtype=dtype, device_map=device_map,
+                                      layer=layer, check_shown=check_shown)
+    plan = hf.plan_run(loaded, sentences, layer, targets, max_tokens,
+                       need_layers=max_panels is not None, query=query is not None,
+                       encoded=encoded)
+    if plan.shown is not None:  # numbered by a probe: the figure's size is known before the run
+        check_shown(len(plan.shown), max(shown.num_heads or 0 for shown in plan.shown))
+    if export_path is not None:
+        exported = run_model_exporting(loaded, plan, query, export_path)
+        if exported is not None:
+            return exported
     return hf.run_model(loaded, plan, not keep_full_maps, query)
 
 
@@ -291,7 +304,7 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
             job.max_tokens, job.head is not None or job.average, job.max_panels,
             keep_full_maps=job.keep_full_maps,
             query=None if job.query is None else (job.sentence - 1, job.query),
-            targets=job.targets)
+            targets=job.targets, export_path=job.export_path)
     else:
         batch = make_batch(job.sentences, job.max_tokens, job.max_sentences)
         _check_sentence(job, len(batch.tokens))

@@ -30,6 +30,9 @@ from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture as cap
 from attnviz.sources import hf
+from attnviz.sources.hf import collect as hf_collect
+from attnviz.sources.hf import layers as hf_layers
+from attnviz.sources.hf import run as hf_run
 
 # "unchanged": equal to float round-off, by the dtype the model runs in
 UNCHANGED = {"float32": 1e-6, "bfloat16": 1e-3, "float16": 1e-4}
@@ -108,7 +111,7 @@ class _Observer:
         self.early = loaded.path == cap.CapturePath.INTERFACE
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        collector = hf._Collector(self.plan, {})
+        collector = hf_collect.Collector(self.plan, {})
         seen: list[torch.Tensor | None] = []
 
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
@@ -131,12 +134,12 @@ class _Observer:
                                   fix="report this model to attnviz")
         o_input = seen[self.call.occurrence] if len(seen) > self.call.occurrence else None
         if o_input is not None:
-            offsets, _ = hf._offsets(self.plan, self.call)
-            lengths = [len(t) for t in hf._rows_tokens(self.plan, self.call)]
+            offsets, _ = hf_layers.offsets(self.plan, self.call)
+            lengths = [len(t) for t in hf_layers.rows_tokens(self.plan, self.call)]
             if o_input.ndim != 3 or o_input.shape[0] != len(lengths):
                 o_input = None
             else:
-                o_input = hf._realign_rows(o_input, offsets, lengths)
+                o_input = hf_run.realign_rows(o_input, offsets, lengths)
         return maps, o_input
 
 

@@ -1,0 +1,57 @@
+"""Real pretrained models through Hugging Face transformers: load offline, capture, verify.
+
+`run_model` runs the model's own forward pass once through `attnviz.sources.capture`: the layers
+shown go through their module's own eager attention (in blocks of query rows under a memory
+budget), the others through sdpa; models whose modeling file does not use transformers'
+attention interface return their maps through `output_attentions` instead. Nothing here depends
+on attnviz's layout registry: layers, their names and head counts come from the attention calls
+of the forward pass itself (a 1-token probe run first numbers them), so any model transformers
+loads without remote code works, recognized by `attnviz inspect` or not.
+
+Sequences are re-aligned so each sentence's real tokens sit at positions 0..n-1 (right padding),
+as the renderers and `attnviz.compute.stats` assume. Encoder-decoder models run their encoder
+alone, or, given a target per sentence, the decoder too: decoder self-attention (target × target)
+and cross-attention (target × source).
+
+`verify_layer` (the recompute proof) recomputes one layer's weights from its captured input with
+attnviz's own AttentionLayer slices, read from the checkpoint files, and positions recomputed
+from config.json by `attnviz.compute.positions` (never taken from the model); the ablation proof,
+which needs no per-family math, is `attnviz.sources.ablation`.
+transformers is imported lazily: the core install works without it.
+
+The parts: `load` (folder → LoadedModel), `inputs` (sentences → padded feed), `layers` (the
+attention calls and the run's plan), `run` (the capture), `verify` (the recompute proof).
+"""
+
+from attnviz.sources.hf.checked import load_checked
+from attnviz.sources.hf.inputs import Encoded, Prepared, encode, prepare
+from attnviz.sources.hf.layers import ModelLayer, Plan, model_layers, plan_run, probe, select
+from attnviz.sources.hf.load import (
+    DTYPES,
+    PATHS,
+    STACK_OF,
+    TOLERANCE,
+    LoadedModel,
+    OpenedModel,
+    load_model,
+    load_weights,
+    open_model,
+    require_transformers,
+    resolve_folder,
+)
+from attnviz.sources.hf.run import BLOCK_BUDGET_BYTES, run_model
+from attnviz.sources.hf.verify import (
+    VerifyResult,
+    call_of,
+    module_of,
+    parameter_of,
+    recompute_supported,
+    verify_layer,
+)
+
+__all__ = ["BLOCK_BUDGET_BYTES", "DTYPES", "PATHS", "STACK_OF", "TOLERANCE", "Encoded",
+           "LoadedModel", "ModelLayer", "OpenedModel", "encode", "load_checked", "load_weights",
+           "open_model", "Plan", "Prepared", "VerifyResult", "call_of", "load_model",
+           "model_layers", "module_of", "parameter_of", "plan_run", "prepare", "probe",
+           "recompute_supported", "require_transformers", "resolve_folder", "run_model",
+           "select", "verify_layer"]

@@ -1,0 +1,170 @@
+"""Where a run's captured blocks go: each shown layer's weights realigned to real tokens, into a
+full map or its streaming reducer; and the hooks that keep the attention modules' inputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from attnviz.sources import capture as cap
+from attnviz.sources.hf.layers import (
+    ModelLayer,
+    Plan,
+    attention_like,
+    cols_tokens,
+    offsets,
+    rows_tokens,
+)
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+class _RowsToAdd:
+    """For cross-attention layers: copies each sentence's rows of every head into one (H, n, S)
+    buffer and hands the sentence to `MapReducer.add` once its last real row is in (so one
+    layer's maps of one sentence are held at a time, not all)."""
+
+    def __init__(self, reducer: Any, lengths: list[int]) -> None:
+        self.reducer = reducer
+        self.lengths = lengths
+        self.buffers: dict[int, tuple[torch.Tensor, int]] = {}  # sentence: (maps, rows filled)
+
+    def add_rows(self, sentence: int, first_head: int, row_start: int, attn_block: torch.Tensor,
+                 scores_block: torch.Tensor | None = None) -> None:
+        heads, rows, keys = attn_block.shape
+        buffer, filled = self.buffers.get(sentence) or (
+            torch.empty(heads, self.lengths[sentence], keys), 0)
+        buffer[:, row_start:row_start + rows] = attn_block
+        filled += rows
+        if filled < self.lengths[sentence]:
+            self.buffers[sentence] = buffer, filled
+            return
+        self.buffers.pop(sentence, None)
+        for head in range(heads):  # one head at a time: add's temporaries are one map's
+            self.reducer.add(sentence, first_head + head, buffer[head:head + 1])
+        del buffer
+        _release_freed_memory()
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc's malloc_trim), so that a long input's
+    layer after layer of freed maps does not add up in the process's resident memory."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
+
+
+# (call index, sentence, first row, (H, rows, real keys) block): where --export writes a block
+ExportRows = Callable[[int, int, int, torch.Tensor], None]
+
+
+class Collector:
+    """The on_block of one run: each shown layer's blocks, realigned to real tokens at once,
+    into a full (B, H, n, m) map or, when streaming, into the layer's MapReducer."""
+
+    def __init__(self, plan: Plan, reducers: dict[int, Any],
+                 export_rows: ExportRows | None = None) -> None:
+        self.plan = plan
+        self.export_rows = export_rows
+        self.by_index = {layer.index: layer for layer in plan.shown or []}
+        # blocks of layers not numbered before the run (no probe): realigned by replay()
+        self.raw: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        self.reducers = reducers
+        self.feeders: dict[int, Any] = {}
+        for index, reducer in reducers.items():
+            layer = self.by_index[index]
+            if layer.kind != cap.LayerKind.CROSS:
+                # self-attention: each block of query rows is reduced at once (memory per head
+                # O(block × S), never a whole map)
+                self.feeders[index] = reducer
+                continue
+            # cross-attention: a sentence's target rows against its source keys are gathered
+            # into one map per sentence first (MapReducer's statistics compare positions of
+            # one sequence; cross maps have their own)
+            lengths = [len(t) for t in rows_tokens(plan, layer)]
+            self.feeders[index] = _RowsToAdd(reducer, lengths)
+        self.maps: dict[int, torch.Tensor] = {}
+        self.causal: dict[int, bool] = {}
+
+    def replay(self, shown: list[ModelLayer]) -> None:
+        """Realign the blocks kept raw, now that the run has numbered its layers."""
+        self.by_index = {layer.index: layer for layer in shown}
+        for index, blocks in self.raw.items():
+            for row_start, weights in blocks:
+                self(index, row_start, weights)
+        self.raw = {}
+
+    def __call__(self, index: int, row_start: int, weights: torch.Tensor) -> None:
+        layer = self.by_index.get(index)
+        if layer is None:  # short input, no probe: kept as the model made it, realigned later
+            self.raw.setdefault(index, []).append((row_start, weights.float().cpu()))
+            return
+        rows_of = rows_tokens(self.plan, layer)
+        cols_of = cols_tokens(self.plan, layer)
+        q_offsets, k_offsets = offsets(self.plan, layer)
+        count = weights.shape[2]
+        if index not in self.reducers and index not in self.maps:
+            self.maps[index] = torch.zeros(
+                weights.shape[0], weights.shape[1], max(map(len, rows_of)),
+                max(map(len, cols_of)))
+        causal = self.causal.get(index, layer.kind != cap.LayerKind.CROSS)
+        for b, (rows, cols) in enumerate(zip(rows_of, cols_of, strict=True)):
+            n, m, q0, k0 = len(rows), len(cols), q_offsets[b], k_offsets[b]
+            lo, hi = max(row_start, q0), min(row_start + count, q0 + n)
+            if lo >= hi:
+                continue
+            block = weights[b, :, lo - row_start:hi - row_start, k0:k0 + m].float()  # (H, r, m)
+            if causal and bool(block.triu(lo - q0 + 1).any()):
+                causal = False
+            if self.export_rows is not None:
+                self.export_rows(index, b, lo - q0, block.cpu())
+            if index in self.reducers:
+                self.feeders[index].add_rows(b, 0, lo - q0, block.cpu(), None)
+            else:
+                self.maps[index][b, :, lo - q0:hi - q0, :m] = block.cpu()
+        self.causal[index] = causal
+
+
+
+def input_hooks(plan: Plan, keep: set[int] | None
+                 ) -> tuple[list[Any], dict[tuple[str, int], torch.Tensor]]:
+    """Forward pre-hooks that keep the hidden states entering the attention modules, by (module
+    name, call of that module): of the calls `keep` when the layers are known, else of every
+    attention-like module (short inputs only)."""
+    runner = plan.prepared.runner
+    modules = dict(runner.named_modules())
+    if plan.shown is not None:
+        names = [layer.name for layer in plan.shown if keep is None or layer.index in keep]
+        wanted: set[tuple[str, int]] | None = {
+            (layer.name, layer.occurrence) for layer in plan.shown
+            if keep is None or layer.index in keep}
+    else:
+        names = [name for name, module in modules.items() if name and attention_like(module)]
+        wanted = None
+    calls: Counter[str] = Counter()
+    inputs: dict[tuple[str, int], torch.Tensor] = {}
+    handles = []
+    batch = len(plan.prepared.batch.tokens)
+
+    def hook_for(name: str) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            key = name, calls[name]
+            calls[name] += 1
+            x = args[0] if args else kwargs.get("hidden_states")
+            if (wanted is None or key in wanted) and isinstance(x, torch.Tensor) \
+                    and x.ndim == 3 and x.shape[0] == batch:
+                inputs[key] = x.detach().float().cpu()
+        return hook
+
+    for name in dict.fromkeys(names):
+        if name in modules:
+            handles.append(modules[name].register_forward_pre_hook(hook_for(name),
+                                                                   with_kwargs=True))
+    return handles, inputs

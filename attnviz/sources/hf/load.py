@@ -1,0 +1,249 @@
+"""A Hugging Face model loaded offline: config and tokenizer first, checked, then the weights.
+
+Never downloads, never runs repository code; the model is built on the meta device and its
+shapes compared with the checkpoint before transformers allocates anything."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnviz.compute.attention import resolve_device
+from attnviz.errors import (
+    CheckpointError,
+    UsageError,
+    printable,
+    printable_path,
+    quoted,
+)
+from attnviz.load.checkpoint import TensorStore, open_checkpoint
+from attnviz.recognize import find_layers
+from attnviz.sources import capture as cap
+from attnviz.sources import hf_guard as guard
+
+DTYPES = ("float32", "bfloat16", "float16")
+# The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+STACK_OF = {cap.LayerKind.SELF: "enc", cap.LayerKind.DECODER_SELF: "dec",
+            cap.LayerKind.CROSS: "cross"}
+PATHS = {
+    cap.CapturePath.INTERFACE: (
+        "transformers attention interface: attnviz's attention function runs the layers shown "
+        "through their module's own eager attention, the others through sdpa"),
+    cap.CapturePath.OUTPUT_ATTENTIONS: (
+        "output_attentions (eager): this model's modeling file does not use the attention "
+        "interface, so the maps are the ones it returns when asked"),
+}
+
+
+def require_transformers() -> None:
+    """Fail with the install hint when the Hugging Face extra is missing."""
+    # attnviz never downloads: huggingface_hub reads this once, when it is first imported.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if any(importlib.util.find_spec(name) is None for name in ("transformers", "tokenizers")):
+        raise UsageError("--model needs the Hugging Face extra", fix="pip install 'attnviz[hf]'")
+
+
+@dataclass
+class OpenedModel:
+    """A model folder read and checked, its tokenizer loaded, its weights not yet: enough to
+    encode the inputs and check every limit before the weights cost anything."""
+
+    folder: Path  # the local model folder (or hub-cache snapshot)
+    config: Any  # the transformers config object
+    tokenizer: Any
+    store: TensorStore  # attnviz's header-only view of the same files
+    tower: str | None  # a multi-tower model (CLIP): the attribute of its text tower
+    embedding_rows: int  # rows of the token embedding of the part that runs
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return bool(getattr(self.config, "is_encoder_decoder", False))
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers PreTrainedModel (AutoModel: the base model, no head)
+    tokenizer: Any
+    folder: Path  # the local model folder (or hub-cache snapshot) the weights came from
+    config: Any  # the transformers config object
+    dtype: str
+    path: cap.CapturePath  # how its maps are captured
+    _store: TensorStore | None = field(default=None, repr=False)
+    tower: str | None = None  # a multi-tower model (CLIP): the attribute of its text tower
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return bool(getattr(self.config, "is_encoder_decoder", False))
+
+    @property
+    def store(self) -> TensorStore:
+        """attnviz's own view of the same files (for the proofs, which read attnviz's slices)."""
+        if self._store is None:
+            self._store = open_checkpoint(self.folder)
+        return self._store
+
+    @property
+    def embeddings(self) -> Any:
+        """The token embedding of the part that runs."""
+        return token_embedding(self.model, self.tower, self.folder)
+
+    @property
+    def embedding_rows(self) -> int:
+        return int(self.embeddings.num_embeddings)
+
+
+def token_embedding(model: Any, tower: str | None, folder: Path) -> Any:
+    """The token embedding of the part that runs (the text tower's, for multi-tower models)."""
+    runner = getattr(model, tower) if tower is not None else model
+    for owner in (runner, model):
+        getter = getattr(owner, "get_input_embeddings", None)
+        if getter is not None:
+            with contextlib.suppress(NotImplementedError, AttributeError):
+                found = getter()
+                if isinstance(found, torch.nn.Embedding):
+                    return found
+    found = next((m for m in runner.modules() if isinstance(m, torch.nn.Embedding)), None)
+    if found is None:
+        raise CheckpointError("the model has no token embedding", where=str(folder))
+    return found
+
+
+def resolve_folder(spec: str) -> Path:
+    """A model folder, or a hub id found in the local Hugging Face cache (never downloaded)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UsageError("--model takes a model folder or a hub id, not a file",
+                         fix="pass the folder holding config.json", where=printable(spec))
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise UsageError("no such model folder", fix="check the path", where=printable(spec))
+    require_transformers()
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(spec, "config.json")
+    except ValueError:  # HFValidationError: not a valid repo id
+        raise UsageError("not a model folder nor a valid hub id", fix="check --model",
+                         where=printable(spec)) from None
+    if not isinstance(found, str):
+        raise CheckpointError(f"model {quoted(spec)} is not in the local Hugging Face cache",
+                              fix=f"download it once with 'hf download {printable(spec)}' (attnviz "
+                              "never downloads), or pass a model folder")
+    return Path(found).parent
+
+
+COMMON = {"local_files_only": True, "trust_remote_code": False}  # never repository code
+FILES_FIX = "check that the folder holds config.json, the weights and the tokenizer files"
+
+
+def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
+               device_map: str | None = None, tokenizer: Any = None) -> LoadedModel:
+    """Model + tokenizer from a folder or the local hub cache, ready for `capture`.
+
+    The model is loaded with eager attention, then switched to attnviz's attention function
+    when its modeling file uses transformers' attention interface. `tokenizer` replaces the
+    folder's own (the Python API; AutoTokenizer otherwise).
+    """
+    check_load_options(device, dtype, device_map)
+    return load_weights(open_model(spec, tokenizer), device, dtype, device_map)
+
+
+def check_load_options(device: str, dtype: str, device_map: str | None) -> None:
+    """The loading options, checked before anything is read."""
+    require_transformers()
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}", fix=f"use one of {', '.join(DTYPES)}",
+                         option="--dtype")
+    if device_map is not None:
+        if device_map != "auto":
+            raise UsageError(f"unknown device map {device_map!r}", fix="use auto",
+                             option="--device-map")
+        if importlib.util.find_spec("accelerate") is None:
+            raise UsageError("--device-map auto needs accelerate", fix="pip install accelerate")
+    if not device_map:
+        resolve_device(device)
+
+
+def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
+    """The folder's headers, config.json and tokenizer, checked against each other; the model
+    built on the meta device only (shapes, no memory) and compared with the checkpoint."""
+    require_transformers()
+    folder = resolve_folder(spec)
+    where = printable_path(folder)
+    store = open_checkpoint(folder)  # headers only
+    guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
+    # config.json's fields read in attnviz's words (a list where a count belongs, 'yes' for a
+    # flag) before transformers' own validation answers in its; the run does not use the result.
+    find_layers(store)
+    import transformers
+
+    with guard.quiet():  # transformers' reports and warnings are attnviz's to word
+        with guard.contained("transformers cannot read the model's config.json", FILES_FIX,
+                             where):
+            config = transformers.AutoConfig.from_pretrained(folder, **COMMON)
+            meta = guard.meta_model(transformers, config)  # shapes only, on the meta device
+        tower = guard.text_runner(meta, config)
+        if tokenizer is None:
+            guard.check_tokenizer_files(folder)
+        guard.check_sizes(meta, store, where)
+        rows = int(token_embedding(meta, tower, folder).num_embeddings)
+        del meta
+        if tokenizer is None:
+            with guard.contained("the model's tokenizer cannot be loaded",
+                                 "check or replace its tokenizer files", where):
+                tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **COMMON)
+    return OpenedModel(folder, config, tokenizer, store, tower, rows)
+
+
+def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32",
+                 device_map: str | None = None) -> LoadedModel:
+    """The weights of an opened model, with eager attention (the one that returns weights), on
+    its device; switched to attnviz's attention function where the modeling file allows."""
+    check_load_options(device, dtype, device_map)
+    import transformers
+
+    folder, where = opened.folder, printable_path(opened.folder)
+    dtype_key = "dtype" if _major() >= 5 else "torch_dtype"  # renamed in transformers 5
+    with guard.quiet(), guard.contained("transformers cannot load the model", FILES_FIX, where):
+        model, info = transformers.AutoModel.from_pretrained(
+            folder, attn_implementation="eager", device_map=device_map,
+            output_loading_info=True, **{dtype_key: getattr(torch, dtype)}, **COMMON)
+    model.eval()
+    if not device_map:
+        model.to(resolve_device(device))
+    runner = getattr(model, opened.tower) if opened.tower is not None else model
+    runner_params = {id(p) for p in runner.parameters()}
+    guard.check_loaded(info, {name for name, p in model.named_parameters()
+                              if id(p) in runner_params}, where)
+    cap.register()
+    path = cap.CapturePath.OUTPUT_ATTENTIONS
+    if cap.uses_interface(model):
+        model.set_attn_implementation(cap.NAME)
+        path = cap.CapturePath.INTERFACE
+    return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype, path,
+                       _store=opened.store, tower=opened.tower)
+
+
+def _major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def input_device(model: Any) -> torch.device:
+    """Where the inputs go: the token embedding's device (under --device-map, the first)."""
+    import contextlib
+
+    with contextlib.suppress(NotImplementedError, AttributeError):
+        return model.get_input_embeddings().weight.device
+    return next(model.parameters()).device
+
+

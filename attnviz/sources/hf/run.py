@@ -1,0 +1,259 @@
+"""One heatmap run through the model's own forward pass: the shown layers' maps captured
+(whole, or reduced block by block for long inputs), realigned to real tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+
+from attnviz.compute.inputs import find_query
+from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
+from attnviz.errors import (
+    CheckpointError,
+    UsageError,
+    printable,
+)
+from attnviz.sources import capture as cap
+from attnviz.sources.hf.collect import Collector, ExportRows, input_hooks
+from attnviz.sources.hf.inputs import Prepared
+from attnviz.sources.hf.layers import (
+    ModelLayer,
+    Plan,
+    cols_tokens,
+    model_layers,
+    offsets,
+    rows_tokens,
+)
+from attnviz.sources.hf.load import PATHS, TOLERANCE, LoadedModel, input_device
+
+# The most one block of one shown layer's float32 maps (B, H, rows, S) may take in eager.
+BLOCK_BUDGET_BYTES = 32 * 2**20
+
+# --- the run -----------------------------------------------------------------------------------
+
+@dataclass
+class _Setup:
+    """What a run decided before the model ran."""
+
+    indices: list[int] | None  # the calls shown (None: every call)
+    keep_qk: bool | list[int]  # whose query and key the capture keeps (for --query)
+    reducers: dict[int, Any]  # layer index: its MapReducer, when the maps stream
+    query_row: tuple[int, int] | None  # (sentence, row) of --query, when known
+
+
+def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
+              query: tuple[int, str] | None = None,
+              export_rows: ExportRows | None = None) -> AttentionRun:
+    """The model's own attention weights (and attention inputs) of the layers the plan shows.
+
+    With allow_stream, when the full maps of the source layers shown would exceed the streaming
+    budget, each is reduced block by block to display views and statistics
+    (`attnviz.compute.streaming.MapReducer`) and dropped, keeping only the last layer's inputs
+    and, for query = (sentence, token spec), that query's row of every head of the last layer.
+    Decoder and cross-attention maps (rows are target tokens) are always kept whole.
+    With query, the last layer's query, key and mask are kept for the breakdown.
+    export_rows, when given, receives every shown layer's blocks as they arrive, realigned
+    (for --export of long inputs), and the inputs of every shown layer are kept.
+    """
+    if query is not None and loaded.path != cap.CapturePath.INTERFACE:
+        raise UsageError("--query needs the q and k the model's attention receives, which "
+                         "only models using transformers' attention interface hand out; "
+                         f"{type(loaded.model).__name__} returns its maps through "
+                         "output_attentions", fix="drop --query", option="--query")
+    setup = _setup(plan, allow_stream, query)
+    collector = Collector(plan, setup.reducers, export_rows)
+    result, inputs = _capture(loaded, plan, setup, collector, every_input=export_rows is not None)
+    shown = plan.shown
+    if shown is None:
+        shown = _number_after_run(loaded, plan, result.layers, setup.indices)
+        collector.replay(shown)
+        if query is not None:
+            setup.query_row = query[0], find_query(rows_tokens(plan, shown[-1])[query[0]],
+                                                   query[1])
+    calls = {call.index: call for call in result.layers}
+    results = [_layer_result(loaded, plan, layer, calls[layer.index], collector, setup,
+                             inputs, query is not None and layer is shown[-1])
+               for layer in shown]
+    causal = all(r.causal for r in results if r.kind != cap.LayerKind.CROSS.value)
+    return AttentionRun(plan.prepared.batch, results, printable(str(loaded.folder)),
+                        DESCRIBED_INPUTS, str(input_device(loaded.model)), causal, None,
+                        _notes(loaded, plan, bool(setup.reducers)), TOLERANCE[loaded.dtype],
+                        target=plan.prepared.target, path=PATHS[result.path])
+
+
+def streams(plan: Plan) -> bool:
+    """Whether the full maps of the source layers a probed plan shows exceed the streaming
+    budget: then each is reduced block by block (and --export written as it goes)."""
+    from attnviz.compute import streaming
+
+    if plan.shown is None:  # not probed: the input is short
+        return False
+    source_layers = [layer for layer in plan.shown if layer.kind == cap.LayerKind.SELF]
+    heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
+    return bool(source_layers) and streaming.full_maps_bytes(
+        plan.prepared.batch, heads, layers=len(source_layers)) > streaming.MAP_BUDGET_BYTES
+
+
+DESCRIBED_INPUTS = ("the model's own hidden states entering each attention module (token and "
+                    "position embeddings, earlier layers and the block's own norm, if any)")
+
+
+def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None) -> _Setup:
+    """Which calls to show, whether they stream, and the --query row when the layers are known
+    (resolved before the model runs: a typo costs nothing)."""
+    from attnviz.compute import streaming
+
+    shown, batch = plan.shown, plan.prepared.batch
+    if shown is None:  # short input, layers numbered by the run itself
+        if query is not None:
+            find_query(batch.tokens[query[0]], query[1])
+        indices = plan.indices
+        return _Setup(indices, query is not None and (indices is None or [max(indices)]), {},
+                      None)
+    last = shown[-1]
+    query_row = None if query is None else (
+        query[0], find_query(rows_tokens(plan, last)[query[0]], query[1]))
+    source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
+    stream = allow_stream and streams(plan)
+    reducers = {layer.index: streaming.MapReducer(
+        layer.index, batch.tokens, query_row if layer is last else None)
+        for layer in source_layers} if stream else {}
+    return _Setup([layer.index for layer in shown], [last.index] if query is not None else False,
+                  reducers, query_row)
+
+
+def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collector,
+             every_input: bool = False
+             ) -> tuple[cap.CaptureResult, dict[tuple[str, int], torch.Tensor]]:
+    """The forward pass, with the attention modules' inputs kept (only the last layer's when
+    the maps stream, unless every_input)."""
+    keep = None if every_input or not setup.reducers or plan.shown is None \
+        else {plan.shown[-1].index}
+    handles, inputs = input_hooks(plan, keep)
+    try:
+        result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
+                             BLOCK_BUDGET_BYTES, collector, keep_qk=setup.keep_qk)
+    except UsageError as error:
+        if not error.what.startswith("no attention layer"):
+            raise
+        count = error.what.split("ran ")[-1].split(" ")[0]
+        fix = f"use all, 0..{int(count) - 1}, -1 or A:B"
+        if loaded.encoder_decoder:
+            fix = "a bare number is an encoder layer; name the decoder's: 'dec N', 'cross N'"
+        raise UsageError(f"--layer {plan.spec!r} is not a layer of this model", fix=fix,
+                         option="--layer") from None
+    finally:
+        for handle in handles:
+            handle.remove()
+    return result, inputs
+
+
+def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedLayer],
+                      indices: list[int] | None) -> list[ModelLayer]:
+    """The shown layers of a run made without a probe, numbered from its own calls."""
+    layers = model_layers(loaded, plan.prepared, calls)
+    if not layers:
+        raise CheckpointError("the model's forward pass made no attention call",
+                              fix="report this model to attnviz",
+                              where=printable(str(loaded.folder)))
+    shown = layers if indices is None else [layers[i] for i in indices]
+    if any(layer.stack not in ("", "enc") for layer in shown) and plan.spec not in (None, "all"):
+        encoder = sum(layer.stack == "enc" for layer in layers)
+        raise UsageError(f"--layer {plan.spec!r}: a bare number is an encoder layer, and the "
+                         f"encoder has {encoder}", fix=f"use 0..{encoder - 1}, or name the "
+                         "stack: 'dec N', 'cross N'", option="--layer")
+    return shown
+
+
+def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: cap.CapturedLayer,
+                  collector: Collector, setup: _Setup,
+                  inputs: dict[tuple[str, int], torch.Tensor], with_scores: bool) -> Any:
+    """One shown layer's LayerAttention: its full maps, or its streamed reduction."""
+    from attnviz.compute import streaming
+
+    method = _method(loaded, plan.prepared, call)
+    x = inputs.get((layer.name, layer.occurrence))
+    if x is not None:
+        x = realign_rows(x, offsets(plan, layer)[0], [len(t) for t in rows_tokens(plan, layer)])
+    common: dict[str, Any] = dict(
+        name=layer.display_name, num_heads=call.num_heads, kind=layer.kind.value,
+        label=layer.label if layer.stack else None, causal=collector.causal.get(layer.index),
+        query_tokens=None if layer.kind == cap.LayerKind.SELF else rows_tokens(plan, layer),
+        key_tokens=None if layer.kind != cap.LayerKind.DECODER_SELF
+        else cols_tokens(plan, layer))
+    scores = _scores(call, plan, layer) if with_scores else None
+    if layer.index not in setup.reducers:
+        return LayerAttention(layer.index, None, collector.maps[layer.index], x, method,
+                              scores=scores, **common)
+    finished = setup.reducers[layer.index].finish(
+        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})")
+    for key, value in common.items():
+        setattr(finished, key, value)
+    if with_scores:
+        finished.scores = scores
+    if layer.stack:
+        finished.views = [_labelled(v, layer.label) for v in finished.views or []]
+        finished.stats = [_labelled_stats(s, layer.label) for s in finished.stats or []]
+    return finished
+
+
+def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
+    from attnviz.compute import streaming
+
+    notes = []
+    if streamed:
+        notes.append("long input: each source layer's maps reduced to display size block by "
+                     f"block, {streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); "
+                     "--export writes the full maps to its file block by block")
+    if loaded.encoder_decoder and plan.prepared.target is None:
+        notes.append("encoder-decoder model: its encoder ran alone (--target 'text', one per "
+                     "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
+    return notes
+
+
+def _method(loaded: LoadedModel, prepared: Prepared, call: cap.CapturedLayer) -> str:
+    if call.computed_with == "output_attentions":
+        return "output_attentions (eager)"
+    module = dict(prepared.runner.named_modules()).get(call.name)
+    owner = type(module).__name__ if module is not None else "its module"
+    function = cap.eager_function(module) if module is not None else None
+    where = "attnviz's generic eager" if function is cap.generic_eager else \
+        f"{owner}'s own eager_attention_forward"
+    return f"{where}, in blocks of query rows"
+
+
+def _labelled(view: Any, label: str) -> Any:
+    from dataclasses import replace
+
+    return replace(view, label=label)
+
+
+def _labelled_stats(stats: Any, label: str) -> Any:
+    from dataclasses import replace
+
+    return replace(stats, layer_label=label)
+
+
+def _scores(call: cap.CapturedLayer, plan: Plan, layer: ModelLayer) -> CapturedScores | None:
+    if call.query is None or call.key is None:
+        return None
+    kwargs = call.score_kwargs
+    scaling = kwargs.get("scaling")
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))
+    q_offsets, k_offsets = offsets(plan, layer)
+    return CapturedScores(
+        call.query, call.key, float(scaling) if scaling is not None else
+        call.query.shape[-1] ** -0.5, call.mask, kwargs.get("position_bias"),
+        None if kwargs.get("softcap") is None else float(kwargs["softcap"]),
+        None if sinks is None else sinks.detach(), tuple(q_offsets), tuple(k_offsets))
+
+
+def realign_rows(x: torch.Tensor, offsets: list[int], lengths: list[int]) -> torch.Tensor:
+    """(B, L, E) with each sentence's real rows moved to 0..n-1, zeros after."""
+    out = torch.zeros(x.shape[0], max(lengths), x.shape[2], dtype=x.dtype)
+    for b, (offset, n) in enumerate(zip(offsets, lengths, strict=True)):
+        out[b, :n] = x[b, offset:offset + n]
+    return out
+

@@ -1,0 +1,82 @@
+"""`heatmap --model`: every limit is checked before the weights load, and one error names every
+limit a too-long input breaks (--max-tokens and the model's positions together)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import assert_clean_error
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+from attnviz.sources.hf import checked  # noqa: E402
+
+DISTILBERT = "sample_weights/models/distilbert-tiny-model"  # 64 positions, 2 layers × 4 heads
+MARIAN = "sample_weights/models/marian-tiny-model"  # 64 positions, 2 + 2 layers × 4 heads
+
+
+class WeightsLoaded(Exception):
+    pass
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Loading the weights fails loudly: an error that still appears was found before it."""
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise WeightsLoaded("the weights were loaded")
+
+    monkeypatch.setattr(checked, "load_weights", refuse)
+    return calls
+
+
+def words(n: int) -> str:
+    return " ".join(["cat"] * n)
+
+
+def test_over_both_limits_names_both_at_once(cli, no_weights):
+    result = cli("heatmap", "--model", DISTILBERT, words(100), "--max-tokens", "80")
+    assert_clean_error(result, 2, "--max-tokens 80", "64 positions the model takes",
+                       "at most 64 tokens")
+    assert no_weights == []
+
+
+def test_over_the_model_only_says_max_tokens_cannot_help(cli, no_weights):
+    result = cli("heatmap", "--model", DISTILBERT, words(100), "--max-tokens", "500")
+    assert_clean_error(result, 2, "64 positions the model takes", "--max-tokens 500 allows more")
+    assert no_weights == []
+
+
+def test_over_max_tokens_only_says_how_far_to_raise_it(cli, no_weights):
+    result = cli("heatmap", "--model", DISTILBERT, words(20), "--max-tokens", "10")
+    assert_clean_error(result, 2, "more than --max-tokens 10", "the model takes up to 64")
+    count = re.search(r"has (\d+) tokens", result.stderr)
+    assert count and f"raise --max-tokens to {count[1]} " in result.stderr
+    assert no_weights == []
+
+
+def test_target_limits_are_checked_before_loading_too(cli, no_weights):
+    result = cli("heatmap", "--model", MARIAN, "a b", "--target", words(100))
+    assert_clean_error(result, 2, "--target 1 has", "64 positions")
+    assert no_weights == []
+
+
+def test_panel_limit_is_checked_before_loading(cli, no_weights, tmp_path):
+    out = tmp_path / "maps.png"
+    result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--layer", "all",
+                 "--out", out, "--max-panels", "5")
+    assert_clean_error(result, 2, "--max-panels")
+    assert no_weights == [] and not out.exists()
+
+
+def test_within_every_limit_the_weights_do_load(cli, no_weights, tmp_path):
+    """Negative control: the fixture does stop a run that passed every check."""
+    result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--max-tokens", "10",
+                 "--out", tmp_path / "maps.png", "--max-panels", "8")
+    assert len(no_weights) == 1
+    assert result.exit_code == 1 and "the weights were loaded" in result.stderr
