@@ -409,3 +409,24 @@ def test_short_inputs_export_after_the_run(model, tmp_path):
     plan = hf.plan_run(m.loaded, SENTENCES, "all", None, need_layers=True)
     assert exporting.run_model_exporting(m.loaded, plan, None, tmp_path / "x.safetensors") is None
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_memory_budget_decides_streaming_and_block_size(model):
+    """--memory-budget applies to --model: under it the maps stream, in eager blocks of at most
+    a quarter of it, and the streamed views equal the full maps'."""
+    import numpy as np
+
+    m = model("llama")
+    full = run(m, SENTENCES, "all")
+    assert all(layer.weights is not None for layer in full.layers)  # the default budget: whole
+    budget = 4 * 2 * 4 * 16 * 4  # a quarter of it: 2 query rows per block
+    plan = hf.plan_run(m.loaded, SENTENCES, "all", memory_budget=budget)
+    streamed = hf.run_model(m.loaded, plan, allow_stream=True, memory_budget=budget)
+    assert hf_run.block_bytes(budget) == budget // 4 < hf_run.BLOCK_BUDGET_BYTES
+    for a, b in zip(full.layers, streamed.layers, strict=True):
+        assert b.weights is None and ", streamed" in b.method
+        for view in b.views:
+            n = len(full.batch.tokens[view.sentence])
+            maps = a.weights[view.sentence, :, :n, :n]
+            expected = maps.mean(0) if view.head is None else maps[view.head]
+            np.testing.assert_allclose(view.values, expected.numpy(), atol=1e-6)

@@ -236,7 +236,7 @@ class ModelExport:
 
 
 def run_model_exporting(loaded: Any, plan: Any, query: tuple[int, str] | None,
-                        path: Path) -> Any | None:
+                        path: Path, memory_budget: int | None = None) -> Any | None:
     """A long `--model` run whose --export is written block by block as the model computes
     (ModelExport), the display maps and statistics reduced at once; None when the run does
     not stream (a short input: `export` writes its full maps after the run)."""
@@ -249,7 +249,7 @@ def run_model_exporting(loaded: Any, plan: Any, query: tuple[int, str] | None,
     from attnviz.sources.hf.load import PATHS
     from attnviz.sources.hf.run import DESCRIBED_INPUTS, run_model, streams
 
-    if not streams(plan) or any(layer.num_heads is None for layer in plan.shown):
+    if not streams(plan, memory_budget) or any(layer.num_heads is None for layer in plan.shown):
         return None
     prepared = plan.prepared
     batch = prepared.batch
@@ -271,7 +271,8 @@ def run_model_exporting(loaded: Any, plan: Any, query: tuple[int, str] | None,
     with atomic_output(path) as tmp, open(tmp, "w+b") as file:
         writer = ModelExport(file, layers, small, metadata)
         check_free_space(path, writer.size)
-        run = run_model(loaded, plan, True, query, export_rows=writer.rows)
+        run = run_model(loaded, plan, True, query, export_rows=writer.rows,
+                        memory_budget=memory_budget)
         writer.metadata["causal"] = str(run.causal).lower()
         writer.finish({keys_for(c.kind, c.display_label)[1]: c.inputs for c in run.layers
                        if c.inputs is not None})

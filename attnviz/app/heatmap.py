@@ -176,7 +176,7 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
               device_map: str | None, max_tokens: int, one_per_layer: bool,
               max_panels: int | None, keep_full_maps: bool = False,
               query: tuple[int, str] | None = None, targets: list[str] | None = None,
-              export_path: Path | None = None) -> Any:
+              export_path: Path | None = None, memory_budget: int | None = None) -> Any:
     """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra); long
     inputs stream unless keep_full_maps (--export: a long input's maps are then written to
     export_path block by block); query = (sentence, --query) keeps that row; targets run an
@@ -195,14 +195,14 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
                                       layer=layer, check_shown=check_shown)
     plan = hf.plan_run(loaded, sentences, layer, targets, max_tokens,
                        need_layers=max_panels is not None, query=query is not None,
-                       encoded=encoded)
+                       encoded=encoded, memory_budget=memory_budget)
     if plan.shown is not None:  # numbered by a probe: the figure's size is known before the run
         check_shown(len(plan.shown), max(shown.num_heads or 0 for shown in plan.shown))
     if export_path is not None:
-        exported = run_model_exporting(loaded, plan, query, export_path)
+        exported = run_model_exporting(loaded, plan, query, export_path, memory_budget)
         if exported is not None:
             return exported
-    return hf.run_model(loaded, plan, not keep_full_maps, query)
+    return hf.run_model(loaded, plan, not keep_full_maps, query, memory_budget=memory_budget)
 
 
 @dataclass(frozen=True)
@@ -304,7 +304,7 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
             job.max_tokens, job.head is not None or job.average, job.max_panels,
             keep_full_maps=job.keep_full_maps,
             query=None if job.query is None else (job.sentence - 1, job.query),
-            targets=job.targets, export_path=job.export_path)
+            targets=job.targets, export_path=job.export_path, memory_budget=job.memory_budget)
     else:
         batch = make_batch(job.sentences, job.max_tokens, job.max_sentences)
         _check_sentence(job, len(batch.tokens))

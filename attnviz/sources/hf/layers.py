@@ -107,7 +107,7 @@ class Plan:
 def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None,
              targets: list[str] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
              need_layers: bool = False, query: bool = False,
-             encoded: Encoded | None = None) -> Plan:
+             encoded: Encoded | None = None, memory_budget: int | None = None) -> Plan:
     """Inputs encoded and, where the run needs them before it starts, the layers numbered by a
     1-token probe: --layer forms that need the layer count or the stacks (-1, 'cross 0'), long
     inputs (the streaming decision needs the heads), need_layers (a figure's panel limit), and
@@ -115,7 +115,7 @@ def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None
     prepared = prepare(loaded, sentences, targets, max_tokens, encoded)
     direct = _direct_indices(layer)
     if not need_layers and direct is not False and not (query and targets is not None) \
-            and _surely_small(loaded, prepared):
+            and _surely_small(loaded, prepared, memory_budget):
         return Plan(prepared, None, None, cast(Any, direct), layer)
     layers = probe(loaded, prepared)
     return Plan(prepared, layers, select(layers, layer), None, layer)
@@ -135,7 +135,8 @@ def _direct_indices(spec: str | None) -> list[int] | None | bool:
     return False
 
 
-def _surely_small(loaded: LoadedModel, prepared: Prepared) -> bool:
+def _surely_small(loaded: LoadedModel, prepared: Prepared, memory_budget: int | None = None
+                  ) -> bool:
     """Whether every layer's full maps fit well within the streaming budget, by the config's
     head and layer counts (or the attention modules counted): then nothing can stream."""
     from attnviz.compute import streaming
@@ -151,7 +152,8 @@ def _surely_small(loaded: LoadedModel, prepared: Prepared) -> bool:
     if prepared.target is not None:
         length = max(length, prepared.target.max_len)
     size = len(prepared.batch.tokens) * heads * calls * length * length * 4
-    return size <= streaming.MAP_BUDGET_BYTES // 2
+    budget = streaming.MAP_BUDGET_BYTES if memory_budget is None else memory_budget
+    return size <= budget // 2
 
 
 def attention_like(module: Any) -> bool:

@@ -41,11 +41,13 @@ class _Setup:
     keep_qk: bool | list[int]  # whose query and key the capture keeps (for --query)
     reducers: dict[int, Any]  # layer index: its MapReducer, when the maps stream
     query_row: tuple[int, int] | None  # (sentence, row) of --query, when known
+    block_bytes: int  # the most one eager block of query rows (B, H, rows, S) may take
 
 
 def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
               query: tuple[int, str] | None = None,
-              export_rows: ExportRows | None = None) -> AttentionRun:
+              export_rows: ExportRows | None = None,
+              memory_budget: int | None = None) -> AttentionRun:
     """The model's own attention weights (and attention inputs) of the layers the plan shows.
 
     With allow_stream, when the full maps of the source layers shown would exceed the streaming
@@ -56,13 +58,15 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
     With query, the last layer's query, key and mask are kept for the breakdown.
     export_rows, when given, receives every shown layer's blocks as they arrive, realigned
     (for --export of long inputs), and the inputs of every shown layer are kept.
+    memory_budget: bytes the full maps may take before they stream (default 256 MB); the eager
+    blocks of query rows then take at most a quarter of it (and never more than 32 MB).
     """
     if query is not None and loaded.path != cap.CapturePath.INTERFACE:
         raise UsageError("--query needs the q and k the model's attention receives, which "
                          "only models using transformers' attention interface hand out; "
                          f"{type(loaded.model).__name__} returns its maps through "
                          "output_attentions", fix="drop --query", option="--query")
-    setup = _setup(plan, allow_stream, query)
+    setup = _setup(plan, allow_stream, query, memory_budget)
     collector = Collector(plan, setup.reducers, export_rows)
     result, inputs = _capture(loaded, plan, setup, collector, every_input=export_rows is not None)
     shown = plan.shown
@@ -83,8 +87,14 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
                         target=plan.prepared.target, path=PATHS[result.path])
 
 
-def streams(plan: Plan) -> bool:
-    """Whether the full maps of the source layers a probed plan shows exceed the streaming
+def block_bytes(memory_budget: int | None) -> int:
+    """The eager blocks' size: a quarter of a stated budget, at most BLOCK_BUDGET_BYTES."""
+    return BLOCK_BUDGET_BYTES if memory_budget is None else \
+        max(1, min(BLOCK_BUDGET_BYTES, memory_budget // 4))
+
+
+def streams(plan: Plan, memory_budget: int | None = None) -> bool:
+    """Whether the full maps of the source layers a probed plan shows exceed the memory
     budget: then each is reduced block by block (and --export written as it goes)."""
     from attnviz.compute import streaming
 
@@ -92,15 +102,17 @@ def streams(plan: Plan) -> bool:
         return False
     source_layers = [layer for layer in plan.shown if layer.kind == cap.LayerKind.SELF]
     heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
+    budget = streaming.MAP_BUDGET_BYTES if memory_budget is None else memory_budget
     return bool(source_layers) and streaming.full_maps_bytes(
-        plan.prepared.batch, heads, layers=len(source_layers)) > streaming.MAP_BUDGET_BYTES
+        plan.prepared.batch, heads, layers=len(source_layers)) > budget
 
 
 DESCRIBED_INPUTS = ("the model's own hidden states entering each attention module (token and "
                     "position embeddings, earlier layers and the block's own norm, if any)")
 
 
-def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None) -> _Setup:
+def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
+           memory_budget: int | None = None) -> _Setup:
     """Which calls to show, whether they stream, and the --query row when the layers are known
     (resolved before the model runs: a typo costs nothing)."""
     from attnviz.compute import streaming
@@ -111,17 +123,17 @@ def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None) -> _Se
             find_query(batch.tokens[query[0]], query[1])
         indices = plan.indices
         return _Setup(indices, query is not None and (indices is None or [max(indices)]), {},
-                      None)
+                      None, block_bytes(memory_budget))
     last = shown[-1]
     query_row = None if query is None else (
         query[0], find_query(rows_tokens(plan, last)[query[0]], query[1]))
     source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
-    stream = allow_stream and streams(plan)
+    stream = allow_stream and streams(plan, memory_budget)
     reducers = {layer.index: streaming.MapReducer(
         layer.index, batch.tokens, query_row if layer is last else None)
         for layer in source_layers} if stream else {}
     return _Setup([layer.index for layer in shown], [last.index] if query is not None else False,
-                  reducers, query_row)
+                  reducers, query_row, block_bytes(memory_budget))
 
 
 def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collector,
@@ -134,7 +146,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
     handles, inputs = input_hooks(plan, keep)
     try:
         result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
-                             BLOCK_BUDGET_BYTES, collector, keep_qk=setup.keep_qk)
+                             setup.block_bytes, collector, keep_qk=setup.keep_qk)
     except UsageError as error:
         if not error.what.startswith("no attention layer"):
             raise
