@@ -11,11 +11,10 @@ from typing import Any
 
 import torch
 
-from attnviz.compute import streaming
+from attnviz.compute import kernel, layer_stream, streaming
 from attnviz.compute.forward import (
     LayerWeights,
     build_torch_mha,
-    causal_mask,
     load_weights,
     per_head_forward,
     reshaped_forward,
@@ -23,7 +22,12 @@ from attnviz.compute.forward import (
 )
 from attnviz.compute.inputs import Batch, input_vectors, padding_mask
 from attnviz.compute.positions import SCHEMES, positions_for, recompute_heads
-from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
+from attnviz.compute.results import (
+    SDPA_TOLERANCE,
+    AttentionRun,
+    CapturedScores,
+    LayerAttention,
+)
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, UsageError
 from attnviz.load import config as hfconfig
@@ -66,7 +70,7 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
                     causal: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
     """(output, per-head weights, method) for query inputs x (B, L, E) and key/value inputs."""
     L = x.shape[1]
-    mask = causal_mask(L, x.device) if causal else None
+    mask = kernel.causal_mask(L, device=x.device) if causal else None
     with torch.no_grad():
         if torch_mha_expressible(layer):
             mha = build_torch_mha(layer, weights)
@@ -88,7 +92,7 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
 def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, causal: bool,
               positions: str, device: torch.device, weights_store: TensorStore,
               allow_stream: bool = True, query_row: tuple[int, int] | None = None,
-              budget: int | None = None, sink: streaming.RowSink | None = None
+              budget: int | None = None, sink: layer_stream.RowSink | None = None
               ) -> AttentionRun:
     """One standalone layer on a padded batch; inputs whose full maps exceed the memory budget
     stream in blocks of query rows (keeping the (sentence, query) row of every head for
@@ -105,7 +109,7 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     if allow_stream and streaming.streams(batch, layer.num_heads or 0, extra, budget):
         if sink is not None:
             sink.begin(described, x)
-        streamed = streaming.stream_layer(layer, weights_store, batch, x, key, causal, device,
+        streamed = layer_stream.stream_layer(layer, weights_store, batch, x, key, causal, device,
                                           query_row, budget, sink)
         streamed.key_inputs = None if key is x else key
         streamed.value_inputs = None if value is x else value
@@ -181,7 +185,7 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     positions = _model_positions(run, captured, n)
     with torch.no_grad():
         if positions is None:
-            mask = causal_mask(n) if run.causal else None
+            mask = kernel.causal_mask(n) if run.causal else None
             parts = per_head_forward(layer, weights, x, key, value, None, mask)
             q, k, scores, attn = parts.q, parts.k, parts.scores, parts.attn
         else:
@@ -219,27 +223,10 @@ def captured_breakdown(run: AttentionRun, captured: LayerAttention, sentence: in
         heads, groups = q.shape[0], q.shape[0] // scores_in.key.shape[1]
         k = scores_in.key[sentence].float().repeat_interleave(groups, dim=0)  # (H, S, d)
         dots = torch.einsum("hd,hsd->hs", q, k)  # (H, S)
-        logits = dots * scores_in.scaling
-        added = []
-        if scores_in.softcap is not None:
-            logits = torch.tanh(logits / scores_in.softcap) * scores_in.softcap
-            added.append(f"softcap {scores_in.softcap:g}: tanh(s / c) · c")
-        if scores_in.position_bias is not None:
-            bias = scores_in.position_bias
-            logits = logits + bias[min(sentence, bias.shape[0] - 1), :, p].float()
-            added.append("the model's position bias (its mask included)")
-        scores = logits.clone()
-        mask = scores_in.mask
-        if mask is not None:
-            row = mask[min(sentence, mask.shape[0] - 1), :, p]  # (1|H, S)
-            logits = (logits.masked_fill(~row, float("-inf")) if row.dtype == torch.bool
-                      else logits + row.float())
+        scores, added = _captured_scores(scores_in, dots, sentence, p)
+        attn = _captured_softmax(scores_in, scores, sentence, p)
         if scores_in.sinks is not None:
-            sink = scores_in.sinks.float().reshape(heads, 1)
-            attn = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[:, :-1]
             added.append("one sink logit per head")
-        else:
-            attn = torch.softmax(logits, dim=-1)
     got = attn[:, k0:k0 + keys]  # (H, keys) real keys
     expected = _run_weights_of(captured, run.batch, sentence, query)
     max_diff = (got - expected).abs().max().item()
@@ -257,6 +244,38 @@ def captured_breakdown(run: AttentionRun, captured: LayerAttention, sentence: in
                           "the model's own: q_h and k_h as its attention function received "
                           "them (after its position scheme, if any)", "captured",
                           captured.label, "; ".join(added))
+
+
+def _captured_scores(scores_in: CapturedScores, dots: torch.Tensor, sentence: int,
+                     p: int) -> tuple[torch.Tensor, list[str]]:
+    """The scores (H, S) before the mask, as eager builds them from dots: scaled, softcapped,
+    plus any position bias; and what was added besides the scaling."""
+    logits = dots * scores_in.scaling
+    added = []
+    if scores_in.softcap is not None:
+        logits = torch.tanh(logits / scores_in.softcap) * scores_in.softcap
+        added.append(f"softcap {scores_in.softcap:g}: tanh(s / c) · c")
+    if scores_in.position_bias is not None:
+        bias = scores_in.position_bias
+        logits = logits + bias[min(sentence, bias.shape[0] - 1), :, p].float()
+        added.append("the model's position bias (its mask included)")
+    return logits, added
+
+
+def _captured_softmax(scores_in: CapturedScores, scores: torch.Tensor, sentence: int,
+                      p: int) -> torch.Tensor:
+    """The kernel's masked softmax of one query row (H, S) under the model's own mask: a bool
+    mask is Hugging Face's (True = may attend), flipped here; a float mask is added."""
+    mask, sinks = scores_in.mask, scores_in.sinks
+    masked = None
+    if mask is not None:
+        row = mask[min(sentence, mask.shape[0] - 1), :, p]  # (1|H, S)
+        if row.dtype == torch.bool:
+            masked = ~row
+        else:
+            scores = scores + row.float()
+    return kernel.masked_softmax(scores, masked,
+                                 None if sinks is None else sinks.float().reshape(-1, 1))
 
 
 def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
