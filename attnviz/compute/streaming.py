@@ -25,15 +25,8 @@ import torch
 from attnviz.compute.inputs import Batch
 from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
 from attnviz.compute.results import LayerAttention
-from attnviz.compute.stats import (
-    ROW_TERMS,
-    SentencePatterns,
-    StatSums,
-    add_sums,
-    finish_stats,
-    row_terms,
-    sentence_patterns,
-)
+from attnviz.compute.row_stats import ROW_TERMS, SentencePatterns, row_terms, sentence_patterns
+from attnviz.compute.stats import StatSums, add_sums, finish_stats
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed
 
