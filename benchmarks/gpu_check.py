@@ -24,7 +24,7 @@ import torch
 from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch
-from attnviz.compute.streaming import stream_layer
+from attnviz.compute.layer_stream import stream_layer
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.load.checkpoint import DictStore
 from attnviz.recognize import find_layers

@@ -147,7 +147,7 @@ def test_recompute_proof_says_where_it_does_not_apply(loaded):
 def test_query_on_a_bfloat16_model_uses_its_tolerance(zoo_model):
     """A half-precision model's own maps are rounded: the float32 recomputation is checked
     against them to the dtype's tolerance, not float32's."""
-    from attnviz.compute.attention import query_breakdown
+    from attnviz.compute.breakdown import query_breakdown
 
     folder = zoo_model("llama")
     model = hf.load_model(str(folder), dtype="bfloat16", tokenizer=load_tokenizer(folder))

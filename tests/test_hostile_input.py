@@ -686,7 +686,7 @@ def test_a_large_prime_row_count_is_fast(cli, tmp_path):
 @given(blocks=st.lists(st.integers(0, 6), min_size=1, max_size=8),
        picks=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 12)), max_size=5))
 def test_composed_row_ranges_equal_the_naive_mapping(blocks, picks):
-    from attnviz.core.layer import _compose_ranges, merge_ranges
+    from attnviz.core.tensor_ref import _compose_ranges, merge_ranges
 
     base, start = [], 0
     for size in blocks:

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnviz.app.heatmap import HeatmapRequest, run
-from attnviz.compute.attention import query_breakdown
+from attnviz.compute.breakdown import query_breakdown
 from attnviz.compute.inputs import Batch, make_batch
 from attnviz.compute.stats import head_stats
 from attnviz.errors import OutputError

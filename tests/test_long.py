@@ -86,10 +86,10 @@ def _mismatch(full, streamed_views, streamed_stats, cells: int) -> tuple[float, 
 @pytest.mark.parametrize(("rows", "cells", "common"), [(3, 4, 16), (8, 512, 3), (23, 6, 16)])
 @pytest.mark.parametrize("case", list(CASES))
 def test_block_maps_equal_full_maps(monkeypatch, case, rows, cells, common):
-    from attnviz.compute import stats
+    from attnviz.compute import row_stats
 
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", cells)
-    monkeypatch.setattr(stats, "FREQUENT_MIN", common)
+    monkeypatch.setattr(row_stats, "FREQUENT_MIN", common)
     full, streamed = _runs(case, rows)
     layer = streamed.layers[0]
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, cells)
@@ -258,7 +258,7 @@ def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypat
     """Earlier copies left of a block are summed by the block's matmul for common tokens,
     gathered pair by pair for the others, or masked densely when those pairs are many: all
     three give the full maps' statistics."""
-    from attnviz.compute import stats
+    from attnviz.compute import row_stats
 
     text = " ".join(["x"] * 20 + [f"w{i % 3}" for i in range(30)] + [f"v{i % 9}" for i in
                                                                      range(40)])
@@ -268,8 +268,8 @@ def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypat
     reference = head_stats(full.weights, batch.tokens, 0)
     budget = _budget_for(8, batch, 0)
     for common, dense in ((16, 16), (2, 16), (16, 0), (16, 10**9), (2, 0)):
-        monkeypatch.setattr(stats, "FREQUENT_MIN", common)
-        monkeypatch.setattr(stats, "DENSE_PAIRS", dense)
+        monkeypatch.setattr(row_stats, "FREQUENT_MIN", common)
+        monkeypatch.setattr(row_stats, "DENSE_PAIRS", dense)
         got = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request,
                                                          memory_budget=budget)).layers[0]
         for a, b in zip(reference, got.stats, strict=True):

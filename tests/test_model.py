@@ -21,7 +21,7 @@ from support_record import record  # noqa: E402
 from zoo import FALLBACK, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.app import heatmap as app  # noqa: E402
-from attnviz.compute.attention import query_breakdown  # noqa: E402
+from attnviz.compute.breakdown import query_breakdown  # noqa: E402
 from attnviz.errors import UsageError  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
 from attnviz.sources import ablation, hf  # noqa: E402

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -18,41 +18,40 @@ from attnviz.cli.options import (
     Seed,
     VDim,
     console,
-    path_arg,
     plain,
     refuse_random_options,
     strict_json,
 )
 from attnviz.cli.paths import inputs_read
+from attnviz.cli.split_options import (
+    BiasOption,
+    LayerOption,
+    PngOption,
+    VerifyOption,
+    WeightsOption,
+)
 from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.app.split import SplitResult
+    from attnviz.sources.layers import RandomSpec
 
 
 def split(
-    weights: Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
-        "A checkpoint (.safetensors, .pt/.pth/.bin, or a model folder) instead of random init."))]
-    = None,
-    layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
-        "Which attention layer: an index from 'attnviz inspect' or its name (--model: the "
-        "model's own layer index)."))] = None,
+    weights: WeightsOption = None,
+    layer: LayerOption = None,
     embed_dim: EmbedDim = None,
     num_heads: NumHeads = None,
     num_kv_heads: NumKvHeads = None,
     head_dim: HeadDim = None,
     kdim: KDim = None,
     vdim: VDim = None,
-    bias: Annotated[bool, typer.Option("--bias/--no-bias", help="Random init: with biases.")]
-    = True,
+    bias: BiasOption = True,
     seed: Seed = None,
-    png: Annotated[Path | None, typer.Option("--png", callback=path_arg, help=(
-        "Also write a figure of W_q, W_k, W_v, W_o with head boundaries (.png, .svg, .pdf)."))]
-    = None,
+    png: PngOption = None,
     as_json: Json = False,
     model: Model = None,
-    verify: Annotated[bool, typer.Option("--verify", help=(
-        "--model: prove attnviz's head slicing through the model's own forward pass: negate "
-        "each head's W_q, W_k, W_v rows in turn and check that only that head changes; where "
-        "attnviz knows the family's positions, also recompute the layer's attention from the "
-        "slices (needs attnviz\\[hf])."))] = False,
+    verify: VerifyOption = False,
 ) -> None:
     """Show how the heads split W_q, W_k, W_v (by rows) and W_o (by columns), and prove it
     against torch's own forward."""
@@ -60,21 +59,11 @@ def split(
     from attnviz.app.split import SplitRequest, run_split
     from attnviz.recognize.base import HeadHints
     from attnviz.render.figure import FIGURE_SUFFIXES
-    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
     png_path = check_output_path(png, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
                                  "--png") if png else None
-    if weights is not None or model is not None:
-        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim},
-                              "random init only; a checkpoint's shapes come from its weights",
-                              "drop them")
-    if not bias and (weights is not None or model is not None):
-        raise UsageError("--no-bias applies to random init only", fix="drop it")
-    random = None
-    if weights is None and model is None:
-        random = RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
-                            DEFAULT_NUM_HEADS if num_heads is None else num_heads,
-                            kdim, vdim, bias, seed=seed or 0)
+    random = _random_spec(weights is not None or model is not None, embed_dim, num_heads, kdim,
+                          vdim, bias, seed)
     result = run_split(SplitRequest(weights, model, layer, HeadHints(
         None if random else num_heads, num_kv_heads, head_dim), random, seed or 0, verify))
     if png_path is not None:
@@ -84,23 +73,46 @@ def split(
     if as_json:
         typer.echo(strict_json(result.to_json()))
     else:
-        from attnviz.render.split_terminal import (
-            LABEL_WIDTH,
-            ablation_lines,
-            print_split,
-            verify_lines,
-        )
-
-        out = console()
-        picture = result.band_picture(max(8, min(out.width, 120) - LABEL_WIDTH))
-        print_split(out, result.report, picture, result.explanation(), result.source)
-        if result.ablation is not None:
-            out.print()
-            out.print(ablation_lines(result.ablation, result.recompute_skipped))
-        if result.verified is not None:
-            out.print()
-            out.print(verify_lines(result.verified, list(result.sentences)))
-        if png_path is not None:
-            out.print(plain(f"wrote {png_path}"))
+        _print_result(result, png_path)
     if result.failure is not None:
         raise result.failure
+
+
+def _random_spec(checkpoint: bool, embed_dim: int | None, num_heads: int | None,
+                 kdim: int | None, vdim: int | None, bias: bool, seed: int | None
+                 ) -> RandomSpec | None:
+    """The random layer to split, or None for a checkpoint (whose shapes are its own, so the
+    random-init options are refused)."""
+    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+
+    if checkpoint:
+        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim},
+                              "random init only; a checkpoint's shapes come from its weights",
+                              "drop them")
+        if not bias:
+            raise UsageError("--no-bias applies to random init only", fix="drop it")
+        return None
+    return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
+                      DEFAULT_NUM_HEADS if num_heads is None else num_heads,
+                      kdim, vdim, bias, seed=seed or 0)
+
+
+def _print_result(result: SplitResult, png_path: Path | None) -> None:
+    from attnviz.render.split_terminal import (
+        LABEL_WIDTH,
+        ablation_lines,
+        print_split,
+        verify_lines,
+    )
+
+    out = console()
+    picture = result.band_picture(max(8, min(out.width, 120) - LABEL_WIDTH))
+    print_split(out, result.report, picture, result.explanation(), result.source)
+    if result.ablation is not None:
+        out.print()
+        out.print(ablation_lines(result.ablation, result.recompute_skipped))
+    if result.verified is not None:
+        out.print()
+        out.print(verify_lines(result.verified, list(result.sentences)))
+    if png_path is not None:
+        out.print(plain(f"wrote {png_path}"))

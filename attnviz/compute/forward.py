@@ -1,8 +1,8 @@
 """The real attention computation: torch's own module where the layer fits it, explicit per head
 otherwise, and the per-head recomputation from weight slices that `split` uses as its proof.
 
-Shapes: x (B, L, E) query input, key/value inputs (B, S, kdim|vdim); masks are bool with
-True = masked (torch.nn.MultiheadAttention's convention); maps are (B, H, L, S).
+Shapes: x (B, L, E) query input, key/value inputs (B, S, kdim|vdim); masks follow
+`attnviz.compute.kernel`'s convention (bool, True = masked); maps are (B, H, L, S).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attnviz.compute import kernel
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.load.checkpoint import TensorStore
 
@@ -159,18 +160,17 @@ def head_attention(layer: AttentionLayer, weights: LayerWeights, head: int, quer
                    ) -> tuple[torch.Tensor, ...]:
     """One head from its slices: (q_h, k_h, v_h, scaled scores, weights); mask from
     `merged_mask` (True = masked)."""
-    q0, q1 = layer.q_rows(head)
-    k0, k1 = layer.kv_rows(layer.kv_head_of(head))
-    q_h = _project(query, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1))  # (B, L, d)
-    k_h = _project(key, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1))  # (B, S, d)
-    v_h = _project(value, weights.W_v[k0:k1], _rows(weights.b_v, k0, k1))  # (B, S, d)
+    rows, kv_rows = layer.q_rows(head), layer.kv_rows(layer.kv_head_of(head))
+    q_h = kernel.project(query, weights.W_q, weights.b_q, rows)  # (B, L, d)
+    k_h = kernel.project(key, weights.W_k, weights.b_k, kv_rows)  # (B, S, d)
+    v_h = kernel.project(value, weights.W_v, weights.b_v, kv_rows)  # (B, S, d)
     if weights.bias_kv is not None:
+        k0, k1 = kv_rows
         bias_k, bias_v = weights.bias_kv
         k_h = _append_position(k_h, bias_k[k0:k1])  # (B, S+1, d)
         v_h = _append_position(v_h, bias_v[k0:k1])
-    s_h = (q_h * layer.effective_scale) @ k_h.transpose(-1, -2)  # (B, L, S); scale the small side
-    masked = s_h if mask is None else s_h.masked_fill(mask, float("-inf"))
-    return q_h, k_h, v_h, s_h, torch.softmax(masked, dim=-1)
+    s_h, a_h = kernel.head_weights(q_h, k_h, layer.effective_scale, mask)  # (B, L, S) each
+    return q_h, k_h, v_h, s_h, a_h
 
 
 def reshaped_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.Tensor,
@@ -202,14 +202,6 @@ def reshaped_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.
     return out, torch.softmax(scores, dim=-1)
 
 
-def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, w, b)
-
-
-def _rows(bias: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
-    return None if bias is None else bias[start:stop]
-
-
 def _append_position(t: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
     return torch.cat([t, extra.view(1, 1, -1).expand(t.shape[0], 1, -1)], dim=1)
 
@@ -225,8 +217,3 @@ def merged_mask(key_padding_mask: torch.Tensor | None, attn_mask: torch.Tensor |
     if mask is not None and extra_key:
         mask = F.pad(mask, (0, 1), value=False)
     return mask
-
-
-def causal_mask(length: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """(L, L) bool, True above the diagonal: query i may not see keys after i."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).triu(1)

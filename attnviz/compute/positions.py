@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from attnviz.compute import kernel
 from attnviz.compute.forward import LayerWeights
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import LayoutError, UsageError, printable
@@ -139,27 +139,32 @@ def recompute_heads(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
 
     x is right-padded: sentence b's real tokens are rows 0..lengths[b]-1, at positions 0..n-1.
     """
-    L = x.shape[1]
-    allowed = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None])[:, None, :]  # (B, 1, L)
-    if layer.causal:
-        allowed = allowed & torch.ones(L, L, dtype=torch.bool).tril()[None]  # (B, L, L)
-    if positions.window is not None:  # query i sees keys j with i - j < window
-        allowed = allowed & torch.ones(L, L, dtype=torch.bool).triu(1 - positions.window)[None]
+    mask = position_mask(layer, lengths, x.shape[1], positions.window)  # (B, 1|L, L)
     qs, ks, scores, maps = [], [], [], []
     for h in range(layer.num_heads or 0):
-        q0, q1 = layer.q_rows(h)
-        k0, k1 = layer.kv_rows(layer.kv_head_of(h))
-        q = F.linear(x, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1))  # (B, L, d)
-        k = F.linear(x, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1))  # (B, L, d)
+        q = kernel.project(x, weights.W_q, weights.b_q, layer.q_rows(h))  # (B, L, d)
+        k = kernel.project(x, weights.W_k, weights.b_k, layer.kv_rows(layer.kv_head_of(h)))
         if positions.rope is not None:
             q, k = apply_rope(q, *positions.rope), apply_rope(k, *positions.rope)
-        s = layer.effective_scale * (q @ k.transpose(-1, -2))  # (B, L, L)
+        s, a = kernel.head_weights(q, k, layer.effective_scale, mask)  # (B, L, L) each
         qs.append(q)
         ks.append(k)
         scores.append(s)
-        maps.append(torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1))
+        maps.append(a)
     stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
     return RecomputedHeads(stack(qs), stack(ks), stack(scores), stack(maps))
+
+
+def position_mask(layer: AttentionLayer, lengths: list[int], length: int,
+                  window: int | None) -> torch.Tensor:
+    """(B, 1 or L, L) bool, True = masked: right padding, then the causal mask and the sliding
+    window where the layer has them."""
+    mask = kernel.padding_mask(lengths, length)[:, None, :]  # (B, 1, L)
+    if layer.causal:
+        mask = mask | kernel.causal_mask(length)[None]  # (B, L, L)
+    if window is not None:  # query i sees keys j with i - j < window
+        mask = mask | kernel.window_mask(length, window)[None]
+    return mask
 
 
 def recompute_weights(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
@@ -167,6 +172,3 @@ def recompute_weights(layer: AttentionLayer, weights: LayerWeights, x: torch.Ten
     """The (B, H, L, L) attention weights of recompute_heads."""
     return recompute_heads(layer, weights, x, lengths, positions).weights
 
-
-def _rows(bias: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
-    return None if bias is None else bias[start:stop]

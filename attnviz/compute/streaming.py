@@ -9,37 +9,26 @@ maps and O(L) per head for the statistics' row terms, against O(B · H · L · S
 Time: the same O(H · B · L · S · d) work as the full maps, through matmuls into preallocated
 buffers and in-place elementwise passes.
 
-`MapReducer.add_rows` takes blocks of query rows from any producer: `stream_layer`'s kernel for
-standalone layers, and (through `add`, whole maps) Hugging Face models' own eager maps
-(`attnviz.sources.hf`).
+`MapReducer.add_rows` takes blocks of query rows from any producer: the kernel's block form for
+standalone layers (`attnviz.compute.layer_stream`), and (through `add`, whole maps) Hugging Face
+models' own eager maps (`attnviz.sources.hf`).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch
 from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
 from attnviz.compute.results import LayerAttention
-from attnviz.compute.stats import (
-    ROW_TERMS,
-    SentencePatterns,
-    StatSums,
-    add_sums,
-    finish_stats,
-    row_terms,
-    sentence_patterns,
-)
+from attnviz.compute.row_stats import ROW_TERMS, SentencePatterns, row_terms, sentence_patterns
+from attnviz.compute.stats import StatSums, add_sums, finish_stats
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed
-from attnviz.load.checkpoint import TensorStore
 
 MAP_BUDGET_BYTES = 256 * 2**20  # default memory budget: beyond it, maps stream in blocks
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
@@ -276,106 +265,3 @@ def _add_cells_host(part: _Partial, attn: Any, row_start: int, keys: int, n: int
                                slice(None) if len(used) == len(spans) else np.array(used))
     starts, cells = part.col_plan[keys]
     part.cells.numpy()[low:high + 1, cells] += np.add.reduceat(attn, starts, axis=1)
-
-
-class RowSink(Protocol):
-    """Where full rows go as they are computed (the streamed --export): `begin` once with the
-    layer's inputs (B, L, E) and how they were made, then every block of rows in order."""
-
-    def begin(self, inputs_described: str, inputs: torch.Tensor) -> None: ...
-
-    def rows(self, sentence: int, head: int, row_start: int, attn: torch.Tensor,
-             keys: int) -> None: ...
-
-
-@functools.lru_cache(maxsize=16)
-def _above_diagonal(rows: int, cols: int, device: str) -> torch.Tensor:
-    """(rows, cols) bool, True where key j' > query i' (block-local indices)."""
-    return torch.ones(rows, cols, dtype=torch.bool, device=device).triu(1)
-
-
-def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None,
-                  row_start: int, causal: bool, scores_buf: torch.Tensor,
-                  weights_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """softmax(q kᵀ) for one block of query rows, exactly: (weights, scores, K) with weights and
-    scores (r, K + extra) views into the two flat buffers.
-
-    q (r, d), already scaled: queries row_start.. of the sentence; k (n, d) its real keys;
-    k_extra (extra, d) keys after them (bias_k), never masked. Causal: queries see keys up to
-    their own position, so only the first K = min(row_start + r, n) keys are computed at all.
-    One fused softmax per block (row max, exp, normalizer, per row); masked entries get weight
-    0 and a score of 0 afterwards (finite, for the entropy's Σ a·s).
-    """
-    r, n = q.shape[0], k.shape[0]
-    keys = min(row_start + r, n) if causal else n
-    extra = 0 if k_extra is None else k_extra.shape[0]
-    width = keys + extra
-    scores = scores_buf[: r * width].view(r, width)
-    weights = weights_buf[: r * width].view(r, width)
-    torch.mm(q, k[:keys].T, out=scores[:, :keys])
-    if k_extra is not None:
-        torch.mm(q, k_extra.T, out=scores[:, keys:])
-    masked = beside = None
-    if causal and row_start < keys:
-        masked = _above_diagonal(r, keys - row_start, str(q.device))
-        beside = scores[:, row_start:keys]
-        beside.masked_fill_(masked, float("-inf"))
-    torch.ops.aten._softmax.out(scores, -1, False, out=weights)
-    if beside is not None and masked is not None:
-        beside.masked_fill_(masked, 0.0)
-    return weights, scores, keys
-
-
-def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: torch.Tensor,
-                 key: torch.Tensor, causal: bool, device: torch.device,
-                 query_row: tuple[int, int] | None = None, budget: int | None = None,
-                 sink: RowSink | None = None) -> LayerAttention:
-    """Per-head maps → display views (per sentence and head, plus their mean) and statistics,
-    for query inputs x (B, L, E) and key inputs (B, S, kdim); values do not enter the maps.
-    With query_row = (sentence, query), that row of every head is kept too, for --query.
-
-    Each sentence runs alone over its real keys: that equals its rows of the padded batch,
-    whose key padding mask only removes the padded keys. A sink also gets every row of the
-    padded batch (padded queries included) in (sentence, head, row) order, for --export.
-    """
-    weights = load_weights(layer, store, device=str(device))
-    extra = 1 if weights.bias_k is not None else 0
-    reducer = MapReducer(0, batch.tokens, query_row, extra)
-    rows = block_rows(budget, batch.max_len + extra, device)
-    size = rows * (batch.max_len + extra)
-    scores_buf = torch.empty(size, device=device)
-    weights_buf = torch.empty(size, device=device)
-    scale = layer.effective_scale
-    with torch.inference_mode():
-        for b, tokens in enumerate(batch.tokens):
-            n = len(tokens)
-            length = batch.max_len if sink is not None else n  # padded queries only for a sink
-            xb, kb = x[b, :length].to(device), key[b, :n].to(device)
-            cached: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
-            for h in range(layer.num_heads or 0):
-                q0, q1 = layer.q_rows(h)
-                # Projections per head (the same rows of W_q/W_k that head_attention takes),
-                # the scale folded into q: O(L · d) per head, never O(L · S).
-                q = F.linear(xb, weights.W_q[q0:q1], _rows(weights.b_q, q0, q1)).mul_(scale)
-                kv = layer.kv_head_of(h)
-                if cached is None or cached[0] != kv:
-                    k0, k1 = layer.kv_rows(kv)
-                    k_extra = None if weights.bias_k is None else weights.bias_k[None, k0:k1]
-                    cached = kv, F.linear(kb, weights.W_k[k0:k1], _rows(weights.b_k, k0, k1)), \
-                        k_extra
-                _, k, k_extra = cached
-                for start in range(0, length, rows):
-                    attn, scores, keys = block_softmax(
-                        q[start:start + rows], k, k_extra, start, causal, scores_buf,
-                        weights_buf)
-                    if sink is not None:
-                        sink.rows(b, h, start, attn, keys)
-                    real = min(attn.shape[0], n - start)  # padded queries are not shown
-                    if real > 0:
-                        reducer.add_rows(b, h, start, attn[None, :real], scores[None, :real])
-    return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED}, "
-                                          f"{rows} row{'s' if rows > 1 else ''} per block)")
-
-
-def _rows(bias: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
-    return None if bias is None else bias[start:stop]

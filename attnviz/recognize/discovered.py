@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import attnviz.recognize.match as match
 import attnviz.recognize.model_types as mt
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
 from attnviz.errors import LayoutError, printable
 from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
@@ -178,6 +178,24 @@ def _part(name: str) -> str | None:
     return "ambiguous" if parts else None
 
 
+def _projection_problem(by_part: dict[str, list[Param]],
+                        projections: list[Param]) -> tuple[str, str] | None:
+    """(reason, fix) when the projections are not one 2-D W_q, W_k, W_v and W_o told apart by
+    name; None when they are."""
+    listed = ", ".join(f"{p.name} {tuple(p.shape)}" for p in projections[:8])
+    if "fused" in by_part:
+        return (f"{by_part['fused'][0].name} fuses projections whose row layout attnviz does "
+                f"not know ({BUILT})", "report the model to attnviz")
+    if any(len(p.shape) != 2 or not p.name.endswith("weight") for p in projections):
+        return (f"its projections are not 2-D nn.Linear weights ({listed})",
+                "attnviz splits (out, in) projection matrices only; this module's layout needs "
+                "its own code")
+    if any(len(by_part.get(part, [])) != 1 for part in "qkvo") or "ambiguous" in by_part:
+        return ("attnviz cannot tell which tensors are W_q, W_k, W_v and W_o by name "
+                f"({listed})", NAMING_FIX)
+    return None
+
+
 def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
            hints: HeadHints) -> AttentionLayer | Unresolved:
     name = prefix.rstrip(".")
@@ -186,7 +204,6 @@ def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
     family = mt.family_of(kind) if entry is not None and kind is not None else kind or "unknown"
     keys = tuple(sorted(prefix + p.name for p in fact.params if prefix + p.name in store))
     projections = [p for p in fact.params if _looks_projected(p)]
-    listed = ", ".join(f"{p.name} {tuple(p.shape)}" for p in projections[:8])
 
     def unresolved(reason: str, fix: str = NAMING_FIX) -> Unresolved:
         return Unresolved(name, family, keys, f"{fact.cls}: {reason}", fix)
@@ -194,23 +211,13 @@ def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
     by_part: dict[str, list[Param]] = {}
     for param in projections:
         by_part.setdefault(_part(param.name) or "", []).append(param)
-    if "fused" in by_part:
-        return unresolved(f"{by_part['fused'][0].name} fuses projections whose row layout "
-                          f"attnviz does not know ({BUILT})", "report the model to attnviz")
-    if any(len(p.shape) != 2 or not p.name.endswith("weight") for p in projections):
-        return unresolved(f"its projections are not 2-D nn.Linear weights ({listed})",
-                          "attnviz splits (out, in) projection matrices only; this module's "
-                          "layout needs its own code")
-    if any(len(by_part.get(part, [])) != 1 for part in "qkvo") or "ambiguous" in by_part:
-        return unresolved("attnviz cannot tell which tensors are W_q, W_k, W_v and W_o by "
-                          f"name ({listed})")
-    refs: dict[str, TensorRef] = {}
-    biases: dict[str, TensorRef | None] = {}
-    for part in "qkvo":
-        param = by_part[part][0]
-        refs[part] = ref(store, prefix + param.name, transposed=param.transposed)
-        bias = param.name.removesuffix("weight") + "bias"
-        biases[part] = optional_ref(store, prefix + bias)
+    problem = _projection_problem(by_part, projections)
+    if problem is not None:
+        return unresolved(*problem)
+    refs = {part: ref(store, prefix + by_part[part][0].name,
+                      transposed=by_part[part][0].transposed) for part in "qkvo"}
+    biases = {part: optional_ref(store, prefix + by_part[part][0].name.removesuffix("weight")
+                                 + "bias") for part in "qkvo"}
     config = hfconfig.tower_config(store.config, prefix)[1]
     role = match.role_of(prefix)
     found = mt.config_heads(entry or mt.GENERIC, config, role)

@@ -9,7 +9,7 @@ from typing import Any
 
 import attnviz.recognize.model_types as mt
 from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import LayoutError, printable
+from attnviz.errors import printable
 from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import (
@@ -23,7 +23,7 @@ from attnviz.recognize.base import (
     ref,
 )
 from attnviz.recognize.conventions import Convention
-from attnviz.recognize.packing import split_packed
+from attnviz.recognize.parts import Splitter, bias_parts, packed_heads, weight_parts
 
 NEEDS_TYPE = "open the model folder with its config.json (model_type says which)"
 NEEDS_HEADS = "pass --num-heads, or open the model folder with its config.json"
@@ -140,42 +140,15 @@ def build(store: TensorStore, row: Convention, prefix: str,
     storage = row.storage.replace("{out}", o_name.removesuffix(".weight")).replace(
         "{module}", module_name(prefix))
     if fused:
-        name = fused[0].removesuffix(".weight")
-        if packing is None:
-            return _unresolved(store, row, prefix, ctx.family, row.ambiguous or (
-                f"{name} fuses q, k and v, and attnviz does not know how model_type "
-                f"{printable(ctx.kind or '')!r} lays out its rows"),
-                NEEDS_TYPE if ctx.kind is None else "report the model to attnviz")
-        if packing.needs_heads:
-            if heads.num_heads is None:
-                per_head = " per head" if packing.groups == "heads" else ""
-                return _unresolved(store, row, prefix, ctx.family,
-                                   f"{name} fuses q, k and v{per_head}: which rows are W_q "
-                                   "depends on the number of heads", NEEDS_HEADS)
-            shape_heads = _packed_heads(heads, hints, packing, o_weight, store.source)
-            heads = HeadHints(*shape_heads)
-        storage = storage or packing.describe.replace("{name}", name)
-    parts: dict[str, TensorRef] = {}
-    for key, held in row.weights:
-        whole = weights[key]
-        square = whole.shape[1] if row.square else None
-        if len(held) == 1:
-            _check_square(whole, square, storage, row, store.source)
-            parts[held] = whole
-        else:
-            assert packing is not None
-            parts.update(_split(whole, held, packing, shape_heads, storage, row, store.source,
-                                square))
-    biases: dict[str, TensorRef] = {}
-    for key, held in row.bias_parts():
-        bias = optional_ref(store, prefix + key)
-        if bias is None or any(part in biases for part in held):
-            continue
-        if len(held) == 1:
-            biases[held] = bias
-        else:
-            biases.update(_split(bias, held, packing or mt.THIRDS, shape_heads, storage, row,
-                                 store.source, None))
+        resolved = _fused_heads(store, row, prefix, ctx, fused[0].removesuffix(".weight"),
+                                packing, heads, hints, o_weight)
+        if isinstance(resolved, Unresolved):
+            return resolved
+        heads, shape_heads, described = resolved
+        storage = storage or described
+    split = Splitter(packing, shape_heads, storage, row, store.source)
+    parts = weight_parts(weights, row, split)
+    biases = bias_parts(store, row, prefix, split)
     extras = {name: optional_ref(store, prefix + key, flatten=True) for key, name in row.extras}
     q, k, v = parts["q"], parts["k"], parts["v"]
     layer = AttentionLayer(
@@ -190,41 +163,27 @@ def build(store: TensorStore, row: Convention, prefix: str,
     return describe(layer, store, ctx, row, (*ctx.notes, *count_notes))
 
 
-def _packed_heads(heads: HeadHints, hints: HeadHints, packing: mt.Packing,
-                  o_weight: TensorRef, source: str) -> tuple[int, int, int]:
-    """(H, H_kv, d) for a head-dependent packing. H_kv: the command line, else the packing's
-    rule (all heads, one, or config.json's count); d: given, else W_o's H·d columns / H."""
-    H = heads.num_heads
-    assert H is not None
-    kv = hints.num_kv_heads or {"all": H, "one": 1}.get(packing.kv) or heads.num_kv_heads or H
-    d = heads.head_dim
-    if d is None:
-        columns = o_weight.shape[1]  # W_o is (E, H·d)
-        if columns % H:
-            raise LayoutError(f"{printable(o_weight.describe())} has {columns} columns (H·d), "
-                              f"not divisible by {H} heads",
-                              fix="check the number of heads in config.json or --num-heads",
-                              where=source)
-        d = columns // H
-    return H, kv, d
-
-
-def _split(whole: TensorRef, held: str, packing: mt.Packing,
-           shape_heads: tuple[int, int, int] | None, storage: str, row: Convention, source: str,
-           square: int | None) -> dict[str, TensorRef]:
-    try:
-        return split_packed(whole, held, packing, shape_heads, storage, source, square)
-    except LayoutError as error:
-        if row.fix and not error.fix:
-            error.fix = row.fix
-        raise
-
-
-def _check_square(whole: TensorRef, square: int | None, storage: str, row: Convention,
-                  source: str) -> None:
-    if square is not None and whole.shape[0] != square:
-        raise LayoutError(f"{printable(whole.key)} has shape {whole.stored_shape}, but {storage} "
-                          f"needs {square} rows", fix=row.fix, where=source)
+def _fused_heads(store: TensorStore, row: Convention, prefix: str, ctx: Context, name: str,
+                 packing: mt.Packing | None, heads: HeadHints, hints: HeadHints,
+                 o_weight: TensorRef
+                 ) -> tuple[HeadHints, tuple[int, int, int] | None, str] | Unresolved:
+    """For a tensor `name` that fuses q, k and v: (head hints, the head counts its packing
+    needs or None, how it is stored), or why its rows cannot be told apart."""
+    if packing is None:
+        return _unresolved(store, row, prefix, ctx.family, row.ambiguous or (
+            f"{name} fuses q, k and v, and attnviz does not know how model_type "
+            f"{printable(ctx.kind or '')!r} lays out its rows"),
+            NEEDS_TYPE if ctx.kind is None else "report the model to attnviz")
+    shape_heads = None
+    if packing.needs_heads:
+        if heads.num_heads is None:
+            per_head = " per head" if packing.groups == "heads" else ""
+            return _unresolved(store, row, prefix, ctx.family,
+                               f"{name} fuses q, k and v{per_head}: which rows are W_q "
+                               "depends on the number of heads", NEEDS_HEADS)
+        shape_heads = packed_heads(heads, hints, packing, o_weight, store.source)
+        heads = HeadHints(*shape_heads)
+    return heads, shape_heads, packing.describe.replace("{name}", name)
 
 
 def _unresolved(store: TensorStore, row: Convention, prefix: str, family: str, reason: str,

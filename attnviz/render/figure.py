@@ -1,94 +1,17 @@
-"""Figures (matplotlib Figure + Agg canvas, no pyplot globals, no display needed)."""
+"""Heatmap figures: a grid of attention maps, one shared colour scale, tiled into one image."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from attnviz.app.outputs import atomic_output
-from attnviz.compute.split_views import MatrixPanel
-from attnviz.errors import printable
-
-FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
-MAX_HEAD_LABELS = 16
-MAX_BOUNDARY_LINES = 128  # head boundaries drawn per panel (every k-th beyond that)
-FIGURE_DPI = 100
-
-
-def new_figure(width: float, height: float, constrained: bool = True,
-               dpi: int = FIGURE_DPI) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=dpi,
-                 layout="constrained" if constrained else None)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def label(text: str, limit: int | None = None) -> str:
-    """Figure text from a file or the user: escaped and shortened. Every text artist is also
-    created with parse_math=False, so `$\\frac` in a name is drawn as it is, never parsed."""
-    shown = printable(text, None)
-    return shown if limit is None else shown[:limit]
-
-
-def save_figure(fig: Any, path: Path) -> None:
-    """Write atomically: a failure leaves no partial file. matplotlib's font warnings (a glyph
-    missing for a token's script) stay off stderr."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger("matplotlib")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with atomic_output(path) as tmp, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fig.savefig(tmp, format=path.suffix.lstrip(".").lower())
-    finally:
-        logger.setLevel(level)
-
-
-def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
-    """W_q, W_k, W_v, W_o side by side with head boundaries and one shared colour scale."""
-    import numpy as np
-
-    fig = new_figure(4.2 * len(panels), 5.0)
-    axes = fig.subplots(1, len(panels))
-    vmax = max(float(np.abs(p.values).max()) for p in panels) or 1.0
-    image = None
-    for ax, panel in zip(axes, panels, strict=True):
-        out_dim, in_dim = panel.shape
-        image = ax.imshow(panel.values, cmap="RdBu_r", vmin=-vmax, vmax=vmax,
-                          extent=(0, in_dim, out_dim, 0), aspect="auto", interpolation="nearest")
-        ax.set_title(f"{panel.title} {panel.shape[0]}×{panel.shape[1]}", fontsize=11)
-        ax.set_xlabel("input features (in)")
-        ax.set_ylabel("output features (out)")
-        centers = _centers(panel.boundaries, out_dim if panel.axis == "rows" else in_dim)
-        step = max(1, -(-len(centers) // MAX_HEAD_LABELS))
-        edges = panel.boundaries[1:-1]
-        for edge in edges[:: max(1, -(-len(edges) // MAX_BOUNDARY_LINES))]:
-            if panel.axis == "rows":
-                ax.axhline(edge, color="black", linewidth=0.8)
-            else:
-                ax.axvline(edge, color="black", linewidth=0.8)
-        shown = list(zip(centers, panel.labels, strict=True))[::step]
-        if panel.axis == "rows":
-            twin = ax.secondary_yaxis("right")
-            twin.set_yticks([c for c, _ in shown], [label for _, label in shown], fontsize=8)
-        else:
-            twin = ax.secondary_xaxis("top")
-            twin.set_xticks([c for c, _ in shown], [label for _, label in shown], fontsize=8,
-                            rotation=90)
-    fig.colorbar(image, ax=list(axes), shrink=0.8, label="weight value")
-    fig.suptitle(label(suptitle, 200), fontsize=12, parse_math=False)
-    return fig
-
-
-def _centers(boundaries: list[int], length: int) -> list[float]:
-    return [(a + b) / 2 for a, b in zip(boundaries[:-1], boundaries[1:], strict=True)]
-
+# The figure basics and the split figure live beside this module; re-exported for callers that
+# import every figure from here (cli, api, benchmarks).
+from attnviz.render.figure_io import FIGURE_DPI as FIGURE_DPI
+from attnviz.render.figure_io import FIGURE_SUFFIXES as FIGURE_SUFFIXES
+from attnviz.render.figure_io import new_figure
+from attnviz.render.figure_io import save_figure as save_figure
+from attnviz.render.split_figure import split_figure as split_figure
 
 # Heatmap figures. Sizes in inches; text at TEXT_PT or more, so labels read at 100 % zoom.
 TEXT_PT = 8  # tick labels, panel titles
@@ -163,137 +86,203 @@ def heatmap_figure(views: list[Any], title: str, scale: str = "max", size: float
     query blocks averaged): matplotlib would otherwise resample every cell of it, and with
     nearest-neighbour interpolation silently drop most of them.
     """
-    import textwrap
-
     import matplotlib
-    import numpy as np
     from matplotlib.colors import LogNorm, Normalize
-    from matplotlib.patches import Rectangle
 
-    from attnviz.compute.maps import downsample
     from attnviz.compute.scale import map_scale
 
-    dpi = dpi or FIGURE_DPI
-    side = panel_inches(views, size)
-    rows_keys = list(dict.fromkeys((v.sentence, v.layer) for v in views))
-    heads = list(dict.fromkeys(v.head for v in views))
-    n_rows, n_cols = len(rows_keys), len(heads)
-    sentences = list(dict.fromkeys(sentence for sentence, _ in rows_keys))
-    # The tiled image's resolution: the output's pixels, unless the image would be huge.
-    rows_inches = n_rows * (side + PANEL_TITLE_BAND) + len(sentences) * 1.0
-    cols_inches = n_cols * (side + PANEL_GAP)
-    ppi = min(float(dpi), (MAX_MOSAIC_PIXELS / (rows_inches * cols_inches)) ** 0.5)
-    pixels = max(1, round(side * ppi))
-    views = [downsample(v, pixels, pixels) for v in views]
-    by_key = {(v.sentence, v.layer, v.head): v for v in views}
-    first = {key: next(v for v in views if (v.sentence, v.layer) == key) for key in rows_keys}
-    shown = map_scale(scale, [v.values for v in views])
-
-    def label_sets(view: Any) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-        return (axis_labels(view.row_labels, view.row_spans, side),
-                axis_labels(view.col_labels, view.col_spans, side))
-
-    ticks = {key: label_sets(view) for key, view in first.items()}
-    y_chars = max(len(text) for ys, _ in ticks.values() for _, text in ys)
-    x_chars = max(len(text) for _, xs in ticks.values() for _, text in xs)
-    label_band = 0.15 + x_chars * CHAR_INCHES  # rotated key labels under a sentence's panels
-    margin_left = 0.45 + y_chars * CHAR_INCHES
-    margin_right = 1.35  # colour bar, its numbers and its label
-    margin_bottom = label_band + 0.3  # key labels and the word 'key'
-    band, gap = round(PANEL_TITLE_BAND * ppi), round(PANEL_GAP * ppi)
-    # Key labels go under the last row of each sentence, and under any row whose keys differ
-    # from the next row's (an encoder-decoder: source, target × target, target × source).
-    labelled = [r + 1 < n_rows and (rows_keys[r + 1][0] != rows_keys[r][0] or
-                                    first[rows_keys[r + 1]].col_labels
-                                    != first[rows_keys[r]].col_labels)
-                for r in range(n_rows)]
-    offsets, y = [], 0
-    for r in range(n_rows):
-        y += band
-        offsets.append(y)
-        y += pixels
-        if labelled[r]:
-            y += round(label_band * ppi)
-    mosaic_h, mosaic_w = y, n_cols * pixels + (n_cols - 1) * gap
-    width = margin_left + mosaic_w / ppi + margin_right
-    wrapped = textwrap.wrap(title, max(20, int(width / (0.6 * TITLE_PT / 72)))) or [""]
-    title_band = 0.2 + 0.24 * len(wrapped)
-    height = title_band + mosaic_h / ppi + margin_bottom
-
-    masked = shown.vmin / 10 if shown.log else shown.vmin - 1.0  # drawn in the "under" colour
-    mosaic = np.full((mosaic_h, mosaic_w), np.nan, dtype=np.float32)
-    for r, (sentence, layer) in enumerate(rows_keys):
-        for c, head in enumerate(heads):
-            view = by_key.get((sentence, layer, head))
-            if view is None:
-                continue
-            block = _stretch(view.values, pixels)
-            block = np.where(block == 0.0, masked,
-                             np.maximum(block, shown.vmin) if shown.log else block)
-            x = c * (pixels + gap)
-            mosaic[offsets[r] : offsets[r] + pixels, x : x + pixels] = block
-
-    fig = new_figure(width, height, constrained=False, dpi=dpi)
-    ax = fig.add_axes((margin_left / width, margin_bottom / height,
-                       mosaic_w / ppi / width, mosaic_h / ppi / height))
+    grid = _Grid.lay_out(views, title, size, dpi or FIGURE_DPI)
+    shown = map_scale(scale, [v.values for v in grid.views])
+    fig = new_figure(grid.width, grid.height, constrained=False, dpi=dpi or FIGURE_DPI)
+    ax = fig.add_axes((grid.margin_left / grid.width, grid.margin_bottom / grid.height,
+                       grid.mosaic_w / grid.ppi / grid.width,
+                       grid.mosaic_h / grid.ppi / grid.height))
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white", under=MASKED_COLOR)
     norm = LogNorm(shown.vmin, shown.vmax) if shown.log else Normalize(shown.vmin, shown.vmax)
-    image = ax.imshow(mosaic, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
-    ax.set_xlim(-0.5, mosaic_w - 0.5)
-    ax.set_ylim(mosaic_h - 0.5, -0.5)
+    image = ax.imshow(_mosaic(grid, shown), cmap=cmap, norm=norm, interpolation="nearest",
+                      aspect="auto")
+    ax.set_xlim(-0.5, grid.mosaic_w - 0.5)
+    ax.set_ylim(grid.mosaic_h - 0.5, -0.5)
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0, labelsize=TEXT_PT)
-
-    def centre(offset: int, cell: int, cells: int) -> float:
-        return offset + (cell + 0.5) * pixels / cells - 0.5
-
-    y_pos, y_text = [], []
-    for r, key in enumerate(rows_keys):
-        cells = first[key].values.shape[0]
-        for i, text in ticks[key][0]:
-            y_pos.append(centre(offsets[r], i, cells))
-            y_text.append(text)
-    ax.set_yticks(y_pos, y_text)
-    last = rows_keys[-1]
-    x_pos, x_text = [], []
-    for c in range(n_cols):
-        cells = first[last].values.shape[1]
-        for i, text in ticks[last][1]:
-            x_pos.append(centre(c * (pixels + gap), i, cells))
-            x_text.append(text)
-    ax.set_xticks(x_pos, x_text, rotation=90)
-    for r, key in enumerate(rows_keys):
-        if labelled[r]:
-            # Every head of a row has the same keys: label them under its first panel only
-            # (text is most of a big grid's drawing time); the bottom row labels all.
-            cells = first[key].values.shape[1]
-            for i, text in ticks[key][1]:
-                ax.text(centre(0, i, cells), offsets[r] + pixels + 0.1 * ppi, text,
-                        fontsize=TEXT_PT, rotation=90, ha="center", va="top")
-        for c, head in enumerate(heads):
-            view = by_key.get((sentence, key[1], head))
-            if view is not None:
-                ax.text(c * (pixels + gap) - 0.5, offsets[r] - 0.04 * ppi,
-                        _panel_title(view, len(sentences), side), fontsize=TEXT_PT,
-                        va="bottom", ha="left")
+    _axis_ticks(ax, grid)
+    _row_labels(ax, grid)
     ax.set_xlabel("key", fontsize=TEXT_PT + 1)
     ax.set_ylabel("query", fontsize=TEXT_PT + 1)
-    # The colour bar beside the panels (at most 4 in tall), the masked-cell key under it.
-    bar_height = min(mosaic_h / ppi, 4.0)
-    bar_top = margin_bottom + mosaic_h / ppi
-    bar_left = margin_left + mosaic_w / ppi + 0.25
+    _colour_bar(fig, image, grid)
+    fig.text(0.5, 1 - (grid.title_band / 2) / grid.height, "\n".join(grid.wrapped),
+             fontsize=TITLE_PT, ha="center", va="center")
+    return fig
+
+
+Ticks = tuple[list[tuple[int, str]], list[tuple[int, str]]]  # (query ticks, key ticks)
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """Where everything of a heatmap grid goes: inches for the figure, pixels for the mosaic."""
+
+    views: list[Any]  # downsampled to the panel's pixels
+    rows_keys: list[tuple[int, int]]  # (sentence, layer) per row of panels
+    heads: list[int | None]  # per column
+    sentences: int
+    side: float  # panel side, inches
+    ppi: float  # mosaic pixels per inch
+    pixels: int  # panel side, pixels
+    ticks: dict[tuple[int, int], Ticks]  # per row, from its first panel
+    labelled: list[bool]  # rows with key labels under them
+    offsets: list[int]  # each row's top, mosaic pixels
+    band: int
+    gap: int
+    mosaic_h: int
+    mosaic_w: int
+    margin_left: float
+    margin_bottom: float
+    width: float
+    height: float
+    wrapped: list[str]  # the title's lines
+    title_band: float
+
+    @property
+    def by_key(self) -> dict[tuple[int, int, int | None], Any]:
+        return {(v.sentence, v.layer, v.head): v for v in self.views}
+
+    def first(self, key: tuple[int, int]) -> Any:
+        return next(v for v in self.views if (v.sentence, v.layer) == key)
+
+    def centre(self, offset: int, cell: int, cells: int) -> float:
+        return offset + (cell + 0.5) * self.pixels / cells - 0.5
+
+    @staticmethod
+    def lay_out(views: list[Any], title: str, size: float | None, dpi: int) -> _Grid:
+        import textwrap
+
+        from attnviz.compute.maps import downsample
+
+        side = panel_inches(views, size)
+        rows_keys = list(dict.fromkeys((v.sentence, v.layer) for v in views))
+        heads = list(dict.fromkeys(v.head for v in views))
+        n_rows, n_cols = len(rows_keys), len(heads)
+        sentences = len(dict.fromkeys(sentence for sentence, _ in rows_keys))
+        # The tiled image's resolution: the output's pixels, unless the image would be huge.
+        rows_inches = n_rows * (side + PANEL_TITLE_BAND) + sentences * 1.0
+        cols_inches = n_cols * (side + PANEL_GAP)
+        ppi = min(float(dpi), (MAX_MOSAIC_PIXELS / (rows_inches * cols_inches)) ** 0.5)
+        pixels = max(1, round(side * ppi))
+        views = [downsample(v, pixels, pixels) for v in views]
+        first = {key: next(v for v in views if (v.sentence, v.layer) == key) for key in rows_keys}
+        ticks = {key: (axis_labels(view.row_labels, view.row_spans, side),
+                       axis_labels(view.col_labels, view.col_spans, side))
+                 for key, view in first.items()}
+        y_chars = max(len(text) for ys, _ in ticks.values() for _, text in ys)
+        x_chars = max(len(text) for _, xs in ticks.values() for _, text in xs)
+        label_band = 0.15 + x_chars * CHAR_INCHES  # rotated key labels under a sentence's panels
+        margin_left = 0.45 + y_chars * CHAR_INCHES
+        margin_right = 1.35  # colour bar, its numbers and its label
+        margin_bottom = label_band + 0.3  # key labels and the word 'key'
+        band, gap = round(PANEL_TITLE_BAND * ppi), round(PANEL_GAP * ppi)
+        # Key labels go under the last row of each sentence, and under any row whose keys differ
+        # from the next row's (an encoder-decoder: source, target × target, target × source).
+        labelled = [r + 1 < n_rows and (rows_keys[r + 1][0] != rows_keys[r][0] or
+                                        first[rows_keys[r + 1]].col_labels
+                                        != first[rows_keys[r]].col_labels)
+                    for r in range(n_rows)]
+        offsets, y = [], 0
+        for r in range(n_rows):
+            y += band
+            offsets.append(y)
+            y += pixels
+            if labelled[r]:
+                y += round(label_band * ppi)
+        mosaic_h, mosaic_w = y, n_cols * pixels + (n_cols - 1) * gap
+        width = margin_left + mosaic_w / ppi + margin_right
+        wrapped = textwrap.wrap(title, max(20, int(width / (0.6 * TITLE_PT / 72)))) or [""]
+        title_band = 0.2 + 0.24 * len(wrapped)
+        height = title_band + mosaic_h / ppi + margin_bottom
+        return _Grid(views, rows_keys, heads, sentences, side, ppi, pixels, ticks, labelled,
+                     offsets, band, gap, mosaic_h, mosaic_w, margin_left, margin_bottom, width,
+                     height, wrapped, title_band)
+
+
+def _mosaic(grid: _Grid, shown: Any) -> Any:
+    """Every panel stretched to its square and tiled (NaN between them: drawn white); masked
+    cells below the colour scale, so they take its "under" colour."""
+    import numpy as np
+
+    masked = shown.vmin / 10 if shown.log else shown.vmin - 1.0
+    mosaic = np.full((grid.mosaic_h, grid.mosaic_w), np.nan, dtype=np.float32)
+    by_key = grid.by_key
+    for r, (sentence, layer) in enumerate(grid.rows_keys):
+        for c, head in enumerate(grid.heads):
+            view = by_key.get((sentence, layer, head))
+            if view is None:
+                continue
+            block = _stretch(view.values, grid.pixels)
+            block = np.where(block == 0.0, masked,
+                             np.maximum(block, shown.vmin) if shown.log else block)
+            x = c * (grid.pixels + grid.gap)
+            mosaic[grid.offsets[r] : grid.offsets[r] + grid.pixels, x : x + grid.pixels] = block
+    return mosaic
+
+
+def _axis_ticks(ax: Any, grid: _Grid) -> None:
+    """Query labels beside every row of panels; the bottom row's key labels under every head."""
+    y_pos, y_text = [], []
+    for r, key in enumerate(grid.rows_keys):
+        cells = grid.first(key).values.shape[0]
+        for i, text in grid.ticks[key][0]:
+            y_pos.append(grid.centre(grid.offsets[r], i, cells))
+            y_text.append(text)
+    ax.set_yticks(y_pos, y_text)
+    last = grid.rows_keys[-1]
+    x_pos, x_text = [], []
+    for c in range(len(grid.heads)):
+        cells = grid.first(last).values.shape[1]
+        for i, text in grid.ticks[last][1]:
+            x_pos.append(grid.centre(c * (grid.pixels + grid.gap), i, cells))
+            x_text.append(text)
+    ax.set_xticks(x_pos, x_text, rotation=90)
+
+
+def _row_labels(ax: Any, grid: _Grid) -> None:
+    """Key labels under the rows that need them, and a title above every panel."""
+    by_key = grid.by_key
+    # Titles are looked up under the last row's sentence, as before this function was split
+    # out: with several sentences, key[0] looks meant (reported, not changed here).
+    last_sentence = grid.rows_keys[-1][0]
+    for r, key in enumerate(grid.rows_keys):
+        if grid.labelled[r]:
+            # Every head of a row has the same keys: label them under its first panel only
+            # (text is most of a big grid's drawing time); the bottom row labels all.
+            cells = grid.first(key).values.shape[1]
+            for i, text in grid.ticks[key][1]:
+                ax.text(grid.centre(0, i, cells), grid.offsets[r] + grid.pixels + 0.1 * grid.ppi,
+                        text, fontsize=TEXT_PT, rotation=90, ha="center", va="top")
+        for c, head in enumerate(grid.heads):
+            view = by_key.get((last_sentence, key[1], head))
+            if view is not None:
+                ax.text(c * (grid.pixels + grid.gap) - 0.5, grid.offsets[r] - 0.04 * grid.ppi,
+                        _panel_title(view, grid.sentences, grid.side), fontsize=TEXT_PT,
+                        va="bottom", ha="left")
+
+
+def _colour_bar(fig: Any, image: Any, grid: _Grid) -> None:
+    """The colour bar beside the panels (at most 4 in tall), the masked-cell key under it."""
+    from matplotlib.patches import Rectangle
+
+    width, height = grid.width, grid.height
+    bar_height = min(grid.mosaic_h / grid.ppi, 4.0)
+    bar_top = grid.margin_bottom + grid.mosaic_h / grid.ppi
+    bar_left = grid.margin_left + grid.mosaic_w / grid.ppi + 0.25
     bar = fig.add_axes((bar_left / width, (bar_top - bar_height) / height, 0.15 / width,
                         bar_height / height))
     fig.colorbar(image, cax=bar, label="attention weight")
     bar.tick_params(labelsize=TEXT_PT)
-    if any((v.values == 0.0).any() for v in views):
+    if any((v.values == 0.0).any() for v in grid.views):
         key_top = bar_top - bar_height - 0.35
         fig.patches.append(Rectangle((bar_left / width, key_top / height), 0.15 / width,
                                      0.15 / height, transform=fig.transFigure,
                                      facecolor=MASKED_COLOR, edgecolor="none"))
         fig.text((bar_left + 0.22) / width, (key_top + 0.075) / height, "masked",
                  fontsize=TEXT_PT, va="center")
-    fig.text(0.5, 1 - (title_band / 2) / height, "\n".join(wrapped), fontsize=TITLE_PT,
-             ha="center", va="center")
-    return fig

@@ -155,13 +155,8 @@ def negated(model: Any, refs: list[tuple[TensorRef, int, int]]) -> Iterator[None
     with torch.no_grad():
         for ref, start, stop in refs:
             _, param = hf.parameter_of(model, ref.key)
-            for lo, hi in ref.take(((start, stop),)).row_ranges or ():
-                if param.ndim == 1:
-                    part = param[lo:hi]
-                elif ref.transposed:  # stored (in, out): canonical rows are stored columns
-                    part = param[:, lo:hi]
-                else:
-                    part = param[lo:hi]
+            # the reference's own decoder, on the parameter: views, so negation lands in it
+            for part in ref.take(((start, stop),)).row_blocks(ref.oriented(param)):
                 part.neg_()
                 touched.append(part)
     try:
@@ -210,7 +205,7 @@ def ablate(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
     """The ablation proof of attnviz's `layer` (found in the model by its W_q's module);
     `described` replaces the description whose rows are perturbed (tests: a wrong one)."""
     used = described or layer
-    heads, kv_heads = used.num_heads or 0, used.num_kv_heads or 0
+    heads = used.num_heads or 0
     plan = hf.plan_run(loaded, sentences, None, targets if loaded.encoder_decoder else None,
                        need_layers=True)
     call = hf.call_of(plan.layers, loaded.model, layer)
@@ -225,62 +220,93 @@ def ablate(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
     observe = _Observer(loaded, plan, call, o_module)
     base_maps, base_o = observe()
     unchanged = UNCHANGED[loaded.dtype]
-    changed = unchanged * CHANGED_FACTOR
-    checks = []
+    judge = _MapJudge(base_maps, unchanged, unchanged * CHANGED_FACTOR)
+    checks = _map_checks(loaded.model, used, observe, judge)
+    notes = []
+    if base_o is None:
+        notes.append("the input of the output projection was not captured: W_v not checked")
+    else:
+        checks += _value_checks(loaded.model, used, observe, base_o, judge)
+    return AblationResult(call.index, call.label, call.display_name, used, checks, unchanged,
+                          judge.changed, len(sentences), notes)
 
-    def parts(weight: TensorRef, bias: TensorRef | None, start: int, stop: int
-              ) -> list[tuple[TensorRef, int, int]]:
-        return [(ref, start, stop) for ref in (weight, bias) if ref is not None]
 
-    def judge_maps(projection: str, head: int, rows: str, expected: tuple[int, ...],
-                   maps: torch.Tensor) -> HeadCheck:
-        deltas = _map_deltas(base_maps, maps)
-        if any(d > unchanged for h, d in enumerate(deltas) if h not in expected):
+def _parts(weight: TensorRef, bias: TensorRef | None, start: int, stop: int
+           ) -> list[tuple[TensorRef, int, int]]:
+    return [(ref, start, stop) for ref in (weight, bias) if ref is not None]
+
+
+def _group(used: AttentionLayer, g: int) -> tuple[int, ...]:
+    """The query heads that attend with key/value head g."""
+    return tuple(h for h in range(used.num_heads or 0) if used.kv_head_of(h) == g)
+
+
+@dataclass(frozen=True)
+class _MapJudge:
+    """Whether negating some rows changed exactly the expected heads' maps."""
+
+    base_maps: torch.Tensor
+    unchanged: float
+    changed: float
+
+    def __call__(self, projection: str, head: int, rows: str, expected: tuple[int, ...],
+                 maps: torch.Tensor) -> HeadCheck:
+        deltas = _map_deltas(self.base_maps, maps)
+        if any(d > self.unchanged for h, d in enumerate(deltas) if h not in expected):
             return HeadCheck(projection, head, rows, expected, deltas, "fail",
                              "a head attnviz does not assign these rows to changed")
-        quiet = [h for h in expected if deltas[h] <= changed]
+        quiet = [h for h in expected if deltas[h] <= self.changed]
         if not quiet:
             return HeadCheck(projection, head, rows, expected, deltas, "pass")
-        if all(max(_spread(base_maps, h), _spread(maps, h)) <= UNIFORM for h in quiet):
+        if all(max(_spread(self.base_maps, h), _spread(maps, h)) <= UNIFORM for h in quiet):
             return HeadCheck(projection, head, rows, expected, deltas, "untestable",
                              f"head {quiet[0]}'s map is uniform either way")
         return HeadCheck(projection, head, rows, expected, deltas, "fail",
                          f"head {quiet[0]}'s map did not change")
 
-    for h in range(heads):
+
+def _map_checks(model: Any, used: AttentionLayer, observe: _Observer,
+                judge: _MapJudge) -> list[HeadCheck]:
+    """W_q rows of each query head, then W_k rows of each key/value head, judged by the maps."""
+    checks = []
+    for h in range(used.num_heads or 0):
         start, stop = used.q_rows(h)
-        with negated(loaded.model, parts(used.q_weight, used.q_bias, start, stop)):
+        with negated(model, _parts(used.q_weight, used.q_bias, start, stop)):
             maps, _ = observe()
-        checks.append(judge_maps("q", h, _rows_text(used.q_weight, start, stop), (h,), maps))
-    for g in range(kv_heads):
+        checks.append(judge("q", h, _rows_text(used.q_weight, start, stop), (h,), maps))
+    for g in range(used.num_kv_heads or 0):
         start, stop = used.kv_rows(g)
-        group = tuple(h for h in range(heads) if used.kv_head_of(h) == g)
-        with negated(loaded.model, parts(used.k_weight, used.k_bias, start, stop)):
+        with negated(model, _parts(used.k_weight, used.k_bias, start, stop)):
             maps, _ = observe()
-        checks.append(judge_maps("k", g, _rows_text(used.k_weight, start, stop), group, maps))
-    notes = []
-    if base_o is None:
-        notes.append("the input of the output projection was not captured: W_v not checked")
-    else:
-        scale = max(1.0, float(base_o.abs().max()))
-        for g in range(kv_heads):
-            start, stop = used.kv_rows(g)
-            group = tuple(h for h in range(heads) if used.kv_head_of(h) == g)
-            with negated(loaded.model, parts(used.v_weight, used.v_bias, start, stop)):
-                _, o_input = observe()
-            assert o_input is not None
-            deltas = tuple(float((base_o[..., a:b] - o_input[..., a:b]).abs().max())
-                           for a, b in (used.o_cols(h) for h in range(heads)))
-            rows = _rows_text(used.v_weight, start, stop)
-            if any(d > unchanged * scale for h, d in enumerate(deltas) if h not in group):
-                status, reason = "fail", "another head's slice of the W_o input changed"
-            elif all(deltas[h] > changed * scale for h in group):
-                status, reason = "pass", ""
-            elif all(float(base_o[..., slice(*used.o_cols(h))].abs().max()) <= changed * scale
-                     for h in group if deltas[h] <= changed * scale):
-                status, reason = "untestable", "the head's output is zero either way"
-            else:
-                status, reason = "fail", "the head's slice of the W_o input did not change"
-            checks.append(HeadCheck("v", g, rows, group, deltas, status, reason))
-    return AblationResult(call.index, call.label, call.display_name, used, checks, unchanged,
-                          changed, len(sentences), notes)
+        checks.append(judge("k", g, _rows_text(used.k_weight, start, stop), _group(used, g),
+                            maps))
+    return checks
+
+
+def _value_checks(model: Any, used: AttentionLayer, observe: _Observer, base_o: torch.Tensor,
+                  judge: _MapJudge) -> list[HeadCheck]:
+    """W_v rows of each key/value head, judged by each head's slice of the W_o input."""
+    heads = used.num_heads or 0
+    scale = max(1.0, float(base_o.abs().max()))
+    unchanged, changed = judge.unchanged * scale, judge.changed * scale
+    checks = []
+    for g in range(used.num_kv_heads or 0):
+        start, stop = used.kv_rows(g)
+        group = _group(used, g)
+        with negated(model, _parts(used.v_weight, used.v_bias, start, stop)):
+            _, o_input = observe()
+        assert o_input is not None
+        deltas = tuple(float((base_o[..., a:b] - o_input[..., a:b]).abs().max())
+                       for a, b in (used.o_cols(h) for h in range(heads)))
+        if any(d > unchanged for h, d in enumerate(deltas) if h not in group):
+            status, reason = "fail", "another head's slice of the W_o input changed"
+        elif all(deltas[h] > changed for h in group):
+            status, reason = "pass", ""
+        elif all(float(base_o[..., slice(*used.o_cols(h))].abs().max()) <= changed
+                 for h in group if deltas[h] <= changed):
+            status, reason = "untestable", "the head's output is zero either way"
+        else:
+            status, reason = "fail", "the head's slice of the W_o input did not change"
+        checks.append(HeadCheck("v", g, _rows_text(used.v_weight, start, stop), group, deltas,
+                                status, reason))
+    return checks

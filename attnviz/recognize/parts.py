@@ -1,0 +1,99 @@
+"""A recognized layer's W_q, W_k, W_v and biases as references: separate tensors taken whole,
+fused ones split by their packing (`attnviz.recognize.packing`), with the row's own fix added to
+any layout error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import attnviz.recognize.model_types as mt
+from attnviz.core.layer import TensorRef
+from attnviz.errors import LayoutError, printable
+from attnviz.load.checkpoint import TensorStore
+from attnviz.recognize.base import HeadHints, optional_ref
+from attnviz.recognize.conventions import Convention
+from attnviz.recognize.packing import split_packed
+
+
+@dataclass(frozen=True)
+class Splitter:
+    """What splitting a fused tensor (or bias) into its q/k/v parts needs."""
+
+    packing: mt.Packing | None
+    shape_heads: tuple[int, int, int] | None
+    storage: str
+    row: Convention
+    source: str
+
+    def __call__(self, whole: TensorRef, held: str, square: int | None) -> dict[str, TensorRef]:
+        return _split(whole, held, self.packing or mt.THIRDS, self.shape_heads, self.storage,
+                      self.row, self.source, square)
+
+
+def weight_parts(weights: dict[str, TensorRef], row: Convention,
+                  split: Splitter) -> dict[str, TensorRef]:
+    """W_q, W_k, W_v by part name, fused tensors split by their packing."""
+    parts: dict[str, TensorRef] = {}
+    for key, held in row.weights:
+        whole = weights[key]
+        square = whole.shape[1] if row.square else None
+        if len(held) == 1:
+            _check_square(whole, square, split.storage, row, split.source)
+            parts[held] = whole
+        else:
+            assert split.packing is not None
+            parts.update(split(whole, held, square))
+    return parts
+
+
+def bias_parts(store: TensorStore, row: Convention, prefix: str,
+                split: Splitter) -> dict[str, TensorRef]:
+    """b_q, b_k, b_v where present, by part name; a fused bias split like its weight (stacked
+    thirds where the weight has no packing)."""
+    biases: dict[str, TensorRef] = {}
+    for key, held in row.bias_parts():
+        bias = optional_ref(store, prefix + key)
+        if bias is None or any(part in biases for part in held):
+            continue
+        if len(held) == 1:
+            biases[held] = bias
+        else:
+            biases.update(split(bias, held, None))
+    return biases
+
+
+def packed_heads(heads: HeadHints, hints: HeadHints, packing: mt.Packing,
+                  o_weight: TensorRef, source: str) -> tuple[int, int, int]:
+    """(H, H_kv, d) for a head-dependent packing. H_kv: the command line, else the packing's
+    rule (all heads, one, or config.json's count); d: given, else W_o's H·d columns / H."""
+    H = heads.num_heads
+    assert H is not None
+    kv = hints.num_kv_heads or {"all": H, "one": 1}.get(packing.kv) or heads.num_kv_heads or H
+    d = heads.head_dim
+    if d is None:
+        columns = o_weight.shape[1]  # W_o is (E, H·d)
+        if columns % H:
+            raise LayoutError(f"{printable(o_weight.describe())} has {columns} columns (H·d), "
+                              f"not divisible by {H} heads",
+                              fix="check the number of heads in config.json or --num-heads",
+                              where=source)
+        d = columns // H
+    return H, kv, d
+
+
+def _split(whole: TensorRef, held: str, packing: mt.Packing,
+           shape_heads: tuple[int, int, int] | None, storage: str, row: Convention, source: str,
+           square: int | None) -> dict[str, TensorRef]:
+    try:
+        return split_packed(whole, held, packing, shape_heads, storage, source, square)
+    except LayoutError as error:
+        if row.fix and not error.fix:
+            error.fix = row.fix
+        raise
+
+
+def _check_square(whole: TensorRef, square: int | None, storage: str, row: Convention,
+                  source: str) -> None:
+    if square is not None and whole.shape[0] != square:
+        raise LayoutError(f"{printable(whole.key)} has shape {whole.stored_shape}, but {storage} "
+                          f"needs {square} rows", fix=row.fix, where=source)
