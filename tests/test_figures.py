@@ -4,6 +4,8 @@ title in its own band and named after the model, masked cells apart from zero we
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.text
 import numpy as np
 import pytest
@@ -164,3 +166,17 @@ def test_log_scale_figure_uses_a_log_norm():
     assert isinstance(image.norm, LogNorm)
     top = max(float(v.values.max()) for v in heat.views)
     assert image.norm.vmax == pytest.approx(top) and image.norm.vmin == pytest.approx(top / 1e3)
+
+
+def test_each_row_of_panels_is_titled_with_its_own_sentence():
+    """With two sentences, the first row's panels say s1 and the second's s2 (the titles were
+    once all looked up under the last sentence)."""
+    heat = attnviz.run_heatmap([THREE_THE, "a dog"], layer=0)
+    fig = heat.figure()
+    texts = [t for t in fig.axes[0].texts if re.match(r"s\d+ ", t.get_text())]
+    heads = len({v.head for v in heat.views})
+    assert sorted(t.get_text().split()[0] for t in texts) == ["s1"] * heads + ["s2"] * heads
+    # each title sits above its own row: s1's band is above s2's (smaller y in image coords)
+    rows = {name: {t.get_position()[1] for t in texts if t.get_text().startswith(name + " ")}
+            for name in ("s1", "s2")}
+    assert len(rows["s1"]) == len(rows["s2"]) == 1 and min(rows["s1"]) < min(rows["s2"])

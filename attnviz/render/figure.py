@@ -248,9 +248,6 @@ def _axis_ticks(ax: Any, grid: _Grid) -> None:
 def _row_labels(ax: Any, grid: _Grid) -> None:
     """Key labels under the rows that need them, and a title above every panel."""
     by_key = grid.by_key
-    # Titles are looked up under the last row's sentence, as before this function was split
-    # out: with several sentences, key[0] looks meant (reported, not changed here).
-    last_sentence = grid.rows_keys[-1][0]
     for r, key in enumerate(grid.rows_keys):
         if grid.labelled[r]:
             # Every head of a row has the same keys: label them under its first panel only
@@ -260,7 +257,7 @@ def _row_labels(ax: Any, grid: _Grid) -> None:
                 ax.text(grid.centre(0, i, cells), grid.offsets[r] + grid.pixels + 0.1 * grid.ppi,
                         text, fontsize=TEXT_PT, rotation=90, ha="center", va="top")
         for c, head in enumerate(grid.heads):
-            view = by_key.get((last_sentence, key[1], head))
+            view = by_key.get((key[0], key[1], head))
             if view is not None:
                 ax.text(c * (grid.pixels + grid.gap) - 0.5, grid.offsets[r] - 0.04 * grid.ppi,
                         _panel_title(view, grid.sentences, grid.side), fontsize=TEXT_PT,
