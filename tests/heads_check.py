@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from attnviz.core.layer import AttentionLayer
 from attnviz.sources import capture as cap
+from attnviz.sources import capture_eager
 
 ATOL, RTOL = 1e-4, 1e-5
 
@@ -29,18 +30,18 @@ ATOL, RTOL = 1e-4, 1e-5
 def interface_scalings() -> Iterator[dict[str, float | None]]:
     """The `scaling` each module passes to the attention interface, by module name."""
     seen: dict[str, float | None] = {}
-    attend = cap._Session.attend
+    attend = capture_eager._Session.attend
 
     def spy(self: Any, module: Any, query: Any, key: Any, value: Any, mask: Any, args: tuple,
             kwargs: dict) -> Any:
         seen.setdefault(self.names.get(id(module), ""), kwargs.get("scaling"))
         return attend(self, module, query, key, value, mask, args, kwargs)
 
-    cap._Session.attend = spy  # type: ignore[method-assign]
+    capture_eager._Session.attend = spy  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        cap._Session.attend = attend  # type: ignore[method-assign]
+        capture_eager._Session.attend = attend  # type: ignore[method-assign]
 
 
 def owner(model: Any, stored: torch.Tensor) -> str:

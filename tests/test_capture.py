@@ -143,7 +143,7 @@ def test_one_shown_layer_runs_eager_once(loaded, kind, monkeypatch):
     # Where each attention forward looks its eager function up, each module namespace once.
     namespaces = {id(forward.__globals__): forward.__globals__ for forward in (
         inspect.unwrap(type(module).forward) for module in m.model.modules()
-        if cap._calls_interface(type(module)))}
+        if cap.calls_interface(type(module)))}
     for namespace in namespaces.values():
         _count(monkeypatch, namespace, "eager_attention_forward", calls, "eager")
     result, maps = captured(m, enc, shown_layers=[1])

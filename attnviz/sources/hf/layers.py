@@ -158,7 +158,7 @@ def _surely_small(loaded: LoadedModel, prepared: Prepared, memory_budget: int | 
 
 def attention_like(module: Any) -> bool:
     """A module that calls the attention interface, or is named like an attention module."""
-    return (cap._calls_interface(type(module))  # type: ignore[arg-type]
+    return (cap.calls_interface(type(module))  # type: ignore[arg-type]
             or "Attention" in type(module).__name__)
 
 

@@ -1,0 +1,193 @@
+"""The interface path of a capture: attnviz's registered attention function, the session it
+reaches through a context variable, and the module's own eager attention run in blocks of query
+rows for the layers shown."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import operator
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from attnviz.errors import CheckpointError
+from attnviz.sources.capture_types import (
+    _CROSS_PARTS,
+    _SCORE_KWARGS,
+    _SDPA_UNSUPPORTED,
+    CapturedLayer,
+    LayerKind,
+    OnBlock,
+)
+
+# --- the interface path ------------------------------------------------------------------------
+
+_ACTIVE: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("attnviz_capture",
+                                                                          default=None)
+
+
+class _Session:
+    """The state of one `capture` call, reached by the registered function through `_ACTIVE`."""
+
+    def __init__(self, model: Any, names: dict[int, str], shown: set[int] | None,
+                 budget: int | None, sink: OnBlock, keep_qk: bool | Iterable[int]) -> None:
+        self.names = names
+        self.shown = shown
+        self.budget = budget
+        self.sink = sink
+        self.keep_qk = keep_qk if isinstance(keep_qk, bool) else {operator.index(i)
+                                                                   for i in keep_qk}
+        self.layers: list[CapturedLayer] = []
+        # sdpa refuses some models outright (Gemma 2's softcapping): those run eager throughout.
+        self.sdpa_ok = bool(getattr(model, "_supports_sdpa", True))
+        self.encoder_prefix = _encoder_prefix(model, names)
+
+    def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               mask: torch.Tensor | None, args: tuple, kwargs: dict) -> tuple[torch.Tensor, None]:
+        index = len(self.layers)
+        name = self.names.get(id(module), type(module).__name__)
+        show = self.shown is None or index in self.shown
+        fast = self.sdpa_ok and all(kwargs.get(k) is None for k in _SDPA_UNSUPPORTED)
+        layer = CapturedLayer(index, name, self._kind(name), show,
+                              "eager" if show or not fast else "sdpa", query.shape[1],
+                              key.shape[1], query.shape[2], key.shape[2])
+        self.layers.append(layer)
+        if show:
+            if self.keep_qk is True or (not isinstance(self.keep_qk, bool)
+                                        and index in self.keep_qk):
+                layer.query, layer.key = query.detach(), key.detach()
+                layer.mask = None if mask is None else mask.detach()
+                layer.score_kwargs = {k: kwargs[k] for k in _SCORE_KWARGS
+                                      if kwargs.get(k) is not None}
+            return self._blocks(index, module, query, key, value, mask, args, kwargs), None
+        if fast:
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, mask, *args,
+                                                   **kwargs)
+        output, _ = eager_function(module)(module, query, key, value, mask, *args, **kwargs)
+        return output, None
+
+    def _kind(self, name: str) -> LayerKind:
+        if self.encoder_prefix is None:
+            return LayerKind.SELF
+        if name.startswith(self.encoder_prefix):
+            return LayerKind.SELF
+        if _CROSS_PARTS & set(name.split(".")):
+            return LayerKind.CROSS
+        return LayerKind.DECODER_SELF
+
+    def _blocks(self, index: int, module: Any, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, mask: torch.Tensor | None, args: tuple,
+                kwargs: dict) -> torch.Tensor:
+        """The module's own eager attention, `rows` query rows at a time; key/value stay whole."""
+        eager = eager_function(module)
+        batch, heads, length, _ = query.shape  # (B, H, L, d)
+        rows = _rows_per_block(self.budget, batch, heads, length, key.shape[2])
+        outputs = []
+        for start in range(0, length, rows):
+            stop = min(length, start + rows)
+            block_kwargs = {k: _query_rows(v, start, stop, length) for k, v in kwargs.items()}
+            output, weights = eager(module, query[:, :, start:stop],  # (B, H, rows, d)
+                                    key, value, _query_rows(mask, start, stop, length), *args,
+                                    **block_kwargs)
+            if weights is None:
+                raise CheckpointError(f"the eager attention of {type(module).__name__} returned "
+                                      "no weights", fix="report this model to attnviz")
+            if rows < length and output.shape[1] != stop - start:  # not (B, rows, H, d)
+                raise CheckpointError(f"the eager attention of {type(module).__name__} returns "
+                                      "an output attnviz cannot join by query rows",
+                                      fix="capture it without a block budget")
+            self.sink(index, start, weights)  # (B, H, rows, S)
+            outputs.append(output)
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H, d)
+
+
+def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The function registered under `NAME`; outside `capture` it is plain sdpa (or eager)."""
+    session = _ACTIVE.get()
+    if session is not None:
+        return session.attend(module, query, key, value, attention_mask, args, kwargs)
+    if any(kwargs.get(k) is not None for k in _SDPA_UNSUPPORTED):
+        return eager_function(module)(module, query, key, value, attention_mask, *args, **kwargs)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, *args,
+                                           **kwargs)
+
+
+def eager_function(module: Any) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The eager attention `module`'s forward falls back to: `eager_attention_forward` where its
+    forward is defined (a subclass may inherit forward from another family), else its own file's,
+    else attnviz's generic one. Looked up per call, so a patched function is seen."""
+    forward = inspect.unwrap(type(module).forward)
+    found = getattr(forward, "__globals__", {}).get("eager_attention_forward")
+    if found is None:
+        found = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return found if found is not None else generic_eager
+
+
+def generic_eager(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, scaling: float | None = None,
+                  dropout: float = 0.0, position_bias: torch.Tensor | None = None,
+                  softcap: float | None = None, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q·kᵀ·scaling [+ bias] [+ mask])·v with grouped key/value heads repeated."""
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1)  # (B, H, S, d)
+    value = value.repeat_interleave(groups, dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, L, S)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights  # (B, L, H, d)
+
+
+@functools.cache
+def calls_interface(cls: type) -> bool:
+    """A class whose own methods (or a base's, below nn.Module) read ALL_ATTENTION_FUNCTIONS."""
+    for base in cls.__mro__:
+        if base is torch.nn.Module or base.__module__.startswith("torch."):
+            continue
+        for value in vars(base).values():
+            code = getattr(inspect.unwrap(value), "__code__", None) if callable(value) else None
+            if code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names:
+                return True
+    return False
+
+
+def _encoder_prefix(model: Any, names: dict[int, str]) -> str | None:
+    """The encoder's module-name prefix of an encoder-decoder model ("encoder."), else None."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return None
+    get_encoder = getattr(model, "get_encoder", None)
+    encoder = get_encoder() if callable(get_encoder) else None
+    name = names.get(id(encoder)) if encoder is not None else None
+    return None if not name else name + "."
+
+
+def _rows_per_block(budget: int | None, batch: int, heads: int, length: int, keys: int) -> int:
+    if budget is None:
+        return length
+    per_row = batch * heads * keys * 4  # float32: eager's softmax runs in float32 at least
+    return max(1, min(length, budget // per_row))
+
+
+def _query_rows(value: Any, start: int, stop: int, length: int) -> Any:
+    """Rows start:stop of a per-query 4-D tensor (B|1, H|1, L, S): masks, position biases.
+    Anything else (scalars, sinks, position ids, broadcast rows) passes unchanged."""
+    if isinstance(value, torch.Tensor) and value.ndim == 4 and value.shape[2] == length:
+        return value[:, :, start:stop]
+    return value
+
