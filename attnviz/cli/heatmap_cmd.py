@@ -2,11 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from attnviz.cli.heatmap_options import (
+    Average,
+    Causal,
+    Device,
+    DeviceMap,
+    Dpi,
+    Dtype,
+    Export,
+    File,
+    Head,
+    Html,
+    Layer,
+    Maps,
+    MaxPanels,
+    MaxSentences,
+    MaxTokens,
+    MemoryBudget,
+    Out,
+    Positions,
+    Probe,
+    Query,
+    Quiet,
+    Random,
+    Rank,
+    Scale,
+    Sentence,
+    Sentences,
+    Size,
+    Stats,
+    Target,
+    Weights,
+)
 from attnviz.cli.options import (
     EmbedDim,
     HeadDim,
@@ -18,9 +52,7 @@ from attnviz.cli.options import (
     Seed,
     VDim,
     console,
-    path_arg,
     plain,
-    positive,
     refuse_random_options,
     strict_json,
 )
@@ -30,131 +62,35 @@ from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
     from attnviz.app.heatmap import HeatmapResult
+    from attnviz.sources.layers import RandomSpec
 
 
 def heatmap(
-    sentences: Annotated[list[str] | None, typer.Argument(help=(
-        "One or more sentences (quote each). Tokens are words and punctuation marks."))] = None,
-    file: Annotated[Path | None, typer.Option("--file", "-f", callback=path_arg, help=(
-        "Read sentences from a text file, one per line ('-': standard input)."))] = None,
-    weights: Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
-        "A checkpoint; default: the bundled 2-layer model with induction heads."))] = None,
-    layer: Annotated[str | None, typer.Option("--layer", "-l", help=(
-        "Bundled model and --model: all (default), N, -1 or A:B, numbered in the order the "
-        "forward pass runs them. Encoder-decoder --model: 'enc N', 'dec N' (decoder "
-        "self-attention), 'cross N' (cross-attention), each with N, -1, A:B or all, joined by "
-        "commas ('enc -1,cross 0:2'); a bare N is the encoder's. Checkpoint: which attention "
-        "layer."))] = None,
-    head: Annotated[int | None, typer.Option("--head", help="Show only this head.")] = None,
-    average: Annotated[bool, typer.Option("--average", help="Show the mean over heads.")]
-    = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
-        "Write a figure: a grid of heads per sentence (.png, .svg, .pdf)."))] = None,
-    query: Annotated[str | None, typer.Option("--query", "-q", help=(
-        "Break one query token down head by head: its q_h, each key's k_h, scores, weights "
-        "(an index, or a word)."))] = None,
-    sentence: Annotated[int, typer.Option("--sentence", help=(
-        "Which sentence --query refers to (1-based)."))] = 1,
-    export: Annotated[Path | None, typer.Option("--export", callback=path_arg, help=(
-        "Write maps, inputs, mask and tokens to a .safetensors file."))] = None,
-    html: Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
-        "Write an interactive page that works offline: head, model and query views (.html)."))]
-    = None,
-    stats: Annotated[bool | None, typer.Option("--stats/--no-stats", help=(
-        "Print the head-statistics table (default: on)."))] = None,
-    maps: Annotated[bool | None, typer.Option("--maps/--no-maps", help=(
-        "Print the terminal heatmaps (default: on, unless --out, --export or --html writes "
-        "them to a file)."))] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help=(
-        "Print only the 'wrote …' lines (and errors): no header, maps or tables."))] = False,
-    as_json: Json = False,
-    rank: Annotated[bool, typer.Option("--rank", help=(
-        "Rank the heads by type (previous-token, first/last-token, special-token, self, "
-        "duplicate, induction, broad): the top 3 of each."))] = False,
-    probe: Annotated[str | None, typer.Option("--probe", help=(
-        "Run on a probe input instead of sentences: 'induction' (random words, each span "
-        "repeated) makes induction heads show."))] = None,
-    causal: Annotated[bool, typer.Option("--causal", help=(
-        "Decoder-style masking: query i sees keys 0..i (the bundled model always is)."))]
-    = False,
-    positions: Annotated[str, typer.Option("--positions", help=(
-        "Standalone layers: add 'sinusoidal' position encodings to the inputs, or 'none'."))]
-    = "none",
-    device: Annotated[str, typer.Option("--device", help=(
-        "auto (a GPU when present), cpu, cuda, cuda:N or mps."))] = "auto",
-    model: Model = None,
-    dtype: Annotated[str, typer.Option("--dtype", help=(
-        "--model: float32, bfloat16 or float16."))] = "float32",
-    device_map: Annotated[str | None, typer.Option("--device-map", help=(
-        "--model: 'auto' spreads a large model over devices (needs accelerate)."))] = None,
-    target: Annotated[list[str] | None, typer.Option("--target", "-t", help=(
-        "--model, encoder-decoder: the decoder's text, one --target per sentence in order; "
-        "runs the decoder too (its self-attention and its cross-attention over the "
-        "sentence)."))] = None,
-    random: Annotated[bool, typer.Option("--random", help=(
-        "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))] = False,
-    embed_dim: EmbedDim = None,
-    num_heads: NumHeads = None,
-    num_kv_heads: NumKvHeads = None,
-    head_dim: HeadDim = None,
-    kdim: KDim = None,
-    vdim: VDim = None,
-    seed: Seed = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", callback=positive, help=(
-        "Longest sentence accepted (attention costs O(L²) per head)."))] = 256,
-    max_sentences: Annotated[int, typer.Option("--max-sentences", callback=positive, help=(
-        "Most sentences accepted in one batch."))] = 64,
-    max_panels: Annotated[int, typer.Option("--max-panels", callback=positive, help=(
-        "Most heatmap panels in one --out figure."))] = 256,
-    memory_budget: Annotated[str | None, typer.Option("--memory-budget", help=(
-        "Memory for attention maps, e.g. 512MB or 2GB (default 256MB). Inputs whose full maps "
-        "(sentences × heads × L × S × 4 bytes) fit are computed whole; longer ones in blocks "
-        "of query rows sized to fit it, each reduced at once to display maps and statistics "
-        "(--export: written to the file). --weights and --random layers."))] = None,
-    size: Annotated[float | None, typer.Option("--size", help=(
-        "--out: the side of each heatmap panel in inches (default: room for every token's "
-        "label, 2.5 to 6, smaller in big grids)."))] = None,
-    dpi: Annotated[int, typer.Option("--dpi", help=(
-        "--out: dots per inch of a .png figure (its pixel size)."))] = 100,
-    scale: Annotated[str, typer.Option("--scale", help=(
-        "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
-        "1) or log (3 decades below the largest)."))] = "max",
+    sentences: Sentences = None, file: File = None, weights: Weights = None, layer: Layer = None,
+    head: Head = None, average: Average = False, out: Out = None, query: Query = None,
+    sentence: Sentence = 1, export: Export = None, html: Html = None, stats: Stats = None,
+    maps: Maps = None, quiet: Quiet = False, as_json: Json = False, rank: Rank = False,
+    probe: Probe = None, causal: Causal = False, positions: Positions = "none",
+    device: Device = "auto", model: Model = None, dtype: Dtype = "float32",
+    device_map: DeviceMap = None, target: Target = None, random: Random = False,
+    embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
+    head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
+    max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
+    memory_budget: MemoryBudget = None, size: Size = None, dpi: Dpi = 100, scale: Scale = "max",
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
     from attnviz.app.heatmap import HeatmapJob, parse_memory_budget, run_heatmap
-    from attnviz.app.outputs import check_distinct, check_output_path
     from attnviz.compute.inputs import read_sentences
     from attnviz.compute.scale import check_scale
     from attnviz.recognize.base import HeadHints
-    from attnviz.render.figure import FIGURE_SUFFIXES
-    from attnviz.render.html import HTML_SUFFIXES
-    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
     check_scale(scale)
     check_figure_options(out, size, dpi)
-    if quiet:
-        loud = [flag for flag, given in (("--maps", maps), ("--stats", stats), ("--rank", rank))
-                if given]
-        if loud:
-            raise UsageError(f"--quiet prints no maps or tables, but {', '.join(loud)} asks for "
-                             "one", fix=f"drop --quiet or {', '.join(loud)}")
-    writes = out is not None or export is not None or html is not None
-    show_maps = (not writes) if maps is None else maps
-    out_path = export_path = html_path = None
-    if out or export or html:  # every file the run reads is known before anything is computed
-        reads = inputs_read(weights, model, file, not (random or weights or model))
-        out_path = check_output_path(out, FIGURE_SUFFIXES, reads) if out else None
-        export_path = (check_output_path(export, (".safetensors",), reads, "--export")
-                       if export else None)
-        html_path = check_output_path(html, HTML_SUFFIXES, reads, "--html") if html else None
-        check_distinct(out_path, export_path, html_path)
-    if not random:
-        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,
-                               "--seed": seed}, "--random only", "add --random")
-    spec = RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
-                      DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
-                      seed=seed or 0) if random else None
+    check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank})
+    files = output_files(out, export, html, lambda: inputs_read(
+        weights, model, file, not (random or weights or model)))
+    spec = random_spec(random, embed_dim, num_heads, kdim, vdim, seed)
     texts = list(sentences or []) + (read_sentences(
         file, max_tokens, max_sentences, len(sentences or [])) if file else [])
     if probe is not None:
@@ -163,43 +99,107 @@ def heatmap(
         texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
                                                       num_kv_heads, head_dim),
         causal, positions, device, dtype, device_map, head, average, query, sentence,
-        keep_full_maps=export is not None, export_path=export_path,
+        keep_full_maps=export is not None, export_path=files.export,
         memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
-        max_sentences=max_sentences, max_panels=max_panels if out_path else None,
+        max_sentences=max_sentences, max_panels=max_panels if files.figure else None,
         targets=list(target) if target else None)
     with progress(not (as_json or quiet)) as report:
         result = run_heatmap(job, report)
-        if export_path is not None:
-            report(f"writing {export_path.name}")
-            result.export(export_path)
-        if out_path is not None:
-            from attnviz.render.figure import heatmap_figure, save_figure
-
-            report(f"drawing the figure {out_path.name}")
-            save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi),
-                        out_path)
-        if html_path is not None:
-            from attnviz.render.html import document_from_run, write_html
-
-            report(f"writing the page {html_path.name}")
-            write_html(document_from_run(result.run, result.head_stats, result.breakdown),
-                       html_path)
+        write_files(result, files, report, scale, size, dpi)
     print_warnings(result.warnings)
     if as_json:
         typer.echo(strict_json(result.to_json(ranked=rank)))
         return
+    writes = files.any
     if not quiet:
-        print_heatmap(result, stats is not False, show_maps, sentence - 1, scale,
-                      maps_written=writes and maps is None)
+        print_heatmap(result, stats is not False, (not writes) if maps is None else maps,
+                      sentence - 1, scale, maps_written=writes and maps is None)
     if rank:
         from attnviz.render.ranking_terminal import print_ranking
 
         terminal = console()
         terminal.print()
         print_ranking(terminal, result.ranking())
-    for path in (out_path, export_path, html_path):
-        if path is not None:
-            console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
+    for path in files.written:
+        console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
+
+
+@dataclass(frozen=True)
+class OutputFiles:
+    """The files a run writes, each checked against every file it reads."""
+
+    figure: Path | None = None  # --out
+    export: Path | None = None  # --export
+    html: Path | None = None  # --html
+
+    @property
+    def written(self) -> list[Path]:
+        return [path for path in (self.figure, self.export, self.html) if path is not None]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.written)
+
+
+def output_files(out: Path | None, export: Path | None, html: Path | None,
+                 inputs: Callable[[], Any]) -> OutputFiles:
+    """Every output path checked (suffix, never one of the `inputs()`, distinct) before
+    anything runs; the inputs are resolved only when there is an output to check."""
+    if not (out or export or html):
+        return OutputFiles()
+    reads = inputs()
+    from attnviz.app.outputs import check_distinct, check_output_path
+    from attnviz.render.figure import FIGURE_SUFFIXES
+    from attnviz.render.html import HTML_SUFFIXES
+
+    files = OutputFiles(
+        check_output_path(out, FIGURE_SUFFIXES, reads) if out else None,
+        check_output_path(export, (".safetensors",), reads, "--export") if export else None,
+        check_output_path(html, HTML_SUFFIXES, reads, "--html") if html else None)
+    check_distinct(files.figure, files.export, files.html)
+    return files
+
+
+def write_files(result: HeatmapResult, files: OutputFiles, report: Any, scale: str,
+                size: float | None, dpi: int) -> None:
+    """--export, --out and --html, each announced to the progress spinner as it starts."""
+    if files.export is not None:
+        report(f"writing {files.export.name}")
+        result.export(files.export)
+    if files.figure is not None:
+        from attnviz.render.figure import heatmap_figure, save_figure
+
+        report(f"drawing the figure {files.figure.name}")
+        save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi), files.figure)
+    if files.html is not None:
+        from attnviz.render.html import document_from_run, write_html
+
+        report(f"writing the page {files.html.name}")
+        write_html(document_from_run(result.run, result.head_stats, result.breakdown),
+                   files.html)
+
+
+def check_quiet(quiet: bool, loud_flags: dict[str, bool | None]) -> None:
+    """--quiet with a flag that asks for printed output is a contradiction, never resolved
+    silently."""
+    loud = [flag for flag, given in loud_flags.items() if given]
+    if quiet and loud:
+        raise UsageError(f"--quiet prints no maps or tables, but {', '.join(loud)} asks for "
+                         "one", fix=f"drop --quiet or {', '.join(loud)}")
+
+
+def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,
+                vdim: int | None, seed: int | None) -> RandomSpec | None:
+    """--random's layer; its options given without it are usage errors."""
+    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+
+    if not random:
+        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,
+                               "--seed": seed}, "--random only", "add --random")
+        return None
+    return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
+                      DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
+                      seed=seed or 0)
 
 
 def print_warnings(warnings: list[str]) -> None:
