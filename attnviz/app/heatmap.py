@@ -14,12 +14,14 @@ from attnviz.app.heatmap_json import run_json
 from attnviz.app.heatmap_sources import (
     HeatmapRequest,
     check_panels,
+    open_store,
     parse_memory_budget,
     run,
     run_model,
+    source_limit,
 )
 from attnviz.app.naming import run_title
-from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
+from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TokenLimit
 from attnviz.errors import UsageError
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
@@ -56,6 +58,7 @@ class HeatmapJob:
     max_sentences: int = DEFAULT_MAX_SENTENCES
     max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
     targets: list[str] | None = None  # --model, encoder-decoder: the decoder's text per sentence
+    sentence_file: Path | None = None  # --file: more sentences, one per line ('-': stdin)
 
 
 @dataclass
@@ -113,39 +116,62 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     """The attention maps, statistics and --query breakdown a heatmap job asks for (all limits
     and flags checked before any weight is read). `progress` hears, in words, each step as it
     starts (the CLI shows them beside a spinner)."""
-    from attnviz.compute.inputs import find_query, make_batch
 
     check_applicable(job)
     report = progress or (lambda message: None)
     warnings: list[str] = []
     if job.model is not None:  # the model's own tokenizer decides the tokens
-        if not job.sentences:
+        sentences = job.sentences + _file_sentences(job, None)
+        if not sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
-        _check_sentence(job, len(job.sentences))
-        report(f"loading the model and running it on {_count(len(job.sentences), 'sentence')}")
+        _check_sentence(job, len(sentences))
+        report(f"loading the model and running it on {_count(len(sentences), 'sentence')}")
         attention_run = run_model(
-            job.model, job.sentences, job.layer, job.device, job.dtype, job.device_map,
+            job.model, sentences, job.layer, job.device, job.dtype, job.device_map,
             job.max_tokens, job.head is not None or job.average, job.max_panels,
             keep_full_maps=job.keep_full_maps,
             query=None if job.query is None else (job.sentence - 1, job.query),
             targets=job.targets)
     else:
-        batch = make_batch(job.sentences, job.max_tokens, job.max_sentences)
-        _check_sentence(job, len(batch.tokens))
-        query_row = None
-        if job.query is not None:  # fail before any work
-            query_row = job.sentence - 1, find_query(batch.tokens[job.sentence - 1], job.query)
-        report(f"running attention on {_count(len(batch.tokens), 'sentence')} "
-               f"({_count(sum(batch.lengths), 'token')})")
-        attention_run = run(HeatmapRequest(
-            batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
-            job.device, keep_full_maps=job.keep_full_maps, export_path=job.export_path,
-            memory_budget=job.memory_budget, query_row=query_row, max_panels=job.max_panels,
-            panels_per_map=1 if job.head is not None or job.average else None), warnings.append)
+        attention_run = _run_standalone_job(job, report, warnings.append)
     report("computing head statistics")
     result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
     result.warnings = warnings
     return result
+
+
+def _run_standalone_job(job: HeatmapJob, report: Callable[[str], None],
+                        warn: Callable[[str], None]) -> Any:
+    """The bundled model, a checkpoint layer or a random layer on the job's sentences: every
+    limit (--max-sentences, --max-tokens, the source's own positions) checked at once, from
+    the checkpoint's header, before any tensor is read."""
+    from attnviz.compute.inputs import find_query, make_batch
+
+    store = open_store(job.weights) if job.random is None else None
+    limit = None if store is None else source_limit(store, job.weights)
+    batch = make_batch(job.sentences + _file_sentences(job, limit), job.max_tokens,
+                       job.max_sentences, limit)
+    _check_sentence(job, len(batch.tokens))
+    query_row = None
+    if job.query is not None:  # fail before any work
+        query_row = job.sentence - 1, find_query(batch.tokens[job.sentence - 1], job.query)
+    report(f"running attention on {_count(len(batch.tokens), 'sentence')} "
+           f"({_count(sum(batch.lengths), 'token')})")
+    return run(HeatmapRequest(
+        batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
+        job.device, keep_full_maps=job.keep_full_maps, export_path=job.export_path,
+        memory_budget=job.memory_budget, query_row=query_row, max_panels=job.max_panels,
+        panels_per_map=1 if job.head is not None or job.average else None), warn, store)
+
+
+def _file_sentences(job: HeatmapJob, limit: TokenLimit | None) -> list[str]:
+    """--file's sentences, read within the job's limits (and the source's own)."""
+    if job.sentence_file is None:
+        return []
+    from attnviz.compute.inputs import read_sentences
+
+    return read_sentences(job.sentence_file, job.max_tokens, job.max_sentences,
+                          len(job.sentences), limit)
 
 
 def _count(n: int, noun: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from attnviz.app.export import StreamedExport
 from attnviz.app.standalone import head_hint_warnings, renumber, synthetic_note
-from attnviz.compute.inputs import POSITION_SCHEMES, Batch
+from attnviz.compute.inputs import POSITION_SCHEMES, Batch, TokenLimit
 from attnviz.errors import UsageError
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
@@ -69,12 +69,31 @@ def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
                          f"{request.max_panels}", fix="raise --max-panels, or pick --layer/--head")
 
 
-def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None) -> Any:
+def open_store(weights: Path | None) -> Any:
+    """The checkpoint of --weights, or the bundled model: headers only, no tensor read."""
+    from attnviz.load.checkpoint import open_checkpoint
+    from attnviz.sources import bundled
+
+    return bundled.open_bundled() if weights is None else open_checkpoint(weights)
+
+
+def source_limit(store: Any, weights: Path | None) -> TokenLimit | None:
+    """The bound the source itself sets on a sentence's tokens (an attnviz-tiny model's learned
+    positions), checked beside --max-tokens before any work; None when it sets none."""
+    from attnviz.sources import bundled
+
+    if not bundled.is_tiny_model(store):
+        return None
+    return bundled.token_limit(store, "the bundled model" if weights is None else "the model")
+
+
+def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
+        store: Any = None) -> Any:
     """The AttentionRun for a request (all checks before any tensor is allocated); `warn`
-    hears what the caller should know but that does not stop the run."""
+    hears what the caller should know but that does not stop the run; `store`, when the
+    caller opened it already (`open_store`), is the source's checkpoint."""
     from attnviz.compute.attention import resolve_device
     from attnviz.core.selection import parse_layers
-    from attnviz.load.checkpoint import open_checkpoint
     from attnviz.recognize import find_layers, select_layer
     from attnviz.sources import bundled as tinymodel
     from attnviz.sources import layers as sources
@@ -87,8 +106,7 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None) -> A
         layer, store = sources.random_mha(request.random)
         check_panels(request, 1, layer.num_heads or 0)
         return _run_standalone(request, layer, None, store, request.causal, device)
-    store = tinymodel.open_bundled() if request.weights is None else \
-        open_checkpoint(request.weights)
+    store = open_store(request.weights) if store is None else store
     if tinymodel.is_tiny_model(store):
         if request.positions != "none":
             raise UsageError("the bundled model has its own learned positions",

@@ -81,7 +81,6 @@ def heatmap(
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
     from attnviz.app.heatmap import HeatmapJob, parse_memory_budget, run_heatmap
-    from attnviz.compute.inputs import read_sentences
     from attnviz.compute.scale import check_scale
     from attnviz.recognize.base import HeadHints
 
@@ -91,10 +90,9 @@ def heatmap(
     files = output_files(out, export, html, lambda: inputs_read(
         weights, model, file, not (random or weights or model)))
     spec = random_spec(random, embed_dim, num_heads, kdim, vdim, seed)
-    texts = list(sentences or []) + (read_sentences(
-        file, max_tokens, max_sentences, len(sentences or [])) if file else [])
+    texts = list(sentences or [])
     if probe is not None:
-        texts = probe_sentences(probe, texts)
+        texts = probe_sentences(probe, bool(texts) or file is not None)
     job = HeatmapJob(
         texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
                                                       num_kv_heads, head_dim),
@@ -102,7 +100,7 @@ def heatmap(
         keep_full_maps=export is not None, export_path=files.export,
         memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
         max_sentences=max_sentences, max_panels=max_panels if files.figure else None,
-        targets=list(target) if target else None)
+        targets=list(target) if target else None, sentence_file=file)
     with progress(not (as_json or quiet)) as report:
         result = run_heatmap(job, report)
         write_files(result, files, report, scale, size, dpi)
@@ -228,7 +226,7 @@ def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None
         raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="--dpi")
 
 
-def probe_sentences(probe: str, given: list[str]) -> list[str]:
+def probe_sentences(probe: str, given: bool) -> list[str]:
     """The probe's sentences; a probe replaces sentences, so both at once is a mistake."""
     from attnviz.core.probe import PROBES, induction_probe
 
