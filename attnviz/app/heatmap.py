@@ -69,11 +69,20 @@ class HeatmapResult:
     breakdown: Any = None  # compute.attention.QueryBreakdown for --query
     warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
 
-    def to_json(self, ranked: bool = False) -> dict[str, Any]:
+    def to_json(self, ranked: bool = False, overview: str | None = "label") -> dict[str, Any]:
+        """The --json document; `overview` (None: left out) is what its overview shows."""
         doc = run_json(self.run, self.head_stats, self.breakdown)
+        if overview is not None:
+            doc["overview"] = self.overview(overview).to_json()
         if ranked:
             doc["ranking"] = [r.to_json() for r in self.ranking()]
         return doc
+
+    def overview(self, shows: str = "label") -> Any:
+        """app.overview.Overview: a row per layer, a cell per head (its type, or `shows`)."""
+        from attnviz.app.overview import build_overview
+
+        return build_overview(self.head_stats, shows)
 
     def ranking(self, top: int = 3) -> list[Any]:
         """compute.ranking.HeadRanking per head type: the `top` heads of each."""

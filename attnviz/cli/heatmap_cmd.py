@@ -27,6 +27,7 @@ from attnviz.cli.heatmap_options import (
     MaxTokens,
     MemoryBudget,
     Out,
+    Overview,
     Positions,
     Probe,
     Query,
@@ -70,9 +71,10 @@ def heatmap(
     head: Head = None, average: Average = False, out: Out = None, query: Query = None,
     sentence: Sentence = 1, export: Export = None, html: Html = None, stats: Stats = None,
     maps: Maps = None, quiet: Quiet = False, as_json: Json = False, rank: Rank = False,
-    probe: Probe = None, causal: Causal = False, positions: Positions = "none",
-    device: Device = "auto", model: Model = None, dtype: Dtype = "float32",
-    device_map: DeviceMap = None, target: Target = None, random: Random = False,
+    overview: Overview = None, probe: Probe = None, causal: Causal = False,
+    positions: Positions = "none", device: Device = "auto", model: Model = None,
+    dtype: Dtype = "float32", device_map: DeviceMap = None, target: Target = None,
+    random: Random = False,
     embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
     head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
     max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
@@ -86,9 +88,12 @@ def heatmap(
 
     check_scale(scale)
     check_figure_options(out, size, dpi)
-    check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank})
+    check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,
+                        "--overview": overview not in (None, "off")})
     files = output_files(out, export, html, lambda: inputs_read(
         weights, model, file, not (random or weights or model)))
+    shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
+                         average, sentence, scale)
     spec = random_spec(random, embed_dim, num_heads, kdim, vdim, seed)
     texts = list(sentences or [])
     if probe is not None:
@@ -106,12 +111,11 @@ def heatmap(
         write_files(result, files, report, scale, size, dpi)
     print_warnings(result.warnings)
     if as_json:
-        typer.echo(strict_json(result.to_json(ranked=rank)))
+        typer.echo(strict_json(result.to_json(
+            ranked=rank, overview=None if overview == "off" else shown.overview or "label")))
         return
-    writes = files.any
     if not quiet:
-        print_heatmap(result, stats is not False, (not writes) if maps is None else maps,
-                      sentence - 1, scale, maps_written=writes and maps is None)
+        print_heatmap(result, shown)
     if rank:
         from attnviz.render.ranking_terminal import print_ranking
 
@@ -120,6 +124,31 @@ def heatmap(
         print_ranking(terminal, result.ranking())
     for path in files.written:
         console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What the terminal shows of a run."""
+
+    maps: bool
+    stats: bool
+    overview: str | None  # what the layers × heads overview shows; None: no overview
+    maps_written: bool  # maps went to files only: say where they are
+    sentence_index: int = 0  # the sentence --query refers to
+    scale: str = "max"
+
+    @classmethod
+    def choose(cls, overview: str | None, maps: bool | None, stats: bool | None, writes: bool,
+               model: bool, layer: str | None, head: int | None, average: bool, sentence: int,
+               scale: str) -> Shown:
+        """The defaults: maps unless a file holds them; for a --model run that asks for no
+        maps in particular, the overview in place of maps and table (see app.overview)."""
+        from attnviz.app.overview import wanted
+
+        shows, compact = wanted(overview, model, layer, head, average, maps)
+        show_maps = maps if maps is not None else not (writes or compact)
+        return cls(show_maps, stats if stats is not None else not compact, shows,
+                   writes and maps is None and not compact, sentence - 1, scale)
 
 
 @dataclass(frozen=True)
@@ -238,36 +267,70 @@ def probe_sentences(probe: str, given: bool) -> list[str]:
     return induction_probe()
 
 
-def print_heatmap(result: HeatmapResult, show_stats: bool, show_maps: bool,
-                  sentence_index: int, scale: str = "max", maps_written: bool = False) -> None:
-    """Header lines, terminal maps, the statistics table and the --query breakdown."""
+def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
+    """Header lines, the overview, terminal maps, the statistics table and the --query
+    breakdown."""
     from attnviz.compute.maps import downsample
     from attnviz.render import maps_terminal as render
 
     run = result.run
     out = console()
-    out.print(plain(f"source  {run.source}   device {run.device}"))
-    out.print(plain(f"inputs  {run.inputs_described}"))
-    if run.path is not None:
-        out.print(plain(f"path    {run.path}"))
-    for captured in run.layers:
-        causal = run.causal if captured.causal is None else captured.causal
-        out.print(plain(f"layer {captured.display_label} ({captured.display_name or 'top level'}, "
-                        f"{captured.heads} heads): {captured.method}"
-                        + ("; causal" if causal else "")))
-    for note in run.notes:
-        out.print(plain(f"note: {note}"))
-    out.print()
-    if show_maps:
+    print_header(out, run, compact=shown.overview is not None and not shown.maps)
+    if shown.overview is not None:
+        from attnviz.render.overview_terminal import print_overview
+
+        print_overview(out, result.overview(shown.overview))
+        out.print()
+    if shown.maps:
         fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
-        render.print_maps(out, fitted, run.batch.sentences, scale,
+        render.print_maps(out, fitted, run.batch.sentences, shown.scale,
                           None if run.target is None else run.target.sentences)
-    elif maps_written:
+    elif shown.maps_written:
         out.print(plain("maps: in the files written below (--maps prints them here too)"),
                   style="dim")
-    if show_stats:
+    if shown.stats:
         out.print()
         render.print_stats(out, result.head_stats)
     if result.breakdown is not None:
         out.print()
-        render.print_query(out, result.breakdown, run.batch.tokens[sentence_index])
+        render.print_query(out, result.breakdown, run.batch.tokens[shown.sentence_index])
+
+
+MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
+
+
+def print_header(out: Any, run: Any, compact: bool) -> None:
+    """Source, inputs, path, layers and notes; `compact` (an overview without maps): one line
+    per kind of layer, and each sentence's tokens, which no map shows then."""
+    out.print(plain(f"source  {run.source}   device {run.device}"))
+    out.print(plain(f"inputs  {run.inputs_described}"))
+    if run.path is not None:
+        out.print(plain(f"path    {run.path}"))
+    kinds: dict[tuple[Any, ...], list[str]] = {}
+    for captured in run.layers:
+        causal = run.causal if captured.causal is None else captured.causal
+        described = (captured.heads, captured.method, causal)
+        if compact:
+            kinds.setdefault(described, []).append(captured.display_label)
+            continue
+        out.print(plain(f"layer {captured.display_label} ({captured.display_name or 'top level'}, "
+                        f"{captured.heads} heads): {captured.method}"
+                        + ("; causal" if causal else "")))
+    for (heads, method, causal), labels in kinds.items():
+        out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {', '.join(labels)} ({heads} "
+                        f"heads): {method}" + ("; causal" if causal else "")))
+    for note in run.notes:
+        out.print(plain(f"note: {note}"))
+    if compact:
+        _print_tokens(out, "sentence", run.batch.tokens)
+        if run.target is not None:
+            _print_tokens(out, "target", run.target.tokens)
+    out.print()
+
+
+def _print_tokens(out: Any, what: str, tokens: list[list[str]]) -> None:
+    for b, sentence in enumerate(tokens, 1):
+        listed = " ".join(sentence[:MAX_LISTED_TOKENS]) + (
+            f" … {len(sentence) - MAX_LISTED_TOKENS} more" if len(sentence) > MAX_LISTED_TOKENS
+            else "")
+        out.print(plain(f"{what} {b} ({len(sentence)} tokens): {listed}"), overflow="fold")

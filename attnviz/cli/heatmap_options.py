@@ -54,10 +54,15 @@ Query = Annotated[str | None, typer.Option("--query", "-q", help=(
 Sentence = Annotated[int, typer.Option("--sentence", help=(
     "Which sentence --query refers to (1-based)."))]
 Stats = Annotated[bool | None, typer.Option("--stats/--no-stats", help=(
-    "Print the head-statistics table (default: on)."))]
+    "Print the head-statistics table (default: on, except beside --model's overview)."))]
 Maps = Annotated[bool | None, typer.Option("--maps/--no-maps", help=(
     "Print the terminal heatmaps (default: on, unless --out, --export or --html writes "
-    "them to a file)."))]
+    "them to a file, or --model shows its overview)."))]
+Overview = Annotated[str | None, typer.Option("--overview", help=(
+    "Print a layers × heads grid, a cell per head: label (its type: prev, first, last, "
+    "spec, self, dup, ind, broad, other) or a statistic (entropy, max, distance, first, "
+    "previous, last, special, self, duplicate, induction); off: none. Default: label for "
+    "--model without --layer, --head, --average or --maps (maps only when asked for)."))]
 Quiet = Annotated[bool, typer.Option("--quiet", help=(
     "Print only the 'wrote …' lines (and errors): no header, maps or tables."))]
 Rank = Annotated[bool, typer.Option("--rank", help=(
