@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from conftest import assert_clean_error
 
-from attnviz.compute.inputs import TokenLimit, length_problem, make_batch, read_sentences
+from attnviz.app.sentence_file import read_sentences
+from attnviz.compute.inputs import TokenLimit, length_problem, make_batch
 from attnviz.errors import UsageError
 from attnviz.sources import bundled
 

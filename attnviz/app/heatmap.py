@@ -177,7 +177,7 @@ def _file_sentences(job: HeatmapJob, limit: TokenLimit | None) -> list[str]:
     """--file's sentences, read within the job's limits (and the source's own)."""
     if job.sentence_file is None:
         return []
-    from attnviz.compute.inputs import read_sentences
+    from attnviz.app.sentence_file import read_sentences
 
     return read_sentences(job.sentence_file, job.max_tokens, job.max_sentences,
                           len(job.sentences), limit)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -27,6 +24,7 @@ from attnviz.cli.heatmap_options import (
     MaxTokens,
     MemoryBudget,
     Out,
+    OutputFiles,
     Overview,
     Positions,
     Probe,
@@ -37,10 +35,16 @@ from attnviz.cli.heatmap_options import (
     Scale,
     Sentence,
     Sentences,
+    Shown,
     Size,
     Stats,
     Target,
     Weights,
+    check_figure_options,
+    check_quiet,
+    output_files,
+    probe_sentences,
+    random_spec,
 )
 from attnviz.cli.options import (
     EmbedDim,
@@ -54,16 +58,13 @@ from attnviz.cli.options import (
     VDim,
     console,
     plain,
-    refuse_random_options,
     strict_json,
 )
 from attnviz.cli.paths import inputs_read
 from attnviz.cli.progress import progress
-from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
     from attnviz.app.heatmap import HeatmapResult
-    from attnviz.sources.layers import RandomSpec
 
 
 def heatmap(
@@ -110,9 +111,15 @@ def heatmap(
         result = run_heatmap(job, report)
         write_files(result, files, report, scale, size, dpi)
     print_warnings(result.warnings)
+    show(result, shown, files, as_json, quiet, rank, overview != "off")
+
+
+def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool, quiet: bool,
+         rank: bool, overview_in_json: bool) -> None:
+    """stdout: the JSON document, or the terminal view and ranking; then the 'wrote' lines."""
     if as_json:
         typer.echo(strict_json(result.to_json(
-            ranked=rank, overview=None if overview == "off" else shown.overview or "label")))
+            ranked=rank, overview=(shown.overview or "label") if overview_in_json else None)))
         return
     if not quiet:
         print_heatmap(result, shown)
@@ -124,67 +131,6 @@ def heatmap(
         print_ranking(terminal, result.ranking())
     for path in files.written:
         console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
-
-
-@dataclass(frozen=True)
-class Shown:
-    """What the terminal shows of a run."""
-
-    maps: bool
-    stats: bool
-    overview: str | None  # what the layers × heads overview shows; None: no overview
-    maps_written: bool  # maps went to files only: say where they are
-    sentence_index: int = 0  # the sentence --query refers to
-    scale: str = "max"
-
-    @classmethod
-    def choose(cls, overview: str | None, maps: bool | None, stats: bool | None, writes: bool,
-               model: bool, layer: str | None, head: int | None, average: bool, sentence: int,
-               scale: str) -> Shown:
-        """The defaults: maps unless a file holds them; for a --model run that asks for no
-        maps in particular, the overview in place of maps and table (see app.overview)."""
-        from attnviz.app.overview import wanted
-
-        shows, compact = wanted(overview, model, layer, head, average, maps)
-        show_maps = maps if maps is not None else not (writes or compact)
-        return cls(show_maps, stats if stats is not None else not compact, shows,
-                   writes and maps is None and not compact, sentence - 1, scale)
-
-
-@dataclass(frozen=True)
-class OutputFiles:
-    """The files a run writes, each checked against every file it reads."""
-
-    figure: Path | None = None  # --out
-    export: Path | None = None  # --export
-    html: Path | None = None  # --html
-
-    @property
-    def written(self) -> list[Path]:
-        return [path for path in (self.figure, self.export, self.html) if path is not None]
-
-    @property
-    def any(self) -> bool:
-        return bool(self.written)
-
-
-def output_files(out: Path | None, export: Path | None, html: Path | None,
-                 inputs: Callable[[], Any]) -> OutputFiles:
-    """Every output path checked (suffix, never one of the `inputs()`, distinct) before
-    anything runs; the inputs are resolved only when there is an output to check."""
-    if not (out or export or html):
-        return OutputFiles()
-    reads = inputs()
-    from attnviz.app.outputs import check_distinct, check_output_path
-    from attnviz.render.figure import FIGURE_SUFFIXES
-    from attnviz.render.html import HTML_SUFFIXES
-
-    files = OutputFiles(
-        check_output_path(out, FIGURE_SUFFIXES, reads) if out else None,
-        check_output_path(export, (".safetensors",), reads, "--export") if export else None,
-        check_output_path(html, HTML_SUFFIXES, reads, "--html") if html else None)
-    check_distinct(files.figure, files.export, files.html)
-    return files
 
 
 def write_files(result: HeatmapResult, files: OutputFiles, report: Any, scale: str,
@@ -206,29 +152,6 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Any, scale: s
                    files.html)
 
 
-def check_quiet(quiet: bool, loud_flags: dict[str, bool | None]) -> None:
-    """--quiet with a flag that asks for printed output is a contradiction, never resolved
-    silently."""
-    loud = [flag for flag, given in loud_flags.items() if given]
-    if quiet and loud:
-        raise UsageError(f"--quiet prints no maps or tables, but {', '.join(loud)} asks for "
-                         "one", fix=f"drop --quiet or {', '.join(loud)}")
-
-
-def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,
-                vdim: int | None, seed: int | None) -> RandomSpec | None:
-    """--random's layer; its options given without it are usage errors."""
-    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
-
-    if not random:
-        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,
-                               "--seed": seed}, "--random only", "add --random")
-        return None
-    return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
-                      DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
-                      seed=seed or 0)
-
-
 def print_warnings(warnings: list[str]) -> None:
     """One line each on stderr (so --json stays clean), the text never read as markup."""
     if not warnings:
@@ -238,33 +161,6 @@ def print_warnings(warnings: list[str]) -> None:
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in warnings:
         errors.print(plain(f"warning: {line}"))
-
-
-def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
-    """--size and --dpi shape the --out figure: given without it, or out of range, they are
-    usage errors, never ignored."""
-    given = [flag for flag, value in (("--size", size is not None), ("--dpi", dpi != 100))
-             if value]
-    if given and out is None:
-        raise UsageError(f"{' and '.join(given)} shape the --out figure",
-                         fix="add --out FILE.png, or drop them")
-    if size is not None and not 0.5 <= size <= 20:
-        raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
-                         option="--size")
-    if not 20 <= dpi <= 1200:
-        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="--dpi")
-
-
-def probe_sentences(probe: str, given: bool) -> list[str]:
-    """The probe's sentences; a probe replaces sentences, so both at once is a mistake."""
-    from attnviz.core.probe import PROBES, induction_probe
-
-    if probe not in PROBES:
-        raise UsageError(f"unknown probe {probe!r}", fix=f"use {', '.join(PROBES)}",
-                         option="--probe")
-    if given:
-        raise UsageError("--probe replaces the sentences", fix="drop the sentences or --probe")
-    return induction_probe()
 
 
 def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
@@ -317,7 +213,7 @@ def print_header(out: Any, run: Any, compact: bool) -> None:
                         f"{captured.heads} heads): {captured.method}"
                         + ("; causal" if causal else "")))
     for (heads, method, causal), labels in kinds.items():
-        out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {', '.join(labels)} ({heads} "
+        out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {_span(labels)} ({heads} "
                         f"heads): {method}" + ("; causal" if causal else "")))
     for note in run.notes:
         out.print(plain(f"note: {note}"))
@@ -326,6 +222,14 @@ def print_header(out: Any, run: Any, compact: bool) -> None:
         if run.target is not None:
             _print_tokens(out, "target", run.target.tokens)
     out.print()
+
+
+def _span(labels: list[str]) -> str:
+    """'0-23' for consecutive layer numbers, else the labels listed."""
+    if len(labels) > 2 and all(label.isdigit() for label in labels) and \
+            [int(label) for label in labels] == list(range(int(labels[0]), int(labels[-1]) + 1)):
+        return f"{labels[0]}-{labels[-1]}"
+    return ", ".join(labels)
 
 
 def _print_tokens(out: Any, what: str, tokens: list[list[str]]) -> None:
