@@ -207,3 +207,12 @@ def test_encoder_decoder_overview_groups_stacks(cli):
     assert labels == ["enc 0", "enc 1", "dec 0", "dec 1", "cross 0", "cross 1"]
     cross = next(line for line in result.stdout.splitlines() if line.startswith("cross 0"))
     assert cross.split()[2:] == ["–"] * 4  # no previous token across sequences
+
+
+def test_colour_repeats_the_words_and_does_not_dim_cells():
+    out = io.StringIO()
+    print_overview(Console(file=out, width=80, color_system="truecolor", force_terminal=True),
+                   grid(1, 3))
+    text = out.getvalue()
+    assert "\x1b[36m prev" in text  # previous-token heads in cyan, not dimmed by the row label
+    assert re.sub(r"\x1b\[[0-9;]*m", "", text) == render(grid(1, 3))  # same words either way

@@ -107,7 +107,8 @@ def overview_lines(overview: Any, width: int, colour: bool = False) -> list[Text
                 lines.append(Text("…".rjust(label_width), style="dim"))
                 continue
             row = overview.rows[shown]
-            line = Text(row.label.rjust(label_width), style="dim")
+            line = Text()  # the label alone is dim: a dim base style would dim every cell
+            line.append(row.label.rjust(label_width), style="dim")
             for c, text in list(zip(row.cells, words[shown], strict=False))[start:stop]:
                 line.append(text.rjust(cell) if numeric else " " + text.ljust(cell - 1),
                             style=_style(overview, c, top, colour))
