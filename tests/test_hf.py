@@ -234,7 +234,7 @@ def test_cli_distilbert_end_to_end(cli, zoo_model, tmp_path):
     folder = zoo_model("distilbert")
     out = tmp_path / "maps.safetensors"
     result = cli("heatmap", "--model", folder, *SENTENCES, "--export", out, "--no-maps",
-                 "--query", "mat")
+                 "--query", "mat", "--layer", "all")  # --layer: each layer's own header line
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert "path transformers attention interface" in text

@@ -11,11 +11,8 @@ plus, with `positions="sinusoidal"`, the standard sinusoidal encoding of positio
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import stat
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,94 +44,70 @@ class Batch:
         return max(self.lengths)
 
 
+@dataclass(frozen=True)
+class TokenLimit:
+    """A bound on a sentence's tokens that the source itself sets, beside --max-tokens (the
+    bundled model's learned positions): raising --max-tokens cannot lift it."""
+
+    tokens: int
+    holder: str  # who sets it, as a message names it: "the bundled model"
+
+
+def length_problem(label: str, count: int, max_tokens: int | None,
+                   limit: TokenLimit | None = None,
+                   whom: str = "the sentence") -> tuple[str, str] | None:
+    """(what, fix) for a sentence of `count` tokens that passes --max-tokens (None: not
+    checked) or the source's own limit, naming every limit it passes, so that following the
+    fix is enough (`whom` is what the fix shortens); None when it fits."""
+    over_flag = max_tokens is not None and count > max_tokens
+    over_source = limit is not None and count > limit.tokens
+    flag = f"--max-tokens {max_tokens}"
+    if limit is None or not over_source:
+        if not over_flag:
+            return None
+        fix = f"raise --max-tokens or shorten {whom}" if limit is None else (
+            f"raise --max-tokens (to at most {limit.tokens}: {limit.holder} knows no more "
+            f"positions) or shorten {whom}")
+        return (f"{label} has {count} tokens, more than {flag} (attention costs O(L²) per "
+                "head)", fix)
+    source = f"the {limit.tokens} positions {limit.holder} knows"
+    both = f"{flag} and {source}" if over_flag else source
+    fix = f"shorten {whom} to at most {limit.tokens} tokens" + (
+        " (raising --max-tokens cannot help)" if over_flag else "")
+    return f"{label} has {count} tokens, more than {both}", fix
+
+
 def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
-               max_sentences: int = DEFAULT_MAX_SENTENCES) -> Batch:
-    """Tokenize and check limits before anything is allocated."""
+               max_sentences: int = DEFAULT_MAX_SENTENCES,
+               limit: TokenLimit | None = None) -> Batch:
+    """Tokenize and check every limit before anything is allocated: the sentence count, and
+    each sentence's length against --max-tokens and the source's own `limit`, all passed
+    limits named in one error."""
     if not sentences:
         raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
-    if len(sentences) > max_sentences:
-        raise UsageError(f"{len(sentences)} sentences exceed --max-sentences {max_sentences}",
-                         fix="raise --max-sentences or pass fewer")
     tokens = []
     for i, sentence in enumerate(sentences, 1):
         words = split_words(sentence)
         if not words:
             raise UsageError(f"sentence {i} is empty or has no words", fix="give it some text")
-        if len(words) > max_tokens:
-            raise UsageError(f"sentence {i} has {len(words)} tokens, more than --max-tokens "
-                             f"{max_tokens} (attention costs O(L²) per head)",
-                             fix="raise --max-tokens or shorten the sentence")
         tokens.append(words)
+    problems = []
+    if len(sentences) > max_sentences:
+        problems.append((f"{len(sentences)} sentences exceed --max-sentences {max_sentences}",
+                         "raise --max-sentences or pass fewer"))
+    over = [i for i, words in enumerate(tokens)
+            if length_problem("", len(words), max_tokens, limit) is not None]
+    if over:
+        longest = max(over, key=lambda i: len(tokens[i]))
+        more = len(over) - 1
+        what, fix = length_problem(f"sentence {longest + 1}", len(tokens[longest]), max_tokens,
+                                   limit, "each" if more else "the sentence") or ("", "")
+        problems.append((what + (f" ({more} more sentence{'s' if more > 1 else ''} too long)"
+                                 if more else ""), fix))
+    if problems:
+        raise UsageError("; ".join(what for what, _ in problems),
+                         fix="; ".join(fix for _, fix in problems))
     return Batch(list(sentences), tokens)
-
-
-def max_line_bytes(max_tokens: int) -> int:
-    """The longest --file line read: room for max_tokens words of 64 bytes, at least 64 KiB."""
-    return max(1 << 16, 64 * max_tokens)
-
-
-def read_sentences(path: Path, max_tokens: int = DEFAULT_MAX_TOKENS,
-                   max_sentences: int = DEFAULT_MAX_SENTENCES, given: int = 0) -> list[str]:
-    """One sentence per non-blank line, read a line at a time and refused as soon as the file
-    passes the limits (`given` sentences came from the command line): `-f /dev/zero` stops
-    after one over-long line, not at the end of memory. A FIFO without a writer reads as
-    empty instead of blocking; a folder or invalid UTF-8 is an error naming the line."""
-    where = "standard input" if str(path) == "-" else printable_path(path)
-    fix = "pass a UTF-8 text file, one sentence per line"
-    limit = max_line_bytes(max_tokens)
-    stream: contextlib.AbstractContextManager[Any]
-    if str(path) == "-":  # `-f -`: standard input, read with the same limits (not closed)
-        stream = contextlib.nullcontext(sys.stdin.buffer)
-    else:
-        try:
-            # O_NONBLOCK: opening a FIFO that has no writer must not wait for one.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise UsageError(f"cannot read the sentence file: {exc.strerror}", fix=fix,
-                             where=where) from None
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise UsageError("the sentence file is a folder", fix=fix, where=where)
-        os.set_blocking(fd, True)  # a FIFO with a writer is then read like a pipe
-        stream = os.fdopen(fd, "rb")
-    with stream as f:
-        sentences: list[str] = []
-        line_number = 0
-        while True:
-            try:
-                raw = f.readline(limit + 1)
-            except OSError as exc:
-                raise UsageError(f"cannot read the sentence file: {exc.strerror}", fix=fix,
-                                 where=where) from None
-            if not raw:
-                return sentences
-            line_number += 1
-            if len(raw) > limit:
-                raise UsageError(f"line {line_number} of the sentence file is longer than "
-                                 f"{limit} bytes", fix="one sentence per line, or raise "
-                                 "--max-tokens", where=where)
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as exc:
-                raise UsageError(f"line {line_number} of the sentence file is not UTF-8 text "
-                                 f"(byte {exc.start + 1} of the line)", fix=fix,
-                                 where=where) from None
-            if not text:
-                continue
-            sentences.append(text)
-            number = given + len(sentences)
-            if number > max_sentences:
-                given_too = f" besides the {given} given" if given else ""
-                raise UsageError(f"the sentence file holds more than {max_sentences - given} "
-                                 f"sentences{given_too}: more than --max-sentences "
-                                 f"{max_sentences}", fix="raise --max-sentences or pass fewer",
-                                 where=where)
-            count = len(split_words(text))
-            if count > max_tokens:
-                raise UsageError(f"sentence {number} (line {line_number}) has {count} tokens, "
-                                 f"more than --max-tokens {max_tokens} (attention costs O(L²) "
-                                 "per head)", fix="raise --max-tokens or shorten the sentence",
-                                 where=where)
 
 
 def hashed_vector(token: str, width: int) -> Any:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import load_weights
-from attnviz.compute.inputs import Batch, padding_mask
+from attnviz.compute.inputs import Batch, TokenLimit, length_problem, padding_mask
 from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids
@@ -66,22 +66,32 @@ def _table_rows(store: TensorStore, name: str) -> int:
     return store.info(name).shape[0]
 
 
+def token_limit(store: TensorStore, holder: str = "the model") -> TokenLimit:
+    """The model's learned positions as a bound on sentence length, from the header alone (so
+    it is checked with --max-tokens, before any tensor is read); the metadata's count must be
+    the rows of its position table."""
+    max_positions = metadata_int(store, "max_positions")
+    if max_positions is None:
+        raise CheckpointError("the model's metadata lacks max_positions", where=store.source)
+    _expect(store, "max_positions", _table_rows(store, "pos_embed.weight"),
+            "that many position rows")
+    return TokenLimit(max_positions, holder)
+
+
 def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
              device: torch.device) -> AttentionRun:
     """The whole model on a padded batch, capturing each requested layer's input and weights."""
     vocab_size = metadata_int(store, "vocab_size")
-    max_positions = metadata_int(store, "max_positions")
-    if vocab_size is None or max_positions is None:
-        raise CheckpointError("the model's metadata lacks vocab_size or max_positions",
-                              where=store.source)
+    if vocab_size is None:
+        raise CheckpointError("the model's metadata lacks vocab_size", where=store.source)
     # Word ids index the embedding and positions its position table: both must exist.
     _expect(store, "vocab_size", _table_rows(store, "embed.weight"),
             "that many embedding rows")
-    _expect(store, "max_positions", _table_rows(store, "pos_embed.weight"),
-            "that many position rows")
-    if batch.max_len > max_positions:
-        raise UsageError(f"the bundled model knows {max_positions} positions; a sentence has "
-                         f"{batch.max_len} tokens", fix=f"use at most {max_positions} tokens")
+    limit = token_limit(store)
+    for b, tokens in enumerate(batch.tokens):  # callers that skipped make_batch's check
+        problem = length_problem(f"sentence {b + 1}", len(tokens), None, limit)
+        if problem is not None:
+            raise UsageError(problem[0], fix=problem[1])
     layers = tiny_layers(store)
     wanted = set(range(len(layers)) if layer_indices is None else layer_indices)
     ids = torch.zeros(len(batch.tokens), batch.max_len, dtype=torch.long)

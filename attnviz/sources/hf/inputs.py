@@ -9,7 +9,13 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, Batch
+from attnviz.compute.inputs import (
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
+    Batch,
+    TokenLimit,
+    length_problem,
+)
 from attnviz.errors import (
     CheckpointError,
     UsageError,
@@ -116,24 +122,11 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
 
 
 def check_length(what: str, n: int, max_tokens: int, model_limit: int | None) -> None:
-    """One error naming every limit a text of n tokens breaks, and the one fix that works."""
-    over_option = n > max_tokens
-    over_model = model_limit is not None and n > model_limit
-    if not (over_option or over_model):
-        return
-    if over_model and over_option:
-        raise UsageError(f"{what} has {n} tokens: more than --max-tokens {max_tokens} and "
-                         f"more than the {model_limit} positions the model takes",
-                         fix=f"shorten it to at most {min(max_tokens, model_limit or n)} tokens")
-    if over_model:
-        raise UsageError(f"{what} has {n} tokens, more than the {model_limit} positions the "
-                         f"model takes (--max-tokens {max_tokens} allows more)",
-                         fix=f"shorten it to at most {model_limit} tokens")
-    allowed = "" if model_limit is None else f", the model takes up to {model_limit}"
-    up_to = n if model_limit is None else min(n, model_limit)
-    raise UsageError(f"{what} has {n} tokens, more than --max-tokens {max_tokens} (attention "
-                     f"costs O(L²) per head{allowed})",
-                     fix=f"raise --max-tokens to {up_to} or shorten it")
+    """One error naming every limit a text of n tokens passes, with a fix that is enough."""
+    limit = None if model_limit is None else TokenLimit(model_limit, "the model")
+    problem = length_problem(what, n, max_tokens, limit, "it")
+    if problem is not None:
+        raise UsageError(problem[0], fix=problem[1])
 
 
 def _tokenize(model: OpenedModel | LoadedModel, text: str, what: str, target: bool,

@@ -1,0 +1,217 @@
+"""`attnviz heatmap`'s own options: declared once as Annotated aliases (names, defaults and help
+live here, so the command's signature stays short), and the checks and defaults that turn them
+into a job, the files to write and what the terminal shows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from attnviz.cli.options import path_arg, positive, refuse_random_options
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.sources.layers import RandomSpec
+
+# what to run on
+Sentences = Annotated[list[str] | None, typer.Argument(help=(
+    "One or more sentences (quote each). Tokens are words and punctuation marks."))]
+File = Annotated[Path | None, typer.Option("--file", "-f", callback=path_arg, help=(
+    "Read sentences from a text file, one per line ('-': standard input)."))]
+Probe = Annotated[str | None, typer.Option("--probe", help=(
+    "Run on a probe input instead of sentences: 'induction' (random words, each span "
+    "repeated) makes induction heads show."))]
+
+# which weights
+Weights = Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
+    "A checkpoint; default: the bundled 2-layer model with induction heads."))]
+Layer = Annotated[str | None, typer.Option("--layer", "-l", help=(
+    "Bundled model and --model: all (default), N, -1 or A:B, numbered in the order the "
+    "forward pass runs them. Encoder-decoder --model: 'enc N', 'dec N' (decoder "
+    "self-attention), 'cross N' (cross-attention), each with N, -1, A:B or all, joined by "
+    "commas ('enc -1,cross 0:2'); a bare N is the encoder's. Checkpoint: which attention "
+    "layer."))]
+Causal = Annotated[bool, typer.Option("--causal", help=(
+    "Decoder-style masking: query i sees keys 0..i (the bundled model always is)."))]
+Positions = Annotated[str, typer.Option("--positions", help=(
+    "Standalone layers: add 'sinusoidal' position encodings to the inputs, or 'none'."))]
+Device = Annotated[str, typer.Option("--device", help=(
+    "auto (a GPU when present), cpu, cuda, cuda:N or mps."))]
+Dtype = Annotated[str, typer.Option("--dtype", help=(
+    "--model: float32, bfloat16 or float16."))]
+DeviceMap = Annotated[str | None, typer.Option("--device-map", help=(
+    "--model: 'auto' spreads a large model over devices (needs accelerate)."))]
+Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
+    "--model, encoder-decoder: the decoder's text, one --target per sentence in order; "
+    "runs the decoder too (its self-attention and its cross-attention over the "
+    "sentence)."))]
+Random = Annotated[bool, typer.Option("--random", help=(
+    "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))]
+
+# what to show
+Head = Annotated[int | None, typer.Option("--head", help="Show only this head.")]
+Average = Annotated[bool, typer.Option("--average", help="Show the mean over heads.")]
+Query = Annotated[str | None, typer.Option("--query", "-q", help=(
+    "Break one query token down head by head: its q_h, each key's k_h, scores, weights "
+    "(an index, or a word)."))]
+Sentence = Annotated[int, typer.Option("--sentence", help=(
+    "Which sentence --query refers to (1-based)."))]
+Stats = Annotated[bool | None, typer.Option("--stats/--no-stats", help=(
+    "Print the head-statistics table (default: on, except beside --model's overview)."))]
+Maps = Annotated[bool | None, typer.Option("--maps/--no-maps", help=(
+    "Print the terminal heatmaps (default: on, unless --out, --export or --html writes "
+    "them to a file, or --model shows its overview)."))]
+Overview = Annotated[str | None, typer.Option("--overview", help=(
+    "Print a layers × heads grid, a cell per head: label (its type: prev, first, last, "
+    "spec, self, dup, ind, broad, other) or a statistic (entropy, max, distance, first, "
+    "previous, last, special, self, duplicate, induction); off: none. Default: label for "
+    "--model without --layer, --head, --average or --maps (maps only when asked for)."))]
+Quiet = Annotated[bool, typer.Option("--quiet", help=(
+    "Print only the 'wrote …' lines (and errors): no header, maps or tables."))]
+Rank = Annotated[bool, typer.Option("--rank", help=(
+    "Rank the heads by type (previous-token, first/last-token, special-token, self, "
+    "duplicate, induction, broad): the top 3 of each."))]
+Scale = Annotated[str, typer.Option("--scale", help=(
+    "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
+    "1) or log (3 decades below the largest)."))]
+
+# files written
+Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
+    "Write a figure: a grid of heads per sentence (.png, .svg, .pdf)."))]
+Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help=(
+    "Write maps, inputs, mask and tokens to a .safetensors file."))]
+Html = Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
+    "Write an interactive page that works offline: head, model and query views (.html)."))]
+Size = Annotated[float | None, typer.Option("--size", help=(
+    "--out: the side of each heatmap panel in inches (default: room for every token's "
+    "label, 2.5 to 6, smaller in big grids)."))]
+Dpi = Annotated[int, typer.Option("--dpi", help=(
+    "--out: dots per inch of a .png figure (its pixel size)."))]
+
+# limits
+MaxTokens = Annotated[int, typer.Option("--max-tokens", callback=positive, help=(
+    "Longest sentence accepted (attention costs O(L²) per head)."))]
+MaxSentences = Annotated[int, typer.Option("--max-sentences", callback=positive, help=(
+    "Most sentences accepted in one batch."))]
+MaxPanels = Annotated[int, typer.Option("--max-panels", callback=positive, help=(
+    "Most heatmap panels in one --out figure."))]
+MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help=(
+    "Memory for attention maps, e.g. 512MB or 2GB (default 256MB). Inputs whose full maps "
+    "(sentences × heads × L × S × 4 bytes) fit are computed whole; longer ones in blocks "
+    "of query rows sized to fit it, each reduced at once to display maps and statistics "
+    "(--export: written to the file). --weights and --random layers."))]
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What the terminal shows of a run."""
+
+    maps: bool
+    stats: bool
+    overview: str | None  # what the layers × heads overview shows; None: no overview
+    maps_written: bool  # maps went to files only: say where they are
+    sentence_index: int = 0  # the sentence --query refers to
+    scale: str = "max"
+
+    @classmethod
+    def choose(cls, overview: str | None, maps: bool | None, stats: bool | None, writes: bool,
+               model: bool, layer: str | None, head: int | None, average: bool, sentence: int,
+               scale: str) -> Shown:
+        """The defaults: maps unless a file holds them; for a --model run that asks for no
+        maps in particular, the overview in place of maps and table (see app.overview)."""
+        from attnviz.app.overview import wanted
+
+        shows, compact = wanted(overview, model, layer, head, average, maps)
+        show_maps = maps if maps is not None else not (writes or compact)
+        return cls(show_maps, stats if stats is not None else not compact, shows,
+                   writes and maps is None and not compact, sentence - 1, scale)
+
+
+@dataclass(frozen=True)
+class OutputFiles:
+    """The files a run writes, each checked against every file it reads."""
+
+    figure: Path | None = None  # --out
+    export: Path | None = None  # --export
+    html: Path | None = None  # --html
+
+    @property
+    def written(self) -> list[Path]:
+        return [path for path in (self.figure, self.export, self.html) if path is not None]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.written)
+
+
+def output_files(out: Path | None, export: Path | None, html: Path | None,
+                 inputs: Callable[[], Any]) -> OutputFiles:
+    """Every output path checked (suffix, never one of the `inputs()`, distinct) before
+    anything runs; the inputs are resolved only when there is an output to check."""
+    if not (out or export or html):
+        return OutputFiles()
+    reads = inputs()
+    from attnviz.app.outputs import check_distinct, check_output_path
+    from attnviz.render.figure import FIGURE_SUFFIXES
+    from attnviz.render.html import HTML_SUFFIXES
+
+    files = OutputFiles(
+        check_output_path(out, FIGURE_SUFFIXES, reads) if out else None,
+        check_output_path(export, (".safetensors",), reads, "--export") if export else None,
+        check_output_path(html, HTML_SUFFIXES, reads, "--html") if html else None)
+    check_distinct(files.figure, files.export, files.html)
+    return files
+
+
+def check_quiet(quiet: bool, loud_flags: dict[str, bool | None]) -> None:
+    """--quiet with a flag that asks for printed output is a contradiction, never resolved
+    silently."""
+    loud = [flag for flag, given in loud_flags.items() if given]
+    if quiet and loud:
+        raise UsageError(f"--quiet prints no maps or tables, but {', '.join(loud)} asks for "
+                         "one", fix=f"drop --quiet or {', '.join(loud)}")
+
+
+def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,
+                vdim: int | None, seed: int | None) -> RandomSpec | None:
+    """--random's layer; its options given without it are usage errors."""
+    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+
+    if not random:
+        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,
+                               "--seed": seed}, "--random only", "add --random")
+        return None
+    return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
+                      DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
+                      seed=seed or 0)
+
+
+def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
+    """--size and --dpi shape the --out figure: given without it, or out of range, they are
+    usage errors, never ignored."""
+    given = [flag for flag, value in (("--size", size is not None), ("--dpi", dpi != 100))
+             if value]
+    if given and out is None:
+        raise UsageError(f"{' and '.join(given)} shape the --out figure",
+                         fix="add --out FILE.png, or drop them")
+    if size is not None and not 0.5 <= size <= 20:
+        raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
+                         option="--size")
+    if not 20 <= dpi <= 1200:
+        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="--dpi")
+
+
+def probe_sentences(probe: str, given: bool) -> list[str]:
+    """The probe's sentences; a probe replaces sentences, so both at once is a mistake."""
+    from attnviz.core.probe import PROBES, induction_probe
+
+    if probe not in PROBES:
+        raise UsageError(f"unknown probe {probe!r}", fix=f"use {', '.join(PROBES)}",
+                         option="--probe")
+    if given:
+        raise UsageError("--probe replaces the sentences", fix="drop the sentences or --probe")
+    return induction_probe()
