@@ -103,7 +103,8 @@ MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help=(
     "Memory for attention maps, e.g. 512MB or 2GB (default 256MB). Inputs whose full maps "
     "(sentences × heads × L × S × 4 bytes) fit are computed whole; longer ones in blocks "
     "of query rows sized to fit it, each reduced at once to display maps and statistics "
-    "(--export: written to the file). --weights and --random layers."))]
+    "(--export: written to the file). With --model, the shown layers' own eager blocks "
+    "take at most a quarter of it."))]
 
 
 @dataclass(frozen=True)
