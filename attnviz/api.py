@@ -7,7 +7,8 @@
     heat.head_stats[0], heat.views[0].values, heat.figure()
 
 Results display themselves in Jupyter (`_repr_html_`: the interactive view; `_repr_png_`).
-Every function raises `attnviz.AttnvizError` (`.what`, `.fix`) for a mistake the caller can fix.
+Every function raises `attnviz.AttnvizError` (`.what`, `.fix`) for a mistake the caller can fix;
+its messages name options by their keyword (`max_tokens`), never by a command-line flag.
 """
 
 from __future__ import annotations

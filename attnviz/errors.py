@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import re
+from collections.abc import Callable
 from enum import IntEnum
 
 
@@ -12,11 +14,31 @@ class ExitCode(IntEnum):
     USAGE = 2  # command-line misuse
 
 
+def option(name: str) -> str:
+    """A neutral reference, inside a message, to what the user set: the request field's name
+    (`option("max_tokens")`). The library never names command-line flags; the CLI shows each
+    reference as its flag (`--max-tokens`), Python callers see the keyword (`max_tokens`)."""
+    return f"\u2039{name}\u203a"
+
+
+_REFERENCE = re.compile("\u2039([a-z][a-z0-9_]*)\u203a")
+
+
+def keyword(name: str) -> str:
+    return name
+
+
+def with_options(text: str, show: Callable[[str], str] = keyword) -> str:
+    """`text` with each `option(name)` reference shown by `show`."""
+    return _REFERENCE.sub(lambda match: show(match[1]), text)
+
+
 class AttnvizError(Exception):
     """A failure the user can fix.
 
     `what` states the fact (what is wrong), `fix` how to fix it, `where` the file or object it
-    concerns, `option` the command-line option it concerns (when the library knows one).
+    concerns, `option` the name of the request field it concerns (`max_tokens`, when the library
+    knows one). `what` and `fix` refer to options through `option(name)`, never by a flag.
     """
 
     exit_code: ExitCode = ExitCode.DATA
@@ -28,14 +50,20 @@ class AttnvizError(Exception):
         self.where = where
         self.option = option
 
-    def one_line(self) -> str:
+    def one_line(self, show: Callable[[str], str] = keyword) -> str:
+        """The message as one printable line, option references shown by `show` (the CLI
+        passes its flag names; the default is the Python keyword)."""
         text = self.what
-        context = "; ".join(part for part in (self.option, self.where) if part)
+        context = "; ".join(part for part in (show(self.option) if self.option else "",
+                                              self.where) if part)
         if context:
             text += f" ({context})"
         if self.fix:
             text += f" — {self.fix}"
-        return one_line(text)
+        return one_line(with_options(text, show))
+
+    def __str__(self) -> str:
+        return with_options(self.what)
 
 
 class UsageError(AttnvizError):
@@ -83,8 +111,10 @@ def printable(text: str, limit: int | None = 80) -> str:
     escape (ESC as the four characters `\\x1b`). The result holds nothing a terminal interprets.
     """
     text = str(text)
-    if not text.isprintable():
-        text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+    if not text.isprintable() or "\u2039" in text or "\u203a" in text:
+        # the option-reference marks are escaped too: text from a file cannot forge one
+        text = "".join(ch if ch.isprintable() and ch not in "\u2039\u203a"
+                       else ascii(ch)[1:-1] for ch in text)
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text

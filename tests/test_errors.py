@@ -3,24 +3,36 @@ per kind of mistake."""
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
 
-from attnviz.errors import AttnvizError, CheckpointError, ExitCode, UsageError
+from attnviz.errors import (
+    AttnvizError,
+    CheckpointError,
+    ExitCode,
+    UsageError,
+    printable,
+    quoted,
+    with_options,
+)
 
 
 def test_fields_are_keyword_only():
     with pytest.raises(TypeError):
         UsageError("what", "a positional fix")  # type: ignore[misc]
-    error = UsageError("head 9 is out of range", fix="choose 0..7", option="--head")
+    error = UsageError("head 9 is out of range", fix="choose 0..7", option="head")
     assert (error.what, error.fix, error.option, error.where) == (
-        "head 9 is out of range", "choose 0..7", "--head", "")
+        "head 9 is out of range", "choose 0..7", "head", "")
 
 
 @pytest.mark.parametrize("kwargs, line", [
     ({}, "it broke"),
     ({"fix": "do this"}, "it broke — do this"),
     ({"where": "a/b.safetensors"}, "it broke (a/b.safetensors)"),
-    ({"option": "--layer", "where": "ckpt", "fix": "x"}, "it broke (--layer; ckpt) — x"),
+    ({"option": "layer", "where": "ckpt", "fix": "x"}, "it broke (layer; ckpt) — x"),
 ])
 def test_one_line(kwargs, line):
     assert AttnvizError("it broke", **kwargs).one_line() == line
@@ -33,3 +45,73 @@ def test_one_line_folds_newlines_from_files():
 def test_exit_codes():
     assert UsageError("x").exit_code == ExitCode.USAGE == 2
     assert CheckpointError("x").exit_code == ExitCode.DATA == 1
+
+
+# --- option references: the library never names a command-line flag -----------------------
+
+LIBRARY = ("core", "load", "recognize", "compute", "sources", "app")
+PACKAGE = Path(__file__).resolve().parents[1] / "attnviz"
+FLAG = re.compile(r"(?<![\w-])--[a-z]")
+
+
+def _error_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    return name.endswith("Error")
+
+
+def flagged(source: str) -> list[str]:
+    """Strings inside raise statements and error constructors that name a flag, and `option=`
+    values that are not request-field names."""
+    found: dict[int, str] = {}  # by node: a raise holds its error's call, seen twice
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Raise) or _error_call(node)):
+            continue
+        options = {id(sub.value) for sub in ast.walk(node)
+                   if isinstance(sub, ast.keyword) and sub.arg == "option"}
+        for sub in ast.walk(node):
+            if not (isinstance(sub, ast.Constant) and isinstance(sub.value, str)):
+                continue
+            if id(sub) in options:
+                if not re.fullmatch(r"[a-z][a-z0-9_]*", sub.value):
+                    found[id(sub)] = f"option={sub.value!r}"
+            elif FLAG.search(sub.value):
+                found[id(sub)] = sub.value
+    return list(found.values())
+
+
+def test_the_flag_scan_finds_flags():
+    """Negative control: the scan below does see a flag in an error and a flag as option."""
+    assert flagged('raise UsageError("use --layer 2", option="--layer")') == [
+        "use --layer 2", "option='--layer'"]
+    assert flagged('raise UsageError("use \u2039layer\u203a 2", option="layer")') == []
+
+
+def test_library_errors_refer_to_options_neutrally():
+    offenders = [f"{path.relative_to(PACKAGE)}: {text}"
+                 for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.relative_to(PACKAGE).parts[0] in LIBRARY
+                 for text in flagged(path.read_text())]
+    assert offenders == []
+
+
+def test_the_cli_shows_flags_and_python_callers_keywords(cli):
+    import attnviz
+
+    result = cli("heatmap", "--random", "a b c d", "--max-tokens", "2")
+    assert result.exit_code == 2 and "more than --max-tokens 2" in result.stderr
+    with pytest.raises(UsageError) as info:
+        attnviz.run_heatmap(["a b c d"], random=True, max_tokens=2)
+    assert "more than max_tokens 2" in str(info.value)
+    assert "--" not in info.value.one_line()
+
+
+def test_text_from_a_file_cannot_forge_a_reference():
+    forged = printable("\u2039max_tokens\u203a")
+    assert "\u2039" not in forged and with_options(forged, lambda n: "--" + n) == forged
+    error = CheckpointError(f"bad name {quoted(chr(0x2039) + 'x' + chr(0x203a))}",
+                            option="max_tokens")
+    assert error.one_line(lambda n: "--" + n.replace("_", "-")).endswith("(--max-tokens)")
+    assert "--x" not in error.one_line(lambda n: "--" + n)

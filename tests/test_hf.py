@@ -175,7 +175,7 @@ def test_usage_errors(loaded, monkeypatch):
     model = loaded("gpt2")
     with pytest.raises(UsageError, match="not a layer of this model"):
         run(model, SENTENCES, "2")
-    with pytest.raises(UsageError, match="more than --max-tokens 5"):
+    with pytest.raises(UsageError, match="more than max_tokens 5"):
         hf.plan_run(model, SENTENCES, None, None, 5)
     with pytest.raises(UsageError, match="no sentence"):
         hf.plan_run(model, [])
@@ -199,7 +199,7 @@ def test_missing_extra_names_the_install(monkeypatch):
                         lambda name, *a: None if name == "transformers" else real(name, *a))
     with pytest.raises(UsageError) as info:
         hf.require_transformers()
-    assert info.value.what == "--model needs the Hugging Face extra"
+    assert str(info.value) == "model needs the Hugging Face extra"  # the CLI says --model
     assert info.value.fix == "pip install 'attnviz[hf]'"
 
 

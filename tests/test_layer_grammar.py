@@ -44,4 +44,4 @@ def test_per_stack(spec, expected):
 def test_errors(spec, stacks, message):
     with pytest.raises(UsageError, match=message) as info:
         parse_stack_layers(spec, stacks)
-    assert info.value.option == "--layer"
+    assert info.value.option == "layer"

@@ -8,8 +8,9 @@ import pytest
 from conftest import assert_clean_error
 
 from attnviz.app.sentence_file import read_sentences
+from attnviz.cli.main import flag_of
 from attnviz.compute.inputs import TokenLimit, length_problem, make_batch
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, with_options
 from attnviz.sources import bundled
 
 
@@ -66,7 +67,7 @@ def test_count_and_length_in_one_error():
     with pytest.raises(UsageError) as info:
         make_batch([words(300), words(100), "a", "b"], max_sentences=3,
                    limit=TokenLimit(64, "the bundled model"))
-    what, fix = info.value.what, info.value.fix
+    what, fix = with_options(info.value.what, flag_of), with_options(info.value.fix, flag_of)
     assert what.startswith("4 sentences exceed --max-sentences 3; sentence 1 has 300 tokens")
     assert "(1 more sentence too long)" in what
     assert fix == ("raise --max-sentences or pass fewer; shorten each to at most 64 tokens "
@@ -96,7 +97,7 @@ def test_length_problem(count, max_tokens, limit, expected):
     if expected is None:
         assert found is None
     else:
-        assert found is not None and expected in found[0]
+        assert found is not None and expected in with_options(found[0], flag_of)
 
 
 def test_read_sentences_names_the_source_limit(tmp_path):

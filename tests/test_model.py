@@ -22,7 +22,7 @@ from zoo import FALLBACK, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.app import heatmap as app  # noqa: E402
 from attnviz.compute.breakdown import query_breakdown  # noqa: E402
-from attnviz.errors import UsageError  # noqa: E402
+from attnviz.errors import UsageError, with_options  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
 from attnviz.sources import ablation, hf  # noqa: E402
 from attnviz.sources import capture as cap  # noqa: E402
@@ -175,7 +175,7 @@ def test_probed_run_equals_a_run_that_numbers_its_own_layers(model, kind):
                 assert torch.equal(x.inputs, y.inputs)
     with pytest.raises(UsageError, match="is not a layer of this model") as info:
         run(m, SENTENCES, "7")
-    assert info.value.option == "--layer"
+    assert info.value.option == "layer"
 
 
 @pytest.mark.parametrize("kind", INTERFACE)
@@ -210,7 +210,7 @@ def test_query_is_refused_on_output_attentions_models(model, kind):
     m = model(kind)
     with pytest.raises(UsageError, match="output_attentions") as info:
         run(m, SENTENCES, "-1", query=(0, "1"))
-    assert info.value.option == "--query"
+    assert info.value.option == "query"
     record(kind, query=False)
 
 
@@ -351,8 +351,8 @@ def test_encoder_decoder_labels_and_grammar(model):
     assert any("encoder ran alone" in note for note in encoder.notes)
     with pytest.raises(UsageError, match="no 'cross' layers") as info:
         run(m, SENTENCES, "cross 0")
-    assert "--target" in info.value.fix
-    with pytest.raises(UsageError, match="1 --target texts for 2 sentences"):
+    assert "pass target" in with_options(info.value.fix)
+    with pytest.raises(UsageError, match="1 target texts for 2 sentences"):
         run(m, SENTENCES, None, TARGETS[:1])
     with pytest.raises(UsageError, match="encoder-decoder models only"):
         run(model("llama"), SENTENCES, None, TARGETS)

@@ -101,23 +101,23 @@ class HeatmapResult:
 def check_applicable(job: HeatmapJob) -> None:
     """A flag that does not apply to the chosen source is a usage error, never ignored."""
     if sum((job.random is not None, job.weights is not None, job.model is not None)) > 1:
-        raise UsageError("--random, --weights and --model exclude each other", fix="choose one")
+        raise UsageError("‹random›, ‹weights› and ‹model› exclude each other", fix="choose one")
     if job.model is not None:
         ignored = [flag for flag, given in (
-            ("--causal", job.causal), ("--positions", job.positions != "none"),
-            ("--num-heads", job.hints.num_heads is not None),
-            ("--num-kv-heads", job.hints.num_kv_heads is not None),
-            ("--head-dim", job.hints.head_dim is not None)) if given]
+            ("‹causal›", job.causal), ("‹positions›", job.positions != "none"),
+            ("‹num_heads›", job.hints.num_heads is not None),
+            ("‹num_kv_heads›", job.hints.num_kv_heads is not None),
+            ("‹head_dim›", job.hints.head_dim is not None)) if given]
         if ignored:
             raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not "
-                             "apply to --model: the model's own config decides",
+                             "apply to ‹model›: the model's own config decides",
                              fix=f"drop {', '.join(ignored)}")
     elif job.dtype != "float32" or job.device_map is not None:
-        raise UsageError("--dtype and --device-map apply to --model only",
-                         fix="drop them, or pass --model")
+        raise UsageError("‹dtype› and ‹device_map› apply to ‹model› only",
+                         fix="drop them, or pass ‹model›")
     if job.targets is not None and job.model is None:
-        raise UsageError("--target applies to --model (an encoder-decoder model) only",
-                         fix="drop --target, or pass --model", option="--target")
+        raise UsageError("‹target› applies to ‹model› (an encoder-decoder model) only",
+                         fix="drop ‹target›, or pass ‹model›", option="target")
 
 
 def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
@@ -132,7 +132,7 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     if job.model is not None:  # the model's own tokenizer decides the tokens
         sentences = job.sentences + _file_sentences(job, None)
         if not sentences:
-            raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
+            raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
         _check_sentence(job, len(sentences))
         report(f"loading the model and running it on {_count(len(sentences), 'sentence')}")
         attention_run = run_model(
@@ -189,8 +189,8 @@ def _count(n: int, noun: str) -> str:
 
 def _check_sentence(job: HeatmapJob, count: int) -> None:
     if not 1 <= job.sentence <= count:
-        raise UsageError(f"--sentence {job.sentence} is out of range",
-                         fix=f"choose 1..{count}", option="--sentence")
+        raise UsageError(f"‹sentence› {job.sentence} is out of range",
+                         fix=f"choose 1..{count}", option="sentence")
 
 
 def summarize(attention_run: Any, head: int | None, average: bool, query: str | None,

@@ -51,11 +51,11 @@ def parse_memory_budget(text: str | None) -> int | None:
     unit = match.group(2).upper() if match else ""
     if match is None or unit not in MEMORY_UNITS:
         raise UsageError(f"cannot read the memory budget {text!r}",
-                         fix="write a size such as 512MB or 2GB", option="--memory-budget")
+                         fix="write a size such as 512MB or 2GB", option="memory_budget")
     budget = int(float(match.group(1)) * MEMORY_UNITS[unit])
     if budget < MIN_MEMORY_BUDGET:
         raise UsageError(f"a memory budget of {budget} bytes is too small to hold a block of "
-                         "attention rows", fix="give at least 1MB", option="--memory-budget")
+                         "attention rows", fix="give at least 1MB", option="memory_budget")
     return budget
 
 
@@ -65,8 +65,8 @@ def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
         return
     panels = len(request.batch.tokens) * layers * (request.panels_per_map or heads)
     if panels > request.max_panels:
-        raise UsageError(f"the figure would have {panels} panels, more than --max-panels "
-                         f"{request.max_panels}", fix="raise --max-panels, or pick --layer/--head")
+        raise UsageError(f"the figure would have {panels} panels, more than ‹max_panels› "
+                         f"{request.max_panels}", fix="raise ‹max_panels›, or pick ‹layer›/‹head›")
 
 
 def open_store(weights: Path | None) -> Any:
@@ -99,8 +99,8 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
     from attnviz.sources import layers as sources
 
     if request.positions not in POSITION_SCHEMES:
-        raise UsageError(f"unknown --positions {request.positions!r}",
-                         fix=f"use {' or '.join(POSITION_SCHEMES)}", option="--positions")
+        raise UsageError(f"unknown ‹positions› {request.positions!r}",
+                         fix=f"use {' or '.join(POSITION_SCHEMES)}", option="positions")
     device = resolve_device(request.device)
     if request.random is not None:
         layer, store = sources.random_mha(request.random)
@@ -110,7 +110,7 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
     if tinymodel.is_tiny_model(store):
         if request.positions != "none":
             raise UsageError("the bundled model has its own learned positions",
-                             fix="drop --positions", option="--positions")
+                             fix="drop ‹positions›", option="positions")
         layers = tinymodel.tiny_layers(store)  # checked against the metadata's counts
         chosen = parse_layers(request.layer, len(layers))
         check_panels(request, len(layers) if chosen is None else len(chosen),
@@ -120,8 +120,8 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
     layer = select_layer(inventory, request.layer, store.source)
     if not layer.heads_known:
         raise UsageError(f"the number of heads of layer {layer.name!r} is unknown",
-                         fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
-                         option="--num-heads")
+                         fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                         option="num_heads")
     check_panels(request, 1, layer.num_heads or 0)
     if warn is not None and request.hints.num_heads is not None:
         for line in head_hint_warnings(store, request.hints, request.layer, layer):

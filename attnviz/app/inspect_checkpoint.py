@@ -257,8 +257,8 @@ def inspect_checkpoint(request: InspectRequest) -> InspectResult:
         chosen = select_layer(inventory, request.layer, store.source)
         if not chosen.heads_known:
             raise UsageError(f"the number of heads of layer {chosen.name!r} is unknown",
-                             fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
-                             option="--layer")
+                             fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                             option="layer")
         detail = layer_detail(chosen, store)
         doc["layer_detail"] = {"name": chosen.name, **detail.to_json()}
     non_finite = scan_non_finite(inventory, store) if request.scan else None

@@ -72,7 +72,7 @@ def read_set(files: Iterable[Path] = (), folders: Iterable[Path] = ()) -> ReadSe
 
 
 def check_output_path(path: Path, suffixes: Iterable[str], inputs: ReadSet = ReadSet(),
-                      option: str = "--out") -> Path:
+                      option: str = "out") -> Path:
     """Resolve an output path and refuse ones that cannot be written safely."""
     allowed = tuple(suffixes)
     shown = printable_path(path)

@@ -85,8 +85,8 @@ class Overview:
 
 def check_choice(shows: str) -> None:
     if shows not in CHOICES:
-        raise UsageError(f"unknown --overview {shows!r}", fix=f"use {', '.join(CHOICES)}",
-                         option="--overview")
+        raise UsageError(f"unknown ‹overview› {shows!r}", fix=f"use {', '.join(CHOICES)}",
+                         option="overview")
 
 
 def head_type(stats: HeadStats) -> tuple[str, str, float | None]:

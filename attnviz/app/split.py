@@ -119,9 +119,9 @@ def run_split(request: SplitRequest) -> SplitResult:
     from attnviz.compute.split import make_report
 
     if request.verify and request.model is None:
-        raise UsageError("--verify needs --model", fix="pass a Hugging Face model folder")
+        raise UsageError("‹verify› needs ‹model›", fix="pass a Hugging Face model folder")
     if sum(x is not None for x in (request.weights, request.model, request.random)) > 1:
-        raise UsageError("--model, --weights and the random-init options exclude each other",
+        raise UsageError("‹model›, ‹weights› and the random-init options exclude each other",
                          fix="choose one source")
     verified = ablation = skipped = None
     if request.model is not None:
@@ -135,7 +135,7 @@ def run_split(request: SplitRequest) -> SplitResult:
 
         if request.layer is not None or request.hints.num_kv_heads is not None \
                 or request.hints.head_dim is not None:
-            raise UsageError("--layer, --num-kv-heads and --head-dim need --weights or --model")
+            raise UsageError("‹layer›, ‹num_kv_heads› and ‹head_dim› need ‹weights› or ‹model›")
         layer, store = random_mha(request.random or RandomSpec(seed=request.seed))
     report, layer_weights = make_report(layer, store, request.seed)
     return SplitResult(layer, store.source, report, layer_weights, verified,

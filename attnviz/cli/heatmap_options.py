@@ -162,8 +162,8 @@ def output_files(out: Path | None, export: Path | None, html: Path | None,
 
     files = OutputFiles(
         check_output_path(out, FIGURE_SUFFIXES, reads) if out else None,
-        check_output_path(export, (".safetensors",), reads, "--export") if export else None,
-        check_output_path(html, HTML_SUFFIXES, reads, "--html") if html else None)
+        check_output_path(export, (".safetensors",), reads, "export") if export else None,
+        check_output_path(html, HTML_SUFFIXES, reads, "html") if html else None)
     check_distinct(files.figure, files.export, files.html)
     return files
 

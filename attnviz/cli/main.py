@@ -68,7 +68,7 @@ class AttnvizGroup(TyperGroup):
         except AttnvizError as exc:
             if _state["debug"]:
                 raise
-            _fail(exc.one_line(), exc.exit_code)
+            _fail(exc.one_line(flag_of), exc.exit_code)
         except BrokenPipeError:  # `attnviz … | head`: the reader has all it wanted, a success
             _quiet_stdout()
             sys.exit(0)
@@ -77,6 +77,12 @@ class AttnvizGroup(TyperGroup):
                 raise
             _fail_known(exc)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a request field the library's errors refer to (`max_tokens` →
+    `--max-tokens`): every option of every command is named so."""
+    return "--" + name.replace("_", "-")
 
 
 def _leading_debug(argv: list[str]) -> bool:
@@ -98,13 +104,13 @@ def _fail_known(exc: Exception) -> None:
     problem = stdout_problem(exc)
     if problem is not None:
         _quiet_stdout()
-        _fail(problem.one_line(), problem.exit_code)
+        _fail(problem.one_line(flag_of), problem.exit_code)
     if isinstance(exc, OSError):
         on_stdout = exc.filename is None and exc.errno in (errno.ENOSPC, errno.EIO, errno.EFBIG)
         if on_stdout:
             _quiet_stdout()
         error = from_os_error(exc, "cannot write to stdout" if on_stdout else "")
-        _fail(error.one_line(), error.exit_code)
+        _fail(error.one_line(flag_of), error.exit_code)
     _fail(f"unexpected {type(exc).__name__}: {exc}", ExitCode.DATA,
           "rerun with --debug for the traceback, and please report it")
 

@@ -61,7 +61,7 @@ def split(
     from attnviz.render.figure import FIGURE_SUFFIXES
 
     png_path = check_output_path(png, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
-                                 "--png") if png else None
+                                 "png") if png else None
     random = _random_spec(weights is not None or model is not None, embed_dim, num_heads, kdim,
                           vdim, bias, seed)
     result = run_split(SplitRequest(weights, model, layer, HeadHints(

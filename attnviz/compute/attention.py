@@ -116,4 +116,4 @@ def check_finite_maps(run: AttentionRun) -> None:
             if bad:
                 raise CheckFailed(f"layer {captured.index} produced {bad} non-finite attention "
                                   f"weights for sentence {b + 1}",
-                                  fix="check the weights with 'attnviz inspect --scan'")
+                                  fix="check the weights with 'attnviz inspect ‹scan›'")

@@ -58,8 +58,8 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
         return captured_breakdown(run, captured, sentence, query)
     layer = captured.layer
     if layer is None or run.store is None:
-        raise UsageError("--query needs the q and k the model's attention receives, and this "
-                         "run did not keep them", fix="drop --query", option="--query")
+        raise UsageError("‹query› needs the q and k the model's attention receives, and this "
+                         "run did not keep them", fix="drop ‹query›", option="query")
     n = run.batch.lengths[sentence]
     assert captured.inputs is not None  # the last layer always keeps its inputs
     x = captured.inputs[sentence : sentence + 1, :n]
@@ -169,7 +169,7 @@ def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
     if captured.weights is None:
         if captured.query_row != (sentence, query) or captured.query_weights is None:
             raise UsageError("this streamed run kept no weights for that query",
-                             fix="pass --query to the run that streams")
+                             fix="pass ‹query› to the run that streams")
         return captured.query_weights
     columns = captured.columns_of(batch)
     width = max(len(t) for t in columns)
@@ -190,7 +190,7 @@ def _model_positions(run: AttentionRun, captured: LayerAttention, length: int) -
     if kind in SCHEMES:
         return positions_for(run.store.config, captured.layer, captured.index, length)
     if captured.layer.positions not in ("none", "learned", "sinusoidal"):
-        raise UsageError(f"--query does not recompute {captured.layer.positions} positions of "
+        raise UsageError(f"‹query› does not recompute {captured.layer.positions} positions of "
                          f"model_type {kind!r}",
-                         fix=f"supported: {', '.join(sorted(SCHEMES))}", option="--query")
+                         fix=f"supported: {', '.join(sorted(SCHEMES))}", option="query")
     return None

@@ -19,20 +19,20 @@ def resolve_device(spec: str) -> torch.device:
         device = torch.device(spec)
     except RuntimeError:
         raise UsageError(f"unknown device {spec!r}", fix="use auto, cpu, cuda, cuda:N or mps",
-                         option="--device") from None
+                         option="device") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("CUDA is not available on this machine (or this torch build)",
-                             fix="use --device cpu or auto", option="--device")
+                             fix="use ‹device› cpu or auto", option="device")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"there is no GPU {device.index}; this machine has "
                              f"{torch.cuda.device_count()}", fix="choose another index",
-                             option="--device")
+                             option="device")
     elif device.type == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise UsageError("MPS is not available on this machine", fix="use --device cpu",
-                             option="--device")
+            raise UsageError("MPS is not available on this machine", fix="use ‹device› cpu",
+                             option="device")
     elif device.type != "cpu":
         raise UsageError(f"unsupported device {spec!r}", fix="use auto, cpu, cuda, cuda:N or mps",
-                         option="--device")
+                         option="device")
     return device

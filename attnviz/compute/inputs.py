@@ -61,19 +61,19 @@ def length_problem(label: str, count: int, max_tokens: int | None,
     fix is enough (`whom` is what the fix shortens); None when it fits."""
     over_flag = max_tokens is not None and count > max_tokens
     over_source = limit is not None and count > limit.tokens
-    flag = f"--max-tokens {max_tokens}"
+    flag = f"‹max_tokens› {max_tokens}"
     if limit is None or not over_source:
         if not over_flag:
             return None
-        fix = f"raise --max-tokens or shorten {whom}" if limit is None else (
-            f"raise --max-tokens (to at most {limit.tokens}: {limit.holder} knows no more "
+        fix = f"raise ‹max_tokens› or shorten {whom}" if limit is None else (
+            f"raise ‹max_tokens› (to at most {limit.tokens}: {limit.holder} knows no more "
             f"positions) or shorten {whom}")
         return (f"{label} has {count} tokens, more than {flag} (attention costs O(L²) per "
                 "head)", fix)
     source = f"the {limit.tokens} positions {limit.holder} knows"
     both = f"{flag} and {source}" if over_flag else source
     fix = f"shorten {whom} to at most {limit.tokens} tokens" + (
-        " (raising --max-tokens cannot help)" if over_flag else "")
+        " (raising ‹max_tokens› cannot help)" if over_flag else "")
     return f"{label} has {count} tokens, more than {both}", fix
 
 
@@ -84,7 +84,7 @@ def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
     each sentence's length against --max-tokens and the source's own `limit`, all passed
     limits named in one error."""
     if not sentences:
-        raise UsageError("no sentence given", fix="pass one or more sentences, or --file FILE")
+        raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
     tokens = []
     for i, sentence in enumerate(sentences, 1):
         words = split_words(sentence)
@@ -93,8 +93,8 @@ def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
         tokens.append(words)
     problems = []
     if len(sentences) > max_sentences:
-        problems.append((f"{len(sentences)} sentences exceed --max-sentences {max_sentences}",
-                         "raise --max-sentences or pass fewer"))
+        problems.append((f"{len(sentences)} sentences exceed ‹max_sentences› {max_sentences}",
+                         "raise ‹max_sentences› or pass fewer"))
     over = [i for i, words in enumerate(tokens)
             if length_problem("", len(words), max_tokens, limit) is not None]
     if over:
@@ -242,8 +242,8 @@ def find_query(tokens: list[str], spec: str) -> int:
             return tokens.index(spec.lower())
         raise UsageError(f"token {spec!r} is not in the sentence",
                          fix=f"choose one of {', '.join(dict.fromkeys(tokens))}",
-                         option="--query") from None
+                         option="query") from None
     if not -len(tokens) <= index < len(tokens):
         raise UsageError(f"query index {index} is out of range",
-                         fix=f"the sentence has {len(tokens)} tokens", option="--query")
+                         fix=f"the sentence has {len(tokens)} tokens", option="query")
     return index % len(tokens)

@@ -42,7 +42,7 @@ class MapView:
 def check_head(head: int | None, num_heads: int) -> None:
     if head is not None and not 0 <= head < num_heads:
         raise UsageError(f"head {head} is out of range", fix=f"choose 0..{num_heads - 1}",
-                         option="--head")
+                         option="head")
 
 
 def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapView]:
@@ -80,8 +80,8 @@ def _check_kept(captured: Any, head: int | None, average: bool) -> None:
     if head is not None and not average and head >= MAX_VIEW_HEADS:
         raise UsageError(f"a long input is streamed, and only the maps of heads "
                          f"0..{MAX_VIEW_HEADS - 1} are kept for display; head {head} is not",
-                         fix="shorten the input, or pass --export FILE for every full map",
-                         option="--head")
+                         fix="shorten the input, or pass ‹export› FILE for every full map",
+                         option="head")
 
 
 def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:

@@ -62,8 +62,8 @@ class Scale:
 
 def check_scale(kind: str) -> None:
     if kind not in SCALES:
-        raise UsageError(f"unknown --scale {kind!r}", fix=f"use {', '.join(SCALES)}",
-                         option="--scale")
+        raise UsageError(f"unknown ‹scale› {kind!r}", fix=f"use {', '.join(SCALES)}",
+                         option="scale")
 
 
 def map_scale(kind: str, maps: Iterable[Any]) -> Scale:

@@ -197,7 +197,7 @@ def check_finite(weights: Any) -> None:
         bad = (~torch.isfinite(tensor)).sum().item()
         if bad:
             raise CheckFailed(f"{name} holds {bad} non-finite values (NaN or Inf)",
-                              fix="see 'attnviz inspect --layer' for counts per tensor")
+                              fix="see 'attnviz inspect ‹layer›' for counts per tensor")
 
 
 def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[SplitReport, Any]:
@@ -207,8 +207,8 @@ def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[Split
     if not layer.heads_known:
         raise UsageError(f"the number of heads of layer {layer.name or '(top level)'!r} is "
                          "unknown: it is not stored in the weights",
-                         fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
-                         option="--num-heads")
+                         fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                         option="num_heads")
     weights = load_weights(layer, store)
     check_finite(weights)
     notes = []

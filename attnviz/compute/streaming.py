@@ -224,7 +224,7 @@ class MapReducer:
             raise ValueError(f"sentence {sentence}, head {head} is missing query rows")
         if self._non_finite:
             raise CheckFailed(f"layer {self.layer_index} produced non-finite attention weights",
-                              fix="check the weights with 'attnviz inspect --scan'")
+                              fix="check the weights with 'attnviz inspect ‹scan›'")
         first_view: dict[int, MapView] = {}
         for view in self.views:
             first_view.setdefault(view.sentence, view)

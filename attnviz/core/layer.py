@@ -79,7 +79,7 @@ class AttentionLayer:
         if self.num_heads is None or self.num_kv_heads is None:
             raise UsageError(
                 f"the number of heads of layer {self.name!r} is unknown",
-                fix="pass --num-heads (and --num-kv-heads for grouped-query layers)",
+                fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
             )
         return self.num_heads, self.num_kv_heads
 
@@ -201,7 +201,7 @@ def _kv_heads(layer: AttentionLayer, num_heads: int, num_kv_heads: int | None,
             f"{layer.k_weight.describe()} has shape {_fmt(layer.k_weight.shape)} but "
             f"{num_kv_heads} key/value heads × head_dim {head_dim} "
             f"need {num_kv_heads * head_dim} rows",
-            fix="check num_key_value_heads in the config or --num-kv-heads",
+            fix="check num_key_value_heads in the config or ‹num_kv_heads›",
         )
     if num_heads % num_kv_heads:
         raise LayoutError(

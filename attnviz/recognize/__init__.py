@@ -115,7 +115,7 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
     if spec is None:
         if len(layers) > 1:
             raise UsageError(f"the checkpoint has {len(layers)} attention layers",
-                             fix="choose one with --layer INDEX or --layer NAME "
+                             fix="choose one with ‹layer› INDEX or ‹layer› NAME "
                              "(see 'attnviz inspect')", where=source)
         return layers[0]
     if re.fullmatch(r"-?\d+", spec):

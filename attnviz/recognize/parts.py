@@ -75,7 +75,7 @@ def packed_heads(heads: HeadHints, hints: HeadHints, packing: mt.Packing,
         if columns % H:
             raise LayoutError(f"{printable(o_weight.describe())} has {columns} columns (H·d), "
                               f"not divisible by {H} heads",
-                              fix="check the number of heads in config.json or --num-heads",
+                              fix="check the number of heads in config.json or ‹num_heads›",
                               where=source)
         d = columns // H
     return H, kv, d

@@ -34,7 +34,7 @@ def open_bundled() -> TensorStore:
     if not BUNDLED.is_file():
         raise CheckpointError("the bundled model sample_weights/induction.safetensors is missing",
                               fix="run attnviz from a git checkout, regenerate it with "
-                              "'python sample_weights/train_induction.py', or pass --weights",
+                              "'python sample_weights/train_induction.py', or pass ‹weights›",
                               where=str(BUNDLED))
     return open_checkpoint(BUNDLED)
 

@@ -30,18 +30,20 @@ class RandomSpec:
 
 def check_random_spec(spec: RandomSpec) -> None:
     """Validate before torch sees the numbers (its own check is an assert, gone under -O)."""
-    for flag, value in (("--embed-dim", spec.embed_dim), ("--num-heads", spec.num_heads),
-                        ("--kdim", spec.kdim), ("--vdim", spec.vdim)):
+    for flag, value in (("embed_dim", spec.embed_dim), ("num_heads", spec.num_heads),
+                        ("kdim", spec.kdim), ("vdim", spec.vdim)):
         if value is not None and value <= 0:
-            raise UsageError(f"{flag} must be a positive integer, got {value}", option=flag)
+            raise UsageError(f"‹{flag}› must be a positive integer, got {value}",
+                             option=flag)
         if value is not None and value > MAX_RANDOM_DIM:
-            raise UsageError(f"{flag} {value} is larger than {MAX_RANDOM_DIM}", option=flag)
+            raise UsageError(f"‹{flag}› {value} is larger than {MAX_RANDOM_DIM}",
+                             option=flag)
     if spec.embed_dim % spec.num_heads:
         choices = divisor_choices(spec.embed_dim)
         raise UsageError(
             f"embed_dim {spec.embed_dim} is not divisible by num_heads {spec.num_heads} "
             f"(head_dim would be {spec.embed_dim / spec.num_heads:.2f})",
-            fix=f"choose --num-heads from {choices}", option="--num-heads")
+            fix=f"choose ‹num_heads› from {choices}", option="num_heads")
 
 
 def random_mha(spec: RandomSpec) -> tuple[AttentionLayer, TensorStore]:

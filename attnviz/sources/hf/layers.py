@@ -80,7 +80,7 @@ def select(layers: list[ModelLayer], spec: str | None) -> list[ModelLayer]:
         chosen = parse_stack_layers(spec, stacks)
     except UsageError as error:
         if list(stacks) == ["enc"] and "this run has no" in error.what:
-            error.fix = "pass --target 'text' (one per sentence) to run the decoder too"
+            error.fix = "pass ‹target› 'text' (one per sentence) to run the decoder too"
         raise
     if chosen is None:
         return list(layers)

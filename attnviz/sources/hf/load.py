@@ -47,7 +47,7 @@ def require_transformers() -> None:
     # attnviz never downloads: huggingface_hub reads this once, when it is first imported.
     os.environ["HF_HUB_OFFLINE"] = "1"
     if any(importlib.util.find_spec(name) is None for name in ("transformers", "tokenizers")):
-        raise UsageError("--model needs the Hugging Face extra", fix="pip install 'attnviz[hf]'")
+        raise UsageError("‹model› needs the Hugging Face extra", fix="pip install 'attnviz[hf]'")
 
 
 @dataclass
@@ -121,7 +121,7 @@ def resolve_folder(spec: str) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise UsageError("--model takes a model folder or a hub id, not a file",
+        raise UsageError("‹model› takes a model folder or a hub id, not a file",
                          fix="pass the folder holding config.json", where=printable(spec))
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise UsageError("no such model folder", fix="check the path", where=printable(spec))
@@ -131,7 +131,7 @@ def resolve_folder(spec: str) -> Path:
     try:
         found = try_to_load_from_cache(spec, "config.json")
     except ValueError:  # HFValidationError: not a valid repo id
-        raise UsageError("not a model folder nor a valid hub id", fix="check --model",
+        raise UsageError("not a model folder nor a valid hub id", fix="check ‹model›",
                          where=printable(spec)) from None
     if not isinstance(found, str):
         raise CheckpointError(f"model {quoted(spec)} is not in the local Hugging Face cache",
@@ -161,13 +161,13 @@ def check_load_options(device: str, dtype: str, device_map: str | None) -> None:
     require_transformers()
     if dtype not in DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}", fix=f"use one of {', '.join(DTYPES)}",
-                         option="--dtype")
+                         option="dtype")
     if device_map is not None:
         if device_map != "auto":
             raise UsageError(f"unknown device map {device_map!r}", fix="use auto",
-                             option="--device-map")
+                             option="device_map")
         if importlib.util.find_spec("accelerate") is None:
-            raise UsageError("--device-map auto needs accelerate", fix="pip install accelerate")
+            raise UsageError("‹device_map› auto needs accelerate", fix="pip install accelerate")
     if not device_map:
         resolve_device(device)
 

@@ -62,10 +62,10 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
     blocks of query rows then take at most a quarter of it (and never more than 32 MB).
     """
     if query is not None and loaded.path != cap.CapturePath.INTERFACE:
-        raise UsageError("--query needs the q and k the model's attention receives, which "
+        raise UsageError("‹query› needs the q and k the model's attention receives, which "
                          "only models using transformers' attention interface hand out; "
                          f"{type(loaded.model).__name__} returns its maps through "
-                         "output_attentions", fix="drop --query", option="--query")
+                         "output_attentions", fix="drop ‹query›", option="query")
     setup = _setup(plan, allow_stream, query, memory_budget)
     collector = Collector(plan, setup.reducers, export_rows)
     result, inputs = _capture(loaded, plan, setup, collector, every_input=export_rows is not None)
@@ -154,8 +154,8 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
         fix = f"use all, 0..{int(count) - 1}, -1 or A:B"
         if loaded.encoder_decoder:
             fix = "a bare number is an encoder layer; name the decoder's: 'dec N', 'cross N'"
-        raise UsageError(f"--layer {plan.spec!r} is not a layer of this model", fix=fix,
-                         option="--layer") from None
+        raise UsageError(f"‹layer› {plan.spec!r} is not a layer of this model", fix=fix,
+                         option="layer") from None
     finally:
         for handle in handles:
             handle.remove()
@@ -173,9 +173,9 @@ def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedL
     shown = layers if indices is None else [layers[i] for i in indices]
     if any(layer.stack not in ("", "enc") for layer in shown) and plan.spec not in (None, "all"):
         encoder = sum(layer.stack == "enc" for layer in layers)
-        raise UsageError(f"--layer {plan.spec!r}: a bare number is an encoder layer, and the "
+        raise UsageError(f"‹layer› {plan.spec!r}: a bare number is an encoder layer, and the "
                          f"encoder has {encoder}", fix=f"use 0..{encoder - 1}, or name the "
-                         "stack: 'dec N', 'cross N'", option="--layer")
+                         "stack: 'dec N', 'cross N'", option="layer")
     return shown
 
 

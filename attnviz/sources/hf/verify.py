@@ -112,7 +112,7 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     reason = recompute_supported(loaded, call)
     if reason is not None:
         raise UsageError(f"the recompute proof does not apply: {reason}",
-                         fix="the ablation proof (split --verify) needs no per-family math")
+                         fix="the ablation proof (split ‹verify›) needs no per-family math")
     if run is None or all(c.index != call.index for c in run.layers):
         run = run_model(loaded, Plan(plan.prepared, plan.layers, [call]))
     captured = run.layer(call.index)
