@@ -198,7 +198,8 @@ def summarize(attention_run: Any, head: int | None, average: bool, query: str | 
     """Statistics, the selected maps and the --query breakdown of a finished run."""
     from attnviz.compute import maps
     from attnviz.compute import stats as stats_mod
-    from attnviz.compute.attention import check_finite_maps, query_breakdown
+    from attnviz.compute.attention import check_finite_maps
+    from attnviz.compute.breakdown import query_breakdown
     from attnviz.compute.inputs import find_query
 
     for captured in attention_run.layers:

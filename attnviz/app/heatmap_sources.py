@@ -92,7 +92,7 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
     """The AttentionRun for a request (all checks before any tensor is allocated); `warn`
     hears what the caller should know but that does not stop the run; `store`, when the
     caller opened it already (`open_store`), is the source's checkpoint."""
-    from attnviz.compute.attention import resolve_device
+    from attnviz.compute.device import resolve_device
     from attnviz.core.selection import parse_layers
     from attnviz.recognize import find_layers, select_layer
     from attnviz.sources import bundled as tinymodel

@@ -9,10 +9,6 @@ from __future__ import annotations
 import torch
 
 from attnviz.compute import kernel, layer_stream, streaming
-
-# Re-exported for callers that still import them from here (app/heatmap.py, sources/hf.py).
-from attnviz.compute.breakdown import query_breakdown as query_breakdown
-from attnviz.compute.device import resolve_device as resolve_device
 from attnviz.compute.forward import (
     LayerWeights,
     build_torch_mha,
