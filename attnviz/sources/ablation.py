@@ -30,6 +30,7 @@ from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture as cap
 from attnviz.sources import hf
+from attnviz.sources import hf_guard as guard
 from attnviz.sources.ablation_result import (
     CHANGED_FACTOR,
     UNCHANGED,
@@ -69,7 +70,8 @@ class _Observer:
         handle = self.o_module.register_forward_pre_hook(hook, with_kwargs=True)
         prepared = self.plan.prepared
         try:
-            cap.capture(prepared.runner, prepared.feed, [self.call.index], None, collector)
+            with guard.muted():
+                cap.capture(prepared.runner, prepared.feed, [self.call.index], None, collector)
         except _Stop:
             pass
         finally:

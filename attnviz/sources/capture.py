@@ -173,8 +173,11 @@ def _capture_output_attentions(model: Any, inputs: dict, shown: set[int] | None,
     else:
         maps = [(LayerKind.SELF, m) for m in getattr(outputs, "attentions", None) or ()]
     if not maps or any(m is None for _, m in maps):
-        raise CheckpointError("the model returned no attention weights",
-                              fix="load it with attn_implementation='eager'")
+        raise CheckpointError(f"{type(model).__name__} returned no attention weights: it has no "
+                              "attention layers transformers can report (a state-space model "
+                              "such as Mamba has none)",
+                              fix="attnviz shows attention maps; pick a model with attention")
+    _check_full_maps(model, inputs, maps)
     names = _attention_module_names(model, len(maps))
     layers = []
     for index, ((kind, weights), name) in enumerate(zip(maps, names, strict=True)):
@@ -187,6 +190,27 @@ def _capture_output_attentions(model: Any, inputs: dict, shown: set[int] | None,
             for start in range(0, length, rows):
                 sink(index, start, weights[:, :, start:start + rows])
     return CaptureResult(CapturePath.OUTPUT_ATTENTIONS, layers, outputs)
+
+
+def _check_full_maps(model: Any, inputs: dict, maps: list[tuple[LayerKind, torch.Tensor]]
+                     ) -> None:
+    """Every returned map must be (B, H, queries, keys) over the inputs' positions: models
+    whose attention is not one full map (Longformer and LED return local windows) are refused
+    rather than shown wrong."""
+    source = inputs["input_ids"].shape[1] if "input_ids" in inputs else None
+    target = inputs["decoder_input_ids"].shape[1] if "decoder_input_ids" in inputs else None
+    expected = {LayerKind.SELF: (source, source), LayerKind.DECODER_SELF: (target, target),
+                LayerKind.CROSS: (target, source)}
+    for kind, weights in maps:
+        rows, keys = expected[kind]
+        if rows is None or keys is None:  # inputs given as embeddings: nothing to compare
+            continue
+        if weights.ndim != 4 or (rows, keys) != tuple(weights.shape[2:]):
+            raise CheckpointError(
+                f"{type(model).__name__} returns attention of shape {tuple(weights.shape)}, not "
+                f"one full map per head over its {rows} × {keys} positions (local attention "
+                "windows, as Longformer and LED return)",
+                fix="attnviz shows full attention maps, which this model does not make")
 
 
 def _attention_module_names(model: Any, count: int) -> list[str]:

@@ -137,6 +137,23 @@ def quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def muted() -> Iterator[None]:
+    """Around a forward pass: transformers' logging and Python warnings say nothing (a model's
+    notes about missing fast kernels, say), while attnviz's own progress on stderr goes on."""
+    import transformers
+
+    tlog = transformers.utils.logging
+    level = tlog.get_verbosity()
+    tlog.set_verbosity_error()
+    try:
+        with warnings.catch_warnings(), _muted(transformers):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        tlog.set_verbosity(level)
+
+
+@contextlib.contextmanager
 def _muted(transformers: Any) -> Iterator[None]:
     """transformers' own logger, whatever its verbosity: nothing below CRITICAL."""
     logger = logging.getLogger("transformers")

@@ -16,6 +16,7 @@ from attnviz.errors import (
     printable,
 )
 from attnviz.sources import capture as cap
+from attnviz.sources import hf_guard as guard
 from attnviz.sources.hf.inputs import Encoded, Prepared, prepare
 from attnviz.sources.hf.load import STACK_OF, LoadedModel, OpenedModel
 
@@ -42,7 +43,8 @@ class ModelLayer:
 def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
     """Every attention call of the forward pass, from one run on a single token (all sdpa)."""
     try:
-        result = cap.capture(prepared.runner, prepared.tiny(), shown_layers=[])
+        with guard.muted():
+            result = cap.capture(prepared.runner, prepared.tiny(), shown_layers=[])
     except (RuntimeError, ValueError, IndexError) as exc:  # a model that cannot run at all
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
                               fix="check that the model runs in transformers",

@@ -16,6 +16,7 @@ from attnviz.errors import (
     printable,
 )
 from attnviz.sources import capture as cap
+from attnviz.sources import hf_guard as guard
 from attnviz.sources.hf.collect import Collector, ExportRows, input_hooks
 from attnviz.sources.hf.inputs import Prepared
 from attnviz.sources.hf.layers import (
@@ -145,8 +146,9 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
         else {plan.shown[-1].index}
     handles, inputs = input_hooks(plan, keep)
     try:
-        result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
-                             setup.block_bytes, collector, keep_qk=setup.keep_qk)
+        with guard.muted():
+            result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
+                                 setup.block_bytes, collector, keep_qk=setup.keep_qk)
     except UsageError as error:
         if not error.what.startswith("no attention layer"):
             raise
