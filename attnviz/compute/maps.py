@@ -7,10 +7,15 @@ to that span of keys) and query blocks averaged, so every displayed row still su
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
-from attnviz.compute.results import AttentionRun
+from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
 
 # A streamed layer keeps display views of its first heads only (a figure holds at most
 # --max-panels, 256 by default, and the terminal fewer), so a layer of 40,000 heads keeps
@@ -23,7 +28,7 @@ class MapView:
     sentence: int
     layer: int
     head: int | None  # None for the average over heads
-    values: Any  # (rows, cols) numpy float32, rows = queries, cols = keys
+    values: NDArray[np.float32]  # (rows, cols) numpy float32, rows = queries, cols = keys
     row_labels: list[str]
     col_labels: list[str]
     downsampled: bool
@@ -63,7 +68,7 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
             keys = list(range(len(cols))) + list(range(width, maps.shape[-1]))
             maps = maps[:, :, keys]
             col_labels = cols + ["<bias_k>"] * extra
-            chosen: list[tuple[int | None, Any]]
+            chosen: list[tuple[int | None, torch.Tensor]]
             if average:
                 chosen = [(None, maps.mean(0))]
             elif head is not None:
@@ -75,7 +80,7 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
     return views
 
 
-def _check_kept(captured: Any, head: int | None, average: bool) -> None:
+def _check_kept(captured: LayerAttention, head: int | None, average: bool) -> None:
     """A streamed layer keeps display views of its first heads only (MAX_VIEW_HEADS)."""
     if head is not None and not average and head >= MAX_VIEW_HEADS:
         raise UsageError(f"a long input is streamed, and only the maps of heads "
@@ -105,11 +110,11 @@ class DisplayGrid:
     col_blocks: list[tuple[int, int]]
     downsampled: bool  # False: one cell per entry, and the view is the map itself
 
-    def row_index(self) -> Any:
+    def row_index(self) -> torch.Tensor:
         """For each row, the display row it falls in (an int64 tensor)."""
         return _block_index(self.row_blocks)
 
-    def col_index(self) -> Any:
+    def col_index(self) -> torch.Tensor:
         return _block_index(self.col_blocks)
 
 
@@ -119,8 +124,8 @@ def display_grid(rows: int, cols: int, max_rows: int, max_cols: int) -> DisplayG
     return DisplayGrid(_blocks(rows, max_rows), _blocks(cols, max_cols), True)
 
 
-def grid_view(grid: DisplayGrid, sentence: int, layer: int, head: int | None, values: Any,
-              row_labels: list[str], col_labels: list[str]) -> MapView:
+def grid_view(grid: DisplayGrid, sentence: int, layer: int, head: int | None,
+              values: NDArray[np.float32], row_labels: list[str], col_labels: list[str]) -> MapView:
     """The view `downsample` makes of a map, from its already reduced values (one per cell:
     key blocks summed, query blocks averaged)."""
     if not grid.downsampled:
@@ -129,7 +134,8 @@ def grid_view(grid: DisplayGrid, sentence: int, layer: int, head: int | None, va
                          _unit(len(col_labels)), (tuple(row_labels), tuple(col_labels)))
 
 
-def _blocked_view(sentence: int, layer: int, head: int | None, values: Any, grid: DisplayGrid,
+def _blocked_view(sentence: int, layer: int, head: int | None,
+                  values: NDArray[np.float32], grid: DisplayGrid,
                   row_spans: tuple[tuple[int, int], ...], col_spans: tuple[tuple[int, int], ...],
                   tokens: tuple[tuple[str, ...], tuple[str, ...]]) -> MapView:
     row_spans = _compose(row_spans, grid.row_blocks)
@@ -138,8 +144,8 @@ def _blocked_view(sentence: int, layer: int, head: int | None, values: Any, grid
                    _span_labels(tokens[1], col_spans), True, row_spans, col_spans, tokens)
 
 
-def _block_reduce(values: Any, row_blocks: list[tuple[int, int]],
-                  col_blocks: list[tuple[int, int]]) -> Any:
+def _block_reduce(values: NDArray[np.float32], row_blocks: list[tuple[int, int]],
+                  col_blocks: list[tuple[int, int]]) -> NDArray[np.float32]:
     """Key blocks summed, query blocks averaged: a (len(row_blocks), len(col_blocks)) float32
     numpy array.
 
@@ -161,7 +167,7 @@ def _block_reduce(values: Any, row_blocks: list[tuple[int, int]],
     return out.numpy()
 
 
-def _block_index(blocks: list[tuple[int, int]]) -> Any:
+def _block_index(blocks: list[tuple[int, int]]) -> torch.Tensor:
     """For each position, the index of the block it falls in."""
     import torch
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 # The figure basics and the split figure live beside this module; re-exported for callers that
 # import every figure from here (cli, api, benchmarks).
@@ -12,6 +12,16 @@ from attnviz.render.figure_io import FIGURE_SUFFIXES as FIGURE_SUFFIXES
 from attnviz.render.figure_io import new_figure
 from attnviz.render.figure_io import save_figure as save_figure
 from attnviz.render.split_figure import split_figure as split_figure
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+    from numpy.typing import NDArray
+
+    from attnviz.compute.maps import MapView
+    from attnviz.compute.scale import Scale
 
 # Heatmap figures. Sizes in inches; text at TEXT_PT or more, so labels read at 100 % zoom.
 TEXT_PT = 8  # tick labels, panel titles
@@ -29,7 +39,7 @@ MAX_MOSAIC_PIXELS = 40_000_000  # the tiled image of all panels, before the dpi 
 TICK_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
-def panel_inches(views: list[Any], size: float | None = None) -> float:
+def panel_inches(views: list[MapView], size: float | None = None) -> float:
     """The side of one square panel: `size`, else big enough to label every token (within
     PANEL_MIN..PANEL_MAX), smaller as the grid grows so it stays within ~GRID_INCHES."""
     if size is not None:
@@ -42,7 +52,8 @@ def panel_inches(views: list[Any], size: float | None = None) -> float:
                         (GRID_AREA / (n_rows * n_cols)) ** 0.5))
 
 
-def axis_labels(labels: list[str], spans: Any, side: float) -> list[tuple[int, str]]:
+def axis_labels(labels: list[str], spans: tuple[tuple[int, int], ...] | None,
+                side: float) -> list[tuple[int, str]]:
     """(cell, text) ticks along one side of a panel: every token when they fit, else every
     k-th as 'index token' (k = 1, 2, 5, 10, …); a downsampled axis names its token ranges."""
     count = len(labels)
@@ -52,7 +63,7 @@ def axis_labels(labels: list[str], spans: Any, side: float) -> list[tuple[int, s
     return [(i, f"{i} {labels[i]}"[:LABEL_CHARS]) for i in range(0, count, step)]
 
 
-def _panel_title(view: Any, sentences: int, side: float) -> str:
+def _panel_title(view: MapView, sentences: int, side: float) -> str:
     title = view.title if sentences == 1 else f"s{view.sentence + 1} · {view.title}"
     if len(title) * CHAR_INCHES <= side:
         return title
@@ -61,7 +72,7 @@ def _panel_title(view: Any, sentences: int, side: float) -> str:
     return (f"s{view.sentence + 1} " if sentences > 1 else "") + f"{layer} {head}"
 
 
-def _stretch(values: Any, side: int) -> Any:
+def _stretch(values: NDArray[np.float32], side: int) -> NDArray[np.float32]:
     """A (rows, cols) map as a side × side block, each cell repeated (nearest): every panel
     fills the same square whatever its sentence's length."""
     import numpy as np
@@ -71,8 +82,8 @@ def _stretch(values: Any, side: int) -> Any:
     return values[rows][:, cols]
 
 
-def heatmap_figure(views: list[Any], title: str, scale: str = "max", size: float | None = None,
-                   dpi: int | None = None) -> Any:
+def heatmap_figure(views: list[MapView], title: str, scale: str = "max", size: float | None = None,
+                   dpi: int | None = None) -> Figure:
     """A grid: one row per (sentence, layer), one column per head, one shared colour scale.
 
     Laid out in bands that never overlap: the title on top, a title band above each row of
@@ -123,7 +134,7 @@ Ticks = tuple[list[tuple[int, str]], list[tuple[int, str]]]  # (query ticks, key
 class _Grid:
     """Where everything of a heatmap grid goes: inches for the figure, pixels for the mosaic."""
 
-    views: list[Any]  # downsampled to the panel's pixels
+    views: list[MapView]  # downsampled to the panel's pixels
     rows_keys: list[tuple[int, int]]  # (sentence, layer) per row of panels
     heads: list[int | None]  # per column
     sentences: int
@@ -145,17 +156,17 @@ class _Grid:
     title_band: float
 
     @property
-    def by_key(self) -> dict[tuple[int, int, int | None], Any]:
+    def by_key(self) -> dict[tuple[int, int, int | None], MapView]:
         return {(v.sentence, v.layer, v.head): v for v in self.views}
 
-    def first(self, key: tuple[int, int]) -> Any:
+    def first(self, key: tuple[int, int]) -> MapView:
         return next(v for v in self.views if (v.sentence, v.layer) == key)
 
     def centre(self, offset: int, cell: int, cells: int) -> float:
         return offset + (cell + 0.5) * self.pixels / cells - 0.5
 
     @staticmethod
-    def lay_out(views: list[Any], title: str, size: float | None, dpi: int) -> _Grid:
+    def lay_out(views: list[MapView], title: str, size: float | None, dpi: int) -> _Grid:
         import textwrap
 
         from attnviz.compute.maps import downsample
@@ -205,7 +216,7 @@ class _Grid:
                      height, wrapped, title_band)
 
 
-def _mosaic(grid: _Grid, shown: Any) -> Any:
+def _mosaic(grid: _Grid, shown: Scale) -> NDArray[np.float32]:
     """Every panel stretched to its square and tiled (NaN between them: drawn white); masked
     cells below the colour scale, so they take its "under" colour."""
     import numpy as np
@@ -226,7 +237,7 @@ def _mosaic(grid: _Grid, shown: Any) -> Any:
     return mosaic
 
 
-def _axis_ticks(ax: Any, grid: _Grid) -> None:
+def _axis_ticks(ax: Axes, grid: _Grid) -> None:
     """Query labels beside every row of panels; the bottom row's key labels under every head."""
     y_pos, y_text = [], []
     for r, key in enumerate(grid.rows_keys):
@@ -245,7 +256,7 @@ def _axis_ticks(ax: Any, grid: _Grid) -> None:
     ax.set_xticks(x_pos, x_text, rotation=90)
 
 
-def _row_labels(ax: Any, grid: _Grid) -> None:
+def _row_labels(ax: Axes, grid: _Grid) -> None:
     """Key labels under the rows that need them, and a title above every panel."""
     by_key = grid.by_key
     for r, key in enumerate(grid.rows_keys):
@@ -264,7 +275,7 @@ def _row_labels(ax: Any, grid: _Grid) -> None:
                         va="bottom", ha="left")
 
 
-def _colour_bar(fig: Any, image: Any, grid: _Grid) -> None:
+def _colour_bar(fig: Figure, image: AxesImage, grid: _Grid) -> None:
     """The colour bar beside the panels (at most 4 in tall), the masked-cell key under it."""
     from matplotlib.patches import Rectangle
 

@@ -4,17 +4,20 @@ needed), text made safe for it, and writing it atomically."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attnviz.app.outputs import atomic_output
 from attnviz.errors import printable
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 FIGURE_DPI = 100
 
 
 def new_figure(width: float, height: float, constrained: bool = True,
-               dpi: int = FIGURE_DPI) -> Any:
+               dpi: int = FIGURE_DPI) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -31,7 +34,7 @@ def label(text: str, limit: int | None = None) -> str:
     return shown if limit is None else shown[:limit]
 
 
-def save_figure(fig: Any, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
     """Write atomically: a failure leaves no partial file. matplotlib's font warnings (a glyph
     missing for a token's script) stay off stderr."""
     import logging

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attnviz.compute.split_views import MatrixPanel
 from attnviz.render.figure_io import label, new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MAX_HEAD_LABELS = 16
 MAX_BOUNDARY_LINES = 128  # head boundaries drawn per panel (every k-th beyond that)
 
 
-def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
+def split_figure(panels: list[MatrixPanel], suptitle: str) -> Figure:
     """W_q, W_k, W_v, W_o side by side with head boundaries and one shared colour scale."""
     import numpy as np
 
@@ -42,6 +45,7 @@ def split_figure(panels: list[MatrixPanel], suptitle: str) -> Any:
             twin = ax.secondary_xaxis("top")
             twin.set_xticks([c for c, _ in shown], [label for _, label in shown], fontsize=8,
                             rotation=90)
+    assert image is not None  # panels is never empty: max() above needs one
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="weight value")
     fig.suptitle(label(suptitle, 200), fontsize=12, parse_math=False)
     return fig
