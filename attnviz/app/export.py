@@ -10,15 +10,23 @@ import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from attnviz.compute.inputs import Batch
+
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import Buffer
+
+    from attnviz.compute.results import AttentionRun, LayerAttention
+    from attnviz.sources.hf.layers import Plan
+    from attnviz.sources.hf.load import LoadedModel
 
 EXPORT_NAMES = {"self": ("attn", "inputs"), "decoder-self": ("decoder", "inputs.decoder"),
                 "cross": ("cross", "inputs.cross")}
 
 
-def export_key(captured: Any) -> tuple[str, str]:
+def export_key(captured: LayerAttention) -> tuple[str, str]:
     """(maps key, inputs key) of a layer: attn.N / inputs.N, decoder.N / inputs.decoder.N and
     cross.N / inputs.cross.N, N its number within its stack."""
     return keys_for(captured.kind, captured.display_label)
@@ -31,7 +39,7 @@ def keys_for(kind: str, label: str) -> tuple[str, str]:
     return f"{maps}.{number}", f"{inputs}.{number}"
 
 
-def export(run: Any, path: Path) -> None:
+def export(run: AttentionRun, path: Path) -> None:
     """attn.{layer} (B, H, L, S), inputs.{layer} (B, L, E) where captured, mask (B, L),
     metadata tokens; with a decoder run also decoder.{layer} (B, H, T, T), cross.{layer}
     (B, H, T, S), inputs.decoder.{layer} / inputs.cross.{layer}, target_mask (B, T) and
@@ -54,7 +62,8 @@ def export(run: Any, path: Path) -> None:
         metadata["path"] = run.path
     for captured in run.layers:
         maps_key, inputs_key = export_key(captured)
-        tensors[maps_key] = captured.weights.float().contiguous()
+        # full maps: a streamed run wrote its file as it went (above)
+        tensors[maps_key] = cast("torch.Tensor", captured.weights).float().contiguous()
         if captured.inputs is not None:
             tensors[inputs_key] = captured.inputs.float().contiguous()
     check_free_space(path, sum(t.numel() * t.element_size() for t in tensors.values()))
@@ -79,16 +88,16 @@ class StreamedExport:
     keys (and at keys a causal block never computed), then the bias_k column; padded queries'
     rows are computed like any other (as torch does)."""
 
-    def __init__(self, file: Any, batch: Batch, num_heads: int, extra_keys: int, source: str,
+    def __init__(self, file: BinaryIO, batch: Batch, num_heads: int, extra_keys: int, source: str,
                  causal: bool, index: int = 0) -> None:
         self.file, self.batch, self.heads = file, batch, num_heads
         self.maps_key, self.inputs_key = f"attn.{index}", f"inputs.{index}"  # as `export` names
         self.source, self.causal = source, causal
         self.width = batch.max_len + extra_keys
         self._next = (0, 0, 0)  # the (sentence, head, row) the file expects next
-        self._row_buf: Any = None
+        self._row_buf: torch.Tensor | None = None
 
-    def begin(self, inputs_described: str, inputs: Any) -> None:
+    def begin(self, inputs_described: str, inputs: torch.Tensor) -> None:
         import struct
 
         import torch
@@ -116,7 +125,7 @@ class StreamedExport:
         self.file.write(mask.numpy().data)
         self.file.write(x.numpy().data)
 
-    def rows(self, sentence: int, head: int, row_start: int, attn: Any, keys: int) -> None:
+    def rows(self, sentence: int, head: int, row_start: int, attn: torch.Tensor, keys: int) -> None:
         """attn (r, keys + extra) on any device: rows row_start.. of (sentence, head)."""
         import torch
 
@@ -154,8 +163,8 @@ class ModelExport:
 
     HEADER_SLACK = 512
 
-    def __init__(self, file: Any, layers: Sequence[tuple[int, str, str, tuple[int, ...]]],
-                 small: dict[str, Any], metadata: dict[str, str]) -> None:
+    def __init__(self, file: BinaryIO, layers: Sequence[tuple[int, str, str, tuple[int, ...]]],
+                 small: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
         """layers: (call index, maps key, inputs key, (B, H, rows, cols)) per shown layer;
         small: the masks (int64 tensors) written at once."""
         self.file, self.metadata = file, metadata
@@ -179,7 +188,7 @@ class ModelExport:
         for name, tensor in self.small.items():
             os.pwrite(file.fileno(), tensor.numpy().tobytes(),
                       self.data_start + self.entries[name][2])
-        self._row_buf: Any = None
+        self._row_buf: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -204,7 +213,7 @@ class ModelExport:
             offset += size
         return json.dumps(header).encode()
 
-    def rows(self, index: int, sentence: int, row_start: int, block: Any) -> None:
+    def rows(self, index: int, sentence: int, row_start: int, block: torch.Tensor) -> None:
         """block (H, r, m): rows row_start.. of every head of one sentence in layer `index`,
         its m real keys (the rest of each row stays zero)."""
         import torch
@@ -219,9 +228,10 @@ class ModelExport:
         for head in range(heads):
             buf[:, :m] = block[head]
             offset = base + 4 * cols * ((sentence * heads + head) * rows + row_start)
-            os.pwrite(self.file.fileno(), buf.numpy(), offset)  # the buffer itself, no copy
+            # the buffer itself, no copy
+            os.pwrite(self.file.fileno(), cast("Buffer", buf.numpy()), offset)
 
-    def finish(self, inputs: dict[str, Any]) -> None:
+    def finish(self, inputs: dict[str, torch.Tensor]) -> None:
         """Append the inputs (inputs key: (B, n, E) tensor) and write the final header."""
         tensors = {name: x.float().contiguous() for name, x in inputs.items()}
         self.file.seek(self.data_start + self.maps_end)
@@ -235,8 +245,8 @@ class ModelExport:
         os.pwrite(self.file.fileno(), struct.pack("<Q", self.room) + header, 0)
 
 
-def run_model_exporting(loaded: Any, plan: Any, query: tuple[int, str] | None,
-                        path: Path, memory_budget: int | None = None) -> Any | None:
+def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] | None,
+                        path: Path, memory_budget: int | None = None) -> AttentionRun | None:
     """A long `--model` run whose --export is written block by block as the model computes
     (ModelExport), the display maps and statistics reduced at once; None when the run does
     not stream (a short input: `export` writes its full maps after the run)."""
@@ -249,7 +259,8 @@ def run_model_exporting(loaded: Any, plan: Any, query: tuple[int, str] | None,
     from attnviz.sources.hf.load import PATHS
     from attnviz.sources.hf.run import DESCRIBED_INPUTS, run_model, streams
 
-    if not streams(plan, memory_budget) or any(layer.num_heads is None for layer in plan.shown):
+    if plan.shown is None or not streams(plan, memory_budget) \
+            or any(layer.num_heads is None for layer in plan.shown):  # (streams: shown is set)
         return None
     prepared = plan.prepared
     batch = prepared.batch
@@ -257,8 +268,8 @@ def run_model_exporting(loaded: Any, plan: Any, query: tuple[int, str] | None,
     for layer in plan.shown:
         label = layer.label if layer.stack else str(layer.index)
         maps_key, inputs_key = keys_for(layer.kind.value, label)
-        shape = (len(batch.tokens), layer.num_heads, max(map(len, rows_tokens(plan, layer))),
-                 max(map(len, cols_tokens(plan, layer))))
+        shape = (len(batch.tokens), cast(int, layer.num_heads),
+                 max(map(len, rows_tokens(plan, layer))), max(map(len, cols_tokens(plan, layer))))
         layers.append((layer.index, maps_key, inputs_key, shape))
     small = {"mask": (~padding_mask(batch)).to(torch.int64)}
     if prepared.target is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnviz.app.export import export
 from attnviz.app.heatmap_json import run_json
@@ -25,6 +25,14 @@ from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, To
 from attnviz.errors import UsageError
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
+
+if TYPE_CHECKING:
+    from attnviz.app.overview import Overview
+    from attnviz.compute.breakdown import QueryBreakdown
+    from attnviz.compute.maps import MapView
+    from attnviz.compute.ranking import HeadRanking
+    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.stats import HeadStats
 
 # the runners, re-exported: scripts and tests reach them through this module
 __all__ = ["HeatmapJob", "HeatmapRequest", "HeatmapResult", "check_applicable", "check_panels",
@@ -63,10 +71,10 @@ class HeatmapJob:
 
 @dataclass
 class HeatmapResult:
-    run: Any  # compute.results.AttentionRun
-    head_stats: list[Any]  # compute.stats.HeadStats, per (layer, head)
-    views: list[Any]  # compute.maps.MapView: the selected maps, per (sentence, layer, head)
-    breakdown: Any = None  # compute.attention.QueryBreakdown for --query
+    run: AttentionRun
+    head_stats: list[HeadStats]  # per (layer, head)
+    views: list[MapView]  # the selected maps, per (sentence, layer, head)
+    breakdown: QueryBreakdown | None = None  # for --query
     warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
 
     def to_json(self, ranked: bool = False, overview: str | None = "label") -> dict[str, Any]:
@@ -78,14 +86,14 @@ class HeatmapResult:
             doc["ranking"] = [r.to_json() for r in self.ranking()]
         return doc
 
-    def overview(self, shows: str = "label") -> Any:
-        """app.overview.Overview: a row per layer, a cell per head (its type, or `shows`)."""
+    def overview(self, shows: str = "label") -> Overview:
+        """A row per layer, a cell per head (its type, or `shows`)."""
         from attnviz.app.overview import build_overview
 
         return build_overview(self.head_stats, shows)
 
-    def ranking(self, top: int = 3) -> list[Any]:
-        """compute.ranking.HeadRanking per head type: the `top` heads of each."""
+    def ranking(self, top: int = 3) -> list[HeadRanking]:
+        """A HeadRanking per head type: the `top` heads of each."""
         from attnviz.compute.ranking import rank_heads
 
         return rank_heads(self.head_stats, top)
@@ -150,7 +158,7 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
 
 
 def _run_standalone_job(job: HeatmapJob, report: Callable[[str], None],
-                        warn: Callable[[str], None]) -> Any:
+                        warn: Callable[[str], None]) -> AttentionRun:
     """The bundled model, a checkpoint layer or a random layer on the job's sentences: every
     limit (--max-sentences, --max-tokens, the source's own positions) checked at once, from
     the checkpoint's header, before any tensor is read."""
@@ -193,7 +201,7 @@ def _check_sentence(job: HeatmapJob, count: int) -> None:
                          fix=f"choose 1..{count}", option="sentence")
 
 
-def summarize(attention_run: Any, head: int | None, average: bool, query: str | None,
+def summarize(attention_run: AttentionRun, head: int | None, average: bool, query: str | None,
               sentence_index: int) -> HeatmapResult:
     """Statistics, the selected maps and the --query breakdown of a finished run."""
     from attnviz.compute import maps
@@ -205,7 +213,7 @@ def summarize(attention_run: Any, head: int | None, average: bool, query: str | 
     for captured in attention_run.layers:
         maps.check_head(head, captured.heads)
     check_finite_maps(attention_run)
-    head_stats: list[Any] = []
+    head_stats: list[HeadStats] = []
     batch = attention_run.batch
     for captured in attention_run.layers:
         if captured.weights is None:

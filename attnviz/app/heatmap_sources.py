@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attnviz.app.export import StreamedExport, run_model_exporting
 from attnviz.app.standalone import head_hint_warnings, renumber, synthetic_note
@@ -16,6 +16,13 @@ from attnviz.compute.inputs import POSITION_SCHEMES, Batch, TokenLimit
 from attnviz.errors import UsageError
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnviz.compute.results import AttentionRun
+    from attnviz.core.layer import AttentionLayer
+    from attnviz.load.store import TensorStore
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:
                          f"{request.max_panels}", fix="raise ‹max_panels›, or pick ‹layer›/‹head›")
 
 
-def open_store(weights: Path | None) -> Any:
+def open_store(weights: Path | None) -> TensorStore:
     """The checkpoint of --weights, or the bundled model: headers only, no tensor read."""
     from attnviz.load.checkpoint import open_checkpoint
     from attnviz.sources import bundled
@@ -77,7 +84,7 @@ def open_store(weights: Path | None) -> Any:
     return bundled.open_bundled() if weights is None else open_checkpoint(weights)
 
 
-def source_limit(store: Any, weights: Path | None) -> TokenLimit | None:
+def source_limit(store: TensorStore, weights: Path | None) -> TokenLimit | None:
     """The bound the source itself sets on a sentence's tokens (an attnviz-tiny model's learned
     positions), checked beside --max-tokens before any work; None when it sets none."""
     from attnviz.sources import bundled
@@ -88,7 +95,7 @@ def source_limit(store: Any, weights: Path | None) -> TokenLimit | None:
 
 
 def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
-        store: Any = None) -> Any:
+        store: TensorStore | None = None) -> AttentionRun:
     """The AttentionRun for a request (all checks before any tensor is allocated); `warn`
     hears what the caller should know but that does not stop the run; `store`, when the
     caller opened it already (`open_store`), is the source's checkpoint."""
@@ -134,8 +141,9 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
     return attention_run
 
 
-def _run_standalone(request: HeatmapRequest, layer: Any, inputs_store: Any, store: Any,
-                    causal: bool, device: Any, index: int = 0) -> Any:
+def _run_standalone(request: HeatmapRequest, layer: AttentionLayer,
+                    inputs_store: TensorStore | None, store: TensorStore, causal: bool,
+                    device: torch.device, index: int = 0) -> AttentionRun:
     """run_layer, with --export of long inputs written block by block as the maps stream (the
     file is complete, and moved into place, only when the run succeeds)."""
     from attnviz.app.outputs import atomic_output
@@ -162,7 +170,8 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
               device_map: str | None, max_tokens: int, one_per_layer: bool,
               max_panels: int | None, keep_full_maps: bool = False,
               query: tuple[int, str] | None = None, targets: list[str] | None = None,
-              export_path: Path | None = None, memory_budget: int | None = None) -> Any:
+              export_path: Path | None = None, memory_budget: int | None = None
+              ) -> AttentionRun:
     """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra); long
     inputs stream unless keep_full_maps (--export: a long input's maps are then written to
     export_path block by block); query = (sentence, --query) keeps that row; targets run an

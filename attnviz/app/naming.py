@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnviz.compute.results import AttentionRun
 
 GENERIC_NAMES = ("model", "models", "checkpoint", "checkpoints", "weights", "final")
 GENERIC_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
@@ -22,7 +25,7 @@ def display_name(source: str) -> str:
     return path.name or source
 
 
-def run_title(run: Any) -> str:
+def run_title(run: AttentionRun) -> str:
     from attnviz.sources.bundled import is_tiny_model
 
     store = run.store

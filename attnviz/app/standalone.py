@@ -4,16 +4,21 @@ from synthetic inputs, and a warning when -H disagrees with the checkpoint."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attnviz.recognize.base import HeadHints
+
+if TYPE_CHECKING:
+    from attnviz.compute.results import AttentionRun
+    from attnviz.core.layer import AttentionLayer
+    from attnviz.load.store import TensorStore
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.txt",
                    "vocab.json", "sentencepiece.bpe.model")
 HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
 
 
-def renumber(attention_run: Any, index: int) -> None:
+def renumber(attention_run: AttentionRun, index: int) -> None:
     """A standalone layer runs alone; its maps, statistics and export keys carry the index
     `inspect` gives it in its checkpoint (`--layer 3` shows L3), not 0."""
     from dataclasses import replace
@@ -26,7 +31,7 @@ def renumber(attention_run: Any, index: int) -> None:
             captured.stats = [replace(stat, layer=index) for stat in captured.stats]
 
 
-def model_folder(store: Any, weights: Path | None) -> Path | None:
+def model_folder(store: TensorStore, weights: Path | None) -> Path | None:
     """The folder that `--model` could load instead: config.json and tokenizer files."""
     folder = store.folder or (None if weights is None else
                               weights if weights.is_dir() else weights.parent)
@@ -35,7 +40,7 @@ def model_folder(store: Any, weights: Path | None) -> Path | None:
     return folder if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
 
 
-def synthetic_note(store: Any, weights: Path | None, index: int) -> str:
+def synthetic_note(store: TensorStore, weights: Path | None, index: int) -> str:
     """Plain words for what a standalone layer's maps are, and where the real ones come from."""
     import shlex
 
@@ -51,8 +56,8 @@ def synthetic_note(store: Any, weights: Path | None, index: int) -> str:
     return note
 
 
-def head_hint_warnings(store: Any, hints: HeadHints, layer_spec: str | None,
-                       chosen: Any) -> list[str]:
+def head_hint_warnings(store: TensorStore, hints: HeadHints, layer_spec: str | None,
+                       chosen: AttentionLayer) -> list[str]:
     """-H that disagrees with the checkpoint's own head count (config.json or metadata)."""
     from attnviz.errors import AttnvizError, printable
     from attnviz.recognize import find_layers, select_layer
