@@ -33,10 +33,19 @@ from __future__ import annotations
 import base64
 import math
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 # attnviz internals used here (the only ones): display views of a run
 from attnviz.compute.maps import downsample, select_maps
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike, NDArray
+
+    from attnviz.compute.breakdown import QueryBreakdown
+    from attnviz.compute.maps import MapView
+    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.stats import HeadStats
 
 FORMAT = "attnviz-html/1"
 LEVELS = 254  # codes 0..254 are weights
@@ -46,13 +55,14 @@ KEY_COMPONENTS = 4  # components of each k_h kept for the query view (as the ter
 _DIGITS = 6
 
 
-def document_from_run(run: Any, head_stats: list[Any], breakdown: Any = None,
+def document_from_run(run: AttentionRun, head_stats: list[HeadStats] | list[dict[str, Any]],
+                      breakdown: QueryBreakdown | dict[str, Any] | None = None,
                       max_cells: int = MAX_CELLS) -> dict[str, Any]:
     """A JSON-able document of an AttentionRun: every head's map (full maps in
     `captured.weights` (B, H, L, S) or streamed display views in `captured.views`), the head
     statistics (HeadStats, or their to_json() dicts) and an optional QueryBreakdown."""
     maps, vmax = _map_entries(run, max_cells)
-    stats = [s if isinstance(s, dict) else s.to_json() for s in head_stats]
+    stats: list[dict[str, Any]] = [s if isinstance(s, dict) else s.to_json() for s in head_stats]
     fields = list(dict.fromkeys(k for s in stats for k in s))
     doc: dict[str, Any] = {
         "format": FORMAT,
@@ -79,18 +89,18 @@ def document_from_run(run: Any, head_stats: list[Any], breakdown: Any = None,
     return doc
 
 
-def _map_entries(run: Any, max_cells: int) -> tuple[list[dict[str, Any]], float]:
+def _map_entries(run: AttentionRun, max_cells: int) -> tuple[list[dict[str, Any]], float]:
     """One entry per (sentence, layer) with every head's map quantized, and the largest weight
     of them all."""
     import numpy as np
 
-    groups: dict[tuple[int, int], list[Any]] = {}
+    groups: dict[tuple[int, int], list[MapView]] = {}
     for view in select_maps(run, None, False):  # per (sentence, layer, head), real tokens only
         groups.setdefault((view.sentence, view.layer), []).append(
             downsample(view, max_cells, max_cells))
     maps, vmax = [], 0.0
     for (sentence, layer), views in sorted(groups.items()):
-        views.sort(key=lambda v: v.head)
+        views.sort(key=lambda v: cast(int, v.head))  # every head's own map: never None
         values = np.stack([np.asarray(v.values, dtype=np.float32) for v in views])
         if not np.isfinite(values).all():
             raise ValueError(f"non-finite attention weights in layer {layer}, sentence "
@@ -110,7 +120,7 @@ def _map_entries(run: Any, max_cells: int) -> tuple[list[dict[str, Any]], float]
     return maps, vmax
 
 
-def quantize(values: Any) -> tuple[Any, Any]:
+def quantize(values: ArrayLike) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
     """(codes uint8 (..., R, C), scales float32 (..., R)) of weights (..., R, C); see above."""
     import numpy as np
 
@@ -123,17 +133,17 @@ def quantize(values: Any) -> tuple[Any, Any]:
     return codes, scales
 
 
-def dequantize(codes: Any, scales: Any) -> Any:
+def dequantize(codes: ArrayLike, scales: ArrayLike) -> NDArray[np.float32]:
     """float32 weights of codes and row scales, NaN where masked (what the page decodes)."""
     import numpy as np
 
     codes = np.asarray(codes)
     values = codes.astype(np.float32) / LEVELS * np.asarray(scales, dtype=np.float32)[..., None]
     values[codes == MASKED] = np.nan
-    return values
+    return cast("NDArray[np.float32]", values)  # float32 / int stays float32
 
 
-def decode_map(entry: dict[str, Any]) -> Any:
+def decode_map(entry: dict[str, Any]) -> NDArray[np.float32]:
     """The (heads, rows, cols) float32 weights of one document map entry, NaN where masked."""
     import numpy as np
 
@@ -147,20 +157,21 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _spans(spans: Any) -> list[list[int]] | None:
+def _spans(spans: tuple[tuple[int, int], ...] | None) -> list[list[int]] | None:
     return None if spans is None else [[int(a), int(b)] for a, b in spans]
 
 
-def _round(value: Any, digits: int = _DIGITS) -> Any:
+def _round(value: SupportsFloat | None, digits: int = _DIGITS) -> float | None:
     if value is None:
         return None
     value = float(value)
     return float(f"{value:.{digits}g}") if math.isfinite(value) else None
 
 
-def _query_json(breakdown: Any, tokens: list[list[str]]) -> dict[str, Any]:
+def _query_json(breakdown: QueryBreakdown | dict[str, Any],
+                tokens: list[list[str]]) -> dict[str, Any]:
     b = asdict(breakdown) if is_dataclass(breakdown) and not isinstance(breakdown, type) \
-        else dict(breakdown)
+        else dict(cast("dict[str, Any]", breakdown))
     sentence_tokens = [str(t) for t in tokens[b["sentence"]]]
     heads = []
     for h in b["heads"]:
