@@ -9,7 +9,7 @@ downsampled maps label them with index ticks and list the tokens in a key below.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -22,6 +22,9 @@ from attnviz.render.elide import MAX_MAP_PANELS, MAX_TABLE_ROWS, elided, gap_not
 
 # Re-exported: cli/heatmap_cmd.py prints the --query breakdown through this module.
 from attnviz.render.query_terminal import print_query as print_query
+
+if TYPE_CHECKING:
+    from attnviz.compute.stats import HeadStats
 
 # viridis anchors: 0 → dark purple, 1 → yellow
 _RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -230,7 +233,7 @@ STATS_COLUMNS = ("layer", "head", "ent", "max", "dist", "first", "prev", "self",
                  "label")
 
 
-def stats_table(stats: list[Any]) -> Table:
+def stats_table(stats: list[HeadStats]) -> Table:
     """Per-head statistics with labels (see attnviz.compute.stats for the definitions).
 
     Fits 80 columns: short headers, one space between columns; numbers are never cut (each
@@ -258,7 +261,7 @@ def stats_table(stats: list[Any]) -> Table:
     return table
 
 
-def print_stats(console: Console, stats: list[Any]) -> None:
+def print_stats(console: Console, stats: list[HeadStats]) -> None:
     console.print(Text("head statistics (means over real query positions)", style="bold"))
     console.print(stats_table(stats))
     console.print(Text("ent = entropy (nats); max = largest weight; dist = mean attended "

@@ -9,7 +9,7 @@ fit wraps into blocks of heads, each under its own header of head numbers.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
@@ -17,6 +17,9 @@ from rich.text import Text
 from attnviz.compute.stats import LABEL_THRESHOLD
 from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.maps_terminal import colour_off, ramp
+
+if TYPE_CHECKING:
+    from attnviz.app.overview import Overview, OverviewCell
 
 # type → (word, 3-letter code, what it means, colour)
 TYPES: dict[str, tuple[str, str, str, str]] = {
@@ -34,21 +37,13 @@ MAX_HEADS = 128  # heads shown per layer; --json lists every head
 LAYER_TITLE = "layer"
 
 
-class Cell(Protocol):
-    """app.overview.OverviewCell, as drawn (the render layer does not import app)."""
-
-    head: int
-    type: str
-    value: float | None
-
-
 def _number(value: float | None, shows: str) -> str:
     if value is None:
         return "–"
     return f"{value:.1f}" if shows == "distance" else f"{value:.2f}"
 
 
-def _words(overview: Any, short: bool) -> list[list[str]]:
+def _words(overview: Overview, short: bool) -> list[list[str]]:
     if overview.statistic is not None:
         return [[_number(c.value, overview.shows) for c in r.cells[:MAX_HEADS]]
                 for r in overview.rows]
@@ -56,7 +51,7 @@ def _words(overview: Any, short: bool) -> list[list[str]]:
             for r in overview.rows]
 
 
-def layout(overview: Any, width: int) -> tuple[list[list[str]], int, int, int, bool]:
+def layout(overview: Overview, width: int) -> tuple[list[list[str]], int, int, int, bool]:
     """(cell texts, label width, cell width with its gap, heads per block, whether types are
     3-letter codes) for `width`."""
     label_width = max([len(LAYER_TITLE), *(len(r.label) for r in overview.rows)])
@@ -74,7 +69,7 @@ def layout(overview: Any, width: int) -> tuple[list[list[str]], int, int, int, b
     return words, label_width, cell, per_block, short
 
 
-def _style(overview: Any, cell: Cell, top: float, colour: bool) -> str:
+def _style(overview: Overview, cell: OverviewCell, top: float, colour: bool) -> str:
     if not colour:
         return ""
     if overview.statistic is None:
@@ -84,7 +79,7 @@ def _style(overview: Any, cell: Cell, top: float, colour: bool) -> str:
     return ramp(min(max(cell.value / top, 0.0), 1.0))
 
 
-def overview_lines(overview: Any, width: int, colour: bool = False) -> list[Text]:
+def overview_lines(overview: Overview, width: int, colour: bool = False) -> list[Text]:
     """The grid: per block of heads a header of head numbers, then one line per layer."""
     words, label_width, cell, per_block, _ = layout(overview, width)
     heads = max((len(r.cells[:MAX_HEADS]) for r in overview.rows), default=0)
@@ -117,7 +112,7 @@ def overview_lines(overview: Any, width: int, colour: bool = False) -> list[Text
     return lines
 
 
-def overview_key(overview: Any, width: int) -> list[Text]:
+def overview_key(overview: Overview, width: int) -> list[Text]:
     """What the cells mean: the words that occur (as the grid for `width` writes them), or
     the statistic's meaning."""
     if overview.statistic is not None:
@@ -138,7 +133,7 @@ def overview_key(overview: Any, width: int) -> list[Text]:
                       "table", style="dim")]
 
 
-def print_overview(console: Console, overview: Any) -> None:
+def print_overview(console: Console, overview: Overview) -> None:
     """Title, grid and key; a note when layers or heads were left out."""
     what = "head types" if overview.statistic is None else overview.shows
     console.print(Text(f"overview: {what}, layers × heads", style="bold"))

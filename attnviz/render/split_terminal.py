@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import colorsys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -14,6 +14,10 @@ from attnviz.compute.split_views import BandPicture
 from attnviz.errors import printable
 from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
+
+if TYPE_CHECKING:
+    from attnviz.sources.ablation_result import AblationResult
+    from attnviz.sources.hf.verify import VerifyResult
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
 LABEL_WIDTH = 14  # "h12 96:104 │ "
@@ -177,7 +181,7 @@ def print_split(console: Console, report: SplitReport, picture: BandPicture | No
         console.print(proof_line(report.proof))
 
 
-def verify_lines(result: Any, sentences: list[str]) -> Text:
+def verify_lines(result: VerifyResult, sentences: list[str]) -> Text:
     """The model check of `split --model --verify`."""
     text = Text()
     text.append("verify ", style="bold")
@@ -195,7 +199,7 @@ def verify_lines(result: Any, sentences: list[str]) -> Text:
     return text
 
 
-def ablation_lines(result: Any, recompute_skipped: str | None) -> Text:
+def ablation_lines(result: AblationResult, recompute_skipped: str | None) -> Text:
     """The ablation proof of `split --model --verify`, one line per perturbation."""
     text = Text()
     text.append("verify ", style="bold")
