@@ -17,7 +17,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from attnviz.app.heatmap import HeatmapJob, HeatmapResult
 from attnviz.app.heatmap import run_heatmap as _run_heatmap
@@ -31,8 +31,14 @@ from attnviz.recognize import find_layers as _find_layers
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from matplotlib.figure import Figure
 
-def _png(figure: Any) -> bytes:
+_T = TypeVar("_T")
+
+
+def _png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
@@ -41,7 +47,7 @@ def _png(figure: Any) -> bytes:
 class Split(SplitResult):
     """A layer's head split and proof (`report`), with a figure of W_q, W_k, W_v, W_o."""
 
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         """A matplotlib Figure of the four matrices with head boundaries."""
         from attnviz.render.figure import split_figure
 
@@ -55,7 +61,7 @@ class Heatmap(HeatmapResult):
     """Attention maps (`views`), head statistics (`head_stats`) and the run they came from."""
 
     def figure(self, scale: str = "max", size: float | None = None,
-               dpi: int | None = None) -> Any:
+               dpi: int | None = None) -> Figure:
         """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer
         (`scale` max|fixed|log, `size` the side of a panel in inches, as the CLI's options)."""
         from attnviz.render.figure import heatmap_figure
@@ -78,7 +84,7 @@ class Heatmap(HeatmapResult):
         return notebook_html(document_from_run(self.run, self.head_stats, self.breakdown))
 
 
-def _as(cls: type, result: Any) -> Any:
+def _as(cls: type[_T], result: DataclassInstance) -> _T:
     return cls(**{f.name: getattr(result, f.name) for f in fields(result)})
 
 
