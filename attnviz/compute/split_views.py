@@ -4,9 +4,16 @@ the four projections, and plain-language sentences tied to the layer's numbers."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attnviz.core.layer import AttentionLayer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from numpy.typing import NDArray
+
+    from attnviz.compute.forward import LayerWeights
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,7 @@ class BandPicture:
 MAX_BAND_HEADS = 32  # heads drawn in the terminal band picture (the first ones)
 
 
-def band_picture(layer: AttentionLayer, W_q: Any, max_lines: int = 16,
+def band_picture(layer: AttentionLayer, W_q: torch.Tensor, max_lines: int = 16,
                  max_cols: int = 48, max_heads: int = MAX_BAND_HEADS) -> BandPicture:
     """Block means of |W_q|, never mixing two heads in one line; the first `max_heads` heads."""
     H, d = layer.num_heads, layer.head_dim
@@ -93,14 +100,14 @@ def explanation(layer: AttentionLayer) -> list[str]:
 @dataclass(frozen=True)
 class MatrixPanel:
     title: str
-    values: Any  # 2-D numpy array, already downsampled for display
+    values: NDArray[np.float32]  # 2-D, already downsampled for display
     shape: tuple[int, int]  # true (out, in) shape
     boundaries: list[int]  # head boundaries on the split axis, in true coordinates
     axis: str  # "rows" or "columns"
     labels: list[str]  # one per head block
 
 
-def display_matrix(tensor: Any, max_side: int = 512) -> Any:
+def display_matrix(tensor: torch.Tensor, max_side: int = 512) -> NDArray[np.float32]:
     """A float32 numpy copy, block-averaged so neither side exceeds `max_side` pixels."""
     import torch.nn.functional as F
 
@@ -111,7 +118,7 @@ def display_matrix(tensor: Any, max_side: int = 512) -> Any:
     return tensor.float().cpu().numpy()
 
 
-def matrix_panels(layer: AttentionLayer, weights: Any) -> list[MatrixPanel]:
+def matrix_panels(layer: AttentionLayer, weights: LayerWeights) -> list[MatrixPanel]:
     """The four projections as figure panels, head boundaries in true coordinates."""
     H, H_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     assert H is not None and H_kv is not None and d is not None

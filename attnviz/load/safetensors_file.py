@@ -19,7 +19,9 @@ from attnviz.errors import (
 from attnviz.load.jsonfile import parse_json
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
+    from numpy.typing import ArrayLike, NDArray
 
 from attnviz.load.store import DTYPE_SIZES, TensorInfo, TensorStore
 
@@ -124,14 +126,14 @@ class SafetensorsStore(TensorStore):
     def _info(self, raw: str) -> TensorInfo:
         return self._tensors[raw]
 
-    def numpy_view(self, name: str) -> Any | None:
+    def numpy_view(self, name: str) -> np.memmap | None:
         """A read-only memory map of a float tensor, without torch (None for other dtypes).
 
         bfloat16 comes back as its raw uint16 bits: `as_float32` widens a slice of it.
         """
         return self._numpy_raw(self._raw(name))
 
-    def _numpy_raw(self, raw: str) -> Any | None:
+    def _numpy_raw(self, raw: str) -> np.memmap | None:
         import numpy as np
 
         info = self._tensors[raw]
@@ -157,7 +159,7 @@ class SafetensorsStore(TensorStore):
                                   where=self.source) from None
 
 
-def as_float32(block: Any, dtype: str) -> Any:
+def as_float32(block: ArrayLike, dtype: str) -> NDArray[np.float32]:
     """A float32 numpy copy of a slice of `numpy_view` output."""
     import numpy as np
 

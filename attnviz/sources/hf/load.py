@@ -90,7 +90,7 @@ class LoadedModel:
         return self._store
 
     @property
-    def embeddings(self) -> Any:
+    def embeddings(self) -> torch.nn.Embedding:
         """The token embedding of the part that runs."""
         return token_embedding(self.model, self.tower, self.folder)
 
@@ -99,7 +99,7 @@ class LoadedModel:
         return int(self.embeddings.num_embeddings)
 
 
-def token_embedding(model: Any, tower: str | None, folder: Path) -> Any:
+def token_embedding(model: Any, tower: str | None, folder: Path) -> torch.nn.Embedding:
     """The token embedding of the part that runs (the text tower's, for multi-tower models)."""
     runner = getattr(model, tower) if tower is not None else model
     for owner in (runner, model):
