@@ -300,3 +300,21 @@ def test_generic_eager_equals_the_families_own(family, kwargs):
     actual = cap.generic_eager(module, query, key, value, mask, scaling=0.3, **kwargs)
     for a, b in zip(actual, expected, strict=True):
         assert_same(a, b, 1e-6)
+
+
+def test_inputs_are_kept_token_major():
+    """The hidden states entering an attention module are kept as (B, L, E): SqueezeBERT's
+    attention projects with nn.Conv1d on (B, E, L) and is transposed; a tensor with no axis of
+    the run's sequence lengths is not hidden states and is dropped (never sliced as if it were)."""
+    from attnviz.sources.hf.collect import token_major
+
+    conv = torch.nn.Module()
+    conv.query = torch.nn.Conv1d(32, 32, 1)
+    linear = torch.nn.Module()
+    linear.query = torch.nn.Linear(32, 32)
+    x = torch.randn(2, 32, 7)  # (B, E, L)
+    assert torch.equal(token_major(conv, x, {7}), x.transpose(1, 2))
+    y = torch.randn(2, 7, 32)  # (B, L, E)
+    assert token_major(linear, y, {7}) is y
+    assert token_major(linear, x, {7}) is None  # channels-first without a conv: not guessed
+    assert token_major(conv, torch.randn(2, 32, 5), {7}) is None

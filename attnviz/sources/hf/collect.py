@@ -152,6 +152,8 @@ def input_hooks(plan: Plan, keep: set[int] | None
     inputs: dict[tuple[str, int], torch.Tensor] = {}
     handles = []
     batch = len(plan.prepared.batch.tokens)
+    lengths = {value.shape[1] for name, value in plan.prepared.feed.items()
+               if name in ("input_ids", "decoder_input_ids")}
 
     def hook_for(name: str) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
@@ -160,7 +162,9 @@ def input_hooks(plan: Plan, keep: set[int] | None
             x = args[0] if args else kwargs.get("hidden_states")
             if (wanted is None or key in wanted) and isinstance(x, torch.Tensor) \
                     and x.ndim == 3 and x.shape[0] == batch:
-                inputs[key] = x.detach().float().cpu()
+                x = token_major(module, x, lengths)
+                if x is not None:
+                    inputs[key] = x.detach().float().cpu()
         return hook
 
     for name in dict.fromkeys(names):
@@ -168,3 +172,13 @@ def input_hooks(plan: Plan, keep: set[int] | None
             handles.append(modules[name].register_forward_pre_hook(hook_for(name),
                                                                    with_kwargs=True))
     return handles, inputs
+
+
+def token_major(module: Any, x: torch.Tensor, lengths: set[int]) -> torch.Tensor | None:
+    """A module's input as (B, L, E): channels-first modules (SqueezeBERT's attention runs
+    nn.Conv1d projections on (B, E, L)) are transposed; an input with no axis of the run's
+    sequence lengths is not hidden states, and is not kept."""
+    channels_first = any(isinstance(child, torch.nn.Conv1d) for child in module.children())
+    if channels_first and x.shape[2] in lengths:
+        return x.transpose(1, 2)
+    return x if x.shape[1] in lengths else None
