@@ -60,7 +60,7 @@ def expected_geometry(kind: str, config: Any) -> tuple[int, int, int, int, int]:
     else:
         kv = getattr(config, "num_key_value_heads", None) or H
     d = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or E // H
-    if kind == "t5":
+    if kind in ("t5", "mt5"):
         layers = config.num_layers + 2 * config.num_decoder_layers
     elif ZOO[kind].encoder_decoder:
         layers = config.encoder_layers + 2 * config.decoder_layers
