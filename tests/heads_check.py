@@ -24,6 +24,9 @@ from attnviz.sources import capture as cap
 from attnviz.sources import capture_eager
 
 ATOL, RTOL = 1e-4, 1e-5
+# Families outside the attention interface whose module splits its projection's output into heads
+# inline, as x.view(B, L, -1, d).transpose(1, 2), d being its attention_head_size or head_dim.
+VIEW_TRANSPOSE = {"mpnet", "roformer", "megatron_bert", "big_bird", "xlm", "xglm"}
 
 
 @contextlib.contextmanager
@@ -99,8 +102,9 @@ def model_heads(model: Any, family: str, attention: str, result: cap.CaptureResu
         H = module.num_attention_heads
         q, k = (module.transpose_for_scores(t, H) for t in (q_out, k_out))  # (B·H, L, d)
         return q.view(-1, H, *q.shape[1:]), k.view(-1, H, *k.shape[1:])
-    if family == "mpnet":  # MPNetSelfAttention: self.q(x).view(B, L, -1, d).transpose(1, 2)
-        d = module.attention_head_size
+    if family in VIEW_TRANSPOSE:  # e.g. MPNet: self.q(x).view(B, L, -1, d).transpose(1, 2)
+        d = next(getattr(module, name) for name in ("attention_head_size", "head_dim")
+                 if hasattr(module, name))
         q, k = (t.view(*t.shape[:2], -1, d).transpose(1, 2) for t in (q_out, k_out))
         return q, k
     raise AssertionError(f"no way to read {family}'s heads")

@@ -60,7 +60,7 @@ def expected_geometry(kind: str, config: Any) -> tuple[int, int, int, int, int]:
     else:
         kv = getattr(config, "num_key_value_heads", None) or H
     d = getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or E // H
-    if kind == "t5":
+    if kind in ("t5", "mt5"):
         layers = config.num_layers + 2 * config.num_decoder_layers
     elif ZOO[kind].encoder_decoder:
         layers = config.encoder_layers + 2 * config.decoder_layers
@@ -143,6 +143,7 @@ def test_split_heads_are_the_forwards_heads(zoo_model, kind) -> None:
     ("gpt_neox", {"packing": mt.THIRDS}),  # per-head interleave read as stacked thirds
     ("codegen", {"packing": replace(mt.CODEGEN, order="qkv")}),  # CodeGen's blocks are q, v, k
     ("falcon", {"packing": mt.STACKED}),  # per kv group read as stacked
+    ("persimmon", {"packing": mt.THIRDS}),  # per-head interleave read as stacked thirds
     ("gemma2", {"scale": None}),  # query_pre_attn_scalar^-½ read as 1/√d
 ])
 def test_a_wrong_table_row_is_caught(zoo_model, monkeypatch, kind, wrong) -> None:

@@ -85,6 +85,15 @@ ZOO: dict[str, Kind] = {
     # MPNet ignores relative_attention_num_buckets (compute_position_bias hardcodes 32)
     "mpnet": Kind(_config("MPNetConfig", **_BERTLIKE),
                   "MPNetModel", bos=True),
+    "roformer": Kind(_config("RoFormerConfig", embedding_size=32, **_BERTLIKE), "RoFormerModel",
+                     bos=True),
+    "megatron_bert": Kind(_config("MegatronBertConfig", **_BERTLIKE), "MegatronBertModel",
+                          bos=True),
+    "xlm": Kind(_config("XLMConfig", emb_dim=32, n_layers=2, n_heads=4,
+                        max_position_embeddings=POSITIONS, vocab_size=VOCAB, pad_index=PAD),
+                "XLMModel", bos=True),
+    "big_bird": Kind(_config("BigBirdConfig", attention_type="original_full", **_BERTLIKE),
+                     "BigBirdModel", bos=True),
     "camembert": Kind(_config("CamembertConfig", **{**_BERTLIKE, "max_position_embeddings": 70}),
                       "CamembertModel", bos=True, eos=True),
     # decoders
@@ -142,12 +151,25 @@ ZOO: dict[str, Kind] = {
     "starcoder2": Kind(_config("Starcoder2Config", **_DECODER), "Starcoder2Model", side="left"),
     "olmo": Kind(_config("OlmoConfig", **_DECODER), "OlmoModel"),
     "biogpt": Kind(_config("BioGptConfig", **_BERTLIKE), "BioGptModel", bos=True),
+    "olmoe": Kind(_config("OlmoeConfig", num_experts=2, num_experts_per_tok=1, **_DECODER),
+                  "OlmoeModel"),
+    "persimmon": Kind(_config("PersimmonConfig", **_BERTLIKE), "PersimmonModel"),
+    "nemotron": Kind(_config("NemotronConfig", **_DECODER), "NemotronModel"),
+    "helium": Kind(_config("HeliumConfig", head_dim=8, **_DECODER), "HeliumModel", side="left"),
+    "smollm3": Kind(_config("SmolLM3Config", **_DECODER), "SmolLM3Model", side="left"),
+    "xglm": Kind(_config("XGLMConfig", d_model=32, num_layers=2, attention_heads=4, ffn_dim=64,
+                         max_position_embeddings=POSITIONS, **_IDS), "XGLMModel", bos=True),
     # encoder-decoders
     "t5": Kind(_config("T5Config", d_model=32, d_kv=8, d_ff=64, num_layers=2,
                        num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
                        relative_attention_max_distance=16, vocab_size=VOCAB, pad_token_id=PAD,
                        eos_token_id=EOS, decoder_start_token_id=PAD), "T5Model", eos=True,
                encoder_decoder=True, sharpen=1.0),  # unscaled scores: sharp already
+    "mt5": Kind(_config("MT5Config", d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                        num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                        relative_attention_max_distance=16, vocab_size=VOCAB, pad_token_id=PAD,
+                        eos_token_id=EOS, decoder_start_token_id=PAD), "MT5Model", eos=True,
+                encoder_decoder=True, sharpen=1.0),
     "bart": Kind(_config("BartConfig", **_SEQ2SEQ), "BartModel", bos=True, eos=True,
                  encoder_decoder=True),
     "marian": Kind(_config("MarianConfig", **{**_SEQ2SEQ, "decoder_start_token_id": PAD}),
@@ -169,7 +191,8 @@ ZOO: dict[str, Kind] = {
 }
 TEXT = [kind for kind, row in ZOO.items() if row.text]
 # Families whose modeling file (transformers 5.24) does not call ALL_ATTENTION_FUNCTIONS.
-FALLBACK = {"deberta_v2", "mpnet", "gpt_neo", "bloom", "falcon"}
+FALLBACK = {"deberta_v2", "mpnet", "gpt_neo", "bloom", "falcon", "roformer", "megatron_bert",
+            "xlm", "big_bird", "xglm"}
 ENCODER_DECODER = [kind for kind, row in ZOO.items() if row.encoder_decoder]
 
 # Parameters scaled up so attention is sharper than at init: projections of q and k (and ALBERT's

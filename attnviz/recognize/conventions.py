@@ -76,8 +76,9 @@ CONVENTIONS: tuple[Convention, ...] = (
                biases=(("in_proj_bias", "qkv"),), assume="torch-mha", config=False,
                extras=_MHA_EXTRAS, storage="separate q/k/v_proj_weight (kdim/vdim ≠ E)"),
     # BERT, RoBERTa, ELECTRA, MiniLM, Swin (`<block>.self.*`); Hugging Face ViT, DeiT, DINOv2
+    # (Megatron-BERT: its pre-attention LayerNorm `ln` belongs to the attention module)
     Convention("bert", linear("self.query", "self.key", "self.value"), ("output.dense.weight",),
-               assume="bert",
+               assume="bert", also=("ln.weight", "ln.bias"),
                storage=separate("self.{query,key,value}", "output.dense")),
     Convention("vit", linear("attention.query", "attention.key", "attention.value"),
                ("output.dense.weight",), assume="vit",
@@ -132,6 +133,9 @@ CONVENTIONS: tuple[Convention, ...] = (
     # fused query_key_value: the row layout is the model_type's (see model_types.MODEL_TYPES)
     Convention("gpt-neox", (("query_key_value.weight", "qkv"),), ("dense.weight",),
                packing=None, module=("attention",), only=(None, "gpt_neox"), assume="gpt_neox"),
+    # Persimmon (and Fuyu's language model): per-head interleaved, from the model_type's row
+    Convention("query_key_value", (("query_key_value.weight", "qkv"),), ("dense.weight",),
+               packing=None, module=("self_attn",)),
     Convention("bloom or falcon", (("query_key_value.weight", "qkv"),), ("dense.weight",),
                packing=None, module=("self_attention",),
                ambiguous="BLOOM and Falcon both name a fused self_attention.query_key_value, "

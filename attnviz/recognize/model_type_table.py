@@ -102,7 +102,8 @@ class ModelType:
     alibi_flag: str = ""  # a config flag that switches RoPE to ALiBi (Falcon)
     position_key: str = ""  # BERT's position_embedding_type (relative_key → relative bias)
     encoder_positions: str = ""  # where the encoder differs (Whisper: sinusoidal)
-    causal: str = "never"  # never, always, decoder (seq2seq decoder), is_decoder, text (tower)
+    causal: str = "never"  # never, always, decoder (seq2seq decoder), is_decoder, text (tower),
+    # causal (XLM's config flag `causal`)
     scale: float | ConfigScale | str | None = None  # None: 1/√d; "gpt2"/"deberta": rules below
     softcap: str = ""  # config key of the logit soft-cap (Gemma 2)
     window: str = ""  # "", "always", "opt-in" (use_sliding_window), "layers" (layer_types)
@@ -141,6 +142,16 @@ MODEL_TYPES: dict[str, ModelType] = {
     "albert": replace(_BERT, notes=(
         "ALBERT shares attention modules across layers: num_hidden_layers layers reuse "
         "num_hidden_groups module(s)",)),
+    "megatron-bert": replace(_BERT, notes=(
+        "a LayerNorm (attention.ln) normalizes the layer's input before q, k and v",)),
+    "big_bird": replace(_BERT, notes=(
+        "attention_type block_sparse attends in blocks (global, sliding and random); "
+        "original_full is ordinary full attention",)),
+    "roformer": ModelType(positions="rope", causal="is_decoder", notes=(
+        "RoFormer rotates interleaved pairs (2j, 2j+1), not rotate_half",)),
+    "xlm": ModelType(heads=("n_heads",), kv_heads=(), positions="learned", causal="causal",
+                     notes=("sinusoidal_embeddings: fixed sinusoidal instead of learned "
+                            "positions",)),
     "distilbert": ModelType(heads=("n_heads",), positions="learned"),
     "deberta-v2": ModelType(positions="relative (disentangled)", scale="deberta", notes=(
         "disentangled attention: content-to-position and position-to-content terms "
@@ -206,11 +217,25 @@ MODEL_TYPES: dict[str, ModelType] = {
     "olmo2": _ROPE,
     "starcoder2": ModelType(positions="rope", causal="always", window="always"),
     "cohere": _ROPE,
+    "olmoe": replace(_ROPE, notes=(
+        "q_norm / k_norm normalize the whole projection (H·d and H_kv·d features), before the "
+        "head split",)),
+    "nemotron": ModelType(positions="rope", causal="always", rotary_default=0.5),
+    "helium": replace(_ROPE, notes=(
+        "Helium rotates interleaved pairs (2j, 2j+1), not rotate_half",)),
+    "smollm3": replace(_ROPE, window="opt-in", notes=(
+        "NoPE layers: a layer whose no_rope_layers entry is 0 uses no positions",)),
+    "persimmon": ModelType(positions="rope", causal="always", rotary_default=0.5,
+                           packing=PER_HEAD),
+    "xglm": ModelType(heads=("attention_heads",), kv_heads=(), positions="sinusoidal",
+                      causal="always"),
     "granite": ModelType(positions="rope", causal="always",
                          scale=ConfigScale("attention_multiplier", 1.0, 1.0)),
     # encoder-decoders (role keys encoder_/decoder_attention_heads are tried first, see below)
     "t5": ModelType(heads=("num_heads",), kv_heads=(), head_dim=("d_kv",),
                     positions="relative bias", causal="decoder", scale=1.0),
+    "mt5": ModelType(heads=("num_heads",), kv_heads=(), head_dim=("d_kv",),
+                     positions="relative bias", causal="decoder", scale=1.0),
     "bart": replace(_SEQ2SEQ, verify=True),
     "mbart": _SEQ2SEQ,
     "plbart": _SEQ2SEQ,

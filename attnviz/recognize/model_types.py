@@ -128,8 +128,8 @@ def is_causal(entry: ModelType, config: dict[str, Any], role: str, tower: str | 
         return True
     if rule == "decoder":
         return role == "decoder"
-    if rule == "is_decoder":
-        return hfconfig.flag(config, "is_decoder", False)
+    if rule in ("is_decoder", "causal"):  # a config flag of that name
+        return hfconfig.flag(config, rule, False)
     if rule == "text":
         return tower == "text"
     return False
