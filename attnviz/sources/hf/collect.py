@@ -179,7 +179,7 @@ def input_hooks(plan: Plan, keep: set[int] | None
     return handles, inputs
 
 
-def token_major(module: Any, x: torch.Tensor, lengths: set[int]) -> torch.Tensor | None:
+def token_major(module: torch.nn.Module, x: torch.Tensor, lengths: set[int]) -> torch.Tensor | None:
     """A module's input as (B, L, E): channels-first modules (SqueezeBERT's attention runs
     nn.Conv1d projections on (B, E, L)) are transposed; an input with no axis of the run's
     sequence lengths is not hidden states, and is not kept."""
