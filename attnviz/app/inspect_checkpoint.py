@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.errors import UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import Inventory
 from attnviz.recognize.base import HeadHints
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 PROJECTIONS = ("q", "k", "v", "o")
 
@@ -153,7 +157,7 @@ def slice_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]]
     over the tensor plus O(1) per head: tens of thousands of heads cost no more than a few.
     Other formats go through torch.
     """
-    view = store.numpy_view(ref.key)
+    view: NDArray[np.generic] | None = store.numpy_view(ref.key)  # a memmap, then reshaped
     if view is None:
         return _torch_norms(store, ref, spans, by_columns)
     import numpy as np
@@ -174,7 +178,8 @@ def slice_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]]
     return norms, non_finite  # the spans cover the whole reference, so this counts all of it
 
 
-def _line_sums(view: Any, keep_rows: bool, dtype: str) -> tuple[Any, Any]:
+def _line_sums(view: NDArray[np.generic], keep_rows: bool,
+               dtype: str) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """Per stored row (keep_rows) or per stored column: the sum of squares of the finite values
     and the count of NaN/Inf, reading blocks of stored rows of at most CHUNK_ELEMENTS."""
     import numpy as np

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -64,7 +64,12 @@ from attnviz.cli.paths import inputs_read
 from attnviz.cli.progress import progress
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rich.console import Console
+
     from attnviz.app.heatmap import HeatmapResult
+    from attnviz.compute.results import AttentionRun
 
 
 def heatmap(
@@ -133,7 +138,8 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
         console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
 
 
-def write_files(result: HeatmapResult, files: OutputFiles, report: Any, scale: str,
+def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str], None],
+                scale: str,
                 size: float | None, dpi: int) -> None:
     """--export, --out and --html, each announced to the progress spinner as it starts."""
     if files.export is not None:
@@ -195,14 +201,14 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
 MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
 
 
-def print_header(out: Any, run: Any, compact: bool) -> None:
+def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
     """Source, inputs, path, layers and notes; `compact` (an overview without maps): one line
     per kind of layer, and each sentence's tokens, which no map shows then."""
     out.print(plain(f"source  {run.source}   device {run.device}"))
     out.print(plain(f"inputs  {run.inputs_described}"))
     if run.path is not None:
         out.print(plain(f"path    {run.path}"))
-    kinds: dict[tuple[Any, ...], list[str]] = {}
+    kinds: dict[tuple[int, str, bool], list[str]] = {}
     for captured in run.layers:
         causal = run.causal if captured.causal is None else captured.causal
         described = (captured.heads, captured.method, causal)
@@ -232,7 +238,7 @@ def _span(labels: list[str]) -> str:
     return ", ".join(labels)
 
 
-def _print_tokens(out: Any, what: str, tokens: list[list[str]]) -> None:
+def _print_tokens(out: Console, what: str, tokens: list[list[str]]) -> None:
     for b, sentence in enumerate(tokens, 1):
         listed = " ".join(sentence[:MAX_LISTED_TOKENS]) + (
             f" … {len(sentence) - MAX_LISTED_TOKENS} more" if len(sentence) > MAX_LISTED_TOKENS

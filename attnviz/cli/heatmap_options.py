@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,6 +15,7 @@ from attnviz.cli.options import path_arg, positive, refuse_random_options
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
+    from attnviz.app.outputs import ReadSet
     from attnviz.sources.layers import RandomSpec
 
 # what to run on
@@ -150,7 +151,7 @@ class OutputFiles:
 
 
 def output_files(out: Path | None, export: Path | None, html: Path | None,
-                 inputs: Callable[[], Any]) -> OutputFiles:
+                 inputs: Callable[[], ReadSet]) -> OutputFiles:
     """Every output path checked (suffix, never one of the `inputs()`, distinct) before
     anything runs; the inputs are resolved only when there is an output to check."""
     if not (out or export or html):

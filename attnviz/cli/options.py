@@ -3,10 +3,16 @@ and the consoles the commands print to."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import typer.core
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+    from attnviz.render.safe import SafeConsole
 
 
 def _hide_flag_types() -> None:
@@ -23,7 +29,7 @@ def _hide_flag_types() -> None:
 
 _hide_flag_types()
 
-def path_arg(param: typer.CallbackParam, value: Any) -> Any:
+def path_arg(param: typer.CallbackParam, value: str | Path | None) -> str | Path | None:
     """Paths (and --model ids) no file system can hold are usage errors, before any use."""
     if value is not None:
         from attnviz.load.paths import check_path_text
@@ -33,7 +39,7 @@ def path_arg(param: typer.CallbackParam, value: Any) -> Any:
     return value
 
 
-def positive(param: typer.CallbackParam, value: Any) -> Any:
+def positive(param: typer.CallbackParam, value: int | None) -> int | None:
     """Counts and sizes given on the command line are positive: -H 0 is a mistake, not 'unset'."""
     if value is not None and value <= 0:
         from attnviz.errors import UsageError
@@ -65,7 +71,7 @@ Json = Annotated[bool, typer.Option("--json", help=(
     "Print one JSON document instead of tables."))]
 
 
-def console() -> Any:
+def console() -> SafeConsole:
     """stdout through attnviz's safe console: no markup or emoji codes parsed in strings, and
     every control sequence a string from a file or the user could carry escaped."""
     from attnviz.render.safe import console as safe_console
@@ -73,7 +79,7 @@ def console() -> Any:
     return safe_console(False)
 
 
-def plain(text: str) -> Any:
+def plain(text: str) -> Text:
     """A rich Text holding `text` as it is: markup in tokens or paths is never parsed and
     control characters are escaped."""
     from attnviz.render.safe import safe_text

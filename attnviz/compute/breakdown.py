@@ -7,14 +7,13 @@ has them); captured models from the q_h and k_h their own attention function rec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from attnviz.compute import kernel
 from attnviz.compute.forward import load_weights, per_head_forward
 from attnviz.compute.inputs import Batch
-from attnviz.compute.positions import SCHEMES, positions_for, recompute_heads
+from attnviz.compute.positions import SCHEMES, Positions, positions_for, recompute_heads
 from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
 from attnviz.errors import CheckFailed, UsageError
 from attnviz.load import config as hfconfig
@@ -180,7 +179,8 @@ def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
     return expected
 
 
-def _model_positions(run: AttentionRun, captured: LayerAttention, length: int) -> Any:
+def _model_positions(run: AttentionRun, captured: LayerAttention,
+                     length: int) -> Positions | None:
     """How positions enter a model's attention (RoPE, sliding windows), for a --model run of a
     family attnviz can recompute; None where the inputs already carry them."""
     if not captured.method.startswith("transformers") or run.store is None \

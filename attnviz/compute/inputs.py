@@ -15,13 +15,16 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from attnviz.core.words import split_words, token_hash
 from attnviz.errors import UsageError, printable_path
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.jsonfile import parse_json
 from attnviz.load.paths import read_capped
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MAX_TOKENS = 256  # attention costs O(L²) per head
 DEFAULT_MAX_SENTENCES = 64
@@ -110,7 +113,7 @@ def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
     return Batch(list(sentences), tokens)
 
 
-def hashed_vector(token: str, width: int) -> Any:
+def hashed_vector(token: str, width: int) -> torch.Tensor:
     """N(0, 1) vector seeded by the token's stable hash."""
     import torch
 
@@ -118,7 +121,7 @@ def hashed_vector(token: str, width: int) -> Any:
     return torch.randn(width, generator=gen)
 
 
-def sinusoidal(length: int, width: int) -> Any:
+def sinusoidal(length: int, width: int) -> torch.Tensor:
     """(L, width) sinusoidal position encoding (Vaswani et al., 2017)."""
     import torch
 
@@ -186,12 +189,12 @@ def lookup(vocab: Vocabulary, token: str) -> int | None:
 
 
 def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
-                  positions: str = "none") -> tuple[Any, str]:
+                  positions: str = "none") -> tuple[torch.Tensor, str]:
     """(B, L, width) float32 inputs, zero at padding, and a sentence describing them."""
     import torch
 
     vocab = find_vocabulary(store, width) if store is not None else None
-    rows: dict[int, Any] = {}
+    rows: dict[int, torch.Tensor] = {}
     if vocab is not None and store is not None:
         # Only the rows of the tokens used are read, never the whole table (a large
         # vocabulary's embedding is gigabytes).
@@ -200,7 +203,8 @@ def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
                 for row in sorted(r for r in wanted if r is not None)}
     x = torch.zeros(len(batch.tokens), batch.max_len, width)
     found = 0
-    hashed: dict[str, Any] = {}  # a repeated word is drawn once (long texts repeat most words)
+    # a repeated word is drawn once (long texts repeat most words)
+    hashed: dict[str, torch.Tensor] = {}
     for b, tokens in enumerate(batch.tokens):
         for i, token in enumerate(tokens):
             row = lookup(vocab, token) if vocab is not None else None
@@ -225,7 +229,7 @@ def input_vectors(batch: Batch, width: int, store: TensorStore | None = None,
     return x, described
 
 
-def padding_mask(batch: Batch) -> Any:
+def padding_mask(batch: Batch) -> torch.Tensor:
     """(B, L) bool, True at padding (nn.MultiheadAttention's key_padding_mask convention)."""
     import torch
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from attnviz.compute.results import AttentionRun, LayerAttention
+# MapView lives with the results that hold it (LayerAttention.views); imported from here too
+from attnviz.compute.results import AttentionRun, LayerAttention, MapView
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
@@ -21,27 +22,6 @@ if TYPE_CHECKING:
 # --max-panels, 256 by default, and the terminal fewer), so a layer of 40,000 heads keeps
 # O(256 · B · c²), not O(H · B · c²); every head still enters the statistics and the mean.
 MAX_VIEW_HEADS = 256
-
-
-@dataclass(frozen=True)
-class MapView:
-    sentence: int
-    layer: int
-    head: int | None  # None for the average over heads
-    values: NDArray[np.float32]  # (rows, cols) numpy float32, rows = queries, cols = keys
-    row_labels: list[str]
-    col_labels: list[str]
-    downsampled: bool
-    # token index spans each displayed row/column covers, after downsampling (None: one each)
-    row_spans: tuple[tuple[int, int], ...] | None = None
-    col_spans: tuple[tuple[int, int], ...] | None = None
-    tokens: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # original (rows, cols)
-    label: str | None = None  # the layer's label when it is not its number ("enc 0", "cross 1")
-
-    @property
-    def title(self) -> str:
-        head = "mean of heads" if self.head is None else f"head {self.head}"
-        return f"{self.label if self.label is not None else f'L{self.layer}'} · {head}"
 
 
 def check_head(head: int | None, num_heads: int) -> None:

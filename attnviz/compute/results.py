@@ -7,13 +7,21 @@ rows and columns are real. Renderers slice; they never recompute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnviz.compute.inputs import Batch
 from attnviz.core.layer import AttentionLayer
 from attnviz.load.checkpoint import TensorStore
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from attnviz.compute.stats import HeadStats
 
 SDPA_TOLERANCE = 1e-4  # explicit per-head output vs F.scaled_dot_product_attention, relative
 
@@ -35,6 +43,27 @@ class CapturedScores:
     key_offsets: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class MapView:
+    sentence: int
+    layer: int
+    head: int | None  # None for the average over heads
+    values: NDArray[np.float32]  # (rows, cols) numpy float32, rows = queries, cols = keys
+    row_labels: list[str]
+    col_labels: list[str]
+    downsampled: bool
+    # token index spans each displayed row/column covers, after downsampling (None: one each)
+    row_spans: tuple[tuple[int, int], ...] | None = None
+    col_spans: tuple[tuple[int, int], ...] | None = None
+    tokens: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # original (rows, cols)
+    label: str | None = None  # the layer's label when it is not its number ("enc 0", "cross 1")
+
+    @property
+    def title(self) -> str:
+        head = "mean of heads" if self.head is None else f"head {self.head}"
+        return f"{self.label if self.label is not None else f'L{self.layer}'} · {head}"
+
+
 @dataclass
 class LayerAttention:
     index: int  # position of the layer in the model (0 for a standalone layer)
@@ -48,8 +77,8 @@ class LayerAttention:
     # Streamed long inputs keep only display-sized maps and statistics (see
     # attnviz.compute.streaming), and for --query that query's row of every head: (H, S) for
     # (sentence, query) = query_row.
-    views: list[Any] | None = None
-    stats: list[Any] | None = None
+    views: list[MapView] | None = None
+    stats: list[HeadStats] | None = None
     query_row: tuple[int, int] | None = None
     query_weights: torch.Tensor | None = None
     # Layers captured from a model (attnviz.sources.hf): the module's name and head count as the
@@ -105,7 +134,7 @@ class AttentionRun:
     # how closely a float32 recomputation from the slices must match these maps (looser for a
     # model run in half precision)
     tolerance: float = SDPA_TOLERANCE
-    exported: Any = None  # the --export path a streamed run already wrote, block by block
+    exported: Path | None = None  # the --export path a streamed run already wrote, block by block
     target: Batch | None = None  # an encoder-decoder run's decoder inputs, per sentence
     path: str | None = None  # a model run: how the maps were obtained (capture path)
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnviz.compute.stats import PATTERNS, SPECIAL_RE
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 # total: Σ_j a_ij over all keys, bias_k included (a finiteness check; not a statistic)
 ROW_TERMS = ("entropy", "max_weight", "distance", *PATTERNS, "special", "total")
@@ -51,7 +55,7 @@ class SentencePatterns:
     copies_cum: list[int]  # prefix sums of earlier copies of uncommon tokens (host ints)
     special: torch.Tensor  # (n,) float32: 1 at special tokens ([CLS], </s>, …)
     counts: dict[str, int]  # queries each pattern averages over
-    host: dict[str, Any]  # order, group_start, copies (uncommon tokens), ids, prev: numpy
+    host: dict[str, NDArray[np.int64]]  # order, group_start, copies (uncommon tokens), ids, prev
 
     def to(self, device: torch.device) -> SentencePatterns:
         return replace(self, token_ids=self.token_ids.to(device),
@@ -223,7 +227,7 @@ def _beside_masks(patterns: SentencePatterns, row_start: int, r: int, stop: int,
                             ((ids == patterns.prev_ids[row_start:stop]) & before).float()])
     import numpy as np
 
-    ids = patterns.host["ids"]
+    host_ids = patterns.host["ids"]
     prev = patterns.host["prev"]
     i = np.arange(r)[:, None]
     j = np.arange(c)[None, :]
@@ -231,8 +235,8 @@ def _beside_masks(patterns: SentencePatterns, row_start: int, r: int, stop: int,
     np.abs(i - j, out=masks[0], casting="unsafe")
     masks[1] = 1.0
     earlier = j < i
-    rows = ids[row_start:row_start + r, None]
-    np.logical_and(rows == ids[None, row_start:stop], earlier, out=masks[2], casting="unsafe")
+    rows = host_ids[row_start:row_start + r, None]
+    np.logical_and(rows == host_ids[None, row_start:stop], earlier, out=masks[2], casting="unsafe")
     np.logical_and(rows == prev[None, row_start:stop], earlier, out=masks[3], casting="unsafe")
     return torch.from_numpy(masks)
 

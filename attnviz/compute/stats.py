@@ -174,11 +174,11 @@ def add_sums(a: StatSums | None, b: StatSums) -> StatSums:
 def finish_stats(totals: StatSums, layer: int, first_head: int = 0) -> list[HeadStats]:
     """Means from sums and counts; heads numbered from first_head."""
     sums, counts = totals
-    means: dict[str, Any] = {name: (sums[name] / counts[name]).tolist() if counts[name] else None
-                             for name in sums}
+    means: dict[str, list[float] | None] = {
+        name: (sums[name] / counts[name]).tolist() if counts[name] else None for name in sums}
     H = len(sums["entropy"])
     values: list[dict[str, Any]] = [
-        {name: means[name][h] if means[name] is not None else None for name in sums}
+        {name: None if (mean := means[name]) is None else mean[h] for name in sums}
         for h in range(H)]
     return [HeadStats(layer=layer, head=first_head + h, **values[h]) for h in range(H)]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +29,10 @@ from attnviz.compute.row_stats import ROW_TERMS, SentencePatterns, row_terms, se
 from attnviz.compute.stats import StatSums, add_sums, finish_stats
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 MAP_BUDGET_BYTES = 256 * 2**20  # default memory budget: beyond it, maps stream in blocks
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
@@ -76,7 +80,8 @@ class _Partial:
     terms: torch.Tensor  # (len(ROW_TERMS), n) each query's term of every statistic
     done: int = 0
     covered: list[tuple[int, int]] = field(default_factory=list)
-    col_plan: dict[int, Any] = field(default_factory=dict)  # per key count: reduceat starts
+    # per key count: reduceat starts, and the display columns they fill
+    col_plan: dict[int, tuple[list[int], slice | NDArray[np.intp]]] = field(default_factory=dict)
 
 
 class MapReducer:
@@ -239,8 +244,8 @@ class MapReducer:
                               query_weights=rows)
 
 
-def _add_cells_host(part: _Partial, attn: Any, row_start: int, keys: int, n: int, low: int,
-                    high: int) -> None:
+def _add_cells_host(part: _Partial, attn: NDArray[np.float32], row_start: int, keys: int,
+                    n: int, low: int, high: int) -> None:
     """_add_cells on the CPU: np.add.reduceat over the block's rows, then its columns (each
     display cell a contiguous range of both), into the display cells."""
     import numpy as np

@@ -21,6 +21,7 @@ from attnviz.load.jsonfile import parse_json
 from attnviz.load.paths import check_path_text, stat_input
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 from attnviz.load.pickles import (  # noqa: F401 - re-exported
@@ -82,7 +83,7 @@ class ShardedStore(TensorStore):
         shard = self.shard_of(raw)
         return shard._info(raw)
 
-    def numpy_view(self, name: str) -> Any | None:
+    def numpy_view(self, name: str) -> np.memmap | None:
         raw = self._raw(name)
         shard = self.shard_of(raw)
         return shard._numpy_raw(raw) if isinstance(shard, SafetensorsStore) else None

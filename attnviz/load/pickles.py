@@ -181,7 +181,7 @@ def _scan_pickle_globals(path: Path, limit: int = 16 * 1024 * 1024) -> list[str]
     return [name for name in dict.fromkeys(found) if name not in allowed]
 
 
-def flatten_state_dict(obj: Any) -> dict[str, torch.Tensor]:
+def flatten_state_dict(obj: object) -> dict[str, torch.Tensor]:
     """Find the state dict inside a loaded checkpoint ({"state_dict": …}, {"model": …}, bare)."""
     import torch
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
     from numpy.typing import ArrayLike, NDArray
+    from safetensors import safe_open
 
 from attnviz.load.store import DTYPE_SIZES, TensorInfo, TensorStore
 
@@ -78,7 +79,7 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str
     return tensors, metadata, 8 + header_len
 
 
-def _parse_entry(name: str, entry: Any, data_len: int, where: str) -> TensorInfo:
+def _parse_entry(name: str, entry: object, data_len: int, where: str) -> TensorInfo:
     bad = f"the safetensors header entry for {quoted(name)} is invalid"
     if not isinstance(entry, dict):
         raise CheckpointError(f"{bad}: not an object", where=where)
@@ -120,7 +121,7 @@ class SafetensorsStore(TensorStore):
         super().__init__(printable_path(path), "safetensors", config)
         self.path = path
         self._tensors, self.metadata, self._data_start = read_safetensors_header(path)
-        self._handle: Any = None
+        self._handle: safe_open | None = None
         self._set_names(self._tensors)
 
     def _info(self, raw: str) -> TensorInfo:

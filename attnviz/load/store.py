@@ -15,6 +15,7 @@ from attnviz.errors import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 
@@ -81,7 +82,7 @@ class TensorStore:
     def _info(self, raw: str) -> TensorInfo:
         raise NotImplementedError
 
-    def numpy_view(self, name: str) -> Any | None:
+    def numpy_view(self, name: str) -> np.memmap | None:
         """A memory-mapped numpy view of the tensor where the format allows, else None."""
         return None
 
@@ -117,7 +118,7 @@ class DictStore(TensorStore):
         return tensor if rows is None else tensor[rows[0] : rows[1]]
 
 
-def torch_dtype_name(dtype: Any) -> str:
+def torch_dtype_name(dtype: torch.dtype) -> str:
     """safetensors' name for a torch dtype ("F32" for torch.float32)."""
     import torch
 

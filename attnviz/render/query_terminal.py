@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from attnviz.errors import printable
+
+if TYPE_CHECKING:
+    from attnviz.compute.breakdown import QueryBreakdown
 
 
 def _vector(values: list[float], shown: int = 4) -> str:
@@ -14,7 +19,7 @@ def _vector(values: list[float], shown: int = 4) -> str:
     return f"[{head}{', …' if len(values) > shown else ''}]"
 
 
-def print_query(console: Console, breakdown, key_labels: list[str]) -> None:
+def print_query(console: Console, breakdown: QueryBreakdown, key_labels: list[str]) -> None:
     """One query token's per-head slices: q_h, each key's k_h, products, scores, weights."""
     b = breakdown
     captured = getattr(b, "source", "slices") == "captured"

@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.segment import Segment
@@ -23,11 +23,14 @@ from rich.text import Text
 
 from attnviz.errors import UsageError, printable
 
+if TYPE_CHECKING:
+    from rich.console import ConsoleOptions, RenderableType
+
 MIN_COLUMNS = 8  # narrower than this, no table or map can be drawn
 MAX_COLUMNS = 10_000  # wider than any terminal; lines are built to this width
 
 
-def safe_text(text: Any, style: str = "") -> Text:
+def safe_text(text: object, style: str = "") -> Text:
     """A rich Text of any string, escaped: no markup, no control character."""
     return Text(printable(str(text), None), style=style)
 
@@ -51,7 +54,8 @@ class SafeConsole(Console):
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(0)
 
-    def render(self, renderable: Any, options: Any = None) -> Iterable[Segment]:
+    def render(self, renderable: RenderableType,
+               options: ConsoleOptions | None = None) -> Iterable[Segment]:
         if self._checking:
             yield from super().render(renderable, options)
             return

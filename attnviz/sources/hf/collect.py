@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +19,11 @@ from attnviz.sources.hf.layers import (
     rows_tokens,
 )
 
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from attnviz.compute.streaming import MapReducer
+
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -27,7 +32,7 @@ class _RowsToAdd:
     buffer and hands the sentence to `MapReducer.add` once its last real row is in (so one
     layer's maps of one sentence are held at a time, not all)."""
 
-    def __init__(self, reducer: Any, lengths: list[int]) -> None:
+    def __init__(self, reducer: MapReducer, lengths: list[int]) -> None:
         self.reducer = reducer
         self.lengths = lengths
         self.buffers: dict[int, tuple[torch.Tensor, int]] = {}  # sentence: (maps, rows filled)
@@ -69,7 +74,7 @@ class Collector:
     """The on_block of one run: each shown layer's blocks, realigned to real tokens at once,
     into a full (B, H, n, m) map or, when streaming, into the layer's MapReducer."""
 
-    def __init__(self, plan: Plan, reducers: dict[int, Any],
+    def __init__(self, plan: Plan, reducers: dict[int, MapReducer],
                  export_rows: ExportRows | None = None) -> None:
         self.plan = plan
         self.export_rows = export_rows
@@ -77,7 +82,7 @@ class Collector:
         # blocks of layers not numbered before the run (no probe): realigned by replay()
         self.raw: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self.reducers = reducers
-        self.feeders: dict[int, Any] = {}
+        self.feeders: dict[int, MapReducer | _RowsToAdd] = {}
         for index, reducer in reducers.items():
             layer = self.by_index[index]
             if layer.kind != cap.LayerKind.CROSS:
@@ -134,7 +139,7 @@ class Collector:
 
 
 def input_hooks(plan: Plan, keep: set[int] | None
-                 ) -> tuple[list[Any], dict[tuple[str, int], torch.Tensor]]:
+                 ) -> tuple[list[RemovableHandle], dict[tuple[str, int], torch.Tensor]]:
     """Forward pre-hooks that keep the hidden states entering the attention modules, by (module
     name, call of that module): of the calls `keep` when the layers are known, else of every
     attention-like module (short inputs only)."""
@@ -155,8 +160,8 @@ def input_hooks(plan: Plan, keep: set[int] | None
     lengths = {value.shape[1] for name, value in plan.prepared.feed.items()
                if name in ("input_ids", "decoder_input_ids")}
 
-    def hook_for(name: str) -> Any:
-        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+    def hook_for(name: str) -> Callable[[torch.nn.Module, tuple, dict], None]:
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             key = name, calls[name]
             calls[name] += 1
             x = args[0] if args else kwargs.get("hidden_states")
@@ -174,7 +179,7 @@ def input_hooks(plan: Plan, keep: set[int] | None
     return handles, inputs
 
 
-def token_major(module: Any, x: torch.Tensor, lengths: set[int]) -> torch.Tensor | None:
+def token_major(module: torch.nn.Module, x: torch.Tensor, lengths: set[int]) -> torch.Tensor | None:
     """A module's input as (B, L, E): channels-first modules (SqueezeBERT's attention runs
     nn.Conv1d projections on (B, E, L)) are transposed; an input with no axis of the run's
     sequence lengths is not hidden states, and is not kept."""
