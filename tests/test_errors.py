@@ -115,3 +115,15 @@ def test_text_from_a_file_cannot_forge_a_reference():
                             option="max_tokens")
     assert error.one_line(lambda n: "--" + n.replace("_", "-")).endswith("(--max-tokens)")
     assert "--x" not in error.one_line(lambda n: "--" + n)
+
+
+def test_option_fields_are_names_everywhere(cli):
+    """`option=` holds a request field's name in every layer, the CLI included: the CLI adds the
+    dashes when it prints (a flag there printed as '----num-heads')."""
+    offenders = [f"{path.relative_to(PACKAGE)}: {text}"
+                 for path in sorted(PACKAGE.rglob("*.py"))
+                 for text in flagged(path.read_text()) if text.startswith("option=")]
+    assert offenders == []
+    result = cli("heatmap", "--random", "-H", "0", "a b")
+    assert result.exit_code == 2 and "(--num-heads)" in result.stderr
+    assert "---" not in result.stderr

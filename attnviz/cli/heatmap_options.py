@@ -202,9 +202,9 @@ def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None
                          fix="add --out FILE.png, or drop them")
     if size is not None and not 0.5 <= size <= 20:
         raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
-                         option="--size")
+                         option="size")
     if not 20 <= dpi <= 1200:
-        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="--dpi")
+        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="dpi")
 
 
 def probe_sentences(probe: str, given: bool) -> list[str]:
@@ -213,7 +213,7 @@ def probe_sentences(probe: str, given: bool) -> list[str]:
 
     if probe not in PROBES:
         raise UsageError(f"unknown probe {probe!r}", fix=f"use {', '.join(PROBES)}",
-                         option="--probe")
+                         option="probe")
     if given:
         raise UsageError("--probe replaces the sentences", fix="drop the sentences or --probe")
     return induction_probe()

@@ -45,7 +45,8 @@ def positive(param: typer.CallbackParam, value: int | None) -> int | None:
         from attnviz.errors import UsageError
 
         name = (param.opts or [param.name or "the value"])[0]
-        raise UsageError(f"{name} must be a positive integer, got {value}", option=name)
+        field = param.name or name.lstrip("-").replace("-", "_")
+        raise UsageError(f"{name} must be a positive integer, got {value}", option=field)
     return value
 
 
