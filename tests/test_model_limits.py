@@ -79,3 +79,22 @@ def test_within_every_limit_the_weights_do_load(cli, no_weights, tmp_path):
                  "--out", tmp_path / "maps.png", "--max-panels", "8")
     assert len(no_weights) == 1
     assert result.exit_code == 1 and "the weights were loaded" in result.stderr
+
+
+@pytest.mark.parametrize("kind, positions", [
+    ("roberta", 68),  # 70 learned rows, numbered from padding_idx + 1 = 2: 68 tokens
+    ("bert", 64),  # negative control: no padding index in its position table, all 64 rows
+])
+def test_the_position_limit_is_what_the_table_can_number(cli, zoo_model, kind, positions):
+    """RoBERTa's positions start after its padding index, so config.json's 70 learned positions
+    number 68 tokens: one more is refused before the weights load (it crashed inside the
+    model), and the longest allowed input runs."""
+    folder = zoo_model(kind)
+    # 'the' repeated: the tokenizer adds <s> (and </s> for RoBERTa) around the words
+    specials = 2 if kind == "roberta" else 1
+    too_long = " ".join(["the"] * (positions + 1 - specials))
+    result = cli("heatmap", "--model", folder, too_long, "--max-tokens", "200")
+    assert_clean_error(result, 2, f"has {positions + 1} tokens",
+                       f"more than the {positions} positions the model knows")
+    fits = " ".join(["the"] * (positions - specials))
+    assert cli("heatmap", "--model", folder, fits, "--max-tokens", "200").exit_code == 0

@@ -61,6 +61,7 @@ class OpenedModel:
     store: TensorStore  # attnviz's header-only view of the same files
     tower: str | None  # a multi-tower model (CLIP): the attribute of its text tower
     embedding_rows: int  # rows of the token embedding of the part that runs
+    position_limit: int | None = None  # the most tokens its position embedding can number
 
     @property
     def encoder_decoder(self) -> bool:
@@ -77,6 +78,7 @@ class LoadedModel:
     path: cap.CapturePath  # how its maps are captured
     _store: TensorStore | None = field(default=None, repr=False)
     tower: str | None = None  # a multi-tower model (CLIP): the attribute of its text tower
+    position_limit: int | None = None  # the most tokens its position embedding can number
 
     @property
     def encoder_decoder(self) -> bool:
@@ -195,12 +197,28 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
             guard.check_tokenizer_files(folder)
         guard.check_sizes(meta, store, where)
         rows = int(token_embedding(meta, tower, folder).num_embeddings)
+        limit = position_limit(meta, config)
         del meta
         if tokenizer is None:
             with guard.contained("the model's tokenizer cannot be loaded",
                                  "check or replace its tokenizer files", where):
                 tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **COMMON)
-    return OpenedModel(folder, config, tokenizer, store, tower, rows)
+    return OpenedModel(folder, config, tokenizer, store, tower, rows, limit)
+
+
+def position_limit(model: Any, config: Any) -> int | None:
+    """The most tokens the model can number: config.json's max_position_embeddings, less the
+    rows a learned position table reserves below its padding index (RoBERTa's positions start
+    at padding_idx + 1, so 514 rows number 512 tokens). Read from the model's own modules (on
+    the meta device), not from a list of families."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions <= 0:
+        return None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and "position" in name.rsplit(".", 1)[-1] \
+                and module.num_embeddings == positions and module.padding_idx is not None:
+            return max(1, positions - module.padding_idx - 1)
+    return positions
 
 
 def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32",
@@ -229,7 +247,8 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
         model.set_attn_implementation(cap.NAME)
         path = cap.CapturePath.INTERFACE
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype, path,
-                       _store=opened.store, tower=opened.tower)
+                       _store=opened.store, tower=opened.tower,
+                       position_limit=opened.position_limit)
 
 
 def _major() -> int:

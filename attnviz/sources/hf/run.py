@@ -158,6 +158,10 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
             fix = "a bare number is an encoder layer; name the decoder's: 'dec N', 'cross N'"
         raise UsageError(f"‹layer› {plan.spec!r} is not a layer of this model", fix=fix,
                          option="layer") from None
+    except (RuntimeError, ValueError, IndexError) as exc:  # the model itself failed on the input
+        raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
+                              fix="check that the model runs in transformers on this input",
+                              where=printable(str(loaded.folder))) from None
     finally:
         for handle in handles:
             handle.remove()
