@@ -43,3 +43,16 @@ def test_file_dash_reads_standard_input(cli, tmp_path):
     assert json.loads(result.stdout)["sentences"] == ["the cat sat", "a dog ran far"]
     long_line = " ".join(["w"] * 300) + "\n"
     assert_clean_error(cli("heatmap", "-f", "-", input=long_line), 2, "more than --max-tokens")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["-H", "4"], "--num-heads"),
+    (["--head-dim", "8"], "--head-dim"),
+    (["--memory-budget", "1GB"], "--memory-budget"),
+])
+def test_flags_the_bundled_model_ignores_are_refused(cli, args, flag):
+    """The bundled model has its own 2 heads per layer and always runs whole: a head count or a
+    memory budget given to it would be silently ignored, so it is a usage error."""
+    assert_clean_error(cli("heatmap", "the cat sat", *args), 2, flag, "bundled model")
+    # control: the same flag is taken where it applies (a random layer)
+    assert cli("heatmap", "the cat sat", "--random", "--quiet", *args).exit_code == 0

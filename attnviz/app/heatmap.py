@@ -123,9 +123,25 @@ def check_applicable(job: HeatmapJob) -> None:
     elif job.dtype != "float32" or job.device_map is not None:
         raise UsageError("‹dtype› and ‹device_map› apply to ‹model› only",
                          fix="drop them, or pass ‹model›")
+    if job.model is None and job.weights is None and job.random is None:
+        _check_bundled(job)
     if job.targets is not None and job.model is None:
         raise UsageError("‹target› applies to ‹model› (an encoder-decoder model) only",
                          fix="drop ‹target›, or pass ‹model›", option="target")
+
+
+def _check_bundled(job: HeatmapJob) -> None:
+    """The bundled model fixes its own heads (2 per layer) and is small enough to run whole."""
+    ignored = [flag for flag, given in (
+        ("‹num_heads›", job.hints.num_heads is not None),
+        ("‹num_kv_heads›", job.hints.num_kv_heads is not None),
+        ("‹head_dim›", job.hints.head_dim is not None),
+        ("‹memory_budget›", job.memory_budget is not None)) if given]
+    if ignored:
+        raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not apply "
+                         "to the bundled model: it has its own 2 heads per layer and runs whole",
+                         fix=f"drop {', '.join(ignored)}, or pass ‹weights›, ‹random› or "
+                         "‹model›")
 
 
 def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
