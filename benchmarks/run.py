@@ -646,8 +646,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, help="runs per command (default 3; --quick 1)")
     parser.add_argument("--quick", action="store_true", help=(
-        "smaller sizes and one repeat: a smoke run (about 45 s on this project's 2-core "
-        "machine; the full run takes about 9 minutes, most of it the 32k-token target 6)"))
+        "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
+        "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
     parser.add_argument("--only", type=int, action="append", choices=range(1, 7),
                         help="run only this target group (1-6; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
