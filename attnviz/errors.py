@@ -80,6 +80,10 @@ class LayoutError(CheckpointError):
     """Tensors or config that do not fit the attention layout they claim."""
 
 
+class ConfigError(LayoutError):
+    """A config.json field of the wrong type or out of range: broken whatever reads it."""
+
+
 class CheckFailed(AttnvizError):
     """A numerical check attnviz ran did not hold (e.g. the split proof exceeded its tolerance)."""
 

@@ -14,9 +14,15 @@ pytest.importorskip("transformers")
 
 import zoo  # noqa: E402
 from conftest import assert_clean_error  # noqa: E402
-from zoo import _SEQ2SEQ, PAD, POSITIONS, VOCAB, Kind, _config  # noqa: E402
+from zoo import _BERTLIKE, _SEQ2SEQ, EOS, PAD, POSITIONS, VOCAB, Kind, _config  # noqa: E402
 
 EXTRA = {
+    "longt5": Kind(_config("LongT5Config", d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                           num_decoder_layers=2, num_heads=4, local_radius=2, vocab_size=VOCAB,
+                           pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD),
+                   "LongT5Model", eos=True, encoder_decoder=True),
+    "convbert": Kind(_config("ConvBertConfig", embedding_size=32, **_BERTLIKE), "ConvBertModel",
+                     bos=True),
     "mamba": Kind(_config("MambaConfig", hidden_size=32, num_hidden_layers=2, vocab_size=VOCAB,
                           pad_token_id=PAD), "MambaModel"),
     "led": Kind(_config("LEDConfig", **{**_SEQ2SEQ, "max_encoder_position_embeddings": POSITIONS,
@@ -37,6 +43,9 @@ def extra_model(tmp_path, monkeypatch):
 @pytest.mark.parametrize("kind, fragment", [
     ("mamba", "MambaModel returned no attention weights"),
     ("led", "not one full map per head over its 8 × 8 positions"),
+    # its decoder uses the attention interface, its encoder a local attention of its own: the
+    # interface alone would have shown the decoder and silently dropped the encoder
+    ("longt5", "LongT5Stack returns attention of shape"),
 ])
 def test_models_without_full_maps_are_refused_cleanly(cli, extra_model, kind, fragment):
     folder = extra_model(kind)
@@ -47,3 +56,23 @@ def test_models_without_full_maps_are_refused_cleanly(cli, extra_model, kind, fr
                           zoo.SENTENCES[0]], capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: "), run.stderr
+
+
+def test_a_layout_attnviz_reads_differently_does_not_block_the_model(cli, extra_model, tmp_path):
+    """ConvBERT (head_ratio 2: half its heads are convolutions) does not fit attnviz's reading
+    of a BERT-style layer, but `--model` lets the model compute: its maps are transformers' own."""
+    import torch
+    import transformers
+    from safetensors import safe_open
+
+    folder = extra_model("convbert")
+    out = tmp_path / "maps.safetensors"
+    assert cli("heatmap", "--model", folder, zoo.SENTENCES[0], "--layer", "all",
+               "--export", out, "--quiet").exit_code == 0
+    model = transformers.ConvBertModel.from_pretrained(folder, attn_implementation="eager")
+    ids = zoo.load_tokenizer(folder)(zoo.SENTENCES[0])["input_ids"]
+    with torch.no_grad():
+        expected = model.eval()(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    with safe_open(out, "pt") as f:
+        for i, reference in enumerate(expected):
+            torch.testing.assert_close(f.get_tensor(f"attn.{i}"), reference, atol=1e-6, rtol=0)

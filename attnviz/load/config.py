@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, overload
 
-from attnviz.errors import LayoutError, printable
+from attnviz.errors import ConfigError, printable
 
 # Sub-configs of multi-tower models, and the key fragments that mark a tower's tensors.
 TOWERS = (("vision", "vision_config"), ("visual", "vision_config"), ("text", "text_config"),
@@ -27,7 +27,7 @@ def flag(config: dict[str, Any], name: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise LayoutError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
+        raise ConfigError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
                           "expected true or false", fix="fix config.json")
     return value
 
@@ -47,7 +47,7 @@ def number(config: dict[str, Any], name: str, default: float | None) -> float | 
         return default
     parsed = _as_float(value)
     if parsed is None or parsed <= 0 or not math.isfinite(parsed):
-        raise LayoutError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
+        raise ConfigError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
                           "expected a positive number", fix="fix config.json")
     return parsed
 
@@ -72,7 +72,7 @@ def count(config: dict[str, Any], name: str, *, minimum: int = 1,
         bound = f"an integer ≥ {minimum}" if minimum != 1 else "a positive integer"
         if limit is not None:
             bound += f" and ≤ {limit}"
-        raise LayoutError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
+        raise ConfigError(f"config.json field {name!r} is {printable(_short_repr(value), 60)}, "
                           f"expected {bound}", fix="fix config.json")
     return value
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnviz.errors import LayoutError, printable
+from attnviz.errors import ConfigError, LayoutError, printable
 from attnviz.load import config as hfconfig
 from attnviz.recognize.model_type_table import CODEGEN as CODEGEN
 from attnviz.recognize.model_type_table import GENERIC as GENERIC
@@ -115,7 +115,7 @@ def rotary_fraction(entry: ModelType, config: dict[str, Any], head_dim: int | No
         return min(1.0, (dims if dims is not None else default) / head_dim)
     fraction = hfconfig.rotary_fraction(config, *entry.rotary, default=entry.rotary_default)
     if fraction > 1.0:
-        raise LayoutError(f"config.json gives a rotary fraction of {fraction:g}, above 1",
+        raise ConfigError(f"config.json gives a rotary fraction of {fraction:g}, above 1",
                           fix="fix config.json")
     return fraction
 

@@ -70,13 +70,25 @@ def register() -> None:
 
 
 def uses_interface(model: Any) -> bool:
-    """Whether some module of `model` sends its attention through `ALL_ATTENTION_FUNCTIONS`."""
+    """Whether `model` sends its attention through `ALL_ATTENTION_FUNCTIONS`: some module does,
+    and no attention module computes apart from it (LongT5's encoder runs its own local
+    attention beside a decoder that uses the interface: capturing the interface alone would
+    silently leave the encoder out, so such a model takes the output_attentions path)."""
     from transformers import PreTrainedModel
 
     # PreTrainedModel's own methods read the interface too (to validate implementations).
-    return any(calls_interface(type(module))  # type: ignore[arg-type]
-               for module in model.modules()
-               if not isinstance(module, PreTrainedModel))
+    modules = [m for m in model.modules() if not isinstance(m, PreTrainedModel)]
+    calling = {id(m) for m in modules if calls_interface(type(m))}  # type: ignore[arg-type]
+    if not calling:
+        return False
+    return not any(_attention_apart(module, calling) for module in modules)
+
+
+def _attention_apart(module: Any, calling: set[int]) -> bool:
+    """An attention module (by its class name) with no interface call in or below it."""
+    if "Attention" not in type(module).__name__:
+        return False
+    return not any(id(m) in calling for m in module.modules())
 
 
 def load_for_capture(folder: str | Path, model_class: str = "AutoModel",
@@ -173,10 +185,11 @@ def _capture_output_attentions(model: Any, inputs: dict, shown: set[int] | None,
     else:
         maps = [(LayerKind.SELF, m) for m in getattr(outputs, "attentions", None) or ()]
     if not maps or any(m is None for _, m in maps):
-        raise CheckpointError(f"{type(model).__name__} returned no attention weights: it has no "
-                              "attention layers transformers can report (a state-space model "
-                              "such as Mamba has none)",
-                              fix="attnviz shows attention maps; pick a model with attention")
+        raise CheckpointError(f"{type(model).__name__} returned no attention weights: it makes "
+                              "no full attention maps it can report (a state-space model such as "
+                              "Mamba has no attention; BigBird's block-sparse attention returns "
+                              "none)", fix="attnviz shows full attention maps; for BigBird, "
+                              "attention_type='original_full' in config.json makes them")
     _check_full_maps(model, inputs, maps)
     names = _attention_module_names(model, len(maps))
     layers = []
@@ -208,8 +221,8 @@ def _check_full_maps(model: Any, inputs: dict, maps: list[tuple[LayerKind, torch
         if weights.ndim != 4 or (rows, keys) != tuple(weights.shape[2:]):
             raise CheckpointError(
                 f"{type(model).__name__} returns attention of shape {tuple(weights.shape)}, not "
-                f"one full map per head over its {rows} × {keys} positions (local attention "
-                "windows, as Longformer and LED return)",
+                f"one full map per head over its {rows} × {keys} positions (windowed or pooled "
+                "attention, as Longformer, LED, LongT5 and Funnel compute)",
                 fix="attnviz shows full attention maps, which this model does not make")
 
 

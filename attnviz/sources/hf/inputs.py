@@ -198,8 +198,10 @@ def _pad(loaded: LoadedModel, runner: Any, rows: list[dict[str, list]]
             padded.append(pad + row[name] if left else row[name] + pad)
         feed[name] = torch.tensor(padded)
     if "attention_mask" not in feed:
-        raise CheckpointError("the model's forward takes no attention_mask",
-                              fix="report this model to attnviz")
+        raise CheckpointError(f"{type(runner).__name__}'s forward takes no attention_mask, so it "
+                              "has no attention over tokens attnviz can capture (FNet mixes "
+                              "tokens with Fourier transforms)",
+                              fix="attnviz shows the attention maps of models that take a mask")
     mask = feed["attention_mask"]
     if left and "position_ids" in accepts:
         # As generate() does: real tokens count from 0 after left padding, so learned absolute

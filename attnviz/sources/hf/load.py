@@ -17,6 +17,8 @@ import torch
 from attnviz.compute.device import resolve_device
 from attnviz.errors import (
     CheckpointError,
+    ConfigError,
+    LayoutError,
     UsageError,
     printable,
     printable_path,
@@ -183,8 +185,15 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
     store = open_checkpoint(folder)  # headers only
     guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
     # config.json's fields read in attnviz's words (a list where a count belongs, 'yes' for a
-    # flag) before transformers' own validation answers in its; the run does not use the result.
-    find_layers(store)
+    # flag) before transformers' own validation answers in its; the run does not use the result,
+    # so a layout attnviz's tables read differently from the model (ConvBERT's head_ratio) is
+    # no reason to refuse: the model computes its own maps.
+    try:
+        find_layers(store)
+    except ConfigError:
+        raise
+    except LayoutError:
+        pass
     import transformers
 
     with guard.quiet():  # transformers' reports and warnings are attnviz's to word
