@@ -100,24 +100,28 @@ def main() -> int:
     return 1 if failures else 0
 
 
+def streamed_on_both(gpu: torch.device, run, repeats: int, keys: tuple[str, ...]
+                     ) -> tuple[float, float, float, float]:
+    """run(device) on the CPU and on the GPU, timed: (cpu s, gpu s, max |Δ| of the display
+    maps, max relative Δ of the statistics `keys`)."""
+    (cpu_s, cpu), (gpu_s, on_gpu) = (timed(lambda d=device: run(d), device, repeats=repeats)
+                                     for device in (torch.device("cpu"), gpu))
+    maps = max(float(abs(a.values - b.values).max())
+               for a, b in zip(cpu.views, on_gpu.views, strict=True))
+    stats = max(abs(getattr(a, k) - getattr(b, k)) / max(1.0, abs(getattr(a, k)))
+                for a, b in zip(cpu.stats, on_gpu.stats, strict=True) for k in keys)
+    return cpu_s, gpu_s, maps, stats
+
+
 def streamed_agreement(gpu: torch.device, length: int) -> int:
     """stream_layer (one head and sentence at a time, display maps + statistics) on both."""
     layer, store = gqa_layer(1024, 16, 4)
     batch = Batch(["long", "half"], [[f"w{i % 97}" for i in range(n)]
                                      for n in (length, length // 2)])
     x = torch.randn(2, length, 1024, generator=torch.Generator().manual_seed(2))
-    results = {}
-    for device in (torch.device("cpu"), gpu):
-        def step(device=device):
-            return stream_layer(layer, store, batch, x, x, True, device)
-
-        results[device.type] = timed(step, device, repeats=3)
-    (cpu_s, cpu), (gpu_s, on_gpu) = results["cpu"], results[gpu.type]
-    diff = max(float(abs(a.values - b.values).max()) for a, b in zip(cpu.views, on_gpu.views,
-                                                                     strict=True))
-    stats = max(abs(getattr(a, k) - getattr(b, k)) / max(1.0, abs(getattr(a, k)))
-                for a, b in zip(cpu.stats, on_gpu.stats, strict=True)
-                for k in ("entropy", "max_weight", "distance", "previous", "first"))
+    cpu_s, gpu_s, diff, stats = streamed_on_both(
+        gpu, lambda device: stream_layer(layer, store, batch, x, x, True, device), 3,
+        ("entropy", "max_weight", "distance", "previous", "first"))
     ok = diff <= 1e-4 and stats <= 1e-4
     print(f"{'streamed GQA, 2 sents':<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x "
           f"{diff:9.1e} {'ok' if ok else 'FAILED'} (stats rel Δ {stats:.1e})")
@@ -136,19 +140,10 @@ def long_agreement(gpu: torch.device, length: int) -> int:
     words = [f"w{(i * 7919) % 1009}" for i in range(length)]  # repeats: copy statistics
     batch = Batch(["long"], [words])
     x = torch.randn(1, length, 1024, generator=torch.Generator().manual_seed(3))
-    results = {}
-    for device in (torch.device("cpu"), gpu):
-        def step(device=device):
-            return stream_layer(layer, store, batch, x, x, False, device)
-
-        results[device.type] = timed(step, device, repeats=1)
-    (cpu_s, cpu), (gpu_s, on_gpu) = results["cpu"], results[gpu.type]
-    maps = max(float(abs(a.values - b.values).max()) for a, b in zip(cpu.views, on_gpu.views,
-                                                                     strict=True))
-    keys = ("entropy", "max_weight", "distance", "first", "previous", "self", "duplicate",
-            "induction")
-    stats = max(abs(getattr(a, k) - getattr(b, k)) / max(1.0, abs(getattr(a, k)))
-                for a, b in zip(cpu.stats, on_gpu.stats, strict=True) for k in keys)
+    cpu_s, gpu_s, maps, stats = streamed_on_both(
+        gpu, lambda device: stream_layer(layer, store, batch, x, x, False, device), 1,
+        ("entropy", "max_weight", "distance", "first", "previous", "self", "duplicate",
+         "induction"))
     weights = load_weights(layer, store, device=str(gpu))
     xg = x.to(gpu)
     W = torch.cat([weights.W_q, weights.W_k, weights.W_v])

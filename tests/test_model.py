@@ -98,6 +98,19 @@ def assert_same(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL) -> None:
     torch.testing.assert_close(a, b, atol=atol, rtol=0)
 
 
+def assert_streamed_views(whole: Any, streamed: Any, batch: Any) -> None:
+    """A streamed layer kept no full map, and each display view equals the full map's (its
+    head, or the mean over heads) over the sentence's real tokens."""
+    import numpy as np
+
+    assert streamed.weights is None and ", streamed" in streamed.method
+    for view in streamed.views:
+        n = len(batch.tokens[view.sentence])
+        maps = whole.weights[view.sentence, :, :n, :n]
+        expected = maps.mean(0) if view.head is None else maps[view.head]
+        np.testing.assert_allclose(view.values, expected.numpy(), atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", TEXT)
 def test_exported_maps_equal_eager_for_each_sentence_alone(model, kind, tmp_path):
     """The --export contract: attn.N (B, H, L, S) [decoder.N, cross.N], inputs.N, mask, tokens
@@ -298,7 +311,6 @@ def test_untestable_head_is_said(tmp_path):
 def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
     """Past the budget, each layer's maps are reduced block by block: the same views,
     statistics and --query row as the full maps, and only the last layer's inputs are kept."""
-    import numpy as np
 
     from attnviz.compute import streaming
     from attnviz.compute.stats import head_stats
@@ -310,12 +322,7 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
     streamed = run(m, SENTENCES, allow_stream=True, query=(1, "-2"))
     assert "long input" in streamed.notes[0]
     for a, b in zip(full.layers, streamed.layers, strict=True):
-        assert b.weights is None and ", streamed" in b.method
-        for view in b.views:
-            n = len(full.batch.tokens[view.sentence])
-            maps = a.weights[view.sentence, :, :n, :n]
-            expected = maps.mean(0) if view.head is None else maps[view.head]
-            np.testing.assert_allclose(view.values, expected.numpy(), atol=1e-6)
+        assert_streamed_views(a, b, full.batch)
         for x, y in zip(head_stats(a.weights, full.batch.tokens, a.index), b.stats, strict=True):
             assert (x.layer, x.head) == (y.layer, y.head)
             assert x.entropy == pytest.approx(y.entropy, rel=1e-5, abs=1e-7)
@@ -414,7 +421,6 @@ def test_short_inputs_export_after_the_run(model, tmp_path):
 def test_memory_budget_decides_streaming_and_block_size(model):
     """--memory-budget applies to --model: under it the maps stream, in eager blocks of at most
     a quarter of it, and the streamed views equal the full maps'."""
-    import numpy as np
 
     m = model("llama")
     full = run(m, SENTENCES, "all")
@@ -424,9 +430,4 @@ def test_memory_budget_decides_streaming_and_block_size(model):
     streamed = hf.run_model(m.loaded, plan, allow_stream=True, memory_budget=budget)
     assert hf_run.block_bytes(budget) == budget // 4 < hf_run.BLOCK_BUDGET_BYTES
     for a, b in zip(full.layers, streamed.layers, strict=True):
-        assert b.weights is None and ", streamed" in b.method
-        for view in b.views:
-            n = len(full.batch.tokens[view.sentence])
-            maps = a.weights[view.sentence, :, :n, :n]
-            expected = maps.mean(0) if view.head is None else maps[view.head]
-            np.testing.assert_allclose(view.values, expected.numpy(), atol=1e-6)
+        assert_streamed_views(a, b, full.batch)

@@ -128,12 +128,13 @@ class Collector:
             block = weights[b, :, lo - row_start:hi - row_start, k0:k0 + m].float()  # (H, r, m)
             if causal and bool(block.triu(lo - q0 + 1).any()):
                 causal = False
+            host = block.cpu()  # one device-to-host copy, whoever takes the block
             if self.export_rows is not None:
-                self.export_rows(index, b, lo - q0, block.cpu())
+                self.export_rows(index, b, lo - q0, host)
             if index in self.reducers:
-                self.feeders[index].add_rows(b, 0, lo - q0, block.cpu(), None)
+                self.feeders[index].add_rows(b, 0, lo - q0, host, None)
             else:
-                self.maps[index][b, :, lo - q0:hi - q0, :m] = block.cpu()
+                self.maps[index][b, :, lo - q0:hi - q0, :m] = host
         self.causal[index] = causal
 
 

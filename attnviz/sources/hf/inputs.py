@@ -107,9 +107,6 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
         raise UsageError(f"{len(sentences)} sentences exceed {DEFAULT_MAX_SENTENCES}",
                          fix="pass fewer sentences")
     model_limit = model.position_limit
-    if model_limit is None:  # a LoadedModel built without open_model: config.json alone
-        positions = getattr(model.config, "max_position_embeddings", None)
-        model_limit = positions if isinstance(positions, int) and positions > 0 else None
     where = printable_path(model.folder)
     out = []
     for i, sentence in enumerate(sentences, 1):
