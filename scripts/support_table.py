@@ -1,14 +1,14 @@
-"""Regenerate the README's table of supported architectures from the test suite.
+"""Regenerate docs/models.md's table of supported architectures from the test suite.
 
 Runs tests/test_zoo_support.py (every architecture of tests/zoo.py through `inspect` and
 `split --weights`, checked against the model's own config and forward) and tests/test_model.py
 (`heatmap --model` against transformers' own maps, `--query`, the `--verify` proofs,
 cross-attention), collects what each test established, and rewrites the block between the two
-markers in README.md. The block is never edited by hand: the last test of test_zoo_support.py
+markers in docs/models.md. The block is never edited by hand: the last test of test_zoo_support.py
 fails when it differs from what this script writes.
 
-    python scripts/support_table.py           # run the tests, rewrite README.md
-    python scripts/support_table.py --check   # run the tests, exit 1 if README.md is stale
+    python scripts/support_table.py           # run the tests, rewrite docs/models.md
+    python scripts/support_table.py --check   # run the tests, exit 1 if docs/models.md is stale
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "models.md"  # the page that holds the table
 TESTS = ("tests/test_zoo_support.py", "tests/test_model.py")
 BEGIN = "<!-- support-table:begin (written by scripts/support_table.py from the test suite) -->"
 END = "<!-- support-table:end -->"
@@ -54,7 +54,7 @@ def _mark(passed: Any) -> str:
 
 
 def splice(readme: str, table: str) -> str:
-    """README text with the block between the markers replaced by `table`."""
+    """The page text with the block between the markers replaced by `table`."""
     start, stop = readme.index(BEGIN) + len(BEGIN), readme.index(END)
     return readme[:start] + "\n" + table + "\n" + readme[stop:]
 
@@ -79,13 +79,13 @@ def collect() -> dict[str, dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     table = render(collect())
-    readme = README.read_text(encoding="utf-8")
+    readme = PAGE.read_text(encoding="utf-8")
     if "--check" in argv:
         if block(readme) != table:
-            print("README.md's support table is stale: run python scripts/support_table.py")
+            print("docs/models.md's support table is stale: run python scripts/support_table.py")
             return 1
         return 0
-    README.write_text(splice(readme, table), encoding="utf-8")
+    PAGE.write_text(splice(readme, table), encoding="utf-8")
     print(table)
     return 0
 

@@ -8,7 +8,7 @@ model's own in its forward (tests/heads_check.py says how); negative controls sh
 of the model-type table is caught.
 
 With ATTNVIZ_SUPPORT_JSON=path set, the outcomes are written there for
-scripts/support_table.py, which renders the README's support table.
+scripts/support_table.py, which renders docs/models.md's support table.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def test_a_wrong_table_row_is_caught(zoo_model, monkeypatch, kind, wrong) -> Non
         check_split(zoo_model(kind), kind)
 
 
-def test_readme_support_table_is_generated() -> None:
-    """README.md's support table is what scripts/support_table.py renders from this module's
+def test_docs_support_table_is_generated() -> None:
+    """docs/models.md's support table is what scripts/support_table.py renders from this module's
     outcomes (it runs last; a partial run, e.g. with -k, has nothing to compare)."""
     from support_record import RESULTS
     from zoo import TEXT
@@ -168,6 +168,6 @@ def test_readme_support_table_is_generated() -> None:
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     assert script.block(readme) == script.render(RESULTS), \
-        "README.md's support table is stale: run python scripts/support_table.py"
+        "docs/models.md's support table is stale: run python scripts/support_table.py"
