@@ -184,11 +184,13 @@ def test_kdim_view_says_not_square(cli):
     assert "W_k is 32 × 16 and W_v is 32 × 24, not square" in " ".join(result.stdout.split())
 
 
-def test_png_is_written_with_four_panels(cli, tmp_path):
+@pytest.mark.parametrize("flag", ["--out", "-o", "--png"])
+def test_png_is_written_with_four_panels(cli, tmp_path, flag):
+    """--out, as in every command; --png, its older name, still works."""
     from conftest import colored_runs, read_image
 
     out = tmp_path / "split.png"
-    result = cli("split", "-E", "32", "-H", "4", "--png", out)
+    result = cli("split", "-E", "32", "-H", "4", flag, out)
     assert result.exit_code == 0, result.output
     image = read_image(out)
     height, width = image.shape[:2]
@@ -209,6 +211,8 @@ def test_png_is_written_with_four_panels(cli, tmp_path):
     (["--layer", "0"], 2, "need --weights"),
     (["--weights", "/nonexistent.safetensors"], 2, "no such file"),
     (["--png", "out.txt"], 2, "cannot tell the output format"),
+    (["--out", "out.txt"], 2, "cannot tell the output format"),
+    (["--out", "a.png", "--png", "b.png"], 2, "--png is the old name of --out"),
 ])
 def test_bad_arguments(cli, args, code, fragment, tmp_path, monkeypatch):
     from conftest import assert_clean_error
@@ -245,3 +249,8 @@ def test_weights_file_round_trip_equals_random_init(cli, tmp_path):
 def test_replace_keeps_layer_frozen():
     layer, _ = random_mha(RandomSpec())
     assert replace(layer, name="x").name == "x"
+
+
+def test_help_names_out_not_the_old_png(cli):
+    result = cli("split", "--help")
+    assert "--out" in result.output and "--png" not in result.output

@@ -26,6 +26,7 @@ from attnviz.cli.paths import inputs_read
 from attnviz.cli.split_options import (
     BiasOption,
     LayerOption,
+    OutOption,
     PngOption,
     VerifyOption,
     WeightsOption,
@@ -48,6 +49,7 @@ def split(
     vdim: VDim = None,
     bias: BiasOption = True,
     seed: Seed = None,
+    out: OutOption = None,
     png: PngOption = None,
     as_json: Json = False,
     model: Model = None,
@@ -60,8 +62,11 @@ def split(
     from attnviz.recognize.base import HeadHints
     from attnviz.render.figure import FIGURE_SUFFIXES
 
-    png_path = check_output_path(png, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
-                                 "png") if png else None
+    if out is not None and png is not None:
+        raise UsageError("--png is the old name of --out: give one of them", fix="drop --png")
+    figure = out if out is not None else png
+    png_path = check_output_path(figure, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
+                                 "out" if out is not None else "png") if figure else None
     random = _random_spec(weights is not None or model is not None, embed_dim, num_heads, kdim,
                           vdim, bias, seed)
     result = run_split(SplitRequest(weights, model, layer, HeadHints(

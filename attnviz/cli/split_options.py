@@ -16,8 +16,10 @@ LayerOption = Annotated[str | None, typer.Option("--layer", "-l", help=(
     "Which attention layer: an index from 'attnviz inspect' or its name (--model: the "
     "model's own layer index)."))]
 BiasOption = Annotated[bool, typer.Option("--bias/--no-bias", help="Random init: with biases.")]
-PngOption = Annotated[Path | None, typer.Option("--png", callback=path_arg, help=(
+OutOption = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Also write a figure of W_q, W_k, W_v, W_o with head boundaries (.png, .svg, .pdf)."))]
+# The flag's earlier name, kept working and out of --help: every command writes figures with --out.
+PngOption = Annotated[Path | None, typer.Option("--png", callback=path_arg, hidden=True)]
 VerifyOption = Annotated[bool, typer.Option("--verify", help=(
     "--model: prove attnviz's head slicing through the model's own forward pass: negate "
     "each head's W_q, W_k, W_v rows in turn and check that only that head changes; where "

@@ -133,7 +133,7 @@ def band_view(picture: BandPicture, num_heads: int, embed_dim: int,
         lines.append(text)
     shown = len({line.head for line in picture.lines})
     if num_heads > shown:
-        lines.append(Text(gap_note(num_heads, shown, "heads", "the --png figure draws all of "
+        lines.append(Text(gap_note(num_heads, shown, "heads", "the --out figure draws all of "
                                    "W_q"), style="dim"))
     return Group(*lines)
 
