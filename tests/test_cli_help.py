@@ -65,3 +65,45 @@ def test_a_closed_pipe_exits_0_quietly(args):
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 0, stderr
     assert stderr == ""
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_sits_in_a_panel(command):
+    """A new option is placed in attnviz/cli/panels.py's table, or this fails."""
+    import typer
+
+    from attnviz.cli.main import app
+    from attnviz.cli.panels import unplaced
+
+    built = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    assert unplaced(command, built) == []
+
+
+def test_the_panel_check_can_fail():
+    import typer
+
+    from attnviz.cli.main import app
+    from attnviz.cli.panels import PANELS, unplaced
+
+    built = typer.main.get_command(app).commands["heatmap"]  # type: ignore[attr-defined]
+    table = dict(PANELS["heatmap"])
+    del table["memory_budget"]
+    original = PANELS["heatmap"]
+    PANELS["heatmap"] = table
+    try:
+        assert unplaced("heatmap", built) == ["memory_budget"]
+    finally:
+        PANELS["heatmap"] = original
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_groups_options_and_shows_examples_on_its_first_screen(cli, command):
+    text = cli(command, "--help", env={"COLUMNS": "80"}).stdout
+    first_screen = "\n".join(text.splitlines()[:24])
+    assert "For example" in first_screen
+    assert EXAMPLES[command][0][0] in first_screen
+    panels = [line.split("─ ")[1].split(" ─")[0] for line in text.splitlines()
+              if line.startswith("╭─ ")]
+    assert "Options" not in panels  # every option is in a named panel
+    assert panels[-1] == "Help"
+    assert {"Source", "Outputs"} <= set(panels) or command == "inspect"

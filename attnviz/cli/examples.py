@@ -26,6 +26,15 @@ EXAMPLES = {
 }
 
 
+def summary(command: str, doc: str | None) -> str:
+    """The command's help text with its first two examples right under the first line, so the
+    first screen of `--help` shows how to run it (the rest close the help, after the panels)."""
+    first, _, rest = (doc or "").strip().partition("\n")
+    shown = "\n".join(f"  {cmd.replace('[', chr(92) + '[')}" for cmd, _ in EXAMPLES[command][:2])
+    return (f"{first.strip()} {' '.join(rest.split())}".strip()
+            + f"\n\n[bold]For example[/bold] (more at the end):\n\n{shown}")
+
+
 def epilog(command: str) -> str:
     """Rich-markup epilog: what each example does, then the command on its own line (brackets
     escaped, so it shows as typed; no line is long enough to wrap in 80 columns)."""

@@ -16,9 +16,10 @@ import typer
 from typer.core import TyperGroup
 
 from attnviz import __version__
-from attnviz.cli.examples import epilog
+from attnviz.cli.examples import epilog, summary
 from attnviz.cli.heatmap_cmd import heatmap
 from attnviz.cli.inspect_cmd import inspect
+from attnviz.cli.panels import PanelledCommand, assign_panels
 from attnviz.cli.split_cmd import split
 from attnviz.errors import AttnvizError, ExitCode, Interrupted
 
@@ -39,6 +40,8 @@ class AttnvizGroup(TyperGroup):
         argv = sys.argv[1:] if argv is None else argv
         _state["debug"] = _leading_debug(list(argv))
         prepare_streams()
+        for name, command in self.commands.items():
+            assign_panels(name, command)
         try:
             check_terminal_size()
             result = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
@@ -158,9 +161,9 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-app.command(epilog=epilog("split"))(split)
-app.command(epilog=epilog("inspect"))(inspect)
-app.command(epilog=epilog("heatmap"))(heatmap)
+for _command in (split, inspect, heatmap):
+    app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
+                epilog=epilog(_command.__name__))(_command)
 
 
 def main() -> None:
