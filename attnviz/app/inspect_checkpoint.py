@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer_detail import HeadRow, LayerDetail
 from attnviz.errors import UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import Inventory
@@ -87,37 +88,6 @@ def summary(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
         "unclassified": len(inventory.unclassified),
         "unresolved": len(inventory.unresolved),
     }
-
-
-@dataclass(frozen=True)
-class HeadRow:
-    head: int
-    q_rows: tuple[int, int]
-    o_cols: tuple[int, int]
-    kv_head: int
-    kv_rows: tuple[int, int]
-    q_norm: float  # Frobenius norm of W_q[q_rows]
-    k_norm: float  # of W_k[kv_rows] (shared by the kv group)
-    v_norm: float
-    o_norm: float  # of W_o[:, o_cols]
-
-
-@dataclass(frozen=True)
-class LayerDetail:
-    layer: AttentionLayer
-    heads: list[HeadRow]
-    non_finite: dict[str, int]  # tensor description → count of NaN/Inf values
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "heads": [
-                {"head": h.head, "q_rows": list(h.q_rows), "o_cols": list(h.o_cols),
-                 "kv_head": h.kv_head, "kv_rows": list(h.kv_rows), "q_norm": h.q_norm,
-                 "k_norm": h.k_norm, "v_norm": h.v_norm, "o_norm": h.o_norm}
-                for h in self.heads
-            ],
-            "non_finite": self.non_finite,
-        }
 
 
 def layer_detail(layer: AttentionLayer, store: TensorStore) -> LayerDetail:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.app.inspect_checkpoint import LayerDetail
+from attnviz.core.layer_detail import LayerDetail
 from attnviz.errors import printable
 from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
