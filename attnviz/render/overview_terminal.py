@@ -131,9 +131,9 @@ def overview_key(overview: Overview, width: int) -> list[Text]:
         key.append(f" {meaning}")
     return [key, Text(f"a head is named by the pattern taking ≥ {LABEL_THRESHOLD} "
                       "of its attention (the strongest), over ≥ "
-                      f"{MIN_LABEL_QUERIES} queries that exercised it; --overview entropy, max, previous, … "
-                      "shows one statistic; --layer N or --maps shows the maps, --stats the "
-                      "table", style="dim")]
+                      f"{MIN_LABEL_QUERIES} queries that exercised it; --overview entropy, max, "
+                      "previous, … shows one statistic; --layer N or --maps shows the maps, "
+                      "--stats the table", style="dim")]
 
 
 def print_overview(console: Console, overview: Overview) -> None:

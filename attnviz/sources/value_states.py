@@ -1,7 +1,7 @@
 """--weighting norm on a Hugging Face model: the per-head value states its own attention call
-received (captured through the attention interface, before repeat_kv) and the W_O columns attnviz
-recognizes for that layer give each key's ‖W_O[:, cols(h)] v_j^{g(h)}‖ (attnviz.compute.value_norms),
-realigned like the maps to each sentence's real keys."""
+received (captured through the attention interface, before repeat_kv) and the W_O columns
+attnviz recognizes for that layer give each key's ‖W_O[:, cols(h)] v_j^{g(h)}‖
+(attnviz.compute.value_norms), realigned like the maps to each sentence's real keys."""
 
 from __future__ import annotations
 
