@@ -165,7 +165,7 @@ def _head_mean(model, ids_list, layer, head, d):
                                average_attn_weights=False)
                     E = h.shape[-1]
                     v = h @ mha.in_proj_weight[2 * E:].T + mha.in_proj_bias[2 * E:]
-                    rows.append((w[0, head] @ v[0, :, head * d:(head + 1) * d]))
+                    rows.append(w[0, head] @ v[0, :, head * d:(head + 1) * d])
                     break
                 x, _ = block(x, mask)
     return torch.cat(rows).mean(0)
@@ -222,7 +222,7 @@ def test_cli_scorecard_json_and_figure(cli, tmp_path):
 
 def _lm_folder(tmp_path, kind, cls):
     import transformers
-    from zoo import ZOO, _SHARPEN, save_tokenizer
+    from zoo import _SHARPEN, ZOO, save_tokenizer
 
     row = ZOO[kind]
     torch.manual_seed(0)
@@ -305,3 +305,19 @@ def test_hf_base_model_has_hidden_changes_only(zoo_model):
     assert report.loss_kind is None and len(report.effects) == 4
     assert all(e.loss_change is None and e.hidden_change > 0 for e in report.effects)
     assert result.to_json()["ablation"][0]["loss_change"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.hf
+def test_docs_heads_examples_run_and_show_their_real_output(monkeypatch):
+    """docs/heads.md, checked as the README is (scripts/readme_examples.py)."""
+    import sys
+
+    spec = importlib.util.spec_from_file_location("readme_examples",
+                                                  ROOT / "scripts" / "readme_examples.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "README", ROOT / "docs" / "heads.md")
+    problems = script.check()
+    assert problems == [], "\n".join(problems)

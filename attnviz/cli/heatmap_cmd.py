@@ -138,6 +138,8 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
 
         terminal = console()
         terminal.print()
+        if result.run.weighting == "norm":
+            terminal.print(plain("ranked on value-weighted maps (‖α·W_O v‖, rows summing to 1)"))
         print_ranking(terminal, result.ranking())
     for path in files.written:
         console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
@@ -240,10 +242,6 @@ def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
     for (heads, method, causal), labels in kinds.items():
         out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {_span(labels)} ({heads} "
                         f"heads): {method}" + ("; causal" if causal else "")))
-    if run.weighting == "norm":
-        from attnviz.app.weighting import legend
-
-        out.print(plain(f"weighting norm: cells are {legend('norm')}"))
     for note in run.notes:
         out.print(plain(f"note: {note}"))
     if compact:

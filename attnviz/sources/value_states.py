@@ -30,14 +30,16 @@ def recognized_layers(loaded: LoadedModel, calls: list[ModelLayer]) -> dict[int,
     """Call index → attnviz's description of the layer it runs: the layer whose W_q lives in
     the calling module (innermost), for every call of that module (ALBERT shares one)."""
     from attnviz.recognize import find_layers
-    from attnviz.sources.hf.verify import parameter_of
 
+    params = [name for name, _ in loaded.model.named_parameters()]
     found: dict[int, AttentionLayer] = {}
     for layer in find_layers(loaded.store).layers:
-        try:
-            q_name, _ = parameter_of(loaded.model, layer.q_weight.key)
-        except CheckpointError:
+        key = layer.q_weight.key  # as hf.verify.parameter_of matches it (prefixes may differ)
+        names = [key] if key in params else \
+            [n for n in params if key.endswith("." + n) or n.endswith("." + key)]
+        if len(names) != 1:
             continue
+        q_name = names[0]
         owners = [call for call in calls if q_name.startswith(call.display_name + ".")]
         if not owners:
             continue
