@@ -68,7 +68,8 @@ def export(run: AttentionRun, path: Path) -> None:
         attention = captured.attention_weights if captured.attention_weights is not None \
             else captured.weights
         tensors[maps_key] = cast("torch.Tensor", attention).float().contiguous()
-        if captured.value_norms is not None and captured.attention_weights is not None:
+        if captured.value_norms is not None and attention is not None \
+                and captured.attention_weights is not None:
             from attnviz.compute.value_norms import norm_maps
 
             # --weighting norm: the raw α_ij · ‖W_O^h v_j‖ beside the attention maps

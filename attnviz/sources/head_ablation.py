@@ -148,7 +148,7 @@ def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, in
                     loss, repeat = next_token_losses(logits[part], ids, real)
                 effects.append(HeadEffect(
                     index, label, head, hidden_change(base_hidden, hidden[part], real),
-                    None if loss is None else loss - base_loss,
+                    None if loss is None or base_loss is None else loss - base_loss,
                     None if repeat is None or base_repeat is None else repeat - base_repeat))
     return AblationReport(mode, CAUSAL_LOSS if forward.lm else None, effects, base_loss,
                           base_repeat, per)

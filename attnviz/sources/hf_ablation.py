@@ -135,7 +135,8 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
             for c, (index, label, head) in enumerate(chunk):
                 part = slice(c * B, (c + 1) * B)
                 loss = repeat = None
-                if kind == "causal" and logits is not None and base_loss is not None:
+                if kind == "causal" and logits is not None and base_loss is not None \
+                        and ids is not None:
                     loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real)
                     loss = loss_c - base_loss
                     repeat = None if repeat_c is None or base_repeat is None \
