@@ -321,3 +321,46 @@ def test_docs_heads_examples_run_and_show_their_real_output(monkeypatch):
     monkeypatch.setattr(script, "README", ROOT / "docs" / "heads.md")
     problems = script.check()
     assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
+    """A masked LM head: loss_change is the mean KL(p ‖ p′) of the output distributions."""
+    import transformers
+
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+
+    folder = _lm_folder(tmp_path, "bert", "BertForMaskedLM")
+    sharp = transformers.BertForMaskedLM.from_pretrained(folder)
+    with torch.no_grad():  # outputs far from uniform: KL values well above round-off
+        sharp.cls.predictions.transform.dense.weight.mul_(30)
+        sharp.cls.predictions.bias.normal_(0, 3)
+    sharp.save_pretrained(folder)
+    sentence = "the cat sat on the mat"
+    result = run_heatmap(HeatmapJob([sentence], model=str(folder), ablate="zero",
+                                    device="cpu", layer="1"))
+    report = result.ablation
+    assert report.loss_kind == "KL divergence" and len(report.effects) == 4
+    model = transformers.BertForMaskedLM.from_pretrained(folder).eval()
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    feed = tok(sentence, return_tensors="pt")
+    with torch.no_grad():
+        base = torch.log_softmax(model(**feed).logits[0], -1)
+    d = 8
+
+    def kl(head):
+        weight = model.bert.encoder.layer[1].attention.output.dense.weight
+        saved = weight.detach().clone()
+        with torch.no_grad():
+            weight[:, head * d:(head + 1) * d] = 0
+            other = torch.log_softmax(model(**feed).logits[0], -1)
+            weight.copy_(saved)
+        return float((base.exp() * (base - other)).sum(-1).mean())
+
+    for effect in report.effects:
+        assert effect.layer == 1
+        assert effect.loss_change > 1e-6
+        assert effect.loss_change == pytest.approx(kl(effect.head), rel=1e-2, abs=1e-9)
+        assert effect.loss_change != pytest.approx(kl((effect.head + 1) % 4), rel=1e-2,
+                                                   abs=1e-9)
