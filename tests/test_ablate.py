@@ -364,3 +364,52 @@ def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
         assert effect.loss_change == pytest.approx(kl(effect.head), rel=1e-2, abs=1e-9)
         assert effect.loss_change != pytest.approx(kl((effect.head + 1) % 4), rel=1e-2,
                                                    abs=1e-9)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_hf_encoder_decoder_scorecard_equals_editing_the_weights(zoo_model):
+    """BART (no LM head) with targets: the decoder's final hidden states, heads of an encoder
+    layer and of a cross-attention layer removed by zeroing their out_proj columns."""
+    import transformers
+    from zoo import load_tokenizer
+
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+
+    folder = zoo_model("bart")
+    sentence, target = "the cat sat on the mat", "the red barn"
+    result = run_heatmap(HeatmapJob([sentence], model=str(folder), ablate="zero",
+                                    device="cpu", targets=[target], layer="enc 1,cross 0"))
+    report = result.ablation
+    assert report.loss_kind is None and len(report.effects) == 8
+    model = transformers.BartModel.from_pretrained(folder).eval()
+    tok = load_tokenizer(folder)
+    ids = tok(sentence, return_tensors="pt")["input_ids"]
+    dec = torch.tensor([[model.config.decoder_start_token_id,
+                         *tok(target)["input_ids"]]])
+
+    def run():
+        with torch.no_grad():
+            return model(input_ids=ids, decoder_input_ids=dec).last_hidden_state[0]
+
+    base = run()
+    modules = {"enc 1": model.encoder.layers[1].self_attn.out_proj,
+               "cross 0": model.decoder.layers[0].encoder_attn.out_proj}
+
+    def removed(label, head):
+        weight = modules[label].weight
+        saved = weight.detach().clone()
+        with torch.no_grad():
+            weight[:, head * 8:(head + 1) * 8] = 0
+        h = run()
+        with torch.no_grad():
+            weight.copy_(saved)
+        return float(((h - base).norm(dim=-1) / base.norm(dim=-1)).mean())
+
+    assert {e.label for e in report.effects} == {"enc 1", "cross 0"}
+    for effect in report.effects:
+        assert effect.hidden_change == pytest.approx(removed(effect.label, effect.head),
+                                                     rel=1e-3, abs=1e-8)
+        other = "cross 0" if effect.label == "enc 1" else "enc 1"  # the same head elsewhere
+        assert effect.hidden_change != pytest.approx(removed(other, effect.head), rel=1e-3,
+                                                     abs=1e-6)

@@ -199,3 +199,48 @@ def test_output_attentions_models_are_refused(zoo_model, cli):
     result = cli("heatmap", "--model", zoo_model("bloom"), "the cat sat", "--weighting", "norm",
                  "--device", "cpu")
     assert_clean_error(result, 2, "--weighting")
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_hf_encoder_decoder_cross_and_decoder_norms(zoo_model, cli, tmp_path):
+    """BART with --target: decoder self-attention (values from the target) and cross-attention
+    (values from the encoder's output) against the model's own modules."""
+    import transformers
+
+    folder = zoo_model("bart")
+    out = tmp_path / "bart.safetensors"
+    sentences, targets = ["the cat sat on the mat", "a dog ran"], ["the red barn", "a dog"]
+    result = cli("heatmap", "--model", folder, *sentences, "--target", targets[0], "--target",
+                 targets[1], "--layer", "dec 0,cross 1", "--weighting", "norm", "--export",
+                 out, "--quiet", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    tensors, _ = _read(out)
+    model = transformers.BartModel.from_pretrained(folder).eval()
+    from zoo import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    H, d = 4, 8
+    with torch.no_grad():
+        dec = model.decoder.layers[0].self_attn
+        x, attn = tensors["inputs.decoder.0"], tensors["decoder.0"]
+        v = dec.v_proj(x).view(*x.shape[:2], H, d).transpose(1, 2)
+        blocks = torch.stack([dec.out_proj.weight[:, h * d:(h + 1) * d] for h in range(H)])
+        assert _close(tensors["norm.decoder.0"], _expected(attn, v, blocks, list(range(H))))
+        assert not _close(tensors["norm.decoder.0"],
+                          _expected(attn, v, blocks.roll(1, 0), list(range(H))))
+        cross = model.decoder.layers[1].encoder_attn
+        attn = tensors["cross.1"]
+        S = attn.shape[-1]
+        for b, sentence in enumerate(sentences):
+            ids = tok(sentence, return_tensors="pt")["input_ids"]
+            enc = model.encoder(ids).last_hidden_state  # (1, n, E): each sentence alone
+            n = enc.shape[1]
+            v = cross.v_proj(enc).view(1, n, H, d).transpose(1, 2)
+            blocks = torch.stack([cross.out_proj.weight[:, h * d:(h + 1) * d] for h in range(H)])
+            expected = _expected(attn[b:b + 1, :, :, :n], v, blocks, list(range(H)))
+            got = tensors["norm.cross.1"][b:b + 1, :, :, :n]
+            assert _close(got, expected, 1e-3)
+            assert float(tensors["norm.cross.1"][b, :, :, n:S].abs().max() if n < S else 0) == 0
+            assert not _close(got, _expected(attn[b:b + 1, :, :, :n], v, blocks.roll(1, 0),
+                                             list(range(H))), 1e-3)
