@@ -413,3 +413,48 @@ def test_hf_encoder_decoder_scorecard_equals_editing_the_weights(zoo_model):
         other = "cross 0" if effect.label == "enc 1" else "enc 1"  # the same head elsewhere
         assert effect.hidden_change != pytest.approx(removed(other, effect.head), rel=1e-3,
                                                      abs=1e-6)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,path", [("gemma", "layers.{i}.self_attn.o_proj"),
+                                       ("gpt_neox", "layers.{i}.attention.dense"),
+                                       ("phi3", "layers.{i}.self_attn.o_proj"),
+                                       ("opt", "decoder.layers.{i}.self_attn.out_proj")])
+def test_hf_base_model_scorecards_equal_editing_the_weights(kind, path, zoo_model):
+    """MQA (gemma), interleaved (gpt_neox), fused qkv (phi3), OPT: hidden changes only."""
+    import transformers
+    from zoo import ZOO, load_tokenizer
+
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+
+    folder = zoo_model(kind)
+    sentence = "the cat sat on the mat"
+    result = run_heatmap(HeatmapJob([sentence], model=str(folder), ablate="zero",
+                                    device="cpu", layer="1"))
+    model = getattr(transformers, ZOO[kind].model_class).from_pretrained(folder).eval()
+    feed = load_tokenizer(folder)(sentence, return_tensors="pt")
+
+    def run():
+        with torch.no_grad():
+            return model(**feed).last_hidden_state[0]
+
+    base = run()
+    weight = model.get_submodule(path.format(i=1)).weight
+    d = weight.shape[1] // 4
+
+    def removed(head):
+        saved = weight.detach().clone()
+        with torch.no_grad():
+            weight[:, head * d:(head + 1) * d] = 0
+        h = run()
+        with torch.no_grad():
+            weight.copy_(saved)
+        return float(((h - base).norm(dim=-1) / base.norm(dim=-1)).mean())
+
+    effects = result.ablation.effects
+    assert len(effects) == 4 and all(e.loss_change is None for e in effects)
+    for effect in effects:
+        assert effect.hidden_change == pytest.approx(removed(effect.head), rel=1e-3, abs=1e-7)
+        assert effect.hidden_change != pytest.approx(removed((effect.head + 1) % 4), rel=1e-3,
+                                                     abs=1e-7)

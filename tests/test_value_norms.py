@@ -152,6 +152,27 @@ def _hf_parts(model, kind, i, x):
         v = attn.v_proj(x).view(*x.shape[:2], H, d).transpose(1, 2)
         W_o = attn.out_proj.weight
         groups = list(range(H))
+    elif kind == "t5":  # no biases, relative position bias inside attention
+        attn = model.encoder.block[i].layer[0].SelfAttention
+        H, d = cfg.num_heads, cfg.d_kv
+        v = attn.v(x).view(*x.shape[:2], H, d).transpose(1, 2)
+        W_o = attn.o.weight
+        groups = list(range(H))
+    elif kind == "opt":
+        attn = model.decoder.layers[i].self_attn
+        H = cfg.num_attention_heads
+        d = cfg.hidden_size // H
+        v = attn.v_proj(x).view(*x.shape[:2], H, d).transpose(1, 2)
+        W_o = attn.out_proj.weight
+        groups = list(range(H))
+    elif kind == "phi3":  # fused qkv_proj: [q (H·d) | k (H_kv·d) | v (H_kv·d)]
+        attn = model.layers[i].self_attn
+        H, H_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        d = cfg.hidden_size // H
+        qkv = attn.qkv_proj(x)
+        v = qkv[..., (H + H_kv) * d:].view(*x.shape[:2], H_kv, d).transpose(1, 2)
+        W_o = attn.o_proj.weight
+        groups = [h // (H // H_kv) for h in range(H)]
     else:  # llama-style GQA / MQA
         attn = model.layers[i].self_attn
         H, H_kv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -165,10 +186,12 @@ def _hf_parts(model, kind, i, x):
 
 @pytest.mark.hf
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["llama", "gemma", "gpt2", "gpt_neox", "bart", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "gemma", "gpt2", "gpt_neox", "bart", "qwen2", "t5",
+                                  "opt", "phi3", "mistral"])
 def test_hf_norms_match_the_models_own_modules(kind, zoo_model, cli, tmp_path):
-    """GQA (llama, qwen2), MQA (gemma), fused Conv1D (gpt2), interleaved (gpt_neox),
-    encoder-decoder (bart's encoder)."""
+    """GQA (llama, qwen2, phi3), MQA (gemma, mistral), fused Conv1D (gpt2), fused Linear (phi3),
+    interleaved (gpt_neox), LayerNorm and RMSNorm models, encoder-decoders (bart's and t5's
+    encoders)."""
     import transformers
 
     folder = zoo_model(kind)
