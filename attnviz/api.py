@@ -64,9 +64,21 @@ class Heatmap(HeatmapResult):
                dpi: int | None = None) -> Figure:
         """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer
         (`scale` max|fixed|log, `size` the side of a panel in inches, as the CLI's options)."""
+        from attnviz.app.weighting import legend
         from attnviz.render.figure import heatmap_figure
 
-        return heatmap_figure(self.views, self.title(), scale, size, dpi)
+        return heatmap_figure(self.views, self.title(), scale, size, dpi,
+                              legend(self.run.weighting))
+
+    def ablation_figure(self) -> Figure:
+        """The causal head scorecard (`ablate=`): a layers × heads heatmap per measure."""
+        from attnviz.errors import UsageError
+        from attnviz.render.ablation_figure import ablation_figure
+
+        if self.ablation is None:
+            raise UsageError("no scorecard: this run was made without ‹ablate›",
+                             fix="pass ablate='zero' or 'mean'", option="ablate")
+        return ablation_figure(self.ablation, self.head_stats, self.title())
 
     def _repr_png_(self) -> bytes:
         return _png(self.figure())
@@ -134,9 +146,12 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
                 embed_dim: int | None = None, num_heads: int | None = None,
                 seed: int = 0, keep_full_maps: bool = False,
                 max_tokens: int = DEFAULT_MAX_TOKENS,
-                max_sentences: int = DEFAULT_MAX_SENTENCES) -> Heatmap:
+                max_sentences: int = DEFAULT_MAX_SENTENCES, weighting: str = "attention",
+                ablate: str | None = None) -> Heatmap:
     """Attention of the bundled model (default), one checkpoint layer (`weights`) or a random
-    nn.MultiheadAttention (`random=True`) on a padded batch of sentences."""
+    nn.MultiheadAttention (`random=True`) on a padded batch of sentences. `weighting="norm"`:
+    value-weighted maps ‖α·W_O v‖ (rows normalized); `ablate="zero"|"mean"`: the causal head
+    scorecard (`.ablation`, `.ablation_figure()`)."""
     spec = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS,
                       seed=seed) if random else None
     job = HeatmapJob(list(sentences), weights=None if weights is None else Path(weights),
@@ -145,7 +160,7 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
                      device=device, head=head, average=average,
                      query=None if query is None else str(query), sentence=sentence,
                      keep_full_maps=keep_full_maps, max_tokens=max_tokens,
-                     max_sentences=max_sentences)
+                     max_sentences=max_sentences, weighting=weighting, ablate=ablate)
     return _as(Heatmap, _run_heatmap(job))
 
 
@@ -153,12 +168,15 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
               head: int | None = None, average: bool = False, query: str | int | None = None,
               sentence: int = 1, device: str = "auto", dtype: str = "float32",
               keep_full_maps: bool = False, targets: Sequence[str] | None = None,
-              max_tokens: int = DEFAULT_MAX_TOKENS) -> Heatmap:
+              max_tokens: int = DEFAULT_MAX_TOKENS, weighting: str = "attention",
+              ablate: str | None = None) -> Heatmap:
     """A Hugging Face model's own attention (needs the `attnviz[hf]` extra; never downloads);
-    `targets` (one per sentence) run an encoder-decoder model's decoder too."""
+    `targets` (one per sentence) run an encoder-decoder model's decoder too; `weighting` and
+    `ablate` as in `run_heatmap`."""
     job = HeatmapJob(list(sentences), model=str(model), layer=None if layer is None else str(layer),
                      device=device, dtype=dtype, head=head, average=average,
                      query=None if query is None else str(query), sentence=sentence,
                      keep_full_maps=keep_full_maps,
-                     targets=None if targets is None else list(targets), max_tokens=max_tokens)
+                     targets=None if targets is None else list(targets), max_tokens=max_tokens,
+                     weighting=weighting, ablate=ablate)
     return _as(Heatmap, _run_heatmap(job))

@@ -192,7 +192,20 @@ def write_llama(folder: Path, layers: int) -> int:
     return 8 + len(raw) + offset
 
 
-SCRIPTS = {"baseline_header.py": """\
+SCRIPTS = {"baseline_copies.py": """\
+import sys
+import torch
+import transformers
+folder, copies = sys.argv[1], int(sys.argv[3])
+transformers.utils.logging.disable_progress_bar()
+text = open(sys.argv[2]).read()
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+model = transformers.AutoModel.from_pretrained(folder, local_files_only=True).eval()
+feed = {k: v.repeat(copies, 1) for k, v in tokenizer(text, return_tensors="pt").items()}
+with torch.no_grad():
+    out = model(**feed)
+print(tuple(out.last_hidden_state.shape))
+""", "baseline_header.py": """\
 import sys
 from pathlib import Path
 import torch  # noqa: F401 - the baseline pays torch's import, as a torch user does
@@ -400,6 +413,50 @@ def model_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         f"5c long input memory ({sizes.tokens} tokens, {MODEL_LAYERS}-layer LLaMA, E=64, H=4)",
         m["all"], f"`heatmap --model DIR -f LONG --layer all --no-maps` ({MODEL_LAYERS} layers)",
         m["two"], "same, `--layer 0:2` (2 layers)", "MB", 1.25, budget)]
+
+
+HEAD_LAYERS, HEAD_HEADS, HEAD_TOKENS = 6, 12, 32  # target 8: a 6 × 12 model, one sentence
+
+
+def head_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """Target 8 (issue 21): the causal scorecard of all 72 heads against one bare batched
+    forward of 73 copies of the sentence; value-weighted maps against attention maps."""
+    import transformers
+
+    words = [f"w{i}" for i in range(HEAD_TOKENS)]
+    folder, text = workdir / "bert6x12", workdir / "heads_sentence.txt"
+    width = 64 * HEAD_HEADS if sizes is FULL else 16 * HEAD_HEADS
+    write_model(folder, transformers.BertConfig(
+        hidden_size=width, num_hidden_layers=HEAD_LAYERS, num_attention_heads=HEAD_HEADS,
+        intermediate_size=4 * width, vocab_size=len(words) + 4, pad_token_id=1), words)
+    text.write_text(" ".join(words) + "\n")  # a WordLevel tokenizer: one token per word
+    heads = HEAD_LAYERS * HEAD_HEADS
+    heatmap = [ATTNVIZ, "heatmap", "--model", str(folder), "--file", str(text), "--no-maps",
+               "--device", "cpu"]
+    m = measure({"copies": [PY, str(workdir / "baseline_copies.py"), str(folder), str(text),
+                            str(heads + 1)],
+                 "ablate": [*heatmap, "--ablate", "--json"],
+                 "attention": heatmap, "norm": [*heatmap, "--weighting", "norm"]},
+                repeats, True)
+
+    def scored(run: Run) -> tuple[bool, str]:
+        try:
+            count = len(json.loads(run.stdout)["ablation"])
+        except (ValueError, KeyError):
+            count = 0
+        return count == heads, f"{count} heads scored"
+
+    def weighted(run: Run) -> tuple[bool, str]:
+        ok = "weighting norm" in run.stdout
+        return ok, "" if ok else "the run does not say it is value-weighted"
+
+    what = f"{HEAD_LAYERS}×{HEAD_HEADS} BERT, E={width}, {HEAD_TOKENS} tokens"
+    return [compare(f"8a --ablate, all {heads} heads of a {what}", m["ablate"],
+                    "`heatmap --model DIR --ablate`", m["copies"],
+                    f"load + one forward of {heads + 1} copies", "s", 1.5, scored),
+            compare(f"8b --weighting norm, {what}", m["norm"],
+                    "`heatmap --model DIR --weighting norm`", m["attention"],
+                    "the same run with attention", "s", 1.3, weighted)]
 
 
 def zipf_words(count: int, seed: int = 0) -> str:
@@ -648,8 +705,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=(
         "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
         "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
-    parser.add_argument("--only", type=int, action="append", choices=range(1, 7),
-                        help="run only this target group (1-6; repeatable)")
+    parser.add_argument("--only", type=int, action="append", choices=range(1, 9),
+                        help="run only this target group (1-6, 8; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
     parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
     args = parser.parse_args()
@@ -673,12 +730,14 @@ def main() -> int:
              (model_targets, ("5a one model layer", "5b all model layers",
                               "5c long input memory")),
              (long_inputs, ("6a long-context memory", "6b long-context time",
-                            "6c long --export memory", "6d long-input figure")))
+                            "6c long --export memory", "6d long-input figure")),
+             (None, ()),  # 7: attnviz circuits (issue 21, another branch)
+             (head_targets, ("8a --ablate time", "8b --weighting norm time")))
     try:
         for name, text in SCRIPTS.items():
             (workdir / name).write_text(text)
         for number, (step, names) in enumerate(steps, 1):
-            if args.only and number not in args.only:
+            if step is None or (args.only and number not in args.only):
                 continue
             print(f"[{time.perf_counter() - began:4.0f} s] {', '.join(names)} …", file=sys.stderr,
                   flush=True)

@@ -60,10 +60,21 @@ def export(run: AttentionRun, path: Path) -> None:
         metadata["target_tokens"] = json.dumps(run.target.tokens)
     if run.path is not None:
         metadata["path"] = run.path
+    if run.weighting != "attention":
+        metadata["weighting"] = run.weighting
     for captured in run.layers:
         maps_key, inputs_key = export_key(captured)
         # full maps: a streamed run wrote its file as it went (above)
-        tensors[maps_key] = cast("torch.Tensor", captured.weights).float().contiguous()
+        attention = captured.attention_weights if captured.attention_weights is not None \
+            else captured.weights
+        tensors[maps_key] = cast("torch.Tensor", attention).float().contiguous()
+        if captured.value_norms is not None and attention is not None \
+                and captured.attention_weights is not None:
+            from attnviz.compute.value_norms import norm_maps
+
+            # --weighting norm: the raw α_ij · ‖W_O^h v_j‖ beside the attention maps
+            tensors[norm_key(maps_key)] = norm_maps(attention, captured.value_norms).float() \
+                .contiguous()
         if captured.inputs is not None:
             tensors[inputs_key] = captured.inputs.float().contiguous()
     check_free_space(path, sum(t.numel() * t.element_size() for t in tensors.values()))
@@ -73,6 +84,12 @@ def export(run: AttentionRun, path: Path) -> None:
         except SafetensorError:  # the writer's own I/O error (a full disk, a size limit)
             raise OSError(errno.EIO, "the safetensors writer failed (a full disk or a file "
                           "size limit?)") from None
+
+
+def norm_key(maps_key: str) -> str:
+    """norm.3 beside attn.3; norm.decoder.3, norm.cross.3 beside decoder.3, cross.3."""
+    kind, number = maps_key.rsplit(".", 1)
+    return f"norm.{number}" if kind == "attn" else f"norm.{kind}.{number}"
 
 
 def _export_metadata(batch: Batch, source: str, inputs: str, causal: bool) -> dict[str, str]:

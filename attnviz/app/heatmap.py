@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnviz.app.ablate import ablate_hf, ablate_standalone, check_mode
 from attnviz.app.export import export
 from attnviz.app.heatmap_json import run_json
 from attnviz.app.heatmap_sources import (
@@ -21,6 +22,7 @@ from attnviz.app.heatmap_sources import (
     source_limit,
 )
 from attnviz.app.naming import run_title
+from attnviz.app.weighting import check_weighting, weigh_run
 from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TokenLimit
 from attnviz.errors import UsageError
 from attnviz.recognize.base import HeadHints
@@ -28,6 +30,7 @@ from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     from attnviz.app.overview import Overview
+    from attnviz.compute.ablation_measures import AblationReport
     from attnviz.compute.breakdown import QueryBreakdown
     from attnviz.compute.maps import MapView
     from attnviz.compute.ranking import HeadRanking
@@ -67,6 +70,8 @@ class HeatmapJob:
     max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
     targets: list[str] | None = None  # --model, encoder-decoder: the decoder's text per sentence
     sentence_file: Path | None = None  # --file: more sentences, one per line ('-': stdin)
+    weighting: str = "attention"  # "norm": value-weighted maps (attnviz.app.weighting)
+    ablate: str | None = None  # "zero" or "mean": the causal head scorecard (attnviz.app.ablate)
 
 
 @dataclass
@@ -76,10 +81,15 @@ class HeatmapResult:
     views: list[MapView]  # the selected maps, per (sentence, layer, head)
     breakdown: QueryBreakdown | None = None  # for --query
     warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
+    ablation: AblationReport | None = None  # --ablate: the causal head scorecard
 
     def to_json(self, ranked: bool = False, overview: str | None = "label") -> dict[str, Any]:
         """The --json document; `overview` (None: left out) is what its overview shows."""
         doc = run_json(self.run, self.head_stats, self.breakdown)
+        doc["weighting"] = self.run.weighting
+        if self.ablation is not None:
+            doc["ablation"] = [effect.to_json() for effect in self.ablation.effects]
+            doc["ablation_run"] = self.ablation.to_json()
         if overview is not None:
             doc["overview"] = self.overview(overview).to_json()
         if ranked:
@@ -90,19 +100,30 @@ class HeatmapResult:
         """A row per layer, a cell per head (its type, or `shows`)."""
         from attnviz.app.overview import build_overview
 
+        if shows == "ablation":
+            from attnviz.app.ablation_view import ablation_overview
+
+            return ablation_overview(self.head_stats, self.ablation)
         return build_overview(self.head_stats, shows)
 
     def ranking(self, top: int = 3) -> list[HeadRanking]:
         """A HeadRanking per head type: the `top` heads of each."""
         from attnviz.compute.ranking import rank_heads
 
-        return rank_heads(self.head_stats, top)
+        rankings = rank_heads(self.head_stats, top)
+        if self.ablation is not None:
+            from attnviz.app.ablation_view import causal_ranking
+
+            rankings.append(causal_ranking(self.ablation, top))
+        return rankings
 
     def export(self, path: Path) -> None:
         export(self.run, path)
 
     def title(self) -> str:
         """A figure's title: the model (not a raw path) and the layers shown."""
+        if self.run.weighting == "norm":
+            return run_title(self.run) + " · value-weighted ‖α·W_O v‖"
         return run_title(self.run)
 
 
@@ -151,8 +172,15 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     starts (the CLI shows them beside a spinner)."""
 
     check_applicable(job)
+    check_weighting(job.weighting)
+    check_mode(job.ablate)
     report = progress or (lambda message: None)
     warnings: list[str] = []
+    ablation: list[AblationReport] = []
+
+    def after(loaded: Any, plan: Any, finished: AttentionRun) -> None:
+        if job.ablate is not None:
+            ablation.append(ablate_hf(loaded, plan, finished, job.ablate, job.head, report))
     if job.model is not None:  # the model's own tokenizer decides the tokens
         sentences = job.sentences + _file_sentences(job, None)
         if not sentences:
@@ -164,12 +192,17 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
             job.max_tokens, job.head is not None or job.average, job.max_panels,
             keep_full_maps=job.keep_full_maps,
             query=None if job.query is None else (job.sentence - 1, job.query),
-            targets=job.targets, export_path=job.export_path, memory_budget=job.memory_budget)
+            targets=job.targets, export_path=job.export_path, memory_budget=job.memory_budget,
+            values=job.weighting == "norm", after=after if job.ablate is not None else None)
     else:
         attention_run = _run_standalone_job(job, report, warnings.append)
+        if job.ablate is not None:
+            ablation.append(ablate_standalone(attention_run, job.ablate, job.head, report))
     report("computing head statistics")
-    result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+    result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1,
+                       job.weighting)
     result.warnings = warnings
+    result.ablation = ablation[0] if ablation else None
     return result
 
 
@@ -218,8 +251,9 @@ def _check_sentence(job: HeatmapJob, count: int) -> None:
 
 
 def summarize(attention_run: AttentionRun, head: int | None, average: bool, query: str | None,
-              sentence_index: int) -> HeatmapResult:
-    """Statistics, the selected maps and the --query breakdown of a finished run."""
+              sentence_index: int, weighting: str = "attention") -> HeatmapResult:
+    """Statistics, the selected maps and the --query breakdown of a finished run (of its
+    value-weighted maps with weighting "norm")."""
     from attnviz.compute import maps
     from attnviz.compute import stats as stats_mod
     from attnviz.compute.attention import check_finite_maps
@@ -229,6 +263,8 @@ def summarize(attention_run: AttentionRun, head: int | None, average: bool, quer
     for captured in attention_run.layers:
         maps.check_head(head, captured.heads)
     check_finite_maps(attention_run)
+    if weighting == "norm" and attention_run.weighting != "norm":
+        weigh_run(attention_run)
     head_stats: list[HeadStats] = []
     batch = attention_run.batch
     for captured in attention_run.layers:

@@ -170,12 +170,15 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
               device_map: str | None, max_tokens: int, one_per_layer: bool,
               max_panels: int | None, keep_full_maps: bool = False,
               query: tuple[int, str] | None = None, targets: list[str] | None = None,
-              export_path: Path | None = None, memory_budget: int | None = None
+              export_path: Path | None = None, memory_budget: int | None = None,
+              values: bool = False, after: Callable[..., None] | None = None
               ) -> AttentionRun:
     """A Hugging Face model's own attention on the sentences (the `attnviz[hf]` extra); long
     inputs stream unless keep_full_maps (--export: a long input's maps are then written to
     export_path block by block); query = (sentence, --query) keeps that row; targets run an
-    encoder-decoder model's decoder too."""
+    encoder-decoder model's decoder too; values keeps each shown layer's value states
+    (--weighting norm); after(loaded, plan, run), when given, runs on the finished run (the
+    --ablate scorecard)."""
     from attnviz.sources import hf
 
     def check_shown(layers: int, heads: int) -> None:
@@ -189,12 +192,17 @@ def run_model(spec: str, sentences: list[str], layer: str | None, device: str, d
                                       device=device, dtype=dtype, device_map=device_map,
                                       layer=layer, check_shown=check_shown)
     plan = hf.plan_run(loaded, sentences, layer, targets, max_tokens,
-                       need_layers=max_panels is not None, query=query is not None,
+                       need_layers=max_panels is not None or values or after is not None,
+                       query=query is not None,
                        encoded=encoded, memory_budget=memory_budget)
     if plan.shown is not None:  # numbered by a probe: the figure's size is known before the run
         check_shown(len(plan.shown), max(shown.num_heads or 0 for shown in plan.shown))
-    if export_path is not None:
+    if export_path is not None and not values:
         exported = run_model_exporting(loaded, plan, query, export_path, memory_budget)
         if exported is not None:
             return exported
-    return hf.run_model(loaded, plan, not keep_full_maps, query, memory_budget=memory_budget)
+    attention_run = hf.run_model(loaded, plan, not keep_full_maps, query,
+                                 memory_budget=memory_budget, values=values)
+    if after is not None:
+        after(loaded, plan, attention_run)
+    return attention_run

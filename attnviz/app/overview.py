@@ -3,7 +3,8 @@ as `compute.ranking` names head types — or one of its statistics, from the hea
 run computed (no second forward pass).
 
 A head's type: the pattern `HeadStats.label` names (previous, first, last, self, duplicate,
-induction: the strongest one taking ≥ LABEL_THRESHOLD of its attention); else special-token when
+induction, next, punctuation: the strongest one taking ≥ LABEL_THRESHOLD of its attention, over
+at least MIN_LABEL_QUERIES queries that exercised it); else special-token when
 the special tokens together take that much ([CLS] and [SEP] shared); else broad when no key
 takes that much of a query's weight on average (mean max weight below it); else other (sharp,
 but on keys no listed pattern explains).
@@ -33,6 +34,10 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "self": ("self", HEAD_TYPES["self"][1]),
     "duplicate": ("duplicate", HEAD_TYPES["duplicate-token"][1]),
     "induction": ("induction", HEAD_TYPES["induction"][1]),
+    "next": ("next", HEAD_TYPES["next-token"][1]),
+    "punctuation": ("punctuation", HEAD_TYPES["punctuation"][1]),
+    "ablation": ("ablation", "effect of removing the head (--ablate): change of the LM loss "
+                 "(or KL) with an LM head, else of the final hidden states"),
 }
 LABEL = "label"
 OFF = "off"
@@ -94,7 +99,8 @@ def head_type(stats: HeadStats) -> tuple[str, str, float | None]:
     if stats.label:
         field = HEAD_TYPES[stats.label][0]
         return stats.label, field, getattr(stats, field)
-    if stats.special is not None and stats.special >= LABEL_THRESHOLD:
+    if stats.special is not None and stats.special >= LABEL_THRESHOLD \
+            and stats.exercised("special"):
         return SPECIAL, "special", stats.special
     if stats.max_weight < LABEL_THRESHOLD:
         return BROAD, HEAD_TYPES[BROAD][0], stats.entropy

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from attnviz.cli.heatmap_options import (
+    Ablate,
+    AblateMean,
     Average,
     Causal,
     Device,
@@ -39,6 +41,7 @@ from attnviz.cli.heatmap_options import (
     Size,
     Stats,
     Target,
+    Weighting,
     Weights,
     check_figure_options,
     check_quiet,
@@ -85,6 +88,7 @@ def heatmap(
     head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
     max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
     memory_budget: MemoryBudget = None, size: Size = None, dpi: Dpi = 100, scale: Scale = "max",
+    weighting: Weighting = "attention", ablate: Ablate = False, ablate_mean: AblateMean = False,
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
@@ -111,7 +115,8 @@ def heatmap(
         keep_full_maps=export is not None, export_path=files.export,
         memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
         max_sentences=max_sentences, max_panels=max_panels if files.figure else None,
-        targets=list(target) if target else None, sentence_file=file)
+        targets=list(target) if target else None, sentence_file=file, weighting=weighting,
+        ablate="mean" if ablate_mean else "zero" if ablate else None)
     with progress(not (as_json or quiet)) as report:
         result = run_heatmap(job, report)
         write_files(result, files, report, scale, size, dpi)
@@ -133,6 +138,8 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
 
         terminal = console()
         terminal.print()
+        if result.run.weighting == "norm":
+            terminal.print(plain("ranked on value-weighted maps (‖α·W_O v‖, rows summing to 1)"))
         print_ranking(terminal, result.ranking())
     for path in files.written:
         console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
@@ -146,10 +153,19 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         report(f"writing {files.export.name}")
         result.export(files.export)
     if files.figure is not None:
+        from attnviz.app.weighting import legend
         from attnviz.render.figure import heatmap_figure, save_figure
 
         report(f"drawing the figure {files.figure.name}")
-        save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi), files.figure)
+        save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi,
+                                   legend(result.run.weighting)), files.figure)
+        if result.ablation is not None:
+            from attnviz.render.ablation_figure import ablation_figure, figure_path
+
+            path = figure_path(files.figure)
+            save_figure(ablation_figure(result.ablation, result.head_stats, result.title()),
+                        path)
+            files.extra.append(path)
     if files.html is not None:
         from attnviz.render.html import document_from_run, write_html
 
@@ -190,6 +206,11 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
     elif shown.maps_written:
         out.print(plain("maps: in the files written below (--maps prints them here too)"),
                   style="dim")
+    if result.ablation is not None:
+        from attnviz.render.ablation_terminal import print_scorecard
+
+        out.print()
+        print_scorecard(out, result.ablation, result.head_stats)
     if shown.stats:
         out.print()
         render.print_stats(out, result.head_stats)

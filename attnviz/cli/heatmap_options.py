@@ -5,7 +5,7 @@ into a job, the files to write and what the terminal shows."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -68,14 +68,30 @@ Maps = Annotated[bool | None, typer.Option("--maps/--no-maps", help=(
     "them to a file, or --model shows its overview)."))]
 Overview = Annotated[str | None, typer.Option("--overview", help=(
     "Print a layers × heads grid, a cell per head: label (its type: prev, first, last, "
-    "spec, self, dup, ind, broad, other) or a statistic (entropy, max, distance, first, "
-    "previous, last, special, self, duplicate, induction); off: none. Default: label for "
+    "spec, self, dup, ind, next, punct, broad, other) or a statistic (entropy, max, "
+    "distance, first, previous, last, special, self, duplicate, induction, next, "
+    "punctuation, or ablation with --ablate); off: none. Default: label for "
     "--model without --layer, --head, --average or --maps (maps only when asked for)."))]
 Quiet = Annotated[bool, typer.Option("--quiet", help=(
     "Print only the 'wrote …' lines (and errors): no header, maps or tables."))]
 Rank = Annotated[bool, typer.Option("--rank", help=(
     "Rank the heads by type (previous-token, first/last-token, special-token, self, "
-    "duplicate, induction, broad): the top 3 of each."))]
+    "duplicate, induction, next-token, punctuation, broad; with --ablate also by causal "
+    "effect): the top 3 of each."))]
+Weighting = Annotated[str, typer.Option("--weighting", help=(
+    "What a cell shows: attention (the weight α_ij) or norm (‖α_ij · W_O^h v_j‖, what head h "
+    "writes from key j into query i, rows normalized to sum to 1; --export adds the raw "
+    "norms as norm.{layer}). Statistics, --overview and --rank read the maps shown."),
+    rich_help_panel="Head analysis")]
+Ablate = Annotated[bool, typer.Option("--ablate", help=(
+    "Causal head scorecard: remove each shown head (zero its slice of the input to W_O) and "
+    "rerun the model's own forward: the change of the final hidden states and, with an LM "
+    "head, of the loss (causal) or the output distribution (KL). Prints a layers × heads "
+    "grid; --json: 'ablation'; --out: also NAME.ablation.png; --rank and "
+    "'--overview ablation' show it too."), rich_help_panel="Head analysis")]
+AblateMean = Annotated[bool, typer.Option("--ablate-mean", help=(
+    "--ablate, replacing each head's slice by its mean over the batch's real tokens instead "
+    "of zero."), rich_help_panel="Head analysis")]
 Scale = Annotated[str, typer.Option("--scale", help=(
     "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
     "1) or log (3 decades below the largest)."))]
@@ -140,10 +156,12 @@ class OutputFiles:
     figure: Path | None = None  # --out
     export: Path | None = None  # --export
     html: Path | None = None  # --html
+    extra: list[Path] = field(default_factory=list)  # written beside them (--ablate's figure)
 
     @property
     def written(self) -> list[Path]:
-        return [path for path in (self.figure, self.export, self.html) if path is not None]
+        return [path for path in (self.figure, self.export, self.html, *self.extra)
+                if path is not None]
 
     @property
     def any(self) -> bool:

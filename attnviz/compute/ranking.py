@@ -20,6 +20,8 @@ HEAD_TYPES: dict[str, tuple[str, str]] = {
     "self": ("self", "weight on the query's own token"),
     "duplicate-token": ("duplicate", "weight on earlier copies of the query's token"),
     "induction": ("induction", "weight on the token after an earlier copy of the query's"),
+    "next-token": ("next", "weight on the token after the query"),
+    "punctuation": ("punctuation", "weight on punctuation (. , ; : ! ?)"),
     "broad": ("entropy", "entropy in nats: attention spread over many tokens"),
 }
 DEFAULT_TOP = 3

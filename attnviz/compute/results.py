@@ -93,6 +93,10 @@ class LayerAttention:
     key_tokens: list[list[str]] | None = None
     scores: CapturedScores | None = None  # for --query on a model: what its attention received
     causal: bool | None = None  # observed on the maps (None: not known)
+    # --weighting norm (attnviz.compute.value_norms): per key ‖W_O^h v_j‖ (B, H, S), and the
+    # attention maps themselves, kept when `weights` holds the normalized value-weighted maps
+    value_norms: torch.Tensor | None = None
+    attention_weights: torch.Tensor | None = None
 
     @property
     def heads(self) -> int:
@@ -137,6 +141,7 @@ class AttentionRun:
     exported: Path | None = None  # the --export path a streamed run already wrote, block by block
     target: Batch | None = None  # an encoder-decoder run's decoder inputs, per sentence
     path: str | None = None  # a model run: how the maps were obtained (capture path)
+    weighting: str = "attention"  # what the maps show: "attention", or "norm" (value-weighted)
 
     def layer(self, index: int) -> LayerAttention:
         return next(layer for layer in self.layers if layer.index == index)

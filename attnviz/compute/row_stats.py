@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnviz.compute.stats import PATTERNS, SPECIAL_RE
+from attnviz.compute.stats import PATTERNS, SPECIAL_RE, is_punctuation
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,11 +56,13 @@ class SentencePatterns:
     special: torch.Tensor  # (n,) float32: 1 at special tokens ([CLS], </s>, …)
     counts: dict[str, int]  # queries each pattern averages over
     host: dict[str, NDArray[np.int64]]  # order, group_start, copies (uncommon tokens), ids, prev
+    punctuation: torch.Tensor  # (n,) float32: 1 at punctuation tokens
 
     def to(self, device: torch.device) -> SentencePatterns:
         return replace(self, token_ids=self.token_ids.to(device),
                        prev_ids=self.prev_ids.to(device), frequent=self.frequent.to(device),
-                       columns=self.columns.to(device), special=self.special.to(device))
+                       columns=self.columns.to(device), special=self.special.to(device),
+                       punctuation=self.punctuation.to(device))
 
 
 def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
@@ -83,10 +85,12 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     # induction pairs: earlier copies j with j + 1 < i, i.e. all but a copy at i - 1
     repeat_prev = (prev_ids == token_ids).long()
     special = torch.tensor([float(bool(SPECIAL_RE.match(t))) for t in tokens])
+    marks = torch.tensor([float(is_punctuation(t)) for t in tokens])
     counts = {"entropy": n, "max_weight": n, "distance": n, "first": n - 1, "previous": n - 1,
               "last": n - 1, "self": n, "duplicate": int((copies > 0).sum()),
               "induction": int((copies - repeat_prev > 0).sum()),
-              "special": n if bool(special.any()) else 0, "total": n}
+              "special": n if bool(special.any()) else 0, "next": n - 1,
+              "punctuation": n if bool(marks.any()) else 0, "total": n}
     occurrences = torch.bincount(token_ids)
     common = [t for t in torch.argsort(occurrences, descending=True, stable=True)[
         :FREQUENT_TOKENS].tolist() if occurrences[t] >= FREQUENT_MIN]
@@ -101,7 +105,7 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     host = {"order": order.numpy(), "group_start": group_start.numpy(),
             "copies": rare_copies.numpy(), "ids": token_ids.numpy(), "prev": prev_ids.numpy()}
     return SentencePatterns(token_ids, prev_ids, frequent[token_ids], columns, cum, special,
-                            counts, host)
+                            counts, host, marks)
 
 
 def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
@@ -146,6 +150,8 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
         term["entropy"].copy_(torch.where(top > 0, log_norm * mass, 0.0) - dot)
     _position_terms(term, real, rows, row_start, keys, len(patterns.token_ids),
                     patterns.special)
+    term["punctuation"].copy_(real @ patterns.punctuation[:keys])
+    _next_term(term, real, rows, row_start, keys, len(patterns.token_ids))
     _copy_terms(term, attn, sums, near, row_start, keys, patterns)
     return out
 
@@ -170,6 +176,15 @@ def _position_terms(term: dict[str, torch.Tensor], real: torch.Tensor, rows: tor
     term["self"].copy_(real[:, rows, queries])
     term["previous"].copy_(real[:, rows, (queries - 1).clamp(min=0)] * later)
     term["first"].copy_(real[:, :, 0] * later)
+
+
+def _next_term(term: dict[str, torch.Tensor], real: torch.Tensor, rows: torch.Tensor,
+               row_start: int, keys: int, n: int) -> None:
+    """a_i,i+1 for queries i < n - 1 (0 where the key lies beyond the computed ones: causal)."""
+    following = rows + row_start + 1
+    seen = (following < keys) & (following < n)
+    picked = real[:, rows, following.clamp(max=keys - 1)]
+    term["next"].copy_(picked * seen.to(torch.float32))
 
 
 def _copy_terms(term: dict[str, torch.Tensor], attn: torch.Tensor, sums: torch.Tensor,

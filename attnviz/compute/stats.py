@@ -10,7 +10,15 @@ All statistics average over the real (non-padding) query positions of every sent
 - last: a_i,n-1 (queries i < n - 1): the final token, [SEP] or </s> in encoders (Clark et al.,
   2019, "What Does BERT Look At?");
 - special: Σ a_ij over special tokens j ([CLS], [SEP], <s>, </s>, <|endoftext|>, …: SPECIAL_RE),
-  over sentences that have one.
+  over sentences that have one;
+- next: a_i,i+1 (queries i < n - 1): the token after the query (Clark et al., 2019; always 0 under
+  a causal mask);
+- punctuation: Σ a_ij over punctuation tokens j (`.` `,` `;` `:` `!` `?` `…` and their
+  full-width forms, with a tokenizer's word markers Ġ ▁ ## stripped: PUNCTUATION), over
+  sentences that have one.
+
+A head is labelled by a pattern only when at least MIN_LABEL_QUERIES queries exercised it
+(`HeadStats.queries` counts them): one repeated "the" does not make a head "induction".
 
 Cross-attention maps (queries from one sequence, keys from another: an encoder-decoder's target
 over its source) have entropy, max weight and first (a_i0, every query) only: distances and
@@ -27,9 +35,22 @@ from typing import Any
 import torch
 
 LABEL_THRESHOLD = 0.5  # a head is labelled when one pattern takes at least half its attention
-PATTERNS = ("previous", "first", "last", "self", "duplicate", "induction")
+MIN_LABEL_QUERIES = 4  # … over at least this many queries that exercised the pattern
+PATTERNS = ("previous", "first", "last", "self", "duplicate", "induction", "next",
+            "punctuation")
 LABEL_NAMES = {"previous": "previous-token", "first": "first-token", "last": "last-token",
-               "self": "self", "duplicate": "duplicate-token", "induction": "induction"}
+               "self": "self", "duplicate": "duplicate-token", "induction": "induction",
+               "next": "next-token", "punctuation": "punctuation"}
+PUNCTUATION = frozenset(".,;:!?…。，、；：！？")
+_WORD_MARKERS = ("Ġ", "▁", "##", "Ċ")
+
+
+def is_punctuation(token: str) -> bool:
+    """A token of sentence punctuation only ('.', ',', '...', 'Ġ.', '▁;'), markers stripped."""
+    for marker in _WORD_MARKERS:
+        token = token.replace(marker, "")
+    token = token.strip()
+    return bool(token) and all(char in PUNCTUATION for char in token)
 # Tokenizers' special tokens as they print: [CLS] [SEP] [PAD], <s> </s> <pad> <unk>, <|endoftext|>
 SPECIAL_RE = re.compile(r"^(\[[A-Z_]+\]|</?[a-z_]+>|<\|[^|<>\s]+\|>)$")
 
@@ -49,16 +70,31 @@ class HeadStats:
     last: float | None = None  # None when every sentence is one token long
     special: float | None = None  # None when no sentence has a special token
     layer_label: str | None = None  # how the run labels the layer ("enc 0"), if not by number
+    next: float | None = None  # None when every sentence is one token long (or cross-attention)
+    punctuation: float | None = None  # None when no sentence has a punctuation token
+    # (pattern, queries that exercised it) — () when not counted (then every pattern counts)
+    queries: tuple[tuple[str, int], ...] = ()
+
+    def exercised(self, pattern: str) -> bool:
+        """Whether enough queries exercised `pattern` to name the head by it."""
+        counts = dict(self.queries)
+        return pattern not in counts or counts[pattern] >= MIN_LABEL_QUERIES
 
     @property
     def label(self) -> str:
-        """The pattern holding ≥ LABEL_THRESHOLD of the attention, or "" (the strongest wins)."""
-        scores = {name: getattr(self, name) for name in PATTERNS}
-        best = max((s, n) for n, s in scores.items() if s is not None)
+        """The pattern holding ≥ LABEL_THRESHOLD of the attention over at least
+        MIN_LABEL_QUERIES queries, or "" (the strongest wins)."""
+        scores = {name: getattr(self, name) for name in PATTERNS if self.exercised(name)}
+        found = [(s, n) for n, s in scores.items() if s is not None]
+        if not found:
+            return ""
+        best = max(found)
         return LABEL_NAMES[best[1]] if best[0] >= LABEL_THRESHOLD else ""
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "label": self.label}
+        doc = asdict(self)
+        doc["queries"] = dict(self.queries)
+        return {**doc, "label": self.label}
 
 
 @functools.lru_cache(maxsize=8)  # streaming asks once per head for the same sentences
@@ -74,6 +110,8 @@ def pattern_pairs(tokens: tuple[str, ...]) -> dict[str, tuple[torch.Tensor, torc
     keep = dup_k + 1 < dup_q  # induction target: the token after the copy, before the query
     specials = torch.tensor([bool(SPECIAL_RE.match(t)) for t in tokens])
     special_q, special_k = specials[None, :].expand(n, n).nonzero(as_tuple=True)
+    marks = torch.tensor([is_punctuation(t) for t in tokens])
+    punct_q, punct_k = marks[None, :].expand(n, n).nonzero(as_tuple=True)
     return {
         "previous": (positions[1:], positions[:-1]),
         "first": (positions[1:], torch.zeros(n - 1, dtype=torch.long)),
@@ -82,6 +120,8 @@ def pattern_pairs(tokens: tuple[str, ...]) -> dict[str, tuple[torch.Tensor, torc
         "self": (positions, positions),
         "duplicate": (dup_q, dup_k),
         "induction": (dup_q[keep], dup_k[keep] + 1),
+        "next": (positions[:-1], positions[1:]),
+        "punctuation": (punct_q, punct_k),
     }
 
 
@@ -180,7 +220,10 @@ def finish_stats(totals: StatSums, layer: int, first_head: int = 0) -> list[Head
     values: list[dict[str, Any]] = [
         {name: None if (mean := means[name]) is None else mean[h] for name in sums}
         for h in range(H)]
-    return [HeadStats(layer=layer, head=first_head + h, **values[h]) for h in range(H)]
+    queries = tuple((name, int(counts[name])) for name in (*PATTERNS, "special")
+                    if name in counts)
+    return [HeadStats(layer=layer, head=first_head + h, queries=queries, **values[h])
+            for h in range(H)]
 
 
 def induction_score(weights: torch.Tensor, tokens: list[list[str]]) -> list[float]:

@@ -83,7 +83,7 @@ def _stretch(values: NDArray[np.float32], side: int) -> NDArray[np.float32]:
 
 
 def heatmap_figure(views: list[MapView], title: str, scale: str = "max", size: float | None = None,
-                   dpi: int | None = None) -> Figure:
+                   dpi: int | None = None, legend: str = "attention weight") -> Figure:
     """A grid: one row per (sentence, layer), one column per head, one shared colour scale.
 
     Laid out in bands that never overlap: the title on top, a title band above each row of
@@ -121,7 +121,7 @@ def heatmap_figure(views: list[MapView], title: str, scale: str = "max", size: f
     _row_labels(ax, grid)
     ax.set_xlabel("key", fontsize=TEXT_PT + 1)
     ax.set_ylabel("query", fontsize=TEXT_PT + 1)
-    _colour_bar(fig, image, grid)
+    _colour_bar(fig, image, grid, legend)
     fig.text(0.5, 1 - (grid.title_band / 2) / grid.height, "\n".join(grid.wrapped),
              fontsize=TITLE_PT, ha="center", va="center")
     return fig
@@ -275,7 +275,8 @@ def _row_labels(ax: Axes, grid: _Grid) -> None:
                         va="bottom", ha="left")
 
 
-def _colour_bar(fig: Figure, image: AxesImage, grid: _Grid) -> None:
+def _colour_bar(fig: Figure, image: AxesImage, grid: _Grid,
+                legend: str = "attention weight") -> None:
     """The colour bar beside the panels (at most 4 in tall), the masked-cell key under it."""
     from matplotlib.patches import Rectangle
 
@@ -285,7 +286,7 @@ def _colour_bar(fig: Figure, image: AxesImage, grid: _Grid) -> None:
     bar_left = grid.margin_left + grid.mosaic_w / grid.ppi + 0.25
     bar = fig.add_axes((bar_left / width, (bar_top - bar_height) / height, 0.15 / width,
                         bar_height / height))
-    fig.colorbar(image, cax=bar, label="attention weight")
+    fig.colorbar(image, cax=bar, label=legend)
     bar.tick_params(labelsize=TEXT_PT)
     if any((v.values == 0.0).any() for v in grid.views):
         key_top = bar_top - bar_height - 0.35

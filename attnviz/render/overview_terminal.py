@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from attnviz.compute.stats import LABEL_THRESHOLD
+from attnviz.compute.stats import LABEL_THRESHOLD, MIN_LABEL_QUERIES
 from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.maps_terminal import colour_off, ramp
 
@@ -30,6 +30,8 @@ TYPES: dict[str, tuple[str, str, str, str]] = {
     "self": ("self", "slf", "its own token", "blue"),
     "duplicate-token": ("dup", "dup", "earlier copies of its token", "red"),
     "induction": ("ind", "ind", "the token after an earlier copy (induction)", "bold red"),
+    "next-token": ("next", "nxt", "the token after it", "bright_cyan"),
+    "punctuation": ("punct", "pct", "punctuation (. , ; : ! ?)", "bright_yellow"),
     "broad": ("broad", "brd", "no key takes half a query's weight", "dim"),
     "other": ("other", "oth", "sharp, on keys no listed pattern explains", ""),
 }
@@ -128,9 +130,10 @@ def overview_key(overview: Overview, width: int) -> list[Text]:
         key.append(code if short else word, style="bold")
         key.append(f" {meaning}")
     return [key, Text(f"a head is named by the pattern taking ≥ {LABEL_THRESHOLD} "
-                      "of its attention (the strongest); --overview entropy, max, previous, … "
-                      "shows one statistic; --layer N or --maps shows the maps, --stats the "
-                      "table", style="dim")]
+                      "of its attention (the strongest), over ≥ "
+                      f"{MIN_LABEL_QUERIES} queries that exercised it; --overview entropy, max, "
+                      "previous, … shows one statistic; --layer N or --maps shows the maps, "
+                      "--stats the table", style="dim")]
 
 
 def print_overview(console: Console, overview: Overview) -> None:

@@ -23,5 +23,7 @@ def print_ranking(console: Console, rankings: list[HeadRanking]) -> None:
     console.print(Text("heads ranked by type (score = the statistic above; broad = entropy)",
                        style="bold"))
     console.print(ranking_table(rankings))
-    console.print(Text("– : no query in the input exercised the pattern (induction and "
-                       "duplicate need repeated tokens: try --probe induction)", style="dim"))
+    if any(not ranking.heads for ranking in rankings):
+        console.print(Text("– : no query in the input exercised the pattern (induction and "
+                           "duplicate need repeated tokens: try --probe induction)",
+                           style="dim"))

@@ -60,6 +60,7 @@ class _Session:
             if self.keep_qk is True or (not isinstance(self.keep_qk, bool)
                                         and index in self.keep_qk):
                 layer.query, layer.key = query.detach(), key.detach()
+                layer.value = value.detach()
                 layer.mask = None if mask is None else mask.detach()
                 layer.score_kwargs = {k: kwargs[k] for k in _SCORE_KWARGS
                                       if kwargs.get(k) is not None}

@@ -51,6 +51,7 @@ class CapturedLayer:
     key_length: int | None = None  # S
     query: torch.Tensor | None = None  # (B, H, L, d) after rotary, when keep_qk (interface only)
     key: torch.Tensor | None = None  # (B, H_kv, S, d) before repeat_kv, when keep_qk
+    value: torch.Tensor | None = None  # (B, H_kv, S, d) before repeat_kv, when keep_qk
     # With keep_qk also what else enters the scores: the additive mask (B|1, 1|H, L, S) eager
     # received, and the call's scaling, softcap, position_bias and sinks kwargs, where given.
     mask: torch.Tensor | None = None

@@ -48,7 +48,7 @@ class _Setup:
 def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
               query: tuple[int, str] | None = None,
               export_rows: ExportRows | None = None,
-              memory_budget: int | None = None) -> AttentionRun:
+              memory_budget: int | None = None, values: bool = False) -> AttentionRun:
     """The model's own attention weights (and attention inputs) of the layers the plan shows.
 
     With allow_stream, when the full maps of the source layers shown would exceed the streaming
@@ -68,6 +68,11 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
                          f"{type(loaded.model).__name__} returns its maps through "
                          "output_attentions", fix="drop ‹query›", option="query")
     setup = _setup(plan, allow_stream, query, memory_budget)
+    if values:
+        from attnviz.sources.value_states import check_values
+
+        check_values(loaded)
+        setup.keep_qk = True
     collector = Collector(plan, setup.reducers, export_rows)
     result, inputs = _capture(loaded, plan, setup, collector, every_input=export_rows is not None)
     shown = plan.shown
@@ -81,6 +86,10 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
     results = [_layer_result(loaded, plan, layer, calls[layer.index], collector, setup,
                              inputs, query is not None and layer is shown[-1])
                for layer in shown]
+    if values:
+        from attnviz.sources.value_states import attach_value_norms
+
+        attach_value_norms(loaded, plan, result.layers, shown, results)
     causal = all(r.causal for r in results if r.kind != cap.LayerKind.CROSS.value)
     return AttentionRun(plan.prepared.batch, results, printable(str(loaded.folder)),
                         DESCRIBED_INPUTS, str(input_device(loaded.model)), causal, None,

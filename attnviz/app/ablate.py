@@ -1,0 +1,50 @@
+"""--ablate: the causal head scorecard of a heatmap run — which shown heads matter to the output
+(attnviz.compute.ablation_measures says what is measured), beside the pattern statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from attnviz.compute.ablation_measures import MODES, AblationReport
+from attnviz.errors import UsageError
+
+if TYPE_CHECKING:
+    from attnviz.compute.results import AttentionRun
+    from attnviz.sources.hf.layers import Plan
+    from attnviz.sources.hf.load import LoadedModel
+
+
+def check_mode(mode: str | None) -> None:
+    if mode is not None and mode not in MODES:
+        raise UsageError(f"unknown ‹ablate› {mode!r}", fix=f"use {' or '.join(MODES)}",
+                         option="ablate")
+
+
+def ablate_standalone(run: AttentionRun, mode: str, head: int | None,
+                      report: Callable[[str], None]) -> AblationReport:
+    """The bundled model's or a standalone layer's scorecard of the run's shown heads."""
+    import torch
+
+    from attnviz.sources.head_ablation import ablate_run
+
+    heads = []
+    for captured in run.layers:
+        if captured.layer is None:
+            raise UsageError("‹ablate› needs the layers' weights", fix="drop ‹ablate›")
+        heads += [(captured.index, captured.display_label, captured.layer, h)
+                  for h in range(captured.heads) if head is None or h == head]
+    return ablate_run(run, heads, mode, torch.device(run.device), report)
+
+
+def ablate_hf(loaded: LoadedModel, plan: Plan, run: AttentionRun, mode: str, head: int | None,
+              report: Callable[[str], None]) -> AblationReport:
+    """A Hugging Face model's scorecard of the run's shown heads."""
+    from attnviz.sources.hf_ablation import ablate_model
+
+    shown = plan.shown if plan.shown is not None else []
+    by_index = {layer.index: layer for layer in shown}
+    calls = [by_index[c.index] for c in run.layers if c.index in by_index]
+    heads = [(c.index, c.display_label, h) for c in run.layers for h in range(c.heads)
+             if head is None or h == head]
+    return ablate_model(loaded, plan, calls, heads, mode, report)

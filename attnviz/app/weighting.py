@@ -1,0 +1,48 @@
+"""--weighting norm for any run: each layer's maps become the normalized rows of α_ij ·
+‖W_O^h v_j‖ (attnviz.compute.value_norms); the attention maps stay beside them for --export."""
+
+from __future__ import annotations
+
+from attnviz.compute.results import AttentionRun
+from attnviz.compute.value_norms import NORM_LEGEND, WEIGHTINGS, norm_maps, normalized_rows
+from attnviz.errors import CheckpointError, UsageError
+
+NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what head h writes from "
+        "key j into query i's output; rows normalized to sum to 1; statistics, --overview and "
+        "--rank read these maps; --export holds the raw norms as norm.{layer}")
+
+
+def check_weighting(weighting: str) -> None:
+    if weighting not in WEIGHTINGS:
+        raise UsageError(f"unknown ‹weighting› {weighting!r}", fix=f"use {' or '.join(WEIGHTINGS)}",
+                         option="weighting")
+
+
+def weigh_run(run: AttentionRun) -> None:
+    """Replace every layer's maps by its value-weighted maps (in place)."""
+    from attnviz.compute.forward import load_weights
+    from attnviz.compute.value_norms import key_norms
+
+    for captured in run.layers:
+        if captured.weights is None:
+            raise UsageError("‹weighting› norm needs every head's full map, and this input "
+                             "streams (its maps exceed the memory budget)",
+                             fix="raise ‹memory_budget›, or use shorter inputs",
+                             option="weighting")
+        if captured.value_norms is None:
+            value_in = captured.value_inputs if captured.value_inputs is not None \
+                else captured.inputs
+            if captured.layer is None or run.store is None or value_in is None:
+                raise CheckpointError(f"layer {captured.display_label}'s value inputs were not "
+                                      "captured", fix="report this")
+            weights = load_weights(captured.layer, run.store)
+            captured.value_norms = key_norms(captured.layer, weights, value_in.float()).cpu()
+        captured.attention_weights = captured.weights
+        captured.weights = normalized_rows(norm_maps(captured.weights, captured.value_norms))
+    run.weighting = "norm"
+    run.notes.append(NOTE)
+
+
+def legend(weighting: str) -> str:
+    """The colour bar's label."""
+    return NORM_LEGEND if weighting == "norm" else "attention weight"

@@ -1,0 +1,166 @@
+"""The causal head scorecard for attnviz's own forwards: the bundled model and a standalone layer.
+
+Each removed head gets its own copy of the batch (heads stacked along the batch dimension: one
+forward for many heads); in its copy the head's slice of the input to W_O (its o_cols) is zeroed,
+or replaced by that slice's mean over the batch's real tokens (`mean`). The forward is the one
+`attnviz.sources.bundled.run_tiny` runs (embeddings + positions, pre-LayerNorm attention blocks,
+then the final LayerNorm and the unembedding the bundled model was trained with); a standalone
+layer is its own model: its output is the hidden state, and there is no LM head.
+Hugging Face models take `attnviz.sources.hf_ablation` (the model's own forward, hooked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from attnviz.compute import kernel
+from attnviz.compute.ablation_measures import (
+    CAUSAL_LOSS,
+    AblationReport,
+    HeadEffect,
+    hidden_change,
+    next_token_losses,
+)
+from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
+from attnviz.compute.inputs import padding_mask
+from attnviz.compute.results import AttentionRun
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.words import hashed_ids
+from attnviz.load.checkpoint import TensorStore
+from attnviz.recognize.base import metadata_int
+from attnviz.sources import bundled
+
+# An edit of the W_O input of layer i: edit(i, ctx (N, L, W)) changes ctx in place.
+Edit = Callable[[int, torch.Tensor], None]
+MAX_COPIES = 128  # most copies of the batch in one forward pass
+COPY_BUDGET_BYTES = 256 * 2**20  # … and at most about this much of hidden states at once
+
+
+def context(layer: AttentionLayer, weights: LayerWeights, query: torch.Tensor,
+            key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The input of W_O (N, L, W): each head's softmax(q kᵀ) v at its o_cols."""
+    ctx = query.new_zeros(*query.shape[:-1], weights.W_o.shape[1])
+    for h in range(layer.num_heads or 0):
+        *_, v_h, _, a_h = head_attention(layer, weights, h, query, key, value, mask)
+        ctx[..., slice(*layer.o_cols(h))] = a_h @ v_h  # (N, L, d)
+    return ctx
+
+
+class TinyForward:
+    """The bundled model's forward on a padded batch, any number of copies at once."""
+
+    def __init__(self, store: TensorStore, run: AttentionRun, device: torch.device) -> None:
+        self.store, self.device = store, device
+        self.layers = bundled.tiny_layers(store)
+        self.weights = [load_weights(layer, store, device=str(device)) for layer in self.layers]
+        vocab = metadata_int(store, "vocab_size") or 0
+        batch = run.batch
+        ids = torch.zeros(len(batch.tokens), batch.max_len, dtype=torch.long)
+        for b, tokens in enumerate(batch.tokens):
+            ids[b, :len(tokens)] = torch.tensor(hashed_ids(tokens, vocab))
+        self.ids, self.real = ids, ~padding_mask(batch)
+        self.param = {name: store.read(name).float().to(device) for name in store.keys()
+                      if not name.startswith("layers.") or ".ln." in name}
+        self.lm = "unembed.weight" in self.param and "ln_f.weight" in self.param
+
+    def __call__(self, copies: int, edit: Edit) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final hidden states (copies·B, L, E), logits or None) with `edit` at every W_O."""
+        ids = self.ids.repeat(copies, 1).to(self.device)
+        L = ids.shape[1]
+        p = self.param
+        x = p["embed.weight"][ids] + p["pos_embed.weight"][:L][None]  # (N, L, E)
+        pad = (~self.real).repeat(copies, 1).to(self.device)
+        mask = merged_mask(pad, kernel.causal_mask(L, device=self.device), False)
+        for i, (layer, weights) in enumerate(zip(self.layers, self.weights, strict=True)):
+            h = F.layer_norm(x, (x.shape[-1],), p[f"layers.{i}.ln.weight"],
+                             p[f"layers.{i}.ln.bias"], eps=1e-5)
+            ctx = context(layer, weights, h, h, h, mask)
+            edit(i, ctx)
+            x = x + F.linear(ctx, weights.W_o, weights.b_o)
+        if not self.lm:
+            return x, None
+        final = F.layer_norm(x, (x.shape[-1],), p["ln_f.weight"], p["ln_f.bias"], eps=1e-5)
+        return final, final @ p["unembed.weight"].T
+
+
+class LayerForward:
+    """A standalone layer as its own model: its output (N, L, E) is the hidden state."""
+
+    def __init__(self, run: AttentionRun, device: torch.device) -> None:
+        captured = run.layers[0]
+        assert captured.layer is not None and captured.inputs is not None and run.store
+        self.layer = captured.layer
+        self.weights = load_weights(self.layer, run.store, device=str(device))
+        self.x = captured.inputs.float().to(device)
+        self.key = (captured.key_inputs if captured.key_inputs is not None
+                    else captured.inputs).float().to(device)
+        self.value = (captured.value_inputs if captured.value_inputs is not None
+                      else captured.inputs).float().to(device)
+        self.real = ~padding_mask(run.batch)
+        self.causal, self.index, self.device = run.causal, captured.index, device
+        self.lm = False
+
+    def __call__(self, copies: int, edit: Edit) -> tuple[torch.Tensor, torch.Tensor | None]:
+        L = self.x.shape[1]
+        pad = (~self.real).repeat(copies, 1).to(self.device)
+        causal = kernel.causal_mask(L, device=self.device) if self.causal else None
+        mask = merged_mask(pad, causal, self.weights.bias_k is not None)
+        grow = lambda t: t.repeat(copies, 1, 1)  # noqa: E731
+        ctx = context(self.layer, self.weights, grow(self.x), grow(self.key), grow(self.value),
+                      mask)
+        edit(self.index, ctx)
+        return F.linear(ctx, self.weights.W_o, self.weights.b_o), None
+
+
+def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, int]], mode: str,
+               device: torch.device, report: Callable[[str], None]) -> AblationReport:
+    """The scorecard of `heads` (layer index, label, layer, head) of a bundled-model or
+    standalone run."""
+    assert run.store is not None
+    forward: TinyForward | LayerForward = TinyForward(run.store, run, device) \
+        if bundled.is_tiny_model(run.store) else LayerForward(run, device)
+    real = forward.real
+    means: dict[int, torch.Tensor] = {}
+
+    def record(i: int, ctx: torch.Tensor) -> None:
+        means[i] = ctx[real.to(ctx.device)].mean(0)  # (W,) over real tokens
+
+    with torch.no_grad():
+        base_hidden, base_logits = forward(1, record)
+        ids = forward.ids if isinstance(forward, TinyForward) else None
+        base_loss = base_repeat = None
+        if base_logits is not None and ids is not None:
+            base_loss, base_repeat = next_token_losses(base_logits, ids, real)
+        B, L, E = base_hidden.shape
+        per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES // max(1, B * L * E * 4 * 4)))
+        effects: list[HeadEffect] = []
+        for start in range(0, len(heads), per):
+            chunk = heads[start:start + per]
+            report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
+            hidden, logits = forward(len(chunk), _editor(chunk, B, mode, means))
+            for c, (index, label, _, head) in enumerate(chunk):
+                part = slice(c * B, (c + 1) * B)
+                loss = repeat = None
+                if logits is not None and ids is not None and base_loss is not None:
+                    loss, repeat = next_token_losses(logits[part], ids, real)
+                effects.append(HeadEffect(
+                    index, label, head, hidden_change(base_hidden, hidden[part], real),
+                    None if loss is None or base_loss is None else loss - base_loss,
+                    None if repeat is None or base_repeat is None else repeat - base_repeat))
+    return AblationReport(mode, CAUSAL_LOSS if forward.lm else None, effects, base_loss,
+                          base_repeat, per)
+
+
+def _editor(chunk: list[tuple[int, str, AttentionLayer, int]], B: int, mode: str,
+            means: dict[int, torch.Tensor]) -> Edit:
+    """The edit that removes chunk[c]'s head in copy c."""
+    def edit(i: int, ctx: torch.Tensor) -> None:
+        for c, (index, _, layer, head) in enumerate(chunk):
+            if index != i:
+                continue
+            cols = slice(*layer.o_cols(head))
+            ctx[c * B:(c + 1) * B, :, cols] = 0.0 if mode == "zero" else means[i][cols]
+    return edit
