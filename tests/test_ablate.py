@@ -218,6 +218,23 @@ def test_cli_scorecard_json_and_figure(cli, tmp_path):
     assert refused.exit_code == 2
 
 
+def test_the_scorecard_figure_never_overwrites_an_input(cli, tmp_path):
+    """--out x.png with --ablate also writes x.ablation.png: that name is checked against the
+    inputs before the run, like every other output (negative control: without --ablate the
+    same --out is fine)."""
+    from conftest import assert_clean_error
+
+    sentences = tmp_path / "maps.ablation.png"
+    sentences.write_text("the cat sat on the mat the cat sat\n")
+    before = sentences.read_bytes()
+    result = cli("heatmap", "-f", sentences, "--ablate", "--out", tmp_path / "maps.png")
+    assert_clean_error(result, 1, "never overwrites its inputs")
+    assert sentences.read_bytes() == before and not (tmp_path / "maps.png").exists()
+    fine = cli("heatmap", "-f", sentences, "--out", tmp_path / "maps.png")
+    assert fine.exit_code == 0, fine.output
+    assert sentences.read_bytes() == before
+
+
 # --- Hugging Face: the model's own forward, with its LM head ---------------------------------
 
 def _lm_folder(tmp_path, kind, cls):

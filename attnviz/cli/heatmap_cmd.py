@@ -101,7 +101,7 @@ def heatmap(
     check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,
                         "--overview": overview not in (None, "off")})
     files = output_files(out, export, html, lambda: inputs_read(
-        weights, model, file, not (random or weights or model)))
+        weights, model, file, not (random or weights or model)), ablate or ablate_mean)
     shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
                          average, sentence, scale)
     spec = random_spec(random, embed_dim, num_heads, kdim, vdim, seed)
@@ -160,12 +160,11 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi,
                                    legend(result.run.weighting)), files.figure)
         if result.ablation is not None:
-            from attnviz.render.ablation_figure import ablation_figure, figure_path
+            from attnviz.render.ablation_figure import ablation_figure
 
-            path = figure_path(files.figure)
+            assert files.ablation_figure is not None  # checked with the others, before the run
             save_figure(ablation_figure(result.ablation, result.head_stats, result.title()),
-                        path)
-            files.extra.append(path)
+                        files.ablation_figure)
     if files.html is not None:
         from attnviz.render.html import document_from_run, write_html
 

@@ -5,7 +5,7 @@ into a job, the files to write and what the terminal shows."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -156,11 +156,11 @@ class OutputFiles:
     figure: Path | None = None  # --out
     export: Path | None = None  # --export
     html: Path | None = None  # --html
-    extra: list[Path] = field(default_factory=list)  # written beside them (--ablate's figure)
+    ablation_figure: Path | None = None  # --ablate with --out: NAME.ablation.png beside it
 
     @property
     def written(self) -> list[Path]:
-        return [path for path in (self.figure, self.export, self.html, *self.extra)
+        return [path for path in (self.figure, self.export, self.html, self.ablation_figure)
                 if path is not None]
 
     @property
@@ -169,21 +169,26 @@ class OutputFiles:
 
 
 def output_files(out: Path | None, export: Path | None, html: Path | None,
-                 inputs: Callable[[], ReadSet]) -> OutputFiles:
+                 inputs: Callable[[], ReadSet], ablate: bool = False) -> OutputFiles:
     """Every output path checked (suffix, never one of the `inputs()`, distinct) before
-    anything runs; the inputs are resolved only when there is an output to check."""
+    anything runs, the scorecard's figure beside --out included when `ablate`; the inputs
+    are resolved only when there is an output to check."""
     if not (out or export or html):
         return OutputFiles()
     reads = inputs()
     from attnviz.app.outputs import check_distinct, check_output_path
+    from attnviz.render.ablation_figure import figure_path
     from attnviz.render.figure import FIGURE_SUFFIXES
     from attnviz.render.html import HTML_SUFFIXES
 
+    figure = check_output_path(out, FIGURE_SUFFIXES, reads) if out else None
     files = OutputFiles(
-        check_output_path(out, FIGURE_SUFFIXES, reads) if out else None,
+        figure,
         check_output_path(export, (".safetensors",), reads, "export") if export else None,
-        check_output_path(html, HTML_SUFFIXES, reads, "html") if html else None)
-    check_distinct(files.figure, files.export, files.html)
+        check_output_path(html, HTML_SUFFIXES, reads, "html") if html else None,
+        check_output_path(figure_path(figure), FIGURE_SUFFIXES, reads)
+        if figure is not None and ablate else None)
+    check_distinct(files.figure, files.export, files.html, files.ablation_figure)
     return files
 
 

@@ -22,9 +22,10 @@ SELECTION = "Selection"
 OUTPUTS = "Outputs"
 LIMITS = "Limits"
 PROOF = "Proof"
+MEASURES = "What to measure"
 HELP = "Help"  # --help closes the list instead of standing between the arguments and the rest
-PANEL_ORDER = (ARGUMENTS, INPUT, SOURCE, RANDOM, CHECKPOINT_LAYER, HF_MODEL, SELECTION, OUTPUTS,
-               PROOF, LIMITS, HELP)
+PANEL_ORDER = (ARGUMENTS, INPUT, SOURCE, RANDOM, CHECKPOINT_LAYER, HF_MODEL, SELECTION, MEASURES,
+               OUTPUTS, PROOF, LIMITS, HELP)
 
 # (command, parameter name) → panel; a parameter shared by several commands is named once per
 # command, since what it means may differ (split's --layer selects a layer of a checkpoint).
@@ -41,6 +42,7 @@ PANELS: dict[str, dict[str, str]] = {
         **{name: INPUT for name in ("file", "probe", "target")},
         **_SHARED_SOURCE,
         **{name: SELECTION for name in ("layer", "head", "average", "query", "sentence")},
+        **{name: MEASURES for name in ("weighting", "ablate", "ablate_mean")},
         **{name: OUTPUTS for name in ("out", "export", "html", "as_json", "stats", "maps",
                                       "overview", "rank", "quiet", "scale", "size", "dpi")},
         **{name: LIMITS for name in ("max_tokens", "max_sentences", "max_panels",
