@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from attnviz import __version__
+from attnviz.cli.circuits_cmd import circuits
 from attnviz.cli.examples import epilog
 from attnviz.cli.heatmap_cmd import heatmap
 from attnviz.cli.inspect_cmd import inspect
@@ -161,6 +162,7 @@ def _main(
 app.command(epilog=epilog("split"))(split)
 app.command(epilog=epilog("inspect"))(inspect)
 app.command(epilog=epilog("heatmap"))(heatmap)
+app.command(epilog=epilog("circuits"))(circuits)
 
 
 def main() -> None:
