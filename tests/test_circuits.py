@@ -248,16 +248,40 @@ def test_cli_errors(cli, tmp_path):
 
 # ---- Hugging Face architectures of the zoo --------------------------------------------------------
 
-def hf_reference(kind, folder, wrong=False):
-    """{label: [(QK, OV)]} from the transformers model's own modules. wrong: the negative
-    control for that architecture (its characteristic slicing done the naive way)."""
+@pytest.fixture(scope="module")
+def zoo_scaled(tmp_path_factory):
+    """zoo_scaled(kind) -> (folder, model): a zoo model whose norm scales are random (they start
+    at 1, which would make folding them invisible), saved by transformers itself."""
+    pytest.importorskip("transformers")
     import transformers
 
-    from zoo import ZOO
+    from zoo import build_model
 
-    model = getattr(transformers, ZOO[kind].model_class).from_pretrained(folder).eval()
-    config = model.config
-    return EXTRACT[kind](model, config, wrong)
+    built = {}
+
+    def get(kind):
+        if kind not in built:
+            transformers.utils.logging.disable_progress_bar()
+            model = build_model(kind)
+            gen = torch.Generator().manual_seed(5)
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    low = name.lower()
+                    if param.ndim == 1 and name.endswith("weight") and ("norm" in low
+                                                                        or ".ln" in low):
+                        param.copy_(torch.rand(param.shape, generator=gen) + 0.5)
+            folder = tmp_path_factory.mktemp(kind)
+            model.save_pretrained(folder)
+            built[kind] = (folder, model)
+        return built[kind]
+
+    return get
+
+
+def hf_reference(kind, model, wrong=False):
+    """{label: [(QK, OV)]} from the transformers model's own modules. wrong: the negative
+    control for that architecture (its characteristic slicing done the naive way)."""
+    return EXTRACT[kind](model, model.config, wrong)
 
 
 def _llama_like(model, config, wrong, fused=False, offset=0.0):
@@ -352,15 +376,15 @@ EXTRACT = {
 @pytest.mark.hf
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(EXTRACT))
-def test_zoo_matches_dense(kind, zoo_model):
-    folder = zoo_model(kind)
+def test_zoo_matches_dense(kind, zoo_scaled):
+    folder, model = zoo_scaled(kind)
     doc = run_json(model=str(folder))
-    reference = hf_reference(kind, folder)
+    reference = hf_reference(kind, model)
     assert {e["label"] for e in doc["heads"]} == set(reference)
     assert head_errors(doc, reference) <= RTOL
     assert doc["composition"], doc["composition_skipped"]
     assert composition_errors(doc, reference) <= RTOL
-    wrong = hf_reference(kind, folder, wrong=True)
+    wrong = hf_reference(kind, model, wrong=True)
     assert max(head_errors(doc, wrong), composition_errors(doc, wrong)) > 1e-3
     if kind == "t5":  # cross-attention: Q-composition only, and said so
         assert {e["kind"] for e in doc["composition"]

@@ -222,7 +222,8 @@ def _layer_notes(store: TensorStore, c: ChosenLayer, gamma: NormScale | None) ->
 
 
 def _position_notes(chosen: list[ChosenLayer]) -> list[str]:
-    kinds = sorted({c.layer.positions for c in chosen} & {"rope", "alibi", "relative"})
+    kinds = sorted({c.layer.positions.split()[0] for c in chosen if c.layer.positions}
+                   & {"rope", "alibi", "relative"})
     if not kinds:
         return []
     shown = {"rope": "RoPE", "alibi": "ALiBi", "relative": "relative position bias"}
