@@ -21,7 +21,7 @@ RTOL = 1e-4
 TOP = 8  # singular values compared per circuit (all of them for d ≤ 8)
 
 
-# ---- the independent dense reference ------------------------------------------------------------
+# ---- the independent dense reference -----------------------------------------------------------
 
 def dense_layer(Wq, Wk, Wv, Wo, H, Hkv, d, gamma=None, gamma_kv="same", kv_of=None):
     """[(W_QK^h, W_OV^h)] per head, E × E float64, formed explicitly."""
@@ -100,7 +100,7 @@ def run_json(**kwargs):
     return json.loads(json.dumps(run_circuits(CircuitsRequest(**kwargs)).to_json()))
 
 
-# ---- a standalone nn.MultiheadAttention -----------------------------------------------------------
+# ---- a standalone nn.MultiheadAttention ----------------------------------------------------------
 
 def test_random_mha_matches_dense():
     doc = run_json(random=RandomSpec(32, 4, seed=3))
@@ -137,7 +137,7 @@ def test_checkpoint_mha_with_kdim(tmp_path):
     assert head_errors(doc, wrong) > 1e-2
 
 
-# ---- the bundled model ----------------------------------------------------------------------------
+# ---- the bundled model ---------------------------------------------------------------------------
 
 def bundled_reference(fold=True):
     from safetensors.torch import load_file
@@ -212,7 +212,7 @@ def test_rank_deficient_head(tmp_path):
                                               8)}) <= RTOL
 
 
-# ---- the command line -----------------------------------------------------------------------------
+# ---- the command line ----------------------------------------------------------------------------
 
 def test_cli_bundled(cli, tmp_path):
     result = cli("circuits", "--out", tmp_path / "c.png")
@@ -246,7 +246,7 @@ def test_cli_errors(cli, tmp_path):
     assert not (tmp_path / "x.txt").exists()
 
 
-# ---- Hugging Face architectures of the zoo --------------------------------------------------------
+# ---- Hugging Face architectures of the zoo -------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def zoo_scaled(tmp_path_factory):
@@ -254,7 +254,6 @@ def zoo_scaled(tmp_path_factory):
     at 1, which would make folding them invisible), saved by transformers itself."""
     pytest.importorskip("transformers")
     import transformers
-
     from zoo import build_model
 
     built = {}
@@ -393,3 +392,35 @@ def test_zoo_matches_dense(kind, zoo_scaled):
         assert any("cross-attention" in note for note in doc["notes"])
     if kind in ("llama", "gpt_neox", "falcon"):
         assert any("not part of W_QK" in note for note in doc["notes"])
+
+
+def test_help_and_examples(cli, tmp_path):
+    import shlex
+
+    from conftest import ROOT
+
+    from attnviz.cli.examples import EXAMPLES
+
+    result = cli("circuits", "--help", env={"COLUMNS": "80"})
+    assert result.exit_code == 0 and "Examples" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    for example, _ in EXAMPLES["circuits"]:
+        words = [str(ROOT / w) if w.startswith("sample_weights") else w
+                 for w in shlex.split(example)[1:]]
+        ran = cli(*words)
+        assert ran.exit_code == 0, (example, ran.output)
+
+
+# ---- the Python API
+
+def test_api_circuits_displays_itself(bundled_doc):
+    import attnviz
+
+    result = attnviz.circuits()
+    assert isinstance(result, attnviz.Circuits)
+    assert json.loads(json.dumps(result.to_json())) == bundled_doc
+    page = result._repr_html_()
+    assert "strongest composition" in page and "1.0: K with 0." in page
+    assert result._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+    one = attnviz.circuits(random=True, embed_dim=16, num_heads=2, seed=1)
+    assert [layer.num_heads for layer in one.layers] == [2] and not one.compositions

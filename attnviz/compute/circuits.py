@@ -134,7 +134,7 @@ def factor_roots(factors: torch.Tensor) -> torch.Tensor:
     gram = torch.cat(grams)
     gram = (gram + gram.transpose(1, 2)) / 2
     values, vectors = torch.linalg.eigh(gram)  # ascending
-    return values.clamp_min(0).sqrt()[:, :, None] * vectors.transpose(1, 2)  # type: ignore
+    return values.clamp_min(0).sqrt()[:, :, None] * vectors.transpose(1, 2)
 
 
 def spectrum(singular_values: torch.Tensor) -> Spectrum:
@@ -165,11 +165,13 @@ def layer_circuits(read: WeightReader, heads: tuple[int, int, int],
     weight are held (all four with `keep`, for composition)."""
     H, Hkv, d = heads
     kv = torch.arange(H) // (H // Hkv)
-    W_q = read("q")
+    W_q: torch.Tensor | None = read("q")
+    assert W_q is not None
     widths_q = W_q.shape[1]
     T_q = factor_roots(_heads_of(W_q, H, d))  # (H, d, d)
-    W_q = W_q if keep else None
-    W_k = read("k")
+    W_q = W_q if keep else None  # dropped at once unless composition needs it
+    W_k: torch.Tensor | None = read("k")
+    assert W_k is not None
     kdim = W_k.shape[1]
     T_k = factor_roots(_heads_of(W_k, Hkv, d))  # (H_kv, d, d)
     W_k = W_k if keep else None

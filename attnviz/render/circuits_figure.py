@@ -55,7 +55,8 @@ def circuits_figure(result: CircuitsResult) -> Figure:
 def _head_axis(result: CircuitsResult) -> tuple[list[str], dict[tuple[int, int], int]]:
     """Every head of the layers in a composition grid, in order, as 'layer.head'."""
     used = sorted({g.later for g in result.compositions} | {g.earlier for g in result.compositions})
-    names, index = [], {}
+    names: list[str] = []
+    index: dict[tuple[int, int], int] = {}
     for i in used:
         for h in range(result.layers[i].num_heads):
             if len(names) < MAX_GRID_HEADS:
