@@ -16,7 +16,8 @@ a pair of layers one product of their weights and d × d work per pair of heads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -110,8 +111,20 @@ def _columns_of(W_o: torch.Tensor, heads: int, d: int) -> torch.Tensor:
 # Grams of factors with up to this many elements per tensor accumulate in float64 (exact to
 # float64 rounding for float32/bf16 weights); larger ones in float32 (≈ 1e-6 relative), where
 # a float64 product would cost 2-3× the time on a CPU.
-EXACT_GRAM_NUMEL = 1 << 22
-HEAD_CHUNK = 8  # heads per batched product: bounds the temporary copies to 8 heads' factors
+EXACT_GRAM_NUMEL = 1 << 21
+HEAD_CHUNK = 4  # heads per batched product: bounds the temporary copies to 4 heads' factors
+
+
+@contextlib.contextmanager
+def small_algebra() -> Iterator[None]:
+    """One thread for batches of d × d factorizations: LAPACK gains nothing from threads on
+    128 × 128 matrices, and on a busy machine their spinning made them 50-100× slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def gram_dtype(W: torch.Tensor) -> torch.dtype:
@@ -133,7 +146,8 @@ def factor_roots(factors: torch.Tensor) -> torch.Tensor:
         grams.append((chunk.transpose(1, 2) @ chunk).double().cpu())  # (c, d, d)
     gram = torch.cat(grams)
     gram = (gram + gram.transpose(1, 2)) / 2
-    values, vectors = torch.linalg.eigh(gram)  # ascending
+    with small_algebra():
+        values, vectors = torch.linalg.eigh(gram)  # ascending
     return values.clamp_min(0).sqrt()[:, :, None] * vectors.transpose(1, 2)
 
 
@@ -180,8 +194,9 @@ def layer_circuits(read: WeightReader, heads: tuple[int, int, int],
     W_o = read("o")
     T_o = factor_roots(_columns_of(W_o, H, d))
     copying = _copying(W_v, W_o, kv, d) if W_v.shape[1] == W_o.shape[0] else None
-    qk_sv = torch.linalg.svdvals(T_q @ T_k[kv].transpose(1, 2))  # (H, d)
-    ov_sv = torch.linalg.svdvals(T_o @ T_v[kv].transpose(1, 2))
+    with small_algebra():
+        qk_sv = torch.linalg.svdvals(T_q @ T_k[kv].transpose(1, 2))  # (H, d)
+        ov_sv = torch.linalg.svdvals(T_o @ T_v[kv].transpose(1, 2))
     circuits = [HeadCircuit(h, int(kv[h]), spectrum(qk_sv[h]), spectrum(ov_sv[h]),
                             None if copying is None else float(copying[h]),
                             _bias_norms(biases or {}, h, int(kv[h]), d)) for h in range(H)]
@@ -205,7 +220,8 @@ def _copying(W_v: torch.Tensor, W_o: torch.Tensor, kv: torch.Tensor, d: int) -> 
         dtype = gram_dtype(W_o)
         blocks.append((V[heads.to(V.device)].to(dtype) @ cols[start:start + HEAD_CHUNK].to(dtype))
                       .double().cpu())
-    eig = torch.linalg.eigvals(torch.cat(blocks))  # (H, d)
+    with small_algebra():
+        eig = torch.linalg.eigvals(torch.cat(blocks))  # (H, d)
     size = eig.abs().sum(dim=1)
     return torch.where(size > 0, eig.real.sum(dim=1) / size.clamp_min(1e-300), 0.0)
 
@@ -267,8 +283,9 @@ def _blocks(W_read: torch.Tensor, W_o: torch.Tensor, heads: int, d: int,
 def _core_norms(left: torch.Tensor, cross: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     """‖left[b] · cross[b, a] · right[a]ᵀ‖_F for all (b, a): left (H_b, d, d), cross
     (H_b, H_a, d, d), right (H_a, d, d)."""
-    inner = torch.einsum("bij,bajk->baik", left, cross)  # (H_b, H_a, d, d)
-    return torch.einsum("baik,alk->bail", inner, right).flatten(2).norm(dim=2)
+    with small_algebra():
+        inner = torch.einsum("bij,bajk->baik", left, cross)  # (H_b, H_a, d, d)
+        return torch.einsum("baik,alk->bail", inner, right).flatten(2).norm(dim=2)
 
 
 def _baselines(kind: str, later: LayerFactors, earlier: LayerFactors) -> torch.Tensor:
