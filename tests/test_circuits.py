@@ -219,10 +219,11 @@ def test_cli_bundled(cli, tmp_path):
     assert result.exit_code == 0, result.output
     assert "K-composition" in result.stdout and "strongest composition" in result.stdout
     assert "1.0: K with 0." in result.stdout and "1.1: K with 0." in result.stdout
-    from conftest import read_image
+    from conftest import colored_runs, read_image
 
     image = read_image(tmp_path / "c.png")
     assert image.shape[0] > 300 and image.shape[1] > 600 and image.std() > 0.05
+    assert len(colored_runs(image[image.shape[0] // 2:], 1)) == 3  # the three heatmaps
 
 
 def test_cli_json_contract(cli):

@@ -26,25 +26,30 @@ def circuits_figure(result: CircuitsResult) -> Figure:
     for ax, layer in zip(axes[0], layers, strict=False):
         for c in layer.heads:
             line = ax.semilogy(range(1, len(c.qk.singular_values) + 1),
-                               [max(v, 1e-12) for v in c.qk.singular_values], linewidth=1)[0]
+                               [max(v, 1e-12) for v in c.qk.singular_values], linewidth=1,
+                               label=f"h{c.head}")[0]
             ax.semilogy(range(1, len(c.ov.singular_values) + 1),
                         [max(v, 1e-12) for v in c.ov.singular_values], linewidth=1,
                         linestyle="--", color=line.get_color())
         ax.set_title(label(f"layer {layer.label}: σ of W_QK (—), W_OV (--)", 60), fontsize=9,
                      parse_math=False)
         ax.set_xlabel("index (one line per head)", fontsize=8)
+        if len(layer.heads) <= 8:
+            ax.legend(fontsize=7)
     for ax in axes[0][len(layers):]:
         ax.axis("off")
     if kinds:
-        names, index = _head_axis(result)
-        for ax, kind in zip(axes[1], kinds, strict=False):
-            image = ax.imshow(_matrix(result, kind, index), cmap="viridis", vmin=0,
-                              interpolation="nearest", aspect="auto")
+        rows, row_index = _head_axis(result, {g.later for g in result.compositions})
+        cols, col_index = _head_axis(result, {g.earlier for g in result.compositions})
+        top = max(s for g in result.compositions for row in g.scores for s in row) or 1.0
+        for ax, kind in zip(axes[1], kinds, strict=False):  # one colour scale for all three
+            image = ax.imshow(_matrix(result, kind, row_index, col_index), cmap="viridis",
+                              vmin=0, vmax=top, interpolation="nearest", aspect="auto")
             ax.set_title(f"{kind}-composition (later rows, earlier columns)", fontsize=9)
-            if len(names) <= 24:
-                ax.set_xticks(range(len(names)), [label(n, 12) for n in names], rotation=90,
+            if len(rows) <= 24 and len(cols) <= 24:
+                ax.set_xticks(range(len(cols)), [label(n, 12) for n in cols], rotation=90,
                               fontsize=7)
-                ax.set_yticks(range(len(names)), [label(n, 12) for n in names], fontsize=7)
+                ax.set_yticks(range(len(rows)), [label(n, 12) for n in rows], fontsize=7)
             fig.colorbar(image, ax=ax, shrink=0.8)
         for ax in axes[1][len(kinds):]:
             ax.axis("off")
@@ -52,9 +57,10 @@ def circuits_figure(result: CircuitsResult) -> Figure:
     return fig
 
 
-def _head_axis(result: CircuitsResult) -> tuple[list[str], dict[tuple[int, int], int]]:
-    """Every head of the layers in a composition grid, in order, as 'layer.head'."""
-    used = sorted({g.later for g in result.compositions} | {g.earlier for g in result.compositions})
+def _head_axis(result: CircuitsResult,
+               used_layers: set[int]) -> tuple[list[str], dict[tuple[int, int], int]]:
+    """Every head of `used_layers`, in order, as 'layer.head', and its position."""
+    used = sorted(used_layers)
     names: list[str] = []
     index: dict[tuple[int, int], int] = {}
     for i in used:
@@ -65,14 +71,15 @@ def _head_axis(result: CircuitsResult) -> tuple[list[str], dict[tuple[int, int],
     return names, index
 
 
-def _matrix(result: CircuitsResult, kind: str, index: dict[tuple[int, int], int]) -> np.ndarray:
+def _matrix(result: CircuitsResult, kind: str, rows: dict[tuple[int, int], int],
+            cols: dict[tuple[int, int], int]) -> np.ndarray:
     import numpy as np
 
-    values = np.full((len(index), len(index)), np.nan)
+    values = np.full((len(rows), len(cols)), np.nan)
     for g in result.grids(kind):
         for i, row in enumerate(g.scores):
             for j, score in enumerate(row):
-                at = index.get((g.later, i)), index.get((g.earlier, j))
+                at = rows.get((g.later, i)), cols.get((g.earlier, j))
                 if at[0] is not None and at[1] is not None:
                     values[at[0], at[1]] = score
     return values
