@@ -39,17 +39,17 @@ def circuits_figure(result: CircuitsResult) -> Figure:
     for ax in axes[0][len(layers):]:
         ax.axis("off")
     if kinds:
-        rows, row_index = _head_axis(result, {g.later for g in result.compositions})
-        cols, col_index = _head_axis(result, {g.earlier for g in result.compositions})
+        row_names, row_index = _head_axis(result, {g.later for g in result.compositions})
+        col_names, col_index = _head_axis(result, {g.earlier for g in result.compositions})
         top = max(s for g in result.compositions for row in g.scores for s in row) or 1.0
         for ax, kind in zip(axes[1], kinds, strict=False):  # one colour scale for all three
             image = ax.imshow(_matrix(result, kind, row_index, col_index), cmap="viridis",
                               vmin=0, vmax=top, interpolation="nearest", aspect="auto")
             ax.set_title(f"{kind}-composition (later rows, earlier columns)", fontsize=9)
-            if len(rows) <= 24 and len(cols) <= 24:
-                ax.set_xticks(range(len(cols)), [label(n, 12) for n in cols], rotation=90,
+            if len(row_names) <= 24 and len(col_names) <= 24:
+                ax.set_xticks(range(len(col_names)), [label(n, 12) for n in col_names], rotation=90,
                               fontsize=7)
-                ax.set_yticks(range(len(rows)), [label(n, 12) for n in rows], fontsize=7)
+                ax.set_yticks(range(len(row_names)), [label(n, 12) for n in row_names], fontsize=7)
             fig.colorbar(image, ax=ax, shrink=0.8)
         for ax in axes[1][len(kinds):]:
             ax.axis("off")
