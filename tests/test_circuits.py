@@ -425,3 +425,28 @@ def test_api_circuits_displays_itself(bundled_doc):
     assert result._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
     one = attnviz.circuits(random=True, embed_dim=16, num_heads=2, seed=1)
     assert [layer.num_heads for layer in one.layers] == [2] and not one.compositions
+
+
+def test_composition_skipped_when_too_large(monkeypatch):
+    """Composition holds every chosen layer's weights: past the budget it is skipped and said
+    so, unless asked for."""
+    import attnviz.app.circuits as app
+
+    monkeypatch.setattr(app, "COMPOSITION_AUTO_BYTES", 1000)
+    skipped = run_json()
+    assert skipped["composition"] == [] and "‹composition›" in skipped["composition_skipped"]
+    forced = run_json(composition=True)
+    assert len(forced["composition"]) == 12 and forced["composition_skipped"] is None
+
+
+def test_encoder_decoder_order_and_grammar():
+    """sample_weights/t5-tiny: stacks in order (encoder, then decoder self before cross), and
+    the per-stack --layer grammar."""
+    from conftest import SAMPLES
+
+    doc = run_json(weights=SAMPLES / "t5-tiny")
+    assert [layer["label"] for layer in doc["layers"]] == ["enc 0", "dec 0", "cross 0"]
+    chosen = run_json(weights=SAMPLES / "t5-tiny", layer="cross 0,dec 0")
+    assert [layer["label"] for layer in chosen["layers"]] == ["dec 0", "cross 0"]
+    assert {(e["kind"], e["later"][0]) for e in chosen["composition"]} == {
+        ("Q", chosen["layers"][1]["layer"])}

@@ -89,6 +89,8 @@ def choose(layers: list[AttentionLayer], spec: str | None, source: str) -> list[
         order = (block if block is not None else counts.get(stack, 0), int(stack == "cross"))
         numbered.append(ChosenLayer(index, layer, stack, counts.get(stack, 0), order))
         counts[stack] = counts.get(stack, 0) + 1
+    stack_rank = {"": 0, "enc": 1, "dec": 2, "cross": 2}  # a decoder block: self, then cross
+    numbered.sort(key=lambda c: (stack_rank[c.stack], c.order, c.index))
     if spec is not None:
         named = [c for c in numbered if c.layer.name == spec.rstrip(".") and c.layer.name]
         if named:
