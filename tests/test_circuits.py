@@ -450,3 +450,21 @@ def test_encoder_decoder_order_and_grammar():
     assert [layer["label"] for layer in chosen["layers"]] == ["dec 0", "cross 0"]
     assert {(e["kind"], e["later"][0]) for e in chosen["composition"]} == {
         ("Q", chosen["layers"][1]["layer"])}
+
+
+def test_docs_examples_are_current(cli, monkeypatch):
+    """docs/circuits.md shows real output: its console blocks equal today's, at 100 columns,
+    run from the clone's root as the page says."""
+    import re
+
+    from conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    text = (ROOT / "docs" / "circuits.md").read_text()
+    blocks = re.findall(r"```console\n\$ (attnviz [^\n]*)\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    for command, shown in blocks:
+        words = command.split()[1:]
+        result = cli(*words, env={"COLUMNS": "100"})
+        assert result.exit_code == 0, result.output
+        assert result.stdout.replace(str(ROOT) + "/", "…/") == shown, command
