@@ -158,6 +158,7 @@ def bundled_doc():
     return run_json()
 
 
+@pytest.mark.slow
 def test_bundled_matches_dense(bundled_doc):
     assert head_errors(bundled_doc, bundled_reference()) <= RTOL
     assert composition_errors(bundled_doc, bundled_reference()) <= RTOL
@@ -168,6 +169,7 @@ def test_bundled_matches_dense(bundled_doc):
     assert composition_errors(bundled_doc, bundled_reference(fold=False)) > 1e-3
 
 
+@pytest.mark.slow
 def test_bundled_induction_heads_k_compose(bundled_doc):
     """Each layer-1 head's strongest composition is K-composition with a layer-0 head, far
     above its Q- and V-composition and above the random baseline."""
@@ -214,6 +216,7 @@ def test_rank_deficient_head(tmp_path):
 
 # ---- the command line ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_bundled(cli, tmp_path):
     result = cli("circuits", "--out", tmp_path / "c.png")
     assert result.exit_code == 0, result.output
@@ -414,6 +417,7 @@ def test_help_and_examples(cli, tmp_path):
 
 # ---- the Python API
 
+@pytest.mark.slow
 def test_api_circuits_displays_itself(bundled_doc):
     import attnviz
 

@@ -132,7 +132,8 @@ def run_circuits(request: CircuitsRequest) -> CircuitsResult:
         gamma = norm_scale(store, c.layer)
         layer_result, layer_factors = _one_layer(store, c, gamma, device, compose_on)
         results.append(layer_result)
-        factors.append(layer_factors)
+        if compose_on:  # the d × d factors (10 MB a layer at E = 4096) only for composition
+            factors.append(layer_factors)
         notes += _layer_notes(store, c, gamma)
     grids = _compose_all(chosen, factors) if compose_on else []
     notes += _position_notes(chosen)
