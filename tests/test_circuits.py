@@ -472,3 +472,24 @@ def test_docs_examples_are_current(cli, monkeypatch):
         result = cli(*words, env={"COLUMNS": "100"})
         assert result.exit_code == 0, result.output
         assert result.stdout.replace(str(ROOT) + "/", "…/") == shown, command
+
+
+def test_terminal_marks_follow_the_baseline(bundled_doc):
+    """The grids mark exactly the scores above their baseline (K on the bundled model, not Q
+    or V), with the scores as computed."""
+    import io
+
+    from rich.console import Console
+
+    from attnviz.render.circuits_terminal import print_circuits
+
+    out = io.StringIO()
+    print_circuits(Console(file=out, width=100), run_circuits(CircuitsRequest()))
+    text = out.getvalue()
+    marked = {e["kind"]: 0 for e in bundled_doc["composition"]}
+    for e in bundled_doc["composition"]:
+        marked[e["kind"]] += e["score"] > e["baseline"]
+        shown = f"{e['score']:.3f}"
+        assert (shown + "*" in text) == (e["score"] > e["baseline"]) and shown in text
+    assert marked == {"K": 4, "Q": 0, "V": 0}
+    assert text.count("*") - text.count("* above") == 4
