@@ -14,9 +14,11 @@ __all__ = [
     "AttnvizError",
     "CheckFailed",
     "CheckpointError",
+    "Circuits",
     "Heatmap",
     "Split",
     "UsageError",
+    "circuits",
     "find_layers",
     "inspect",
     "open_checkpoint",
@@ -29,8 +31,10 @@ _ERRORS = {"AttnvizError", "CheckFailed", "CheckpointError", "UsageError"}
 
 if TYPE_CHECKING:
     from attnviz.api import (
+        Circuits,
         Heatmap,
         Split,
+        circuits,
         find_layers,
         inspect,
         open_checkpoint,

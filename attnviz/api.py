@@ -19,6 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from attnviz.app.circuits import CircuitsRequest, CircuitsResult, run_circuits
 from attnviz.app.heatmap import HeatmapJob, HeatmapResult
 from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
@@ -180,3 +181,41 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
                      targets=None if targets is None else list(targets), max_tokens=max_tokens,
                      weighting=weighting, ablate=ablate)
     return _as(Heatmap, _run_heatmap(job))
+
+
+class Circuits(CircuitsResult):
+    """Every head's QK and OV circuit (`layers[i].heads`) and Q-, K-, V-composition
+    (`compositions`); `to_json()` is the `--json` document."""
+
+    def figure(self) -> Figure:
+        """Singular values per head, and the three composition heatmaps."""
+        from attnviz.render.circuits_figure import circuits_figure
+
+        return circuits_figure(self)
+
+    def _repr_png_(self) -> bytes:
+        return _png(self.figure())
+
+    def _repr_html_(self) -> str:
+        from attnviz.render.circuits_html import circuits_html
+
+        return circuits_html(self)
+
+
+def circuits(weights: str | Path | None = None, *, model: str | Path | None = None,
+             layer: str | int | None = None, random: bool = False,
+             embed_dim: int | None = None, num_heads: int | None = None,
+             num_kv_heads: int | None = None, head_dim: int | None = None,
+             kdim: int | None = None, vdim: int | None = None, seed: int = 0,
+             composition: bool | None = None, device: str = "cpu") -> Circuits:
+    """QK and OV circuits of every head and composition between layers, of the bundled model
+    (default), a checkpoint (`weights`), a Hugging Face folder (`model`) or a random
+    nn.MultiheadAttention (`random=True`)."""
+    spec = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS, kdim, vdim,
+                      seed=seed) if random else None
+    result = run_circuits(CircuitsRequest(
+        None if weights is None else Path(weights), None if model is None else str(model),
+        None if layer is None else str(layer),
+        HeadHints(None if random else num_heads, num_kv_heads, head_dim), spec, composition,
+        device))
+    return _as(Circuits, result)

@@ -682,6 +682,101 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     return rows
 
 
+# Target 7: `circuits` on every layer of a 32-layer, E = 4096, 32-head, 8-KV-head checkpoint.
+CIRCUITS_E, CIRCUITS_H, CIRCUITS_KV, CIRCUITS_D = 4096, 32, 8, 128
+CIRCUITS_LAYERS = {"full": 32, "quick": 4}
+CIRCUITS_READ = """\
+import sys
+import torch  # noqa: F401 - the baseline pays torch's import, as attnviz does
+from safetensors import safe_open
+total = 0
+with safe_open(sys.argv[1] + "/model.safetensors", framework="pt") as f:
+    for key in f.keys():
+        if ".self_attn." in key:  # one tensor at a time, as read for use (float32)
+            total += f.get_tensor(key).float().numel()
+print(total)
+"""
+
+
+def write_circuits_model(folder: Path, layers: int) -> int:
+    """A LLaMA-layout folder of random bfloat16 attention weights and norm scales only, written
+    tensor by tensor (the writer holds one tensor). Returns one layer's attention bytes."""
+    import torch
+
+    E, H, KV, D = CIRCUITS_E, CIRCUITS_H, CIRCUITS_KV, CIRCUITS_D
+    per_layer = {"self_attn.q_proj.weight": (H * D, E), "self_attn.k_proj.weight": (KV * D, E),
+                 "self_attn.v_proj.weight": (KV * D, E), "self_attn.o_proj.weight": (E, H * D),
+                 "input_layernorm.weight": (E,)}
+    shapes = {f"model.layers.{i}.{k}": s for i in range(layers) for k, s in per_layer.items()}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        header[name] = {"dtype": "BF16", "shape": shape,
+                        "data_offsets": [offset, offset + 2 * math.prod(shape)]}
+        offset += 2 * math.prod(shape)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    gen = torch.Generator().manual_seed(0)
+    folder.mkdir(parents=True)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for shape in shapes.values():
+            values = (torch.randn(shape, generator=gen) * (0.02 if len(shape) == 2 else 0.1)
+                      + (0 if len(shape) == 2 else 1)).to(torch.bfloat16)
+            f.write(values.view(torch.int16).numpy().tobytes())
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": E,
+              "num_attention_heads": H, "num_key_value_heads": KV, "num_hidden_layers": layers,
+              "intermediate_size": 4 * E, "vocab_size": 32000, "torch_dtype": "bfloat16"}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return sum(2 * math.prod(s) for k, s in per_layer.items() if k.startswith("self_attn"))
+
+
+def circuits_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """`circuits --model DIR` on every layer against reading the same attention weights."""
+    layers = CIRCUITS_LAYERS["quick" if sizes == QUICK else "full"]
+    folder = workdir / "circuits-model"
+    layer_bytes = write_circuits_model(folder, layers)
+    (workdir / "baseline_circuits_read.py").write_text(CIRCUITS_READ)
+    m = measure({"read": [PY, str(workdir / "baseline_circuits_read.py"), str(folder)],
+                 "ours": [ATTNVIZ, "circuits", "--model", str(folder), "--no-composition",
+                          "--json", "--device", "auto"]}, repeats, True)
+    what = (f"{layers} layers, E={CIRCUITS_E}, {CIRCUITS_H} heads, {CIRCUITS_KV} KV heads, "
+            "bf16")
+    allowed = 2 * layer_bytes / 2**20
+
+    def every_layer(run: Run) -> tuple[bool, str]:
+        try:
+            doc = json.loads(run.stdout)
+        except ValueError:
+            return False, "no JSON document"
+        ok = len(doc["heads"]) == layers * CIRCUITS_H
+        # exact spectra need each head's Gram: 2·d flops per weight, against one read of it
+        gflop = 2 * CIRCUITS_D * layers * layer_bytes / 2 / 1e9
+        return ok, (("" if ok else "not every head of every layer; ") +
+                    f"compute-bound: {gflop:.0f} GFLOP of Gram products (2·d = "
+                    f"{2 * CIRCUITS_D} flops per weight read), "
+                    f"{gflop / max(run.seconds - m['read'].seconds, 1e-9):.0f} GFLOP/s beyond "
+                    "the read")
+
+    def two_layers(run: Run) -> tuple[bool, str]:
+        extra = run.peak_mb - m["read"].peak_mb
+        ok = extra <= allowed
+        return ok, (f"peak RSS {extra:+.0f} MB over the reader's (which holds one tensor): "
+                    f"{'within' if ok else 'NOT within'} two layers' attention weights "
+                    f"({allowed:.0f} MB); both map the file, so page-cache pages count alike")
+
+    return [compare(f"7a circuits of every layer ({what})", m["ours"],
+                    "`circuits --model DIR --no-composition --json`", m["read"],
+                    "read every attention weight (safetensors, float32)", "s", 3.0,
+                    every_layer),
+            Row(f"7b circuits memory ({what})", "`circuits` peak RSS",
+                m["ours"].show("MB"), "the reader's peak RSS", m["read"].show("MB"),
+                None if m["ours"].error or m["read"].error
+                else m["ours"].peak_mb / m["read"].peak_mb,
+                f"+ ≤ {allowed:.0f} MB", not m["ours"].error and two_layers(m["ours"])[0],
+                m["ours"].error or two_layers(m["ours"])[1])]
+
+
 def print_tables(rows: list[Row], heading: str) -> None:
     plain = [("target", "attnviz", "baseline", "ratio", "limit", "result")] + [
         (r.target, r.ours_value, r.base_value, "–" if r.ratio is None else f"{r.ratio:.2f}",
@@ -706,7 +801,7 @@ def main() -> int:
         "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
         "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
     parser.add_argument("--only", type=int, action="append", choices=range(1, 9),
-                        help="run only this target group (1-6, 8; repeatable)")
+                        help="run only this target group (1-8; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
     parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
     args = parser.parse_args()
@@ -731,7 +826,7 @@ def main() -> int:
                               "5c long input memory")),
              (long_inputs, ("6a long-context memory", "6b long-context time",
                             "6c long --export memory", "6d long-input figure")),
-             (None, ()),  # 7: attnviz circuits (issue 21, another branch)
+             (circuits_targets, ("7a circuits time", "7b circuits memory")),
              (head_targets, ("8a --ablate time", "8b --weighting norm time")))
     try:
         for name, text in SCRIPTS.items():

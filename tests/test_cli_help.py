@@ -10,7 +10,7 @@ from conftest import ROOT
 
 from attnviz.cli.examples import EXAMPLES
 
-COMMANDS = ["split", "inspect", "heatmap"]
+COMMANDS = ["split", "inspect", "heatmap", "circuits"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

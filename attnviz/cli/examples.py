@@ -23,6 +23,11 @@ EXAMPLES = {
         ('attnviz heatmap "the cat sat on the mat" --query cat', "one query, head by head"),
         ("attnviz heatmap --probe induction --rank", "find the induction heads"),
     ],
+    "circuits": [
+        ("attnviz circuits", "the bundled model: its induction heads K-compose with layer 0"),
+        ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),
+        ("attnviz circuits --random -E 32 -H 4 --json", "a random layer, as JSON"),
+    ],
 }
 
 

@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from attnviz import __version__
+from attnviz.cli.circuits_cmd import circuits
 from attnviz.cli.examples import epilog, summary
 from attnviz.cli.heatmap_cmd import heatmap
 from attnviz.cli.inspect_cmd import inspect
@@ -161,7 +162,7 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-for _command in (split, inspect, heatmap):
+for _command in (split, inspect, heatmap, circuits):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

@@ -54,6 +54,12 @@ PANELS: dict[str, dict[str, str]] = {
         **{name: OUTPUTS for name in ("out", "png", "as_json")},
         "verify": PROOF,
     },
+    "circuits": {
+        **_SHARED_SOURCE,
+        "layer": SELECTION,
+        "composition": MEASURES,
+        **{name: OUTPUTS for name in ("out", "as_json")},
+    },
     "inspect": {
         "checkpoint": ARGUMENTS,
         **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},

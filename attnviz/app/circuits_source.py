@@ -1,0 +1,144 @@
+"""Where `attnviz circuits` finds its layers (the same sources and layer grammar as `split` and
+`heatmap`), how it orders them into stacks for composition, and which norm scale γ feeds each."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnviz.core.selection import parse_stack_layers
+from attnviz.errors import UsageError, quoted
+from attnviz.recognize.base import HeadHints
+from attnviz.recognize.match import role_of
+from attnviz.sources.layers import RandomSpec
+
+if TYPE_CHECKING:
+    from attnviz.core.layer import AttentionLayer
+    from attnviz.load.checkpoint import TensorStore
+
+# Norms that feed an attention module, by name beside it (or beside its parent): pre-norm
+# LayerNorm/RMSNorm of GPT-2, LLaMA and its kin, NeoX, BLOOM, Falcon, T5, ViT, CLIP, timm and
+# the bundled model. Post-norm models (BERT, BART) have none beside their attention.
+NORM_NAMES = ("ln", "ln_1", "input_layernorm", "ln_attn", "attention_norm", "attn_norm",
+              "layer_norm", "layernorm_before", "layer_norm1", "norm1")
+STACK_OF_ROLE = {"encoder": "enc", "decoder": "dec", "cross": "cross", "self": ""}
+
+
+@dataclass(frozen=True)
+class ChosenLayer:
+    index: int  # as `attnviz inspect` numbers it
+    layer: AttentionLayer
+    stack: str  # "" (one stack), "enc", "dec" or "cross"
+    number: int  # within its stack, as --layer numbers it
+    order: tuple[int, int]  # (block, 0 self | 1 cross): position along the stack's residual
+
+    @property
+    def label(self) -> str:
+        return f"{self.stack} {self.number}" if self.stack else str(self.number)
+
+    @property
+    def residual(self) -> str:
+        """The residual stream the layer writes into: cross-attention writes the decoder's."""
+        return "dec" if self.stack == "cross" else self.stack
+
+
+def open_source(weights: Path | None, model: str | None, random: RandomSpec | None,
+                hints: HeadHints) -> tuple[list[AttentionLayer], TensorStore, str]:
+    """(every recognized layer in inspect's order, the store, the source's kind)."""
+    from attnviz.sources import bundled
+    from attnviz.sources.layers import open_inventory, random_mha
+
+    if sum(x is not None for x in (weights, model, random)) > 1:
+        raise UsageError("‹model›, ‹weights› and the random-init options exclude each other",
+                         fix="choose one source")
+    if random is not None:
+        layer, store = random_mha(random)
+        return [layer], store, "random"
+    if weights is None and model is None:
+        store = bundled.open_bundled()
+        return bundled.tiny_layers(store), store, "bundled"
+    path = weights
+    if model is not None:
+        path = Path(model)
+        if not path.is_dir():
+            from attnviz.sources import hf
+
+            path = hf.resolve_folder(model)
+    assert path is not None
+    inventory, store = open_inventory(path, hints)
+    if not inventory.layers:
+        from attnviz.recognize import select_layer
+
+        select_layer(inventory, None, store.source)  # raises the reason
+    return inventory.layers, store, "model" if model is not None else "weights"
+
+
+def choose(layers: list[AttentionLayer], spec: str | None, source: str) -> list[ChosenLayer]:
+    """The layers `spec` selects: a layer name, or the --layer grammar (all, N, -1, A:B, and
+    'enc N', 'dec N', 'cross N' for encoder-decoder models), in stack order."""
+    roles = [STACK_OF_ROLE[role_of(layer.name)] for layer in layers]
+    if len(set(roles)) == 1:
+        roles = [""] * len(layers)
+    numbered: list[ChosenLayer] = []
+    counts: dict[str, int] = {}
+    for index, (layer, stack) in enumerate(zip(layers, roles, strict=True)):
+        numbers = re.findall(r"(?:^|\.)(\d+)(?=\.|$)", layer.name)  # the block: first number
+        block = int(numbers[0]) if numbers else None
+        order = (block if block is not None else counts.get(stack, 0), int(stack == "cross"))
+        numbered.append(ChosenLayer(index, layer, stack, counts.get(stack, 0), order))
+        counts[stack] = counts.get(stack, 0) + 1
+    stack_rank = {"": 0, "enc": 1, "dec": 2, "cross": 2}  # a decoder block: self, then cross
+    numbered.sort(key=lambda c: (stack_rank[c.stack], c.order, c.index))
+    if spec is not None:
+        named = [c for c in numbered if c.layer.name == spec.rstrip(".") and c.layer.name]
+        if named:
+            return named
+    try:
+        pairs = parse_stack_layers(spec, {s: counts[s] for s in ("", "enc", "dec", "cross")
+                                          if s in counts})
+    except UsageError as exc:
+        raise UsageError(exc.what, fix=exc.fix + " (or a layer's name, see 'attnviz inspect')",
+                         where=source, option="layer") from None
+    if pairs is None:
+        return numbered
+    wanted = set(pairs)
+    return [c for c in numbered if (c.stack, c.number) in wanted]
+
+
+def check_heads(chosen: list[ChosenLayer]) -> None:
+    for c in chosen:
+        if not c.layer.heads_known:
+            raise UsageError(f"the number of heads of layer {quoted(c.layer.name)} is unknown",
+                             fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                             option="num_heads")
+
+
+@dataclass(frozen=True)
+class NormScale:
+    key: str  # the norm's weight in the checkpoint
+    kind: str  # "LayerNorm" or "RMSNorm"
+    offset: float  # Gemma's RMSNorm scales by (1 + weight)
+
+    def describe(self) -> str:
+        shown = f"1 + {self.key}" if self.offset else self.key
+        return f"γ = {shown} ({self.kind})"
+
+
+def norm_scale(store: TensorStore, layer: AttentionLayer) -> NormScale | None:
+    """The scale vector of the norm whose output this attention layer reads, where a name
+    beside it (or beside its parent module) says so; None when none is recognized."""
+    parts = layer.name.split(".") if layer.name else []
+    for up in (1, 2):
+        if len(parts) < up:
+            break
+        parent = ".".join(parts[:-up])
+        for name in NORM_NAMES:
+            key = f"{parent}.{name}.weight" if parent else f"{name}.weight"
+            if key in store and tuple(store.info(key).shape) == (layer.embed_dim,):
+                bias = key.removesuffix("weight") + "bias"
+                gemma = str(store.config.get("model_type", "")).startswith("gemma")
+                return NormScale(key, "LayerNorm" if bias in store else "RMSNorm",
+                                 1.0 if gemma else 0.0)
+    return None

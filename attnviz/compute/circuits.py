@@ -1,0 +1,339 @@
+"""QK and OV circuits of every head, and Q-, K-, V-composition between heads, in factored form.
+
+Conventions (weights as `nn.Linear` stores them, `(out, in)`; `attnviz.core.layer`):
+- head h's score before scaling is x_iᵀ W_QK^h x_j with W_QK^h = W_Q^hᵀ W_K^{g(h)} (E × kdim),
+  g(h) the key/value head of h's group (grouped-query and multi-query attention);
+- head h writes W_OV^h x_j with W_OV^h = W_O[:, cols(h)] · W_V^{g(h)} (E × vdim);
+- a norm scale γ feeding the attention is folded into the reading weights (W diag(γ)) before
+  any of this (`fold_scale`); biases are reported apart (`HeadCircuit.bias_norms`).
+
+Every E × E matrix is a product L Rᵀ of two E × d factors (d = head_dim). With QR factors
+L = Q_L T_L and R = Q_R T_R (Q orthonormal, T d × d), L Rᵀ = Q_L (T_L T_Rᵀ) Q_Rᵀ: its singular
+values are those of the d × d core T_L T_Rᵀ, and ‖L_b R_bᵀ L_a R_aᵀ‖_F = ‖T_Lb (R_bᵀ L_a) T_Raᵀ‖_F.
+Nothing E × E is ever formed: a layer costs a QR of each E × d factor and d × d work per head,
+a pair of layers one product of their weights and d × d work per pair of heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+RANK_RTOL = 1e-4  # a singular value counts towards the rank above this share of the largest
+EFFECTIVE_SHARE = 0.9  # effective rank: singular values holding this share of the squared norm
+BASELINE_DRAWS = 5  # random pairs averaged per composition baseline
+BASELINE_SEED = 0
+KINDS = ("Q", "K", "V")
+
+
+@dataclass(frozen=True)
+class CircuitWeights:
+    """One layer's projections, norm scale folded in, in (out, in) orientation (kept for
+    composition)."""
+
+    W_q: torch.Tensor  # (H·d, E)
+    W_k: torch.Tensor  # (H_kv·d, kdim)
+    W_v: torch.Tensor  # (H_kv·d, vdim)
+    W_o: torch.Tensor  # (E, H·d)
+    num_heads: int  # H
+    num_kv_heads: int  # H_kv
+    head_dim: int  # d
+
+
+def fold_scale(W: torch.Tensor, gamma: torch.Tensor | None) -> torch.Tensor:
+    """W diag(γ): a norm's scale folded into a weight that reads its output (columns × γ)."""
+    return W if gamma is None else W * gamma.to(W.dtype)[None, :]
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """One circuit's size and shape: its singular values, descending."""
+
+    singular_values: tuple[float, ...]  # all d of them, descending
+    norm: float  # Frobenius norm: √(Σ σ²) over all d singular values
+    rank: int  # singular values above RANK_RTOL × the largest
+    effective_rank: int  # fewest singular values holding EFFECTIVE_SHARE of Σ σ²
+
+    def to_json(self) -> dict[str, object]:
+        return {"norm": self.norm, "rank": self.rank, "effective_rank": self.effective_rank,
+                "singular_values": list(self.singular_values)}
+
+
+@dataclass(frozen=True)
+class HeadCircuit:
+    head: int
+    kv_head: int
+    qk: Spectrum
+    ov: Spectrum
+    # Σ Re λ / Σ |λ| over the eigenvalues of W_OV (those of the d × d W_V^g W_O[:, cols(h)]):
+    # +1 all positive (the head copies what it reads), −1 all negative; None when vdim ≠ E
+    copying: float | None
+    bias_norms: dict[str, float]  # ‖b_Q^h‖, ‖b_K^g‖, ‖b_V^g‖ where the layer has them
+
+
+@dataclass
+class LayerFactors:
+    """What composition needs of a layer: the d × d factors T (TᵀT = FᵀF for each E × d
+    factor F) and, where kept, the folded weights themselves."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    T_q: torch.Tensor  # (H, d, d) float64, of W_Q^hᵀ
+    T_k: torch.Tensor  # (H_kv, d, d), of W_K^gᵀ
+    T_v: torch.Tensor  # (H_kv, d, d), of W_V^gᵀ
+    T_o: torch.Tensor  # (H, d, d), of W_O[:, cols(h)]
+    qk_norm: torch.Tensor  # (H,) ‖W_QK^h‖_F
+    ov_norm: torch.Tensor  # (H,) ‖W_OV^h‖_F
+    qk_rank: tuple[int, ...]
+    ov_rank: tuple[int, ...]
+    widths: tuple[int, int, int, int]  # (E out, E read by W_Q, kdim, vdim)
+    weights: CircuitWeights | None = None  # kept only when composition needs them
+
+    @property
+    def kv_of(self) -> torch.Tensor:
+        return torch.arange(self.num_heads) // (self.num_heads // self.num_kv_heads)
+
+
+def _heads_of(W: torch.Tensor, heads: int, d: int) -> torch.Tensor:
+    """(heads·d, n) rows → (heads, n, d): each head's block, transposed to an n × d factor."""
+    return W.reshape(heads, d, W.shape[1]).transpose(1, 2)
+
+
+def _columns_of(W_o: torch.Tensor, heads: int, d: int) -> torch.Tensor:
+    """W_O (E, H·d) → (H, E, d): each head's columns."""
+    return W_o.reshape(W_o.shape[0], heads, d).permute(1, 0, 2)
+
+
+# Grams of factors with up to this many elements per tensor accumulate in float64 (exact to
+# float64 rounding for float32/bf16 weights); larger ones in float32 (≈ 1e-6 relative), where
+# a float64 product would cost 2-3× the time on a CPU.
+EXACT_GRAM_NUMEL = 1 << 21
+HEAD_CHUNK = 4  # heads per batched product: bounds the temporary copies to 4 heads' factors
+
+
+@contextlib.contextmanager
+def small_algebra() -> Iterator[None]:
+    """One thread for batches of d × d factorizations: LAPACK gains nothing from threads on
+    128 × 128 matrices, and on a busy machine their spinning made them 50-100× slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def gram_dtype(W: torch.Tensor) -> torch.dtype:
+    return torch.float64 if W.numel() <= EXACT_GRAM_NUMEL else torch.float32
+
+
+def factor_roots(factors: torch.Tensor) -> torch.Tensor:
+    """(n, E, d) factors F → (n, d, d) float64 T with TᵀT = FᵀF.
+
+    Every number of a circuit depends on its factors only through FᵀF (‖F X‖_F = ‖T X‖_F, and
+    F = Q T with Q orthonormal on F's column space), so T plays the role of the R factor of
+    F's QR factorization, from one product of F with itself instead of a Householder QR
+    (20× slower for E × d on a CPU). T = Λ^½ Pᵀ from FᵀF = P Λ Pᵀ, so rank-deficient F is fine.
+    """
+    dtype = gram_dtype(factors[0]) if len(factors) else torch.float64
+    grams = []
+    for start in range(0, factors.shape[0], HEAD_CHUNK):
+        chunk = factors[start:start + HEAD_CHUNK].to(dtype)  # (c, E, d)
+        grams.append((chunk.transpose(1, 2) @ chunk).double().cpu())  # (c, d, d)
+    gram = torch.cat(grams)
+    gram = (gram + gram.transpose(1, 2)) / 2
+    with small_algebra():
+        values, vectors = torch.linalg.eigh(gram)  # ascending
+    return values.clamp_min(0).sqrt()[:, :, None] * vectors.transpose(1, 2)
+
+
+def spectrum(singular_values: torch.Tensor) -> Spectrum:
+    """A circuit's summary from all of its singular values (descending)."""
+    s = singular_values.double()
+    squares = s.square()
+    total = float(squares.sum())
+    largest = float(s[0]) if s.numel() else 0.0
+    rank = int((s > RANK_RTOL * largest).sum()) if largest > 0 else 0
+    if total > 0:
+        share = torch.cumsum(squares, 0) / total
+        effective = int((share < EFFECTIVE_SHARE - 1e-12).sum()) + 1
+    else:
+        effective = 0
+    return Spectrum(tuple(float(v) for v in s), total ** 0.5, rank,
+                    min(effective, rank))
+
+
+WeightReader = Callable[[str], torch.Tensor]  # "q", "k", "v", "o" → the folded float32 weight
+
+
+def layer_circuits(read: WeightReader, heads: tuple[int, int, int],
+                   biases: dict[str, torch.Tensor | None] | None = None,
+                   keep: bool = False) -> tuple[LayerFactors, list[HeadCircuit]]:
+    """Every head's QK and OV circuit of one layer, and the factors composition reuses.
+
+    `read` is asked for W_Q, W_K, W_V and W_O one at a time, so at most W_V and one other
+    weight are held (all four with `keep`, for composition)."""
+    H, Hkv, d = heads
+    kv = torch.arange(H) // (H // Hkv)
+    W_q: torch.Tensor | None = read("q")
+    assert W_q is not None
+    widths_q = W_q.shape[1]
+    T_q = factor_roots(_heads_of(W_q, H, d))  # (H, d, d)
+    W_q = W_q if keep else None  # dropped at once unless composition needs it
+    W_k: torch.Tensor | None = read("k")
+    assert W_k is not None
+    kdim = W_k.shape[1]
+    T_k = factor_roots(_heads_of(W_k, Hkv, d))  # (H_kv, d, d)
+    W_k = W_k if keep else None
+    W_v = read("v")
+    T_v = factor_roots(_heads_of(W_v, Hkv, d))
+    W_o = read("o")
+    T_o = factor_roots(_columns_of(W_o, H, d))
+    copying = _copying(W_v, W_o, kv, d) if W_v.shape[1] == W_o.shape[0] else None
+    with small_algebra():
+        qk_sv = torch.linalg.svdvals(T_q @ T_k[kv].transpose(1, 2))  # (H, d)
+        ov_sv = torch.linalg.svdvals(T_o @ T_v[kv].transpose(1, 2))
+    circuits = [HeadCircuit(h, int(kv[h]), spectrum(qk_sv[h]), spectrum(ov_sv[h]),
+                            None if copying is None else float(copying[h]),
+                            _bias_norms(biases or {}, h, int(kv[h]), d)) for h in range(H)]
+    kept = None
+    if keep and W_q is not None and W_k is not None:
+        kept = CircuitWeights(W_q, W_k, W_v, W_o, H, Hkv, d)
+    factors = LayerFactors(H, Hkv, d, T_q, T_k, T_v, T_o, qk_sv.norm(dim=1), ov_sv.norm(dim=1),
+                           tuple(c.qk.rank for c in circuits), tuple(c.ov.rank for c in circuits),
+                           (W_o.shape[0], widths_q, kdim, W_v.shape[1]), kept)
+    return factors, circuits
+
+
+def _copying(W_v: torch.Tensor, W_o: torch.Tensor, kv: torch.Tensor, d: int) -> torch.Tensor:
+    """(H,) Σ Re λ / Σ |λ| over the eigenvalues of W_V^g W_O[:, cols(h)] (d × d), which are
+    the nonzero eigenvalues of W_OV^h."""
+    V = W_v.reshape(-1, d, W_v.shape[1])  # (H_kv, d, E)
+    cols = _columns_of(W_o, len(kv), d)  # (H, E, d)
+    blocks = []
+    for start in range(0, len(kv), HEAD_CHUNK):
+        heads = kv[start:start + HEAD_CHUNK]
+        dtype = gram_dtype(W_o)
+        blocks.append((V[heads.to(V.device)].to(dtype) @ cols[start:start + HEAD_CHUNK].to(dtype))
+                      .double().cpu())
+    with small_algebra():
+        eig = torch.linalg.eigvals(torch.cat(blocks))  # (H, d)
+    size = eig.abs().sum(dim=1)
+    return torch.where(size > 0, eig.real.sum(dim=1) / size.clamp_min(1e-300), 0.0)
+
+
+def _bias_norms(biases: dict[str, torch.Tensor | None], h: int, g: int,
+                d: int) -> dict[str, float]:
+    found = {}
+    for name, index in (("q", h), ("k", g), ("v", g)):
+        bias = biases.get(name)
+        if bias is not None:
+            found[name] = float(bias[index * d:(index + 1) * d].double().norm())
+    return found
+
+
+@dataclass(frozen=True)
+class Composition:
+    """One kind of composition of a later layer's heads on an earlier layer's heads."""
+
+    kind: str  # "Q", "K" or "V"
+    scores: torch.Tensor  # (H_later, H_earlier) float64
+    baseline: torch.Tensor  # (H_later, H_earlier): random matrices of the same shapes and ranks
+
+
+def compose(later: LayerFactors, earlier: LayerFactors,
+            kinds: tuple[str, ...] = KINDS) -> list[Composition]:
+    """Q-, K- and V-composition of every head of `later` on every head of `earlier` (both kept
+    their weights): K ‖W_QK^b W_OV^a‖_F, Q ‖(W_OV^a)ᵀ W_QK^b‖_F, V ‖W_OV^b W_OV^a‖_F, each
+    divided by the product of the two circuits' norms (b a head of `later`, a of `earlier`)."""
+    b, a = later.weights, earlier.weights
+    if b is None or a is None:
+        raise ValueError("composition needs both layers' weights (keep=True)")
+    kv_b = later.kv_of
+    T_va = earlier.T_v[earlier.kv_of]  # (H_a, d, d)
+    d, H_a = b.head_dim, a.num_heads
+    found = []
+    for kind in kinds:
+        if kind == "K":  # T_q^b (W_K^{g(b)} W_O^a) T_v^{g(a)}ᵀ
+            cross = _blocks(b.W_k, a.W_o, b.num_kv_heads, d, H_a)[kv_b]
+            norms = _core_norms(later.T_q, cross, T_va) / later.qk_norm[:, None]
+        elif kind == "Q":  # T_v^{g(a)} (W_Q^b W_O^a)ᵀ T_k^{g(b)}ᵀ, norm of its transpose
+            cross = _blocks(b.W_q, a.W_o, b.num_heads, d, H_a)
+            norms = _core_norms(later.T_k[kv_b], cross, T_va) / later.qk_norm[:, None]
+        else:  # V: T_o^b (W_V^{g(b)} W_O^a) T_v^{g(a)}ᵀ
+            cross = _blocks(b.W_v, a.W_o, b.num_kv_heads, d, H_a)[kv_b]
+            norms = _core_norms(later.T_o, cross, T_va) / later.ov_norm[:, None]
+        scores = norms / earlier.ov_norm[None, :]
+        found.append(Composition(kind, scores, _baselines(kind, later, earlier)))
+    return found
+
+
+def _blocks(W_read: torch.Tensor, W_o: torch.Tensor, heads: int, d: int,
+            heads_a: int) -> torch.Tensor:
+    """W_read (heads·d, E) @ W_o (E, H_a·d) → (heads, H_a, d, d) float64 blocks."""
+    dtype = gram_dtype(W_o)
+    product = (W_read.to(dtype) @ W_o.to(dtype)).double().cpu()  # (heads·d, H_a·d)
+    return product.reshape(heads, d, heads_a, d).permute(0, 2, 1, 3)
+
+
+def _core_norms(left: torch.Tensor, cross: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """‖left[b] · cross[b, a] · right[a]ᵀ‖_F for all (b, a): left (H_b, d, d), cross
+    (H_b, H_a, d, d), right (H_a, d, d)."""
+    with small_algebra():
+        inner = torch.einsum("bij,bajk->baik", left, cross)  # (H_b, H_a, d, d)
+        return torch.einsum("baik,alk->bail", inner, right).flatten(2).norm(dim=2)
+
+
+def _baselines(kind: str, later: LayerFactors, earlier: LayerFactors) -> torch.Tensor:
+    """(H_b, H_a): each pair's baseline from its circuits' shapes and ranks (cached)."""
+    out_b, reads_b, kdim_b, vdim_b = later.widths
+    out_a, _, _, vdim_a = earlier.widths
+    if kind in ("K", "Q"):
+        shape_b, ranks_b = (reads_b, kdim_b), later.qk_rank
+    else:
+        shape_b, ranks_b = (out_b, vdim_b), later.ov_rank
+    table = torch.empty(later.num_heads, earlier.num_heads, dtype=torch.float64)
+    for i, r_b in enumerate(ranks_b):
+        for j, r_a in enumerate(earlier.ov_rank):
+            table[i, j] = random_score(kind, shape_b, (out_a, vdim_a), r_b, r_a)
+    return table
+
+
+_BASELINE_CACHE: dict[tuple[object, ...], float] = {}
+
+
+def random_score(kind: str, shape_b: tuple[int, int], shape_a: tuple[int, int], rank_b: int,
+                 rank_a: int, draws: int = BASELINE_DRAWS, seed: int = BASELINE_SEED) -> float:
+    """The mean composition score of `draws` random pairs: the later circuit a Gaussian
+    (shape_b, rank rank_b) matrix G1 G2ᵀ, the earlier one (shape_a, rank_a) G3 G4ᵀ, seeded."""
+    key = (kind, shape_b, shape_a, rank_b, rank_a, draws, seed)
+    if key in _BASELINE_CACHE:
+        return _BASELINE_CACHE[key]
+    if rank_a == 0 or rank_b == 0:
+        return 0.0
+    gen = torch.Generator().manual_seed(seed)
+    total = 0.0
+    for _ in range(draws):
+        L_b, R_b = (torch.randn(n, rank_b, generator=gen, dtype=torch.float64) for n in shape_b)
+        L_a, R_a = (torch.randn(n, rank_a, generator=gen, dtype=torch.float64) for n in shape_a)
+        total += pair_score(kind, (L_b, R_b), (L_a, R_a))
+    _BASELINE_CACHE[key] = total / draws
+    return _BASELINE_CACHE[key]
+
+
+def pair_score(kind: str, later: tuple[torch.Tensor, torch.Tensor],
+               earlier: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """The composition score of two circuits given as factors (L, R), circuit = L Rᵀ, in
+    factored form: K and V ‖X Y‖ with X = later, Y = earlier; Q ‖Yᵀ X‖."""
+    (L_b, R_b), (L_a, R_a) = later, earlier
+    T_lb, T_rb, T_la, T_ra = (factor_roots(F[None])[0] for F in (L_b, R_b, L_a, R_a))
+    if kind == "Q":  # Yᵀ X = R_a (L_aᵀ L_b) R_bᵀ
+        norm = torch.linalg.norm(T_ra @ (L_a.T @ L_b) @ T_rb.T)
+    else:  # X Y = L_b (R_bᵀ L_a) R_aᵀ
+        norm = torch.linalg.norm(T_lb @ (R_b.T @ L_a) @ T_ra.T)
+    size = torch.linalg.norm(T_lb @ T_rb.T) * torch.linalg.norm(T_la @ T_ra.T)
+    return float(norm / size)
