@@ -28,7 +28,6 @@ def _build_lm(kind: str, folder: Path) -> Path:
     """The zoo's `kind` with its LM head: random weights, random biases, sharpened q/k."""
     import torch
     import transformers
-
     import zoo
 
     row = zoo.ZOO[kind]
@@ -64,7 +63,8 @@ def lm_folder(tmp_path_factory: Any) -> Any:
 
 
 def _run(folder: Path, prompts: list[str], n: int = N_NEW, **spec: Any) -> tuple[Any, Any, Any]:
-    from attnviz.sources.hf.generate import GenerateSpec, load_lm
+    from attnviz.sources.generate_spec import GenerateSpec
+    from attnviz.sources.hf.generate import load_lm
     from attnviz.sources.hf.generate_maps import run_generation
     from attnviz.sources.hf.inputs import encode
     from attnviz.sources.hf.load import open_model
@@ -80,7 +80,6 @@ def _reference(folder: Path, ids: list[int], encdec: bool, n: int = N_NEW) -> An
     """transformers' own eager generate, with the attentions it returns."""
     import torch
     import transformers
-
     import zoo
 
     auto = transformers.AutoModelForSeq2SeqLM if encdec else transformers.AutoModelForCausalLM

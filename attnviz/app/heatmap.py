@@ -27,12 +27,14 @@ from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
+    from attnviz.app.generate import Focus
     from attnviz.app.overview import Overview
     from attnviz.compute.breakdown import QueryBreakdown
     from attnviz.compute.maps import MapView
     from attnviz.compute.ranking import HeadRanking
     from attnviz.compute.results import AttentionRun
     from attnviz.compute.stats import HeadStats
+    from attnviz.sources.generate_spec import GenerateSpec, Generation
 
 # the runners, re-exported: scripts and tests reach them through this module
 __all__ = ["HeatmapJob", "HeatmapRequest", "HeatmapResult", "check_applicable", "check_panels",
@@ -67,6 +69,7 @@ class HeatmapJob:
     max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
     targets: list[str] | None = None  # --model, encoder-decoder: the decoder's text per sentence
     sentence_file: Path | None = None  # --file: more sentences, one per line ('-': stdin)
+    generate: GenerateSpec | None = None  # --generate: continue each sentence (app.generate)
 
 
 @dataclass
@@ -76,10 +79,15 @@ class HeatmapResult:
     views: list[MapView]  # the selected maps, per (sentence, layer, head)
     breakdown: QueryBreakdown | None = None  # for --query
     warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
+    generation: Generation | None = None  # --generate: what was generated
+    focus: list[Focus] = field(default_factory=list)  # --generate: each token's top keys
 
     def to_json(self, ranked: bool = False, overview: str | None = "label") -> dict[str, Any]:
         """The --json document; `overview` (None: left out) is what its overview shows."""
         doc = run_json(self.run, self.head_stats, self.breakdown)
+        if self.generation is not None:
+            doc["generation"] = {**self.generation.to_json(),
+                                 "focus": [f.to_json() for f in self.focus]}
         if overview is not None:
             doc["overview"] = self.overview(overview).to_json()
         if ranked:
@@ -99,7 +107,8 @@ class HeatmapResult:
         return rank_heads(self.head_stats, top)
 
     def export(self, path: Path) -> None:
-        export(self.run, path)
+        export(self.run, path, None if self.generation is None else
+               self.generation.export_metadata())
 
     def title(self) -> str:
         """A figure's title: the model (not a raw path) and the layers shown."""
@@ -150,6 +159,10 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     and flags checked before any weight is read). `progress` hears, in words, each step as it
     starts (the CLI shows them beside a spinner)."""
 
+    if job.generate is not None:
+        from attnviz.app.generate import run_generate_job
+
+        return run_generate_job(job, job.generate, progress)
     check_applicable(job)
     report = progress or (lambda message: None)
     warnings: list[str] = []

@@ -15,6 +15,7 @@ from attnviz.cli.heatmap_options import (
     Dtype,
     Export,
     File,
+    Generate,
     Head,
     Html,
     Layer,
@@ -32,6 +33,7 @@ from attnviz.cli.heatmap_options import (
     Quiet,
     Random,
     Rank,
+    Sample,
     Scale,
     Sentence,
     Sentences,
@@ -39,6 +41,8 @@ from attnviz.cli.heatmap_options import (
     Size,
     Stats,
     Target,
+    Temperature,
+    TopP,
     Weights,
     check_figure_options,
     check_quiet,
@@ -80,7 +84,8 @@ def heatmap(
     overview: Overview = None, probe: Probe = None, causal: Causal = False,
     positions: Positions = "none", device: Device = "auto", model: Model = None,
     dtype: Dtype = "float32", device_map: DeviceMap = None, target: Target = None,
-    random: Random = False,
+    generate: Generate = None, sample: Sample = False, temperature: Temperature = None,
+    top_p: TopP = None, random: Random = False,
     embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
     head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
     max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
@@ -88,6 +93,7 @@ def heatmap(
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
+    from attnviz.app.generate import generate_spec
     from attnviz.app.heatmap import HeatmapJob, parse_memory_budget, run_heatmap
     from attnviz.compute.scale import check_scale
     from attnviz.recognize.base import HeadHints
@@ -100,7 +106,8 @@ def heatmap(
         weights, model, file, not (random or weights or model)))
     shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
                          average, sentence, scale)
-    spec = random_spec(random, embed_dim, num_heads, kdim, vdim, seed)
+    writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)
+    spec = random_spec(random, embed_dim, num_heads, kdim, vdim, None if generate else seed)
     texts = list(sentences or [])
     if probe is not None:
         texts = probe_sentences(probe, bool(texts) or file is not None)
@@ -111,7 +118,7 @@ def heatmap(
         keep_full_maps=export is not None, export_path=files.export,
         memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
         max_sentences=max_sentences, max_panels=max_panels if files.figure else None,
-        targets=list(target) if target else None, sentence_file=file)
+        targets=list(target) if target else None, sentence_file=file, generate=writes)
     with progress(not (as_json or quiet)) as report:
         result = run_heatmap(job, report)
         write_files(result, files, report, scale, size, dpi)
@@ -178,6 +185,10 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
     run = result.run
     out = console()
     print_header(out, run, compact=shown.overview is not None and not shown.maps)
+    if result.generation is not None:
+        from attnviz.render.generate_terminal import print_generation
+
+        print_generation(out, result.generation, result.focus)
     if shown.overview is not None:
         from attnviz.render.overview_terminal import print_overview
 

@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
-from attnviz.errors import CheckpointError, UsageError, printable, printable_path
+from attnviz.errors import CheckpointError, printable, printable_path
 from attnviz.sources import capture as cap
 from attnviz.sources import hf_guard as guard
 from attnviz.sources.capture_eager import _ACTIVE, _Session
+from attnviz.sources.generate_spec import GenerateSpec
 from attnviz.sources.hf.load import (
     COMMON,
     FILES_FIX,
@@ -46,30 +47,6 @@ METHOD = ("model.generate (its own KV cache and generation settings) with attnvi
 METHOD_OUTPUT_ATTENTIONS = ("model.generate(output_attentions=True) with eager attention: the "
                             "maps this model returns per step; the last token's row from one "
                             "more forward over the same cache")
-
-
-@dataclass(frozen=True)
-class GenerateSpec:
-    """How to generate: at most `max_new` tokens, greedy unless `sample`."""
-
-    max_new: int  # tokens generated at most per prompt (stops earlier at end-of-sequence)
-    sample: bool = False  # draw from the distribution instead of taking the most likely token
-    temperature: float = 1.0  # divides the logits before sampling
-    top_p: float = 1.0  # nucleus: sample from the smallest set of tokens holding this mass
-    seed: int = 0  # the random generator's seed when sampling
-
-    def check(self) -> None:
-        if self.max_new < 1:
-            raise UsageError(f"‹generate› must be at least 1, not {self.max_new}",
-                             option="generate")
-        if not self.sample and (self.temperature != 1.0 or self.top_p != 1.0):
-            raise UsageError("‹temperature› and ‹top_p› apply to sampling only",
-                             fix="add ‹sample›, or drop them", option="sample")
-        if not self.temperature > 0:
-            raise UsageError(f"‹temperature› must be positive, not {self.temperature}",
-                             option="temperature")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"‹top_p› must be in (0, 1], not {self.top_p}", option="top_p")
 
 
 @dataclass
@@ -237,11 +214,13 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
     model = loaded.model
     sequences = out.sequences  # (B, L + T)
     last = sequences[:, -1:]
-    cache = out.past_key_values
+    cache = out.get("cache", out.get("past_key_values"))  # renamed `cache` in transformers 5.2x
     if cache is None:
         raise CheckpointError("the model's generate returned no cache to continue from",
                               fix="report this model to attnviz")
-    feed: dict[str, Any] = dict(past_key_values=cache, use_cache=True)
+    # transformers 5.2x names the cache argument `cache` (past_key_values before)
+    cache_name = "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+    feed: dict[str, Any] = {cache_name: cache, "use_cache": True}
     if loaded.encoder_decoder:
         feed.update(encoder_outputs=encoder_outputs, attention_mask=mask,
                     decoder_input_ids=last)

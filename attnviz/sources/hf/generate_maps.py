@@ -4,44 +4,16 @@ maps, overview, export and JSON apply), with a Generation record beside it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
 from attnviz.compute.inputs import Batch
 from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture as cap
-from attnviz.sources.hf.generate import (
-    GenerateSpec,
-    Steps,
-    eos_ids,
-    generate,
-)
+from attnviz.sources.generate_spec import GenerateSpec, Generation
+from attnviz.sources.hf.generate import Steps, eos_ids, generate
 from attnviz.sources.hf.layers import ModelLayer, select
 from attnviz.sources.hf.load import PATHS, STACK_OF, TOLERANCE, LoadedModel, input_device
-
-
-@dataclass
-class Generation:
-    """What was generated, per sentence, and how."""
-
-    prompt_ids: list[list[int]]  # the prompt's (decoder) or source's (encoder-decoder) ids
-    generated_ids: list[list[int]]  # up to and including the first end-of-sequence token
-    generated_tokens: list[list[str]]
-    texts: list[str]  # the generated tokens decoded
-    prompt_lengths: list[int]  # where the generated tokens start in the maps' rows
-    spec: GenerateSpec
-    method: str
-    encoder_decoder: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"generated_ids": self.generated_ids, "generated_tokens": self.generated_tokens,
-                "generated_text": self.texts, "prompt_length": self.prompt_lengths,
-                "method": self.method, "sample": self.spec.sample,
-                "temperature": self.spec.temperature, "top_p": self.spec.top_p,
-                "seed": self.spec.seed, "max_new_tokens": self.spec.max_new}
 
 
 def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list[int]],
@@ -113,7 +85,8 @@ def _layer(layer: ModelLayer, steps: Steps, target: Batch | None, row_lengths: l
     blocks = steps.blocks[layer.name]
     if layer.kind == cap.LayerKind.SELF and target is not None:  # an encoder: one forward
         maps = torch.cat(blocks, dim=2)  # (B, H, S, S), right-padded already
-        return _result(layer, maps, "the module's own eager attention (encoder, once)", None)
+        return _result(layer, maps, "the module's own eager attention (encoder, once)",
+                       target.tokens)
     full = _join(layer, blocks, prompt_width, width)  # (B, H, P, P|S)
     offsets = [0] * len(row_lengths) if prompt_lengths is None else \
         [prompt_width - n for n in prompt_lengths]
@@ -156,10 +129,11 @@ def _join(layer: ModelLayer, blocks: list[torch.Tensor], prompt_width: int, widt
 def _result(layer: ModelLayer, maps: torch.Tensor, method: str,
             target_tokens: list[list[str]] | None) -> LayerAttention:
     decoder = layer.kind != cap.LayerKind.SELF
+    decoder_only = target_tokens is None  # a decoder-only model's self-attention is causal
     return LayerAttention(
         layer.index, None, maps, None, method, name=layer.display_name,
         num_heads=layer.num_heads, kind=layer.kind.value,
         label=layer.label if layer.stack else None,
-        causal=layer.kind != cap.LayerKind.CROSS and (decoder or target_tokens is None),
+        causal=decoder_only or layer.kind == cap.LayerKind.DECODER_SELF,
         query_tokens=target_tokens if decoder else None,
         key_tokens=target_tokens if layer.kind == cap.LayerKind.DECODER_SELF else None)
