@@ -21,8 +21,6 @@ N_NEW = 5
 ARCHITECTURES = ["llama", "gpt2", "gemma2", "qwen2", "phi3", "marian", "t5"]
 PROMPTS = ["the cat sat on the mat", "a small dog ran far away"]
 
-pytestmark = [pytest.mark.hf]
-
 
 def _build_lm(kind: str, folder: Path) -> Path:
     """The zoo's `kind` with its LM head: random weights, random biases, sharpened q/k."""
@@ -103,6 +101,7 @@ def _stack(run: Any, kind: str) -> list[Any]:
     return [layer for layer in run.layers if layer.kind == kind]
 
 
+@pytest.mark.hf
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ARCHITECTURES)
 def test_rows_equal_generate_step_by_step(lm_folder: Any, kind: str) -> None:
@@ -139,6 +138,7 @@ def test_rows_equal_generate_step_by_step(lm_folder: Any, kind: str) -> None:
     assert compared >= 2 * len(steps) and shifted_fails >= len(steps) - 2
 
 
+@pytest.mark.hf
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ARCHITECTURES)
 def test_full_map_equals_teacher_forced_forward(lm_folder: Any, kind: str) -> None:
@@ -175,3 +175,201 @@ def test_full_map_equals_teacher_forced_forward(lm_folder: Any, kind: str) -> No
         # negative control: the check fails on causal rows one step late (cross rows are left
         # out: a tiny random model repeats its token, and then its cross rows repeat too)
         assert shifted_fails == controls > 0
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "marian"])
+def test_batch_equals_each_prompt_alone(lm_folder: Any, kind: str) -> None:
+    """Left padding (decoders) and right padding (an encoder's source) change nothing."""
+    import torch
+
+    folder = lm_folder(kind)
+    run, generation, _ = _run(folder, PROMPTS)
+    for b, prompt in enumerate(PROMPTS):
+        alone, alone_generation, _ = _run(folder, [prompt])
+        assert generation.generated_ids[b] == alone_generation.generated_ids[0]
+        for layer, single in zip(run.layers, alone.layers, strict=True):
+            q, k = single.weights.shape[2:]
+            torch.testing.assert_close(layer.weights[b, :, :q, :k], single.weights[0],
+                                       atol=TOL, rtol=0)
+    # negative control: the two prompts' maps differ, so equality above is not vacuous
+    assert generation.generated_ids[0] != generation.generated_ids[1] or not torch.allclose(
+        run.layers[-1].weights[0], run.layers[-1].weights[1])
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_sampling_is_reproducible_and_is_generates(lm_folder: Any) -> None:
+    """--sample with a seed: the draw transformers' generate makes under the same seed and
+    settings; the same seed twice gives the same tokens, another seed other tokens."""
+    import torch
+
+    folder = lm_folder("llama")
+    settings = dict(sample=True, temperature=1.5, top_p=0.9)
+    runs = {seed: _run(folder, PROMPTS[:1], 8, seed=seed, **settings)[1].generated_ids[0]
+            for seed in (1, 2)}
+    again = _run(folder, PROMPTS[:1], 8, seed=1, **settings)[1].generated_ids[0]
+    assert runs[1] == again
+    assert runs[1] != runs[2]
+    _, _, rows = _run(folder, PROMPTS[:1], 1)
+    model, _ = _reference(folder, rows[0], False, 1)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        out = model.generate(torch.tensor(rows), max_new_tokens=8, do_sample=True,
+                             temperature=1.5, top_p=0.9, top_k=0, pad_token_id=1)
+    assert out[0, len(rows[0]):].tolist()[:len(runs[1])] == runs[1]
+
+
+@pytest.mark.hf
+def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: Any,
+                                                           monkeypatch: Any) -> None:
+    from conftest import assert_clean_error
+
+    from attnviz.sources.hf import generate as gen
+
+    def never(*_: Any, **__: Any) -> None:
+        raise AssertionError("the weights loaded")
+
+    monkeypatch.setattr(gen, "load_lm", never)
+    monkeypatch.setattr("attnviz.sources.hf.generate.load_lm", never)
+    folder = zoo_model("llama")  # "<s> the cat sat on the mat": 7 tokens
+    result = cli("heatmap", "--model", folder, "the cat sat on the mat", "--generate", "4",
+                 "--max-tokens", "10")
+    assert_clean_error(result, 2, "sentence 1 with 4 generated tokens", "11")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--sample"], "--generate"),
+    (["--generate", "2", "--temperature", "0.5"], "--sample"),
+    (["--generate", "2", "--seed", "3"], "--sample"),
+    (["--generate", "2", "--sample", "--top-p", "1.5"], "--top-p"),
+    (["--generate", "2", "--random"], "--random"),
+])
+def test_generate_usage_errors(cli: Any, args: list[str], fragment: str) -> None:
+    from conftest import assert_clean_error
+
+    assert_clean_error(cli("heatmap", "the cat sat", *args), 2, fragment)
+
+
+@pytest.mark.hf
+def test_model_without_head_is_refused(cli: Any) -> None:
+    from conftest import assert_clean_error
+
+    result = cli("heatmap", "--model", "sample_weights/models/phi3-tiny-model", "the cat",
+                 "--generate", "2")
+    assert_clean_error(result, 1, "lm_head.weight", "language-model head")
+
+
+# --- the bundled model --------------------------------------------------------------------------
+
+def _reference_tiny() -> Any:
+    """The training script's own TinyAttnModel with the bundled weights: an independent forward
+    (torch's nn.MultiheadAttention, its own unembedding) to check attnviz's generation against."""
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    from attnviz.sources import bundled
+
+    spec = importlib.util.spec_from_file_location(
+        "train_induction", bundled.BUNDLED.parent / "train_induction.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TinyAttnModel(1024, 64, 64, 2, 2)
+    model.load_state_dict(load_file(str(bundled.BUNDLED)))
+    return model.eval()
+
+
+def _bundled_run(sentences: list[str], n: int, **spec: Any) -> tuple[Any, Any]:
+    import torch
+
+    from attnviz.compute.inputs import make_batch
+    from attnviz.sources import bundled
+    from attnviz.sources.bundled_generate import continue_text
+    from attnviz.sources.generate_spec import GenerateSpec
+
+    return continue_text(bundled.open_bundled(), make_batch(sentences), GenerateSpec(n, **spec),
+                         None, torch.device("cpu"))
+
+
+def test_bundled_model_continues_with_induction() -> None:
+    """Greedy ids equal the reference model's argmax step by step; every row equals the
+    reference's map over the same ids (≤ 1e-5); a row one step late does not."""
+    import torch
+
+    sentences = ["the cat sat on the mat the cat", "one two three four one two"]
+    run, generation = _bundled_run(sentences, 4)
+    assert generation.generated_tokens[0] == ["sat", "on", "the", "mat"]  # induction copies
+    reference = _reference_tiny()
+    for b, prompt in enumerate(generation.prompt_ids):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(4):
+                ids.append(int(reference(torch.tensor([ids]))[0, -1].argmax()))
+            _, maps = reference(torch.tensor([ids]), need_weights=True)
+        assert ids[len(prompt):] == generation.generated_ids[b]
+        n = len(ids)
+        for layer, ref in zip(run.layers, maps, strict=True):
+            mine = layer.weights[b, :, :n, :n]
+            torch.testing.assert_close(mine, ref[0], atol=TOL, rtol=0)
+            assert not torch.allclose(torch.roll(mine, 1, dims=1), ref[0], atol=TOL, rtol=0)
+
+
+def test_bundled_unknown_id_prints_as_hash_and_sampling_repeats() -> None:
+    from attnviz.core.words import hashed_ids
+
+    first = _bundled_run(["a b c d e f"], 6, sample=True, temperature=3.0, seed=7)[1]
+    again = _bundled_run(["a b c d e f"], 6, sample=True, temperature=3.0, seed=7)[1]
+    assert first.generated_ids == again.generated_ids
+    words = dict(zip(hashed_ids(list("abcdef"), 1024), "abcdef", strict=True))
+    assert first.generated_tokens[0] == [words.get(i, f"#{i}") for i in first.generated_ids[0]]
+    other = _bundled_run(["a b c d e f"], 6, sample=True, temperature=3.0, seed=8)[1]
+    assert other.generated_ids != first.generated_ids
+
+
+@pytest.mark.slow
+def test_bundled_cli_json_and_export(cli: Any, tmp_path: Path) -> None:
+    import json
+
+    from safetensors import safe_open
+
+    result = cli("heatmap", "the cat sat on the mat the cat", "--generate", "4", "--stats")
+    assert result.exit_code == 0, result.output
+    assert "sat on the mat" in result.stdout
+    assert "what each generated token attends to" in result.stdout
+    doc = json.loads(cli("heatmap", "the cat sat on the mat the cat", "--generate", "4",
+                         "--json").stdout)
+    assert doc["generation"]["generated_tokens"] == [["sat", "on", "the", "mat"]]
+    assert doc["generation"]["prompt_length"] == [8]
+    assert len(doc["generation"]["focus"]) == 4 and doc["tokens"][0][8:] == ["sat", "on", "the",
+                                                                               "mat"]
+    out = tmp_path / "gen.safetensors"
+    assert cli("heatmap", "the cat sat on the mat the cat", "--generate", "4", "--export",
+               out).exit_code == 0
+    with safe_open(str(out), "pt") as f:
+        meta = f.metadata()
+        assert json.loads(meta["generated_tokens"]) == [["sat", "on", "the", "mat"]]
+        assert json.loads(meta["prompt_length"]) == [8]
+        assert list(f.get_tensor("attn.1").shape) == [1, 2, 12, 12]
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_marian_sample_cli_export(cli: Any, tmp_path: Path) -> None:
+    import json
+
+    from safetensors import safe_open
+
+    out = tmp_path / "m.safetensors"
+    result = cli("heatmap", "--model", "sample_weights/models/marian-tiny-model",
+                 "the cat sat on the mat", "a dog", "--generate", "3", "--export", out)
+    assert result.exit_code == 0, result.output
+    with safe_open(str(out), "pt") as f:
+        meta = f.metadata()
+        generated = json.loads(meta["generated_ids"])
+        rows = max(1 + len(g) for g in generated)
+        assert list(f.get_tensor("cross.1").shape)[2] == rows
+        assert list(f.get_tensor("decoder.0").shape)[2:] == [rows, rows]
+        assert json.loads(meta["prompt_length"]) == [1, 1]

@@ -9,12 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnviz.compute.inputs import length_problem
+from attnviz.compute.inputs import TokenLimit, length_problem
 from attnviz.errors import UsageError
 from attnviz.sources.generate_spec import GenerateSpec, Generation
 
 if TYPE_CHECKING:
-    from attnviz.app.heatmap import HeatmapJob, HeatmapResult
     from attnviz.compute.results import AttentionRun, LayerAttention
 
 TOP_K = 3  # tokens listed per generated token
@@ -58,7 +57,7 @@ def generate_spec(generate: int | None, sample: bool, temperature: float | None,
     return spec
 
 
-def check_job(job: HeatmapJob, spec: GenerateSpec) -> None:
+def check_job(job: Any, spec: GenerateSpec) -> None:
     """What --generate cannot be combined with, refused before any work."""
     refused = [flag for flag, given in (
         ("‹weights›", job.weights is not None), ("‹random›", job.random is not None),
@@ -71,29 +70,21 @@ def check_job(job: HeatmapJob, spec: GenerateSpec) -> None:
                          option="generate")
 
 
-def run_generate_job(job: HeatmapJob, spec: GenerateSpec,
-                     progress: Callable[[str], None] | None = None) -> HeatmapResult:
-    """The generation, its maps over prompt + generated tokens, statistics and focus."""
-    from attnviz.app.heatmap import _file_sentences, check_applicable, summarize
-
-    check_applicable(job)
+def run_generate(job: Any, spec: GenerateSpec,
+                 sentences_for: Callable[[TokenLimit | None], list[str]],
+                 report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
+    """The generation and its maps over prompt + generated tokens, for a HeatmapJob whose
+    flags were checked (`sentences_for(limit)`: the job's sentences and --file's)."""
     check_job(job, spec)
-    report = progress or (lambda message: None)
     if job.model is not None:
-        sentences = job.sentences + _file_sentences(job, None)
+        sentences = sentences_for(None)
         if not sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
-        run, generation = _run_model(job, sentences, spec, report)
-    else:
-        run, generation = _run_bundled(job, spec, report)
-    report("computing head statistics")
-    result = summarize(run, job.head, job.average, None, 0)
-    result.generation = generation
-    result.focus = focus(run, generation, job.head)
-    return result
+        return _run_model(job, sentences, spec, report)
+    return _run_bundled(job, spec, sentences_for, report)
 
 
-def _run_model(job: HeatmapJob, sentences: list[str], spec: GenerateSpec,
+def _run_model(job: Any, sentences: list[str], spec: GenerateSpec,
                report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
     from attnviz.app.heatmap_sources import HeatmapRequest, check_panels
     from attnviz.compute.inputs import Batch
@@ -120,9 +111,9 @@ def _run_model(job: HeatmapJob, sentences: list[str], spec: GenerateSpec,
     return run_generation(loaded, sentences, rows, spec, job.layer)
 
 
-def _run_bundled(job: HeatmapJob, spec: GenerateSpec, report: Callable[[str], None]
-                 ) -> tuple[AttentionRun, Generation]:
-    from attnviz.app.heatmap import _file_sentences
+def _run_bundled(job: Any, spec: GenerateSpec,
+                 sentences_for: Callable[[TokenLimit | None], list[str]],
+                 report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
     from attnviz.app.heatmap_sources import HeatmapRequest, check_panels, open_store
     from attnviz.compute.device import resolve_device
     from attnviz.compute.inputs import make_batch
@@ -132,7 +123,7 @@ def _run_bundled(job: HeatmapJob, spec: GenerateSpec, report: Callable[[str], No
 
     store = open_store(None)
     limit = bundled.token_limit(store, "the bundled model")
-    batch = make_batch(job.sentences + _file_sentences(job, limit), job.max_tokens,
+    batch = make_batch(sentences_for(limit), job.max_tokens,
                        job.max_sentences, limit)
     for i, tokens in enumerate(batch.tokens, 1):  # --max-tokens counts prompt + generated
         problem = length_problem(f"sentence {i} with {spec.max_new} generated tokens",

@@ -160,9 +160,7 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     starts (the CLI shows them beside a spinner)."""
 
     if job.generate is not None:
-        from attnviz.app.generate import run_generate_job
-
-        return run_generate_job(job, job.generate, progress)
+        return _generate_job(job, job.generate, progress)
     check_applicable(job)
     report = progress or (lambda message: None)
     warnings: list[str] = []
@@ -183,6 +181,22 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     report("computing head statistics")
     result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
     result.warnings = warnings
+    return result
+
+
+def _generate_job(job: HeatmapJob, spec: GenerateSpec,
+                  progress: Callable[[str], None] | None) -> HeatmapResult:
+    """--generate (attnviz.app.generate): the maps over prompt + generated tokens, their
+    statistics, and what each generated token attends to."""
+    from attnviz.app.generate import focus, run_generate
+
+    check_applicable(job)
+    report = progress or (lambda message: None)
+    attention_run, generation = run_generate(
+        job, spec, lambda limit: job.sentences + _file_sentences(job, limit), report)
+    report("computing head statistics")
+    result = summarize(attention_run, job.head, job.average, None, 0)
+    result.generation, result.focus = generation, focus(attention_run, generation, job.head)
     return result
 
 

@@ -75,7 +75,7 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
     from attnviz.compute.device import resolve_device
 
     folder, where = opened.folder, printable_path(opened.folder)
-    auto = transformers.AutoModelForSeq2SeqLM if opened.encoder_decoder \
+    auto: Any = transformers.AutoModelForSeq2SeqLM if opened.encoder_decoder \
         else transformers.AutoModelForCausalLM
     dtype_key = "dtype" if _major() >= 5 else "torch_dtype"
     with guard.quiet(), guard.contained("transformers cannot load the model with a "
@@ -214,7 +214,8 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
     model = loaded.model
     sequences = out.sequences  # (B, L + T)
     last = sequences[:, -1:]
-    cache = out.get("cache", out.get("past_key_values"))  # renamed `cache` in transformers 5.2x
+    # renamed `cache` in transformers 5.2x; the old name still answers, with a warning
+    cache = out["cache"] if "cache" in out.keys() else out.get("past_key_values")
     if cache is None:
         raise CheckpointError("the model's generate returned no cache to continue from",
                               fix="report this model to attnviz")
