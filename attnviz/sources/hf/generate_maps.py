@@ -11,7 +11,7 @@ from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture as cap
 from attnviz.sources.generate_spec import GenerateSpec, Generation
-from attnviz.sources.hf.generate import Steps, eos_ids, generate
+from attnviz.sources.hf.generate import METHOD_OUTPUT_ATTENTIONS, Steps, eos_ids, generate
 from attnviz.sources.hf.layers import ModelLayer, select
 from attnviz.sources.hf.load import PATHS, STACK_OF, TOLERANCE, LoadedModel, input_device
 
@@ -99,7 +99,9 @@ def _layer(layer: ModelLayer, steps: Steps, target: Batch | None, row_lengths: l
         col0 = 0 if cross else offset
         out[b, :, :rows, :cols] = full[b, :, offset:offset + rows, col0:col0 + cols]
     tokens = None if target is None else target.tokens
-    return _result(layer, out, steps.method, tokens)
+    how = "output_attentions (eager)" if steps.method == METHOD_OUTPUT_ATTENTIONS else \
+        "the module's own eager attention"
+    return _result(layer, out, f"{how}, one row per generated token", tokens)
 
 
 def _join(layer: ModelLayer, blocks: list[torch.Tensor], prompt_width: int, width: int
