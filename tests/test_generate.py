@@ -18,7 +18,7 @@ import pytest
 TOL = 1e-5
 N_NEW = 5
 # kind: the zoo row whose config, tokenizer and sharpening the LM variant shares
-ARCHITECTURES = ["llama", "gpt2", "gemma2", "qwen2", "phi3", "marian", "t5"]
+ARCHITECTURES = ["llama", "gpt2", "gemma2", "qwen2", "phi3", "marian", "t5", "bloom"]
 PROMPTS = ["the cat sat on the mat", "a small dog ran far away"]
 
 
