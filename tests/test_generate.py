@@ -373,3 +373,33 @@ def test_marian_sample_cli_export(cli: Any, tmp_path: Path) -> None:
         assert list(f.get_tensor("cross.1").shape)[2] == rows
         assert list(f.get_tensor("decoder.0").shape)[2:] == [rows, rows]
         assert json.loads(meta["prompt_length"]) == [1, 1]
+
+
+@pytest.mark.slow
+def test_figure_marks_the_prompt_generated_boundary(cli: Any, tmp_path: Path) -> None:
+    """The boundary's red lines are in the --generate figure (read back), and in no plain one;
+    the solid line sits between the last prompt row and the first generated row."""
+    import numpy as np
+    from conftest import read_image
+
+    def red(path: Path) -> Any:
+        image = read_image(path)[..., :3].astype(float)
+        if image.max() <= 1.0:
+            image = image * 255
+        return (image[..., 0] > 200) & (image[..., 1] < 90) & (image[..., 2] < 90)
+
+    marked, plain = tmp_path / "gen.png", tmp_path / "plain.png"
+    sentence = "the cat sat on the mat the cat"
+    assert cli("heatmap", sentence, "--generate", "4", "--out", marked, "--quiet",
+               "--layer", "1", "--head", "0").exit_code == 0
+    assert cli("heatmap", sentence + " sat on the mat", "--out", plain, "--quiet",
+               "--layer", "1", "--head", "0").exit_code == 0
+    assert not red(plain).any()  # negative control: the same map without --generate
+    mask = red(marked)
+    line_row = int(mask.sum(axis=1).argmax())  # the solid horizontal line
+    line_col = int(mask.sum(axis=0).argmax())  # the dashed vertical one spans the panel
+    top, bottom = np.nonzero(mask[:, line_col])[0][[0, -1]]
+    assert mask[line_row].sum() > (bottom - top) // 2
+    # 8 prompt rows of 12: the line lies 8/12 of the way down the panel (within 4 pixels)
+    assert abs(line_row - (top + 8 / 12 * (bottom - top))) <= 4
+    assert abs(line_col - (mask[line_row].nonzero()[0][0] + 8 / 12 * (bottom - top))) <= 4

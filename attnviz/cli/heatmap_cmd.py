@@ -156,7 +156,13 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         from attnviz.render.figure import heatmap_figure, save_figure
 
         report(f"drawing the figure {files.figure.name}")
-        save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi), files.figure)
+        figure = heatmap_figure(result.views, result.title(), scale, size, dpi)
+        if result.generation is not None:  # --generate: the prompt/generated boundary
+            from attnviz.render.generate_figure import mark_boundary
+
+            mark_boundary(figure, result.views, result.title(), result.run, result.generation,
+                          size, dpi)
+        save_figure(figure, files.figure)
     if files.html is not None:
         from attnviz.render.html import document_from_run, write_html
 
