@@ -403,3 +403,14 @@ def test_figure_marks_the_prompt_generated_boundary(cli: Any, tmp_path: Path) ->
     # 8 prompt rows of 12: the line lies 8/12 of the way down the panel (within 4 pixels)
     assert abs(line_row - (top + 8 / 12 * (bottom - top))) <= 4
     assert abs(line_col - (mask[line_row].nonzero()[0][0] + 8 / 12 * (bottom - top))) <= 4
+
+
+@pytest.mark.slow
+def test_html_page_covers_the_whole_sequence_and_names_the_boundary(cli: Any,
+                                                                     tmp_path: Path) -> None:
+    page = tmp_path / "gen.html"
+    assert cli("heatmap", "the cat sat on the mat the cat", "--generate", "4", "--html", page,
+               "--quiet").exit_code == 0
+    text = page.read_text()
+    assert "generated, sentence 1: rows 8-11 (sat on the mat)" in text
+    assert "http://" not in text and "https://" not in text  # offline: nothing fetched

@@ -167,8 +167,12 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         from attnviz.render.html import document_from_run, write_html
 
         report(f"writing the page {files.html.name}")
-        write_html(document_from_run(result.run, result.head_stats, result.breakdown),
-                   files.html)
+        document = document_from_run(result.run, result.head_stats, result.breakdown)
+        if result.generation is not None:  # --generate: where the generated tokens start
+            from attnviz.app.generate import boundary_notes
+
+            document["notes"] += boundary_notes(result.generation)
+        write_html(document, files.html)
 
 
 def print_warnings(warnings: list[str]) -> None:
