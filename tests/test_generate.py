@@ -244,7 +244,9 @@ def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: 
     (["--generate", "2", "--temperature", "0.5"], "--sample"),
     (["--generate", "2", "--seed", "3"], "--sample"),
     (["--generate", "2", "--sample", "--top-p", "1.5"], "--top-p"),
-    (["--generate", "2", "--random"], "--random"),
+    (["--generate", "2", "--random"], "--random does not apply"),
+    (["--generate", "2", "--query", "cat"], "--query does not apply"),
+    (["--generate", "0"], "--generate"),
 ])
 def test_generate_usage_errors(cli: Any, args: list[str], fragment: str) -> None:
     from conftest import assert_clean_error

@@ -65,8 +65,9 @@ def check_job(job: Any, spec: GenerateSpec) -> None:
         ("‹memory_budget›", job.memory_budget is not None),
         ("‹device_map›", job.device_map is not None)) if given]
     if refused:
+        verb = "does" if len(refused) == 1 else "do"
         raise UsageError(f"‹generate› runs the bundled model or ‹model›; {', '.join(refused)} "
-                         "do not apply to it", fix=f"drop {', '.join(refused)}",
+                         f"{verb} not apply to it", fix=f"drop {', '.join(refused)}",
                          option="generate")
 
 
