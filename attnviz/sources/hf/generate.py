@@ -136,23 +136,24 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec) 
     if loaded.encoder_decoder:
         ids, mask = pad_right(prompts, filler, device)
         steps = Steps(torch.empty(0), 1)
-        with _capturing(model, steps, interface):
+        with _capturing(model, steps, interface), _contained(loaded), torch.no_grad():
             encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask,
                                                   **({} if interface else
                                                      {"output_attentions": True}))
         if not interface:
-            _add_returned(steps, model, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
+            _add_returned(steps, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
         kwargs.update(attention_mask=mask, encoder_outputs=encoder_outputs)
     else:
         ids, mask = pad_left(prompts, filler, device)
         steps = Steps(torch.empty(0), ids.shape[1])
         kwargs.update(input_ids=ids, attention_mask=mask)
-    with _seeded(spec.seed), _capturing(model, steps, interface), guard.muted():
+    with _seeded(spec.seed), _capturing(model, steps, interface), guard.muted(), \
+            _contained(loaded):
         out = model.generate(**kwargs, **({} if interface else {"output_attentions": True}))
     steps.sequences = out.sequences.cpu()
     if not interface:
         steps.method = METHOD_OUTPUT_ATTENTIONS
-        _add_generate_attentions(steps, model, out)
+        _add_generate_attentions(steps, out)
     _last_row(loaded, steps, out, mask, kwargs.get("encoder_outputs"), interface)
     return steps
 
@@ -175,6 +176,17 @@ def eos_ids(loaded: LoadedModel) -> set[int]:
         if value is not None:
             return set(value) if isinstance(value, list) else {int(value)}
     return set()
+
+
+@contextlib.contextmanager
+def _contained(loaded: LoadedModel) -> Iterator[None]:
+    """The model failing on its input (a forward pass or generate raising) is a data error."""
+    try:
+        yield
+    except (RuntimeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"the model failed while generating: {printable(str(exc), 200)}",
+                              fix="check that the model generates in transformers",
+                              where=printable(str(loaded.folder))) from None
 
 
 @contextlib.contextmanager
@@ -234,15 +246,11 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
             feed["position_ids"] = (full.cumsum(-1) - 1).clamp(min=0)[:, -1:]
     if "cache_position" in _forward_parameters(model):  # the last token's own position
         feed["cache_position"] = torch.tensor([sequences.shape[1] - 1], device=last.device)
-    try:
-        with _capturing(model, steps, interface), guard.muted(), torch.no_grad():
-            result = model(**feed, **({} if interface else {"output_attentions": True}))
-    except (RuntimeError, ValueError, IndexError) as exc:
-        raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
-                              fix="check that the model generates in transformers",
-                              where=printable(str(loaded.folder))) from None
+    with _capturing(model, steps, interface), guard.muted(), torch.no_grad(), \
+            _contained(loaded):
+        result = model(**feed, **({} if interface else {"output_attentions": True}))
     if not interface:
-        _add_forward_attentions(steps, model, result)
+        _add_forward_attentions(steps, result)
 
 
 def _forward_parameters(model: Any) -> set[str]:
@@ -253,25 +261,25 @@ def _forward_parameters(model: Any) -> set[str]:
 
 # --- the output_attentions path ----------------------------------------------------------------
 
-def _add_returned(steps: Steps, model: Any, maps: Any, kind: cap.LayerKind, stack: str) -> None:
+def _add_returned(steps: Steps, maps: Any, kind: cap.LayerKind, stack: str) -> None:
     for i, weights in enumerate(maps or ()):
         steps.add(f"{stack}.{i}" if stack else f"attentions.{i}", kind, weights)
 
 
-def _add_generate_attentions(steps: Steps, model: Any, out: Any) -> None:
+def _add_generate_attentions(steps: Steps, out: Any) -> None:
     """generate(output_attentions=True): per step, a tuple of per-layer maps."""
     if getattr(out, "decoder_attentions", None) is not None:
         for step, self_maps in enumerate(out.decoder_attentions):
-            _add_returned(steps, model, self_maps, cap.LayerKind.DECODER_SELF, "dec")
-            _add_returned(steps, model, out.cross_attentions[step], cap.LayerKind.CROSS, "cross")
+            _add_returned(steps, self_maps, cap.LayerKind.DECODER_SELF, "dec")
+            _add_returned(steps, out.cross_attentions[step], cap.LayerKind.CROSS, "cross")
         return
     for per_layer in out.attentions or ():
-        _add_returned(steps, model, per_layer, cap.LayerKind.SELF, "")
+        _add_returned(steps, per_layer, cap.LayerKind.SELF, "")
 
 
-def _add_forward_attentions(steps: Steps, model: Any, result: Any) -> None:
+def _add_forward_attentions(steps: Steps, result: Any) -> None:
     if getattr(result, "decoder_attentions", None) is not None:
-        _add_returned(steps, model, result.decoder_attentions, cap.LayerKind.DECODER_SELF, "dec")
-        _add_returned(steps, model, result.cross_attentions, cap.LayerKind.CROSS, "cross")
+        _add_returned(steps, result.decoder_attentions, cap.LayerKind.DECODER_SELF, "dec")
+        _add_returned(steps, result.cross_attentions, cap.LayerKind.CROSS, "cross")
     else:
-        _add_returned(steps, model, result.attentions, cap.LayerKind.SELF, "")
+        _add_returned(steps, result.attentions, cap.LayerKind.SELF, "")
