@@ -416,3 +416,22 @@ def test_html_page_covers_the_whole_sequence_and_names_the_boundary(cli: Any,
     text = page.read_text()
     assert "generated, sentence 1: rows 8-11 (sat on the mat)" in text
     assert "http://" not in text and "https://" not in text  # offline: nothing fetched
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_encoders_are_refused(cli: Any, tmp_path: Path) -> None:
+    """DistilBERT has no causal-LM class; a BERT with its masked-LM head loads as a causal LM
+    in transformers but attends to later tokens: both refused, before and after the run."""
+    import transformers
+    import zoo
+    from conftest import assert_clean_error
+
+    result = cli("heatmap", "--model", "sample_weights/models/distilbert-tiny-model", "the cat",
+                 "--generate", "2")
+    assert_clean_error(result, 1, "distilbert models cannot generate")
+    config = zoo.ZOO["bert"].config()
+    transformers.BertForMaskedLM(config).save_pretrained(tmp_path)
+    zoo.save_tokenizer(tmp_path, zoo.ZOO["bert"])
+    result = cli("heatmap", "--model", tmp_path, "the cat sat", "--generate", "2")
+    assert_clean_error(result, 1, "not causal")

@@ -77,6 +77,12 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
     folder, where = opened.folder, printable_path(opened.folder)
     auto: Any = transformers.AutoModelForSeq2SeqLM if opened.encoder_decoder \
         else transformers.AutoModelForCausalLM
+    if not _has_head_class(auto, opened.config):
+        kind = getattr(opened.config, "model_type", "this")
+        raise CheckpointError(f"{kind} models cannot generate: transformers has no "
+                              f"{auto.__name__} class for them (an encoder writes no text)",
+                              fix="use a decoder (…ForCausalLM) or an encoder-decoder "
+                              "(…ForConditionalGeneration)", where=where)
     dtype_key = "dtype" if _major() >= 5 else "torch_dtype"
     with guard.quiet(), guard.contained("transformers cannot load the model with a "
                                         "language-model head", FILES_FIX, where):
@@ -99,6 +105,14 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
         path = cap.CapturePath.INTERFACE
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype, path,
                        _store=opened.store, position_limit=opened.position_limit)
+
+
+def _has_head_class(auto: Any, config: Any) -> bool:
+    """Whether transformers' Auto class maps this config to a model class."""
+    try:
+        return type(config) in auto._model_mapping
+    except (AttributeError, TypeError, KeyError):  # another transformers: let loading decide
+        return True
 
 
 def pad_left(rows: list[list[int]], filler: int, device: torch.device

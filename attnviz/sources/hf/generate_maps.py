@@ -98,6 +98,11 @@ def _layer(layer: ModelLayer, steps: Steps, target: Batch | None, row_lengths: l
         cols = full.shape[3] if cross else rows
         col0 = 0 if cross else offset
         out[b, :, :rows, :cols] = full[b, :, offset:offset + rows, col0:col0 + cols]
+    if not cross and float(out.triu(1).abs().max()) > 1e-6:  # real tokens only
+        raise CheckpointError(f"{layer.name} attends to later tokens: the model is not causal "
+                              "(an encoder with a language-model head), so what it writes "
+                              "depends on tokens it has not written yet",
+                              fix="use a decoder (…ForCausalLM) or an encoder-decoder")
     tokens = None if target is None else target.tokens
     how = "output_attentions (eager)" if steps.method == METHOD_OUTPUT_ATTENTIONS else \
         "the module's own eager attention"
