@@ -51,7 +51,7 @@ Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "runs the decoder too (its self-attention and its cross-attention over the "
     "sentence)."))]
 # --generate: the model writes (attnviz.app.generate)
-Generate = Annotated[int | None, typer.Option("--generate", "-g", min=1, help=(
+Generate = Annotated[int | None, typer.Option("--generate", min=1, help=(
     "Bundled model or --model with a language-model head: write up to N tokens after each "
     "sentence (stops at end-of-sequence) and show attention over prompt + generated tokens, "
     "one row per generated token. Greedy unless --sample."))]
