@@ -170,16 +170,26 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
               sentence: int = 1, device: str = "auto", dtype: str = "float32",
               keep_full_maps: bool = False, targets: Sequence[str] | None = None,
               max_tokens: int = DEFAULT_MAX_TOKENS, weighting: str = "attention",
-              ablate: str | None = None) -> Heatmap:
+              ablate: str | None = None, generate: int | None = None,
+              sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+              seed: int = 0) -> Heatmap:
     """A Hugging Face model's own attention (needs the `attnviz[hf]` extra; never downloads);
     `targets` (one per sentence) run an encoder-decoder model's decoder too; `weighting` and
-    `ablate` as in `run_heatmap`."""
+    `ablate` as in `run_heatmap`. `generate=N`: the model (with its language-model head)
+    writes up to N tokens after each sentence, greedy unless `sample` (with `temperature`,
+    `top_p`, `seed`); the maps then cover prompt + generated tokens, and `.generation` says
+    what was written."""
+    from attnviz.sources.generate_spec import GenerateSpec
+
+    spec = None if generate is None else GenerateSpec(generate, sample, temperature, top_p, seed)
+    if spec is not None:
+        spec.check()
     job = HeatmapJob(list(sentences), model=str(model), layer=None if layer is None else str(layer),
                      device=device, dtype=dtype, head=head, average=average,
                      query=None if query is None else str(query), sentence=sentence,
                      keep_full_maps=keep_full_maps,
                      targets=None if targets is None else list(targets), max_tokens=max_tokens,
-                     weighting=weighting, ablate=ablate)
+                     weighting=weighting, ablate=ablate, generate=spec)
     return _as(Heatmap, _run_heatmap(job))
 
 

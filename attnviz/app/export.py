@@ -39,7 +39,7 @@ def keys_for(kind: str, label: str) -> tuple[str, str]:
     return f"{maps}.{number}", f"{inputs}.{number}"
 
 
-def export(run: AttentionRun, path: Path) -> None:
+def export(run: AttentionRun, path: Path, extra_metadata: dict[str, str] | None = None) -> None:
     """attn.{layer} (B, H, L, S), inputs.{layer} (B, L, E) where captured, mask (B, L),
     metadata tokens; with a decoder run also decoder.{layer} (B, H, T, T), cross.{layer}
     (B, H, T, S), inputs.decoder.{layer} / inputs.cross.{layer}, target_mask (B, T) and
@@ -62,6 +62,7 @@ def export(run: AttentionRun, path: Path) -> None:
         metadata["path"] = run.path
     if run.weighting != "attention":
         metadata["weighting"] = run.weighting
+    metadata.update(extra_metadata or {})  # --generate: generated_ids, prompt_length, ...
     for captured in run.layers:
         maps_key, inputs_key = export_key(captured)
         # full maps: a streamed run wrote its file as it went (above)

@@ -29,6 +29,7 @@ from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
+    from attnviz.app.generate import Focus
     from attnviz.app.overview import Overview
     from attnviz.compute.ablation_measures import AblationReport
     from attnviz.compute.breakdown import QueryBreakdown
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from attnviz.compute.ranking import HeadRanking
     from attnviz.compute.results import AttentionRun
     from attnviz.compute.stats import HeadStats
+    from attnviz.sources.generate_spec import GenerateSpec, Generation
 
 # the runners, re-exported: scripts and tests reach them through this module
 __all__ = ["HeatmapJob", "HeatmapRequest", "HeatmapResult", "check_applicable", "check_panels",
@@ -72,6 +74,7 @@ class HeatmapJob:
     sentence_file: Path | None = None  # --file: more sentences, one per line ('-': stdin)
     weighting: str = "attention"  # "norm": value-weighted maps (attnviz.app.weighting)
     ablate: str | None = None  # "zero" or "mean": the causal head scorecard (attnviz.app.ablate)
+    generate: GenerateSpec | None = None  # --generate: continue each sentence (app.generate)
 
 
 @dataclass
@@ -82,6 +85,8 @@ class HeatmapResult:
     breakdown: QueryBreakdown | None = None  # for --query
     warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
     ablation: AblationReport | None = None  # --ablate: the causal head scorecard
+    generation: Generation | None = None  # --generate: what was generated
+    focus: list[Focus] = field(default_factory=list)  # --generate: each token's top keys
 
     def to_json(self, ranked: bool = False, overview: str | None = "label") -> dict[str, Any]:
         """The --json document; `overview` (None: left out) is what its overview shows."""
@@ -90,6 +95,9 @@ class HeatmapResult:
         if self.ablation is not None:
             doc["ablation"] = [effect.to_json() for effect in self.ablation.effects]
             doc["ablation_run"] = self.ablation.to_json()
+        if self.generation is not None:
+            doc["generation"] = {**self.generation.to_json(),
+                                 "focus": [f.to_json() for f in self.focus]}
         if overview is not None:
             doc["overview"] = self.overview(overview).to_json()
         if ranked:
@@ -118,7 +126,8 @@ class HeatmapResult:
         return rankings
 
     def export(self, path: Path) -> None:
-        export(self.run, path)
+        export(self.run, path, None if self.generation is None else
+               self.generation.export_metadata())
 
     def title(self) -> str:
         """A figure's title: the model (not a raw path) and the layers shown."""
@@ -171,6 +180,8 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     and flags checked before any weight is read). `progress` hears, in words, each step as it
     starts (the CLI shows them beside a spinner)."""
 
+    if job.generate is not None:
+        return _generate_job(job, job.generate, progress)
     check_applicable(job)
     check_weighting(job.weighting)
     check_mode(job.ablate)
@@ -203,6 +214,22 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
                        job.weighting)
     result.warnings = warnings
     result.ablation = ablation[0] if ablation else None
+    return result
+
+
+def _generate_job(job: HeatmapJob, spec: GenerateSpec,
+                  progress: Callable[[str], None] | None) -> HeatmapResult:
+    """--generate (attnviz.app.generate): the maps over prompt + generated tokens, their
+    statistics, and what each generated token attends to."""
+    from attnviz.app.generate import focus, run_generate
+
+    check_applicable(job)
+    report = progress or (lambda message: None)
+    attention_run, generation = run_generate(
+        job, spec, lambda limit: job.sentences + _file_sentences(job, limit), report)
+    report("computing head statistics")
+    result = summarize(attention_run, job.head, job.average, None, 0)
+    result.generation, result.focus = generation, focus(attention_run, generation, job.head)
     return result
 
 

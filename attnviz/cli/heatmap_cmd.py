@@ -17,6 +17,7 @@ from attnviz.cli.heatmap_options import (
     Dtype,
     Export,
     File,
+    Generate,
     Head,
     Html,
     Layer,
@@ -34,6 +35,7 @@ from attnviz.cli.heatmap_options import (
     Quiet,
     Random,
     Rank,
+    Sample,
     Scale,
     Sentence,
     Sentences,
@@ -41,6 +43,8 @@ from attnviz.cli.heatmap_options import (
     Size,
     Stats,
     Target,
+    Temperature,
+    TopP,
     Weighting,
     Weights,
     check_figure_options,
@@ -83,7 +87,8 @@ def heatmap(
     overview: Overview = None, probe: Probe = None, causal: Causal = False,
     positions: Positions = "none", device: Device = "auto", model: Model = None,
     dtype: Dtype = "float32", device_map: DeviceMap = None, target: Target = None,
-    random: Random = False,
+    generate: Generate = None, sample: Sample = False, temperature: Temperature = None,
+    top_p: TopP = None, random: Random = False,
     embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
     head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
     max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
@@ -92,6 +97,7 @@ def heatmap(
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
+    from attnviz.app.generate import generate_spec
     from attnviz.app.heatmap import HeatmapJob, parse_memory_budget, run_heatmap
     from attnviz.compute.scale import check_scale
     from attnviz.recognize.base import HeadHints
@@ -104,7 +110,8 @@ def heatmap(
         weights, model, file, not (random or weights or model)), ablate or ablate_mean)
     shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
                          average, sentence, scale)
-    spec = random_spec(random, embed_dim, num_heads, kdim, vdim, seed)
+    writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)
+    spec = random_spec(random, embed_dim, num_heads, kdim, vdim, None if generate else seed)
     texts = list(sentences or [])
     if probe is not None:
         texts = probe_sentences(probe, bool(texts) or file is not None)
@@ -116,7 +123,7 @@ def heatmap(
         memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
         max_sentences=max_sentences, max_panels=max_panels if files.figure else None,
         targets=list(target) if target else None, sentence_file=file, weighting=weighting,
-        ablate="mean" if ablate_mean else "zero" if ablate else None)
+        ablate="mean" if ablate_mean else "zero" if ablate else None, generate=writes)
     with progress(not (as_json or quiet)) as report:
         result = run_heatmap(job, report)
         write_files(result, files, report, scale, size, dpi)
@@ -157,8 +164,14 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         from attnviz.render.figure import heatmap_figure, save_figure
 
         report(f"drawing the figure {files.figure.name}")
-        save_figure(heatmap_figure(result.views, result.title(), scale, size, dpi,
-                                   legend(result.run.weighting)), files.figure)
+        figure = heatmap_figure(result.views, result.title(), scale, size, dpi,
+                                legend(result.run.weighting))
+        if result.generation is not None:  # --generate: the prompt/generated boundary
+            from attnviz.render.generate_figure import mark_boundary
+
+            mark_boundary(figure, result.views, result.title(), result.run, result.generation,
+                          size, dpi)
+        save_figure(figure, files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
 
@@ -169,8 +182,12 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         from attnviz.render.html import document_from_run, write_html
 
         report(f"writing the page {files.html.name}")
-        write_html(document_from_run(result.run, result.head_stats, result.breakdown),
-                   files.html)
+        document = document_from_run(result.run, result.head_stats, result.breakdown)
+        if result.generation is not None:  # --generate: where the generated tokens start
+            from attnviz.app.generate import boundary_notes
+
+            document["notes"] += boundary_notes(result.generation)
+        write_html(document, files.html)
 
 
 def print_warnings(warnings: list[str]) -> None:
@@ -193,6 +210,10 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
     run = result.run
     out = console()
     print_header(out, run, compact=shown.overview is not None and not shown.maps)
+    if result.generation is not None:
+        from attnviz.render.generate_terminal import print_generation
+
+        print_generation(out, result.generation, result.focus)
     if shown.overview is not None:
         from attnviz.render.overview_terminal import print_overview
 

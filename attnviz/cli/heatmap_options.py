@@ -50,6 +50,19 @@ Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "--model, encoder-decoder: the decoder's text, one --target per sentence in order; "
     "runs the decoder too (its self-attention and its cross-attention over the "
     "sentence)."))]
+# --generate: the model writes (attnviz.app.generate)
+Generate = Annotated[int | None, typer.Option("--generate", min=1, help=(
+    "Bundled model or --model with a language-model head: write up to N tokens after each "
+    "sentence (stops at end-of-sequence) and show attention over prompt + generated tokens, "
+    "one row per generated token. Greedy unless --sample."))]
+Sample = Annotated[bool, typer.Option("--sample", help=(
+    "--generate: sample the next token instead of taking the most likely (with --temperature, "
+    "--top-p, and --seed for a reproducible draw)."))]
+Temperature = Annotated[float | None, typer.Option("--temperature", help=(
+    "--generate --sample: divide the logits by T before sampling (default 1)."))]
+TopP = Annotated[float | None, typer.Option("--top-p", help=(
+    "--generate --sample: sample from the smallest set of tokens holding this much "
+    "probability (default 1: all)."))]
 Random = Annotated[bool, typer.Option("--random", help=(
     "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))]
 

@@ -14,6 +14,7 @@ from typer.core import TyperCommand
 
 ARGUMENTS = "Arguments"  # Typer's own first panel: positional arguments stay there
 INPUT = "Input"
+GENERATION = "Generation"
 SOURCE = "Source"
 RANDOM = "Source: a random layer"
 CHECKPOINT_LAYER = "Source: a layer's heads and inputs"
@@ -24,8 +25,8 @@ LIMITS = "Limits"
 PROOF = "Proof"
 MEASURES = "What to measure"
 HELP = "Help"  # --help closes the list instead of standing between the arguments and the rest
-PANEL_ORDER = (ARGUMENTS, INPUT, SOURCE, RANDOM, CHECKPOINT_LAYER, HF_MODEL, SELECTION, MEASURES,
-               OUTPUTS, PROOF, LIMITS, HELP)
+PANEL_ORDER = (ARGUMENTS, INPUT, GENERATION, SOURCE, RANDOM, CHECKPOINT_LAYER, HF_MODEL,
+               SELECTION, MEASURES, OUTPUTS, PROOF, LIMITS, HELP)
 
 # (command, parameter name) → panel; a parameter shared by several commands is named once per
 # command, since what it means may differ (split's --layer selects a layer of a checkpoint).
@@ -40,6 +41,7 @@ PANELS: dict[str, dict[str, str]] = {
     "heatmap": {
         "sentences": ARGUMENTS,
         **{name: INPUT for name in ("file", "probe", "target")},
+        **{name: GENERATION for name in ("generate", "sample", "temperature", "top_p")},
         **_SHARED_SOURCE,
         **{name: SELECTION for name in ("layer", "head", "average", "query", "sentence")},
         **{name: MEASURES for name in ("weighting", "ablate", "ablate_mean")},

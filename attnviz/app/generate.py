@@ -1,0 +1,185 @@
+"""`attnviz heatmap --generate N`: the use case. The bundled model or a Hugging Face model with
+its language-model head writes N tokens after each sentence; the result is the usual heatmap
+result over prompt + generated tokens, with what was generated and, per generated token, the
+tokens its row attends to most."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnviz.compute.inputs import TokenLimit, length_problem
+from attnviz.errors import UsageError
+from attnviz.sources.generate_spec import GenerateSpec, Generation
+
+if TYPE_CHECKING:
+    from attnviz.compute.results import AttentionRun, LayerAttention
+
+TOP_K = 3  # tokens listed per generated token
+
+
+@dataclass(frozen=True)
+class Focus:
+    """One generated token and the tokens its row (the one the model computed when the token was
+    fed back in) attends to most, in one layer, for one head or the mean over heads."""
+
+    sentence: int
+    row: int  # the token's row in the layer's map
+    token: str
+    layer: str  # the layer's label
+    head: int | None  # None: the mean over heads
+    top: list[tuple[int, str, float]]  # (key position, key token, weight), largest first
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sentence": self.sentence, "row": self.row, "token": self.token,
+                "layer": self.layer, "head": self.head,
+                "top": [{"position": p, "token": t, "weight": w} for p, t, w in self.top]}
+
+
+def generate_spec(generate: int | None, sample: bool, temperature: float | None,
+                  top_p: float | None, seed: int | None) -> GenerateSpec | None:
+    """--generate and its sampling options, checked; None without --generate (when the others
+    are usage errors)."""
+    if generate is None:
+        given = [flag for flag, value in (("‹sample›", sample), ("‹temperature›", temperature),
+                                          ("‹top_p›", top_p)) if value]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to ‹generate› only",
+                             fix="add ‹generate› N, or drop them", option="generate")
+        return None
+    if seed is not None and not sample:
+        raise UsageError("‹seed› with ‹generate› seeds sampling", fix="add ‹sample›, or drop "
+                         "‹seed› (greedy decoding draws nothing)", option="seed")
+    spec = GenerateSpec(generate, sample, 1.0 if temperature is None else temperature,
+                        1.0 if top_p is None else top_p, seed or 0)
+    spec.check()
+    return spec
+
+
+def check_job(job: Any, spec: GenerateSpec) -> None:
+    """What --generate cannot be combined with, refused before any work."""
+    refused = [flag for flag, given in (
+        ("‹weights›", job.weights is not None), ("‹random›", job.random is not None),
+        ("‹target›", job.targets is not None), ("‹query›", job.query is not None),
+        ("‹memory_budget›", job.memory_budget is not None),
+        ("‹device_map›", job.device_map is not None),
+        ("‹weighting› norm", getattr(job, "weighting", "attention") != "attention"),
+        ("‹ablate›", getattr(job, "ablate", None) is not None)) if given]
+    if refused:
+        verb = "does" if len(refused) == 1 else "do"
+        raise UsageError(f"‹generate› runs the bundled model or ‹model›; {', '.join(refused)} "
+                         f"{verb} not apply to it", fix=f"drop {', '.join(refused)}",
+                         option="generate")
+
+
+def run_generate(job: Any, spec: GenerateSpec,
+                 sentences_for: Callable[[TokenLimit | None], list[str]],
+                 report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
+    """The generation and its maps over prompt + generated tokens, for a HeatmapJob whose
+    flags were checked (`sentences_for(limit)`: the job's sentences and --file's)."""
+    check_job(job, spec)
+    if job.model is not None:
+        sentences = sentences_for(None)
+        if not sentences:
+            raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
+        return _run_model(job, sentences, spec, report)
+    return _run_bundled(job, spec, sentences_for, report)
+
+
+def _run_model(job: Any, sentences: list[str], spec: GenerateSpec,
+               report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
+    from attnviz.app.heatmap_sources import HeatmapRequest, check_panels
+    from attnviz.compute.inputs import Batch
+    from attnviz.sources.hf.generate import load_lm
+    from attnviz.sources.hf.generate_maps import run_generation
+    from attnviz.sources.hf.inputs import check_length, encode
+    from attnviz.sources.hf.layers import expected_shown
+    from attnviz.sources.hf.load import check_load_options, open_model
+
+    check_load_options(job.device, job.dtype, None)
+    opened = open_model(job.model or "")
+    rows = [row["input_ids"] for row in encode(opened, sentences, None, job.max_tokens).rows]
+    for i, row in enumerate(rows, 1):  # --max-tokens counts prompt + generated tokens
+        n = (1 if opened.encoder_decoder else len(row)) + spec.max_new
+        check_length(f"sentence {i} with {spec.max_new} generated tokens", n, job.max_tokens,
+                     opened.position_limit)
+    shown = expected_shown(opened, job.layer, True)
+    if shown is not None and job.max_panels is not None:
+        check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
+                                    max_panels=job.max_panels, panels_per_map=1 if
+                                    job.head is not None or job.average else None), *shown)
+    report(f"loading the model and generating {spec.max_new} tokens per sentence")
+    loaded = load_lm(opened, job.device, job.dtype)
+    return run_generation(loaded, sentences, rows, spec, job.layer)
+
+
+def _run_bundled(job: Any, spec: GenerateSpec,
+                 sentences_for: Callable[[TokenLimit | None], list[str]],
+                 report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
+    from attnviz.app.heatmap_sources import HeatmapRequest, check_panels, open_store
+    from attnviz.compute.device import resolve_device
+    from attnviz.compute.inputs import make_batch
+    from attnviz.core.selection import parse_layers
+    from attnviz.sources import bundled
+    from attnviz.sources.bundled_generate import continue_text
+
+    store = open_store(None)
+    limit = bundled.token_limit(store, "the bundled model")
+    batch = make_batch(sentences_for(limit), job.max_tokens,
+                       job.max_sentences, limit)
+    for i, tokens in enumerate(batch.tokens, 1):  # --max-tokens counts prompt + generated
+        problem = length_problem(f"sentence {i} with {spec.max_new} generated tokens",
+                                 len(tokens) + spec.max_new, job.max_tokens, limit)
+        if problem is not None:
+            raise UsageError(problem[0], fix=problem[1])
+    layers = bundled.tiny_layers(store)
+    chosen = parse_layers(job.layer, len(layers))
+    check_panels(HeatmapRequest(batch, max_panels=job.max_panels, panels_per_map=1 if
+                                job.head is not None or job.average else None),
+                 len(layers) if chosen is None else len(chosen),
+                 max(layer.num_heads or 0 for layer in layers))
+    report(f"generating {spec.max_new} tokens after each sentence")
+    return continue_text(store, batch, spec, chosen, resolve_device(job.device))
+
+
+def focus(run: AttentionRun, generation: Generation, head: int | None) -> list[Focus]:
+    """Per generated token, the TOP_K tokens its row attends to most: in the last cross layer
+    shown (an encoder-decoder: over the source), else the last decoder layer shown."""
+    layer = _focus_layer(run)
+    if layer is None or layer.weights is None:
+        return []
+    out = []
+    for b, generated in enumerate(generation.generated_tokens):
+        keys = layer.columns_of(run.batch)[b]
+        first = generation.prompt_lengths[b]
+        for j, token in enumerate(generated):
+            row = first + j
+            maps = layer.weights[b, :, row, :len(keys)]  # (H, S)
+            weights = maps.mean(0) if head is None else maps[head]
+            values, positions = weights.topk(min(TOP_K, len(keys)))
+            out.append(Focus(b, row, token, layer.display_label, head,
+                             [(int(p), keys[int(p)], float(v))
+                              for v, p in zip(values, positions, strict=True)]))
+    return out
+
+
+def _focus_layer(run: AttentionRun) -> LayerAttention | None:
+    for kind in ("cross", "decoder-self", "self"):
+        found = [layer for layer in run.layers if layer.kind == kind]
+        if found and (kind != "self" or run.target is None):
+            return found[-1]
+    return None
+
+
+def boundary_notes(generation: Generation) -> list[str]:
+    """Per sentence, where its generated tokens start (the page's notes: pick one of those
+    rows in the head view to see each head's attention from that generated token)."""
+    notes = []
+    for b, tokens in enumerate(generation.generated_tokens, 1):
+        first = generation.prompt_lengths[b - 1]
+        rows = f"row {first}" if len(tokens) == 1 else f"rows {first}-{first + len(tokens) - 1}"
+        stack = "decoder " if generation.encoder_decoder else ""
+        notes.append(f"generated, sentence {b}: {stack}{rows} ({' '.join(tokens)}); the "
+                     f"prompt/generated boundary is above {stack}row {first}")
+    return notes

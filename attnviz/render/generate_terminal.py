@@ -1,0 +1,50 @@
+"""`heatmap --generate` in the terminal: each sentence's generated text, and per generated token
+the tokens its row attends to most (computed in attnviz.app.generate, drawn here)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+from rich.text import Text
+
+from attnviz.render.safe import safe_text as plain
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from attnviz.app.generate import Focus
+    from attnviz.sources.generate_spec import Generation
+
+
+def print_generation(out: Console, generation: Generation, focus: list[Focus]) -> None:
+    """The generated text per sentence, then a table of each generated token's top keys."""
+    spec = generation.spec
+    how = (f"sampled (temperature {spec.temperature:g}, top-p {spec.top_p:g}, seed {spec.seed})"
+           if spec.sample else "greedy")
+    out.print(plain(f"generated  {how}, up to {spec.max_new} tokens per sentence (how: the "
+                    "generation note above)"))
+    for b, text in enumerate(generation.texts, 1):
+        count = len(generation.generated_ids[b - 1])
+        line = Text(f"sentence {b} (+{count} token{'s' if count != 1 else ''}): ")
+        line.append(" ".join(generation.generated_tokens[b - 1]), style="bold")
+        out.print(line, overflow="fold")
+        if text.strip() and text != " ".join(generation.generated_tokens[b - 1]):
+            out.print(plain(f"  decoded: {text}"), overflow="fold")
+    if not focus:
+        out.print()
+        return
+    first = focus[0]
+    head = "mean over heads" if first.head is None else f"head {first.head}"
+    table = Table(title=plain(f"what each generated token attends to (layer {first.layer}, "
+                              f"{head}; its row when fed back in)"), title_justify="left",
+                  show_edge=False, pad_edge=False)
+    table.add_column("sent", justify="right")
+    table.add_column("row", justify="right")
+    table.add_column("token")
+    table.add_column("attends to (position: token weight)")
+    for item in focus:
+        keys = "  ".join(f"{p}:{token} {weight:.2f}" for p, token, weight in item.top)
+        table.add_row(str(item.sentence + 1), str(item.row), plain(item.token), plain(keys))
+    out.print(table)
+    out.print()

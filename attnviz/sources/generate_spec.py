@@ -1,0 +1,65 @@
+"""What `--generate` asks for: how many tokens, greedy or sampled (torch-free; shared by the
+Hugging Face and the bundled model's generation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from attnviz.errors import UsageError
+
+MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """How to generate: at most `max_new` tokens, greedy unless `sample`."""
+
+    max_new: int  # tokens generated at most per prompt (stops earlier at end-of-sequence)
+    sample: bool = False  # draw from the distribution instead of taking the most likely token
+    temperature: float = 1.0  # divides the logits before sampling
+    top_p: float = 1.0  # nucleus: sample from the smallest set of tokens holding this mass
+    seed: int = 0  # the random generator's seed when sampling
+
+    def check(self) -> None:
+        if not 1 <= self.max_new <= MAX_NEW_TOKENS:
+            raise UsageError(f"‹generate› must be 1..{MAX_NEW_TOKENS}, not {self.max_new}",
+                             option="generate")
+        if not self.sample and (self.temperature != 1.0 or self.top_p != 1.0):
+            raise UsageError("‹temperature› and ‹top_p› apply to sampling only",
+                             fix="add ‹sample›, or drop them", option="sample")
+        if not self.temperature > 0:
+            raise UsageError(f"‹temperature› must be positive, not {self.temperature}",
+                             option="temperature")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"‹top_p› must be in (0, 1], not {self.top_p}", option="top_p")
+
+
+@dataclass
+class Generation:
+    """What was generated, per sentence, and how."""
+
+    prompt_ids: list[list[int]]  # the prompt's (decoder) or source's (encoder-decoder) ids
+    generated_ids: list[list[int]]  # up to and including the first end-of-sequence token
+    generated_tokens: list[list[str]]
+    texts: list[str]  # the generated tokens decoded
+    prompt_lengths: list[int]  # where the generated tokens start in the maps' rows
+    spec: GenerateSpec
+    method: str
+    encoder_decoder: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"generated_ids": self.generated_ids, "generated_tokens": self.generated_tokens,
+                "generated_text": self.texts, "prompt_length": self.prompt_lengths,
+                "method": self.method, "sample": self.spec.sample,
+                "temperature": self.spec.temperature, "top_p": self.spec.top_p,
+                "seed": self.spec.seed, "max_new_tokens": self.spec.max_new}
+
+    def export_metadata(self) -> dict[str, str]:
+        """--export's metadata fields (JSON strings), per sentence."""
+        import json
+
+        return {"generated_ids": json.dumps(self.generated_ids),
+                "generated_tokens": json.dumps(self.generated_tokens),
+                "prompt_length": json.dumps(self.prompt_lengths),
+                "generation": self.method}

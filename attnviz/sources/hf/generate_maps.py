@@ -1,0 +1,146 @@
+"""A generation's captured rows joined into full maps over prompt + generated tokens, realigned
+so each sentence's real tokens sit at 0..n-1, and wrapped as an AttentionRun (so the usual
+maps, overview, export and JSON apply), with a Generation record beside it."""
+
+from __future__ import annotations
+
+import torch
+
+from attnviz.compute.inputs import Batch
+from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.errors import CheckpointError, printable
+from attnviz.sources import capture as cap
+from attnviz.sources.generate_spec import GenerateSpec, Generation
+from attnviz.sources.hf.generate import METHOD_OUTPUT_ATTENTIONS, Steps, eos_ids, generate
+from attnviz.sources.hf.layers import ModelLayer, select
+from attnviz.sources.hf.load import PATHS, STACK_OF, TOLERANCE, LoadedModel, input_device
+
+
+def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list[int]],
+                   spec: GenerateSpec, layer: str | None = None
+                   ) -> tuple[AttentionRun, Generation]:
+    """Generate from each prompt and return the maps of the layers `layer` names."""
+    steps = generate(loaded, prompts, spec)
+    stops = eos_ids(loaded)
+    width = steps.sequences.shape[1] - steps.prompt_width  # T: steps generate took
+    generated = [_until_eos(row[steps.prompt_width:].tolist(), stops)
+                 for row in steps.sequences]
+    tokenizer = loaded.tokenizer
+    gen_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in generated]
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
+    prompt_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in prompts]
+    layers = select(_layers(loaded, steps), layer)
+    if loaded.encoder_decoder:
+        start = int(steps.sequences[0, 0])
+        lengths = [1 + len(g) for g in generated]
+        target = Batch(texts, [tokenizer.convert_ids_to_tokens([start]) + t for t in gen_tokens])
+        batch = Batch(list(sentences), prompt_tokens)
+        results = [_layer(layer, steps, target, lengths, width, 1) for layer in layers]
+        prompt_lengths = [1] * len(prompts)
+    else:
+        lengths = [len(p) + len(g) for p, g in zip(prompts, generated, strict=True)]
+        batch = Batch(list(sentences), [p + g for p, g in zip(prompt_tokens, gen_tokens,
+                                                               strict=True)])
+        target = None
+        results = [_layer(layer, steps, None, lengths, width, steps.prompt_width,
+                          [len(p) for p in prompts]) for layer in layers]
+        prompt_lengths = [len(p) for p in prompts]
+    run = AttentionRun(batch, results, printable(str(loaded.folder)),
+                       "the model's own hidden states entering each attention module, step by "
+                       "step through its own KV cache", str(input_device(loaded.model)),
+                       not loaded.encoder_decoder, None,
+                       [f"generation: {steps.method}"], TOLERANCE[loaded.dtype], target=target,
+                       path=PATHS[loaded.path])
+    return run, Generation(prompts, generated, gen_tokens, texts, prompt_lengths, spec,
+                           steps.method, loaded.encoder_decoder)
+
+
+def _until_eos(ids: list[int], stops: set[int]) -> list[int]:
+    for i, token in enumerate(ids):
+        if token in stops:
+            return ids[:i + 1]
+    return ids
+
+
+def _layers(loaded: LoadedModel, steps: Steps) -> list[ModelLayer]:
+    """The attention modules in call order, numbered per stack as `heatmap --model` numbers
+    them (a bare number; 'enc N', 'dec N', 'cross N' for encoder-decoders)."""
+    order = {cap.LayerKind.SELF: 0, cap.LayerKind.DECODER_SELF: 1, cap.LayerKind.CROSS: 1}
+    names = sorted(steps.kinds, key=lambda n: order[steps.kinds[n]])  # stable: call order
+    counts: dict[str, int] = {}
+    layers = []
+    for index, name in enumerate(names):
+        kind = steps.kinds[name]
+        stack = STACK_OF[kind] if loaded.encoder_decoder else ""
+        layers.append(ModelLayer(index, name, name, kind, stack, counts.get(stack, 0),
+                                 steps.heads[name], None, 0))
+        counts[stack] = counts.get(stack, 0) + 1
+    return layers
+
+
+def _layer(layer: ModelLayer, steps: Steps, target: Batch | None, row_lengths: list[int],
+           width: int, prompt_width: int, prompt_lengths: list[int] | None = None
+           ) -> LayerAttention:
+    """One layer's maps (B, H, rows, cols), each sentence's real tokens at 0..n-1."""
+    blocks = steps.blocks[layer.name]
+    if layer.kind == cap.LayerKind.SELF and target is not None:  # an encoder: one forward
+        maps = torch.cat(blocks, dim=2)  # (B, H, S, S), right-padded already
+        return _result(layer, maps, "the module's own eager attention (encoder, once)",
+                       target.tokens)
+    full = _join(layer, blocks, prompt_width, width)  # (B, H, P, P|S)
+    offsets = [0] * len(row_lengths) if prompt_lengths is None else \
+        [prompt_width - n for n in prompt_lengths]
+    cross = layer.kind == cap.LayerKind.CROSS
+    heads = full.shape[1]
+    out = torch.zeros(full.shape[0], heads, max(row_lengths),
+                      full.shape[3] if cross else max(row_lengths))
+    for b, (offset, rows) in enumerate(zip(offsets, row_lengths, strict=True)):
+        cols = full.shape[3] if cross else rows
+        col0 = 0 if cross else offset
+        out[b, :, :rows, :cols] = full[b, :, offset:offset + rows, col0:col0 + cols]
+    if not cross and float(out.triu(1).abs().max()) > 1e-6:  # real tokens only
+        raise CheckpointError(f"{layer.name} attends to later tokens: the model is not causal "
+                              "(an encoder with a language-model head), so what it writes "
+                              "depends on tokens it has not written yet",
+                              fix="use a decoder (…ForCausalLM) or an encoder-decoder")
+    tokens = None if target is None else target.tokens
+    how = "output_attentions (eager)" if steps.method == METHOD_OUTPUT_ATTENTIONS else \
+        "the module's own eager attention"
+    return _result(layer, out, f"{how}, one row per generated token", tokens)
+
+
+def _join(layer: ModelLayer, blocks: list[torch.Tensor], prompt_width: int, width: int
+          ) -> torch.Tensor:
+    """Prefill rows, then one row per step, in one (B, H, P, K) map over the padded sequence;
+    a step whose cache kept fewer keys (a sliding window) covers the most recent ones."""
+    if len(blocks) != width + 1:
+        raise CheckpointError(f"{layer.name} made {len(blocks)} attention calls over "
+                              f"{width} generation steps, not one per step",
+                              fix="report this model to attnviz")
+    first = blocks[0]  # (B, H, L, L) prefill; (B, H, 1, S) cross
+    batch, heads = first.shape[:2]
+    total = prompt_width + width
+    keys = first.shape[3] if layer.kind == cap.LayerKind.CROSS else total
+    full = torch.zeros(batch, heads, total, keys)
+    full[:, :, :prompt_width, :first.shape[3]] = first
+    for step, block in enumerate(blocks[1:], 1):  # (B, H, 1, K)
+        row = prompt_width + step - 1
+        k = block.shape[3]
+        if layer.kind == cap.LayerKind.CROSS:
+            full[:, :, row, :k] = block[:, :, 0]
+        else:
+            full[:, :, row, row + 1 - k:row + 1] = block[:, :, 0]
+    return full
+
+
+def _result(layer: ModelLayer, maps: torch.Tensor, method: str,
+            target_tokens: list[list[str]] | None) -> LayerAttention:
+    decoder = layer.kind != cap.LayerKind.SELF
+    decoder_only = target_tokens is None  # a decoder-only model's self-attention is causal
+    return LayerAttention(
+        layer.index, None, maps, None, method, name=layer.display_name,
+        num_heads=layer.num_heads, kind=layer.kind.value,
+        label=layer.label if layer.stack else None,
+        causal=decoder_only or layer.kind == cap.LayerKind.DECODER_SELF,
+        query_tokens=target_tokens if decoder else None,
+        key_tokens=target_tokens if layer.kind == cap.LayerKind.DECODER_SELF else None)
