@@ -12,6 +12,7 @@ from attnviz.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_weights"
+BUNDLED = ROOT / "attnviz" / "data" / "induction.safetensors"  # package data: the default model
 
 
 def minilm_folder() -> Path:

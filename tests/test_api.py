@@ -9,11 +9,9 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SAMPLES, colored_runs, read_image
+from conftest import BUNDLED, ROOT, colored_runs, read_image
 
 import attnviz
-
-BUNDLED = SAMPLES / "induction.safetensors"
 
 
 def test_all_names_resolve():

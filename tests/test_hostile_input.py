@@ -531,10 +531,10 @@ def one_thread():
 
 def bundled_with(path: Path, **metadata: str) -> Path:
     """The bundled model, rewritten with some metadata values changed."""
-    from conftest import SAMPLES
+    from conftest import BUNDLED
     from safetensors import safe_open
 
-    with safe_open(str(SAMPLES / "induction.safetensors"), "pt") as f:
+    with safe_open(str(BUNDLED), "pt") as f:
         tensors = {key: f.get_tensor(key) for key in f.keys()}
         meta = {**f.metadata(), **metadata}
     write_named(path, tensors, meta)
