@@ -200,7 +200,7 @@ def test_missing_extra_names_the_install(monkeypatch):
     with pytest.raises(UsageError) as info:
         hf.require_transformers()
     assert str(info.value) == "model needs the Hugging Face extra"  # the CLI says --model
-    assert info.value.fix == "pip install 'attnviz[hf]'"
+    assert info.value.fix == hf.versions.install_hint()  # from this checkout: pip install -e
 
 
 # ------------------------------------------------------------------------------------------
