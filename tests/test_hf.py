@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import lazy_import
 
 pytestmark = pytest.mark.hf
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+transformers = lazy_import("transformers", "tokenizers")
 
 import torch  # noqa: E402
 from conftest import assert_clean_error, minilm_folder  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from conftest import assert_clean_error, lazy_import
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -940,7 +940,7 @@ def test_vocabulary_files_have_size_caps(cli, tmp_path):
 # ------------------------------------------------------------------------------------------
 # 5. Third-party failures contained (transformers, tokenizers)
 
-transformers = pytest.importorskip("transformers")
+transformers = lazy_import("transformers")
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import sys
 
-import pytest
+from conftest import ROOT, LazyModule, lazy_import
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-
-from conftest import ROOT  # noqa: E402
+nbformat = lazy_import("nbformat", "nbclient", "ipykernel")  # imported when a test runs
+nbclient = LazyModule("nbclient")
 
 CELLS = [
     "import attnviz",
