@@ -173,6 +173,7 @@ def test_signal_during_write_leaves_nothing(tmp_path, sig):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+@pytest.mark.slow
 def test_cli_signal_during_export_exits_cleanly(tmp_path):
     """SIGTERM while the real CLI writes its export: one error line, exit 143, no file at all."""
     script = (

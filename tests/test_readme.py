@@ -58,6 +58,7 @@ def test_examples_show_the_same_output_from_a_deep_clone(tmp_path, monkeypatch):
         assert script.output_of(command, lines) == shown, f"README.md:{line}: {command}"
 
 
+@pytest.mark.slow
 def test_docs_are_checked_like_the_readme(tmp_path, monkeypatch):
     """docs/*.md: their examples run and their output blocks are compared, as the README's."""
     script = _script()
@@ -75,6 +76,7 @@ def test_docs_are_checked_like_the_readme(tmp_path, monkeypatch):
     assert "exited 2" in problems[0]
 
 
+@pytest.mark.slow
 def test_the_readme_check_can_fail(tmp_path, monkeypatch):
     """Negative control: a failing example and a drifted output block are both reported."""
     script = _script()
