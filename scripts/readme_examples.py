@@ -206,7 +206,11 @@ def check_one(document: Path) -> list[str]:
                 problems.append(f"{name}:{example.line}: {example.text!r} exited "
                                 f"{result.returncode}: {result.stderr.strip()[:300]}")
     for line, command, lines, shown in output_blocks(text, name):
-        real = output_of(command, lines)
+        try:
+            real = output_of(command, lines)
+        except RuntimeError as failed:
+            problems.append(f"{name}:{line}: {str(failed)[:300]}")
+            continue
         if real != shown:
             problems.append(f"{name}:{line}: the output of {command!r} differs from the "
                             "block below it (python scripts/readme_examples.py --write)")
