@@ -184,7 +184,6 @@ def test_kdim_view_says_not_square(cli):
     assert "W_k is 32 × 16 and W_v is 32 × 24, not square" in " ".join(result.stdout.split())
 
 
-@pytest.mark.slow
 def test_png_is_written_with_four_panels(cli, tmp_path):
     from conftest import colored_runs, read_image
 
