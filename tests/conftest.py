@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +15,29 @@ from attnviz.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_weights"
+BUNDLED = ROOT / "attnviz" / "data" / "induction.safetensors"  # package data: the default model
+
+
+class LazyModule:
+    """A module imported on first attribute access, so that collecting the tests does not pay
+    for transformers (seconds) when only a few of them run."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):  # what pytest's collection probes (__test__, _pytestfixture…)
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def lazy_import(*names: str) -> Any:
+    """`pytest.importorskip` without the import: the calling test module is skipped when one of
+    `names` is not installed; the first is returned as a LazyModule."""
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed", allow_module_level=True)
+    return LazyModule(names[0])
 
 
 def minilm_folder() -> Path:
@@ -117,3 +143,12 @@ def pytest_sessionfinish(session, exitstatus):
     from support_record import write
 
     write()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The quick loop (`-m "not slow"`, docs/development.md) leaves out every test that runs a
+    transformers model (marked hf): each builds, loads or runs one, seconds apiece here. The
+    full loop (`python -m pytest -q`) runs them all."""
+    for item in items:
+        if item.get_closest_marker("hf") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)

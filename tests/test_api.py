@@ -9,11 +9,9 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, SAMPLES, colored_runs, read_image
+from conftest import BUNDLED, ROOT, colored_runs, read_image
 
 import attnviz
-
-BUNDLED = SAMPLES / "induction.safetensors"
 
 
 def test_all_names_resolve():
@@ -57,6 +55,7 @@ def test_heatmap_equals_the_cli(cli):
     assert abs(rows - 1).max() < 1e-5
 
 
+@pytest.mark.slow
 def test_results_draw_themselves(tmp_path):
     heat = attnviz.run_heatmap(["a b a b"], random=True, embed_dim=24, num_heads=3, seed=1)
     png = heat._repr_png_()

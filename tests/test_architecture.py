@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "attnviz"
 # Each top-level part of the package and its rank: a module may import its own rank or lower.
-RANKS = {"errors": 0, "core": 1, "load": 2, "recognize": 3, "compute": 4, "sources": 5,
+RANKS = {"errors": 0, "data": 0, "core": 1, "load": 2, "recognize": 3, "compute": 4, "sources": 5,
          "app": 6, "render": 7, "cli": 8, "api": 9, "__main__": 9, "__init__": 9}
 HEADER_ONLY = ("core", "load", "recognize")
 HEAVY = ("torch", "matplotlib", "numpy", "transformers", "safetensors")

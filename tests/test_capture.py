@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from conftest import lazy_import
 
 pytestmark = pytest.mark.hf
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+transformers = lazy_import("transformers", "tokenizers")
 
 import torch  # noqa: E402
 from zoo import ENCODER_DECODER, FALLBACK, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402

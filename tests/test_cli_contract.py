@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SAMPLES, assert_clean_error
-
-BUNDLED = SAMPLES / "induction.safetensors"
+from conftest import BUNDLED, assert_clean_error
 
 CASES = [
     (["heatmap", "a b", "-E", "32"], "--embed-dim applies to --random only"),

@@ -53,6 +53,7 @@ def test_bare_attnviz_prints_help_and_no_empty_error():
 
 @pytest.mark.parametrize("args", [["heatmap", "the cat sat on the mat"], ["split"],
                                   ["inspect", "sample_weights/llama-gqa-tiny"]])
+@pytest.mark.slow
 def test_a_closed_pipe_exits_0_quietly(args):
     """`attnviz … | head -1`: the reader closing the pipe early is a success, and silent."""
     import subprocess

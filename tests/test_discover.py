@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import lazy_import
 
 pytestmark = pytest.mark.hf
-transformers = pytest.importorskip("transformers")
+transformers = lazy_import("transformers")
 
 import torch  # noqa: E402
 from conftest import SAMPLES, assert_clean_error  # noqa: E402

@@ -264,6 +264,7 @@ def test_head_statistics_equal_a_naive_loop():
         assert s.induction == pytest.approx(sums["ind"] / counts["ind"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
     """Streaming (one head at a time, display-sized maps) must show what the full maps show."""
     import json as json_mod

@@ -11,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import lazy_import
 
 pytestmark = pytest.mark.hf
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+transformers = lazy_import("transformers", "tokenizers")
 
 import torch  # noqa: E402
 from conftest import assert_clean_error, minilm_folder  # noqa: E402
@@ -200,7 +200,7 @@ def test_missing_extra_names_the_install(monkeypatch):
     with pytest.raises(UsageError) as info:
         hf.require_transformers()
     assert str(info.value) == "model needs the Hugging Face extra"  # the CLI says --model
-    assert info.value.fix == "pip install 'attnviz[hf]'"
+    assert info.value.fix == hf.versions.install_hint()  # from this checkout: pip install -e
 
 
 # ------------------------------------------------------------------------------------------

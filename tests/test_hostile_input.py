@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from conftest import assert_clean_error, lazy_import
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -174,6 +174,7 @@ def test_hostile_option_values_in_click_errors(cli, value):
     assert_error(cli("split", "-H", value), 2, "--num-heads")
 
 
+@pytest.mark.slow
 def test_hostile_paths_in_wrote_lines_and_errors(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     weird = tmp_path / "d\x1b[2J[bold]\u202e$\\frac{x}"
@@ -212,6 +213,7 @@ def test_colours_come_only_from_attnviz(cli, monkeypatch):
 
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
 @given(sentence=HOSTILE, name=HOSTILE, path=HOSTILE)
 def test_every_printer_escapes_random_strings(cli, tmp_path_factory, sentence, name, path):
     """Random control-laden strings as a sentence, a tensor name and a path, through split,
@@ -475,6 +477,7 @@ def test_full_disk_while_writing(cli, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_file_size_limit_while_writing(capped):
     """A real failing write (RLIMIT_FSIZE, in the capped run): no partial file, one error line,
     for a figure and for an export (whose writer is Rust, not Python)."""
@@ -484,6 +487,7 @@ def test_file_size_limit_while_writing(capped):
     assert list((capped[0] / "writes").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_full_stdout_and_ascii_stdout():
     full = run_process(["split", "--json"], stdout=open("/dev/full", "w"))  # noqa: SIM115
     assert full.returncode == 1
@@ -531,10 +535,10 @@ def one_thread():
 
 def bundled_with(path: Path, **metadata: str) -> Path:
     """The bundled model, rewritten with some metadata values changed."""
-    from conftest import SAMPLES
+    from conftest import BUNDLED
     from safetensors import safe_open
 
-    with safe_open(str(SAMPLES / "induction.safetensors"), "pt") as f:
+    with safe_open(str(BUNDLED), "pt") as f:
         tensors = {key: f.get_tensor(key) for key in f.keys()}
         meta = {**f.metadata(), **metadata}
     write_named(path, tensors, meta)
@@ -713,6 +717,7 @@ def many_heads_file(folder: Path, heads: int) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_forty_thousand_heads_cost_linear_time(cli, tmp_path):
     """No O(H²) step: slicing 40,000 heads and their per-head norms take seconds."""
     import time
@@ -738,6 +743,7 @@ def test_forty_thousand_heads_cost_linear_time(cli, tmp_path):
     assert find_layers  # imported for the inventory above
 
 
+@pytest.mark.slow
 def test_many_heads_print_a_bounded_terminal(cli, tmp_path):
     folder = many_heads_file(tmp_path / "many", 4000)
     for args in (["split", "--weights", folder], ["heatmap", "--weights", folder, "a b c"]):
@@ -940,7 +946,7 @@ def test_vocabulary_files_have_size_caps(cli, tmp_path):
 # ------------------------------------------------------------------------------------------
 # 5. Third-party failures contained (transformers, tokenizers)
 
-transformers = pytest.importorskip("transformers")
+transformers = lazy_import("transformers")
 
 
 @pytest.fixture(scope="module")

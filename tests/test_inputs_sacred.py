@@ -13,13 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, SAMPLES, assert_clean_error
+from conftest import BUNDLED, ROOT, assert_clean_error
 from safetensors.torch import save_file
 
 from attnviz.app.outputs import atomic_output, check_output_path, read_set
 from attnviz.errors import Interrupted, OutputError
-
-BUNDLED = SAMPLES / "induction.safetensors"
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -125,7 +123,7 @@ def test_bundled_model_is_never_written(cli, tmp_path):
     before = hashlib.sha256(BUNDLED.read_bytes()).hexdigest()
     link = tmp_path / "bundled.safetensors"
     link.symlink_to(BUNDLED)
-    for target in (BUNDLED, link, SAMPLES / "figures" / ".." / BUNDLED.name):
+    for target in (BUNDLED, link, BUNDLED.parent / ".." / "data" / BUNDLED.name):
         assert_clean_error(cli("heatmap", "a b", "--export", target), 1, "input file")
     assert hashlib.sha256(BUNDLED.read_bytes()).hexdigest() == before
 
@@ -175,6 +173,7 @@ def test_signal_during_write_leaves_nothing(tmp_path, sig):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+@pytest.mark.slow
 def test_cli_signal_during_export_exits_cleanly(tmp_path):
     """SIGTERM while the real CLI writes its export: one error line, exit 143, no file at all."""
     script = (

@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+from conftest import lazy_import
 
 pytestmark = pytest.mark.hf
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+transformers = lazy_import("transformers", "tokenizers")
 
 import torch  # noqa: E402
 from support_record import record  # noqa: E402

@@ -4,10 +4,11 @@ limit a too-long input breaks (--max-tokens and the model's positions together).
 from __future__ import annotations
 
 import pytest
+from conftest import lazy_import
 
 from tests.conftest import assert_clean_error
 
-pytest.importorskip("transformers")
+lazy_import("transformers")
 pytestmark = pytest.mark.hf
 
 from attnviz.sources.hf import checked  # noqa: E402

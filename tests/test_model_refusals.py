@@ -8,9 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import lazy_import
 
 pytestmark = pytest.mark.hf
-pytest.importorskip("transformers")
+lazy_import("transformers")
 
 import zoo  # noqa: E402
 from conftest import assert_clean_error  # noqa: E402

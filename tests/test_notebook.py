@@ -6,12 +6,10 @@ from __future__ import annotations
 import sys
 
 import pytest
+from conftest import ROOT, LazyModule, lazy_import
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-
-from conftest import ROOT  # noqa: E402
+nbformat = lazy_import("nbformat", "nbclient", "ipykernel")  # imported when a test runs
+nbclient = LazyModule("nbclient")
 
 CELLS = [
     "import attnviz",
@@ -20,6 +18,7 @@ CELLS = [
 ]
 
 
+@pytest.mark.slow
 def test_notebook_displays_the_interactive_view(tmp_path):
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",

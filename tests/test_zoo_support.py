@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import lazy_import
 
 pytestmark = pytest.mark.hf
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+transformers = lazy_import("transformers", "tokenizers")
 
 import torch  # noqa: E402
 from heads_check import check_heads  # noqa: E402

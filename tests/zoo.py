@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from conftest import lazy_import
+
+transformers = lazy_import("transformers", "tokenizers")  # imported when a model is built
 
 SENTENCES = ["the cat sat on the mat",
              "a small dog ran far away from the big red barn in the cold night"]
@@ -204,6 +205,8 @@ _SHARPEN = ("query", "key", "q_proj", "k_proj", "q_lin", "k_lin", "c_attn", "Wqk
 
 def save_tokenizer(folder: Path, row: Kind) -> None:
     """A WordLevel tokenizer over the zoo's words, with the row's padding and special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
     vocab = {word: i for i, word in enumerate(SPECIALS + WORDS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

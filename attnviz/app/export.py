@@ -272,7 +272,6 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
 
     from attnviz.app.outputs import atomic_output, check_free_space
     from attnviz.compute.inputs import padding_mask
-    from attnviz.errors import printable
     from attnviz.sources.hf.layers import cols_tokens, rows_tokens
     from attnviz.sources.hf.load import PATHS
     from attnviz.sources.hf.run import DESCRIBED_INPUTS, run_model, streams
@@ -293,7 +292,7 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
     if prepared.target is not None:
         small["target_mask"] = (~padding_mask(prepared.target)).to(torch.int64)
     # every metadata field is known before the run but `causal` ("false" is the longer value)
-    metadata = _export_metadata(batch, printable(str(loaded.folder)), DESCRIBED_INPUTS, False)
+    metadata = _export_metadata(batch, str(loaded.folder), DESCRIBED_INPUTS, False)  # exact
     metadata["path"] = PATHS[loaded.path]
     if prepared.target is not None:
         metadata["target_tokens"] = json.dumps(prepared.target.tokens)

@@ -245,7 +245,12 @@ MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
 def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
     """Source, inputs, path, layers and notes; `compact` (an overview without maps): one line
     per kind of layer, and each sentence's tokens, which no map shows then."""
-    out.print(plain(f"source  {run.source}   device {run.device}"))
+    from attnviz.render.elide import elide_at_boundaries
+
+    # one line: a long path loses whole middle components (--json and --export have it exact)
+    device = f"   device {run.device}"
+    out.print(plain(f"source  {elide_at_boundaries(run.source, out.width - 8 - len(device))}"
+                    f"{device}"))
     out.print(plain(f"inputs  {run.inputs_described}"))
     if run.path is not None:
         out.print(plain(f"path    {run.path}"))

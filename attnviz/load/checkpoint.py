@@ -58,7 +58,7 @@ class ShardedStore(TensorStore):
 
     def __init__(self, folder: Path, weight_map: dict[str, str], fmt: str,
                  config: dict[str, Any] | None) -> None:
-        super().__init__(printable_path(folder), fmt, config)
+        super().__init__(str(folder), fmt, config)  # exact: --json and --export carry it
         self.folder = folder
         self._folder = folder
         self._weight_map = weight_map

@@ -204,5 +204,5 @@ class PickleStore(DictStore):
     """A .pt/.pth/.bin file loaded with weights_only=True (zip files memory-mapped)."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(load_pickle_tensors(path), printable_path(path), "torch", config)
+        super().__init__(load_pickle_tensors(path), str(path), "torch", config)  # exact
 

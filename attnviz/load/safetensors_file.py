@@ -118,7 +118,7 @@ class SafetensorsStore(TensorStore):
     """A .safetensors file: header parsed up front, data memory-mapped on first read."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(printable_path(path), "safetensors", config)
+        super().__init__(str(path), "safetensors", config)  # exact: data outputs carry it
         self.path = path
         self._tensors, self.metadata, self._data_start = read_safetensors_header(path)
         self._handle: safe_open | None = None

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from attnviz.core.layer_detail import LayerDetail
 from attnviz.errors import printable
-from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
+from attnviz.render.elide import MAX_TABLE_ROWS, elide_at_boundaries, elided, gap_note
 from attnviz.render.safe import safe_text
 
 
@@ -83,8 +83,10 @@ def layers_table(layers: list[dict[str, Any]]) -> Table:
 
 def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str, int] | None,
                     data_read: bool = False) -> None:
-    console.print(Text.assemble(("source  ", "bold"),
-                                printable(f"{doc['source']}  ({doc['format']})", None)))
+    # one line: a long path loses whole middle components (--json has it exact)
+    kind = printable(f"  ({doc['format']})", None)
+    source = elide_at_boundaries(printable(doc["source"], None), console.width - 8 - len(kind))
+    console.print(Text.assemble(("source  ", "bold"), source + kind))
     for key, layers in layer_groups(doc["layers"]).items():
         console.print()
         console.print(group_title(key, len(layers)))

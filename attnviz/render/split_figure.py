@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnviz.compute.split_views import MatrixPanel
+from attnviz.render.elide import elide_at_boundaries
 from attnviz.render.figure_io import label, new_figure
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def split_figure(panels: list[MatrixPanel], suptitle: str) -> Figure:
                             rotation=90)
     assert image is not None  # panels is never empty: max() above needs one
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="weight value")
-    fig.suptitle(label(suptitle, 200), fontsize=12, parse_math=False)
+    fig.suptitle(label(elide_at_boundaries(suptitle, 200)), fontsize=12, parse_math=False)
     return fig
 
 

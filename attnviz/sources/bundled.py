@@ -1,4 +1,5 @@
-"""The bundled attention-only model (family "attnviz-tiny", see sample_weights/train_induction.py).
+"""The bundled attention-only model (family "attnviz-tiny", see sample_weights/train_induction.py),
+shipped as package data: attnviz/data/induction.safetensors.
 
 x = embed[ids] + pos_embed[0:L]; for each layer: x = x + MHA_i(LN_i(x)) with a causal mask;
 its attention layers are plain nn.MultiheadAttention state dicts under `layers.{i}.self_attn.`.
@@ -6,6 +7,9 @@ its attention layers are plain nn.MultiheadAttention state dicts under `layers.{
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -23,7 +27,18 @@ from attnviz.recognize import find_layers
 from attnviz.recognize.base import HeadHints, metadata_int
 
 FAMILY = "attnviz-tiny"
-BUNDLED = Path(__file__).resolve().parents[2] / "sample_weights" / "induction.safetensors"
+_EXTRACTED = contextlib.ExitStack()  # a copy made for an install that is not plain files (a zip)
+atexit.register(_EXTRACTED.close)
+
+
+def _locate() -> Path:
+    """The bundled model's file, wherever attnviz is installed (a checkout, a wheel, another
+    prefix): package data found through importlib.resources, as a real path."""
+    resource = resources.files("attnviz.data").joinpath("induction.safetensors")
+    return Path(_EXTRACTED.enter_context(resources.as_file(resource)))
+
+
+BUNDLED = _locate()
 
 
 def is_tiny_model(store: TensorStore) -> bool:
@@ -32,8 +47,8 @@ def is_tiny_model(store: TensorStore) -> bool:
 
 def open_bundled() -> TensorStore:
     if not BUNDLED.is_file():
-        raise CheckpointError("the bundled model sample_weights/induction.safetensors is missing",
-                              fix="run attnviz from a git checkout, regenerate it with "
+        raise CheckpointError("the bundled model attnviz/data/induction.safetensors is missing",
+                              fix="reinstall attnviz, regenerate it with "
                               "'python sample_weights/train_induction.py', or pass ‹weights›",
                               where=str(BUNDLED))
     return open_checkpoint(BUNDLED)

@@ -28,6 +28,7 @@ from attnviz.load.checkpoint import TensorStore, open_checkpoint
 from attnviz.recognize import find_layers
 from attnviz.sources import capture as cap
 from attnviz.sources import hf_guard as guard
+from attnviz.sources.hf.versions import check_versions, install_hint
 
 DTYPES = ("float32", "bfloat16", "float16")
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
@@ -49,7 +50,8 @@ def require_transformers() -> None:
     # attnviz never downloads: huggingface_hub reads this once, when it is first imported.
     os.environ["HF_HUB_OFFLINE"] = "1"
     if any(importlib.util.find_spec(name) is None for name in ("transformers", "tokenizers")):
-        raise UsageError("‹model› needs the Hugging Face extra", fix="pip install 'attnviz[hf]'")
+        raise UsageError("‹model› needs the Hugging Face extra", fix=install_hint())
+    check_versions()
 
 
 @dataclass

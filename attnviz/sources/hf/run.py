@@ -14,6 +14,7 @@ from attnviz.errors import (
     CheckpointError,
     UsageError,
     printable,
+    printable_path,
 )
 from attnviz.sources import capture as cap
 from attnviz.sources import hf_guard as guard
@@ -91,7 +92,7 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
 
         attach_value_norms(loaded, plan, result.layers, shown, results)
     causal = all(r.causal for r in results if r.kind != cap.LayerKind.CROSS.value)
-    return AttentionRun(plan.prepared.batch, results, printable(str(loaded.folder)),
+    return AttentionRun(plan.prepared.batch, results, str(loaded.folder),  # exact: data
                         DESCRIBED_INPUTS, str(input_device(loaded.model)), causal, None,
                         _notes(loaded, plan, bool(setup.reducers)), TOLERANCE[loaded.dtype],
                         target=plan.prepared.target, path=PATHS[result.path])
@@ -170,7 +171,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
     except (RuntimeError, ValueError, IndexError) as exc:  # the model itself failed on the input
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
                               fix="check that the model runs in transformers on this input",
-                              where=printable(str(loaded.folder))) from None
+                              where=printable_path(loaded.folder)) from None
     finally:
         for handle in handles:
             handle.remove()
@@ -184,7 +185,7 @@ def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedL
     if not layers:
         raise CheckpointError("the model's forward pass made no attention call",
                               fix="report this model to attnviz",
-                              where=printable(str(loaded.folder)))
+                              where=printable_path(loaded.folder))
     shown = layers if indices is None else [layers[i] for i in indices]
     if any(layer.stack not in ("", "enc") for layer in shown) and plan.spec not in (None, "all"):
         encoder = sum(layer.stack == "enc" for layer in layers)

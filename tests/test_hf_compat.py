@@ -1,0 +1,122 @@
+"""The `hf` extra's declared range, tested at both ends (CI's compatibility job runs this file
+against the floor in pyproject.toml and against the newest release, each in its own venv).
+
+Only what holds on every supported release: `heatmap --model --export` equals transformers' own
+eager `output_attentions` maps for a few architectures (whichever capture path the release
+takes), `split --model --verify` passes, and the version floors refuse an older install with
+one line naming both versions. Facts that move between releases (which modeling files use the
+attention interface) are tests/test_hf.py's and test_zoo_support.py's, pinned to one release."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, assert_clean_error, minilm_folder
+
+from attnviz.errors import UsageError
+from attnviz.sources.hf import versions
+
+SENTENCE = "the cat sat on the mat"
+
+
+def reference(folder: Path, model_class: str) -> tuple[list[object], list[str]]:
+    """transformers' own eager maps of SENTENCE (one sentence: no padding) and its tokens."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder) if (folder / "vocab.txt").is_file() \
+        else transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    model = getattr(transformers, model_class).from_pretrained(
+        folder, attn_implementation="eager").eval()
+    ids = tok(SENTENCE)["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_attentions=True)
+    return list(out.attentions), tok.convert_ids_to_tokens(ids)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize(("kind", "model_class"), [
+    ("minilm", "BertModel"), ("gpt2", "GPT2Model"), ("llama", "LlamaModel")])
+def test_heatmap_model_export_equals_transformers(cli, zoo_model, tmp_path, kind, model_class):
+    import torch
+    from safetensors import safe_open
+
+    folder = minilm_folder() if kind == "minilm" else zoo_model(kind)
+    out = tmp_path / "maps.safetensors"
+    result = cli("heatmap", "--model", folder, SENTENCE, "--layer", "all", "--no-maps",
+                 "--export", out)
+    assert result.exit_code == 0, result.output
+    expected, tokens = reference(Path(folder), model_class)
+    with safe_open(str(out), "pt") as f:
+        assert json.loads(f.metadata()["tokens"]) == [tokens]
+        assert f.metadata()["source"] == str(folder)  # exact, however long
+        for i, maps in enumerate(expected):
+            torch.testing.assert_close(f.get_tensor(f"attn.{i}"), maps, atol=1e-5, rtol=0)
+    # negative control: a neighbouring layer's maps are not equal
+    assert not torch.allclose(expected[0], expected[1], atol=1e-5)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_split_model_verify_passes(cli, zoo_model, kind):
+    result = cli("split", "--model", zoo_model(kind), "--layer", "1", "--verify", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)["verify"]
+    assert doc["passed"] is True and "ablation" in doc["proofs"]
+
+
+def test_floors_are_the_declared_range():
+    """pyproject.toml's `hf` extra names exactly the floors attnviz checks at run time."""
+    text = (ROOT / "pyproject.toml").read_text()
+    extra = re.search(r"^hf = \[(.*)\]$", text, re.M)
+    assert extra is not None
+    declared = dict(re.findall(r'"([a-z]+)>=([0-9.]+)"', extra.group(1)))
+    assert declared == versions.FLOORS
+
+
+@pytest.mark.parametrize(("name", "old"), [("transformers", "4.53.3"), ("tokenizers", "0.20.3")])
+def test_an_older_release_is_refused_naming_both_versions(name, old):
+    installed = {**versions.FLOORS, name: old}
+    with pytest.raises(UsageError) as info:
+        versions.check_versions(installed)
+    floor = versions.FLOORS[name]
+    assert str(info.value) == f"model needs {name} >= {floor}, but {name} {old} is installed"
+    assert info.value.fix == f"pip install -U '{name}>={floor}'"
+    versions.check_versions(dict(versions.FLOORS))  # the floor itself passes
+    versions.check_versions({**versions.FLOORS, name: floor + ".post1"})
+
+
+def test_the_cli_refuses_an_older_transformers_in_one_line(cli, monkeypatch, tmp_path):
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda name: "4.46.3" if name == "transformers" else real(name))
+    result = cli("heatmap", "--model", tmp_path, SENTENCE)
+    assert_clean_error(result, 2, "--model needs transformers >= "
+                       f"{versions.FLOORS['transformers']}, but transformers 4.46.3 is installed")
+    assert "please report" not in result.stderr
+
+
+def test_release_numbers():
+    assert versions.release("4.55.0.dev0") == (4, 55, 0)
+    assert versions.release("2.13.0+cpu") == (2, 13, 0)
+    assert versions.release("5.0.0rc1") == (5, 0, 0)
+    assert versions.release("4.9") < versions.release("4.54.0") < versions.release("4.100")
+
+
+def test_install_advice_fits_where_attnviz_runs(monkeypatch, tmp_path):
+    """From this checkout: an editable install of it (`.` when run from its root); from an
+    installed package: the extra of the package on the index."""
+    assert versions.checkout_root() == ROOT
+    assert versions.install_hint(cwd=ROOT) == "pip install -e '.[hf]'"
+    assert versions.install_hint(cwd=tmp_path) == f"pip install -e '{ROOT}[hf]'"
+    monkeypatch.setattr(versions, "checkout_root", lambda: None)
+    assert versions.install_hint() == "pip install 'attnviz[hf]'"

