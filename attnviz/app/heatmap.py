@@ -128,6 +128,23 @@ def check_applicable(job: HeatmapJob) -> None:
     if job.targets is not None and job.model is None:
         raise UsageError("‹target› applies to ‹model› (an encoder-decoder model) only",
                          fix="drop ‹target›, or pass ‹model›", option="target")
+    for what, texts in (("sentence", job.sentences), ("target", job.targets or [])):
+        for number, text in enumerate(texts, 1):
+            check_text(text, f"{what} {number}")
+
+
+def check_text(text: str, what: str) -> None:
+    """Text the user passed must be text: a non-UTF-8 argument (a Latin-1 shell) arrives with
+    its undecodable bytes as lone surrogates, which no tokenizer or output can carry."""
+    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if bad is not None:
+        from attnviz.errors import printable
+
+        code = ord(text[bad])
+        byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "a lone surrogate"
+        raise UsageError(f"{what} is not UTF-8 text: {byte} at character {bad + 1} "
+                         f"({printable(text, 40)})",
+                         fix="pass UTF-8 text (convert it with iconv -f latin1 -t utf-8)")
 
 
 def _check_bundled(job: HeatmapJob) -> None:

@@ -33,16 +33,20 @@ class AttnvizGroup(TyperGroup):
     """Every failure becomes one `error: …` line on stderr and an exit code; --debug re-raises."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        from attnviz.render.safe import check_terminal_size, prepare_streams
+        from attnviz.render.safe import check_terminal_size, prepare_streams, stdout_closed
 
         argv = kwargs.get("args")
         argv = sys.argv[1:] if argv is None else argv
         _state["debug"] = _leading_debug(list(argv))
-        prepare_streams()
+        for note in prepare_streams() + check_terminal_size():
+            typer.echo(f"note: {note}", err=True)
         try:
-            check_terminal_size()
             result = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
             sys.stdout.flush()  # a full disk or closed pipe on stdout is reported here
+            if stdout_closed():  # files were written; what stdout should have shown was not
+                _fail("cannot write to stdout: it is closed", ExitCode.DATA,
+                      "files the command writes were written; run it with stdout open to "
+                      "see the rest")
         except typer.Exit as exc:
             sys.exit(exc.exit_code)
         except typer.Abort:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnviz.errors import CheckpointError, printable_path, quoted
+from attnviz.load.paths import native_path
 
 if TYPE_CHECKING:
     import torch
@@ -67,7 +68,7 @@ def read_records(path: Path, where: str) -> dict[str, Record]:
     import torch
 
     try:
-        reader: Any = torch._C.PyTorchFileReader(str(path))
+        reader: Any = torch._C.PyTorchFileReader(native_path(path))
         names = list(reader.get_all_records())
         seen = {name: Record(name, int(reader.get_record_offset(name)),
                              int(reader.get_record_size(name))) for name in names}

@@ -19,6 +19,7 @@ from attnviz.errors import (
 if TYPE_CHECKING:
     import torch
 
+from attnviz.load.paths import native_path
 from attnviz.load.pickle_records import check_zip_storages, tensor_span
 from attnviz.load.safetensors_file import _check_regular_file
 from attnviz.load.store import DictStore
@@ -96,7 +97,8 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
         # missing argument. No pickle_module, no safe globals, and no retry without it.
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
             warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+            obj = torch.load(native_path(path), map_location="cpu", weights_only=True,
+                             mmap=is_zip)
     except CheckpointError:
         raise
     except pickle.UnpicklingError:

@@ -17,6 +17,7 @@ from attnviz.errors import (
     quoted,
 )
 from attnviz.load.jsonfile import parse_json
+from attnviz.load.paths import native_path
 
 if TYPE_CHECKING:
     import numpy as np
@@ -150,7 +151,7 @@ class SafetensorsStore(TensorStore):
 
         try:
             if self._handle is None:
-                self._handle = safe_open(str(self.path), framework="pt", device="cpu")
+                self._handle = safe_open(native_path(self.path), framework="pt", device="cpu")
             if rows is None:
                 return self._handle.get_tensor(raw)
             return self._handle.get_slice(raw)[rows[0] : rows[1]]
