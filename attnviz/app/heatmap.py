@@ -22,7 +22,7 @@ from attnviz.app.heatmap_sources import (
 )
 from attnviz.app.naming import run_title
 from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TokenLimit
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, printable
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
@@ -128,6 +128,10 @@ def check_applicable(job: HeatmapJob) -> None:
     if job.targets is not None and job.model is None:
         raise UsageError("‹target› applies to ‹model› (an encoder-decoder model) only",
                          fix="drop ‹target›, or pass ‹model›", option="target")
+    if job.random is not None and job.layer not in (None, "0", "-1", "all"):
+        raise UsageError(f"‹layer› {printable(job.layer, 24)!r} is not a layer of the random "
+                         "layer", fix="a random nn.MultiheadAttention is one layer: drop ‹layer›",
+                         option="layer")
     for what, texts in (("sentence", job.sentences), ("target", job.targets or [])):
         for number, text in enumerate(texts, 1):
             check_text(text, f"{what} {number}")
@@ -138,8 +142,6 @@ def check_text(text: str, what: str) -> None:
     its undecodable bytes as lone surrogates, which no tokenizer or output can carry."""
     bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
     if bad is not None:
-        from attnviz.errors import printable
-
         code = ord(text[bad])
         byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "a lone surrogate"
         raise UsageError(f"{what} is not UTF-8 text: {byte} at character {bad + 1} "
