@@ -245,7 +245,8 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
               head: int | None = None, average: bool = False, query: str | int | None = None,
               sentence: int = 1, device: str = "auto", dtype: str = "float32",
               keep_full_maps: bool = False, targets: Sequence[str] | None = None,
-              max_tokens: int = DEFAULT_MAX_TOKENS) -> Heatmap:
+              max_tokens: int = DEFAULT_MAX_TOKENS,
+              max_sentences: int = DEFAULT_MAX_SENTENCES) -> Heatmap:
     """A Hugging Face model's own attention (needs the `attnviz[hf]` extra; never downloads);
     `targets` (one per sentence) run an encoder-decoder model's decoder too."""
     job = HeatmapJob(_texts(sentences, "sentences") or [],
@@ -256,5 +257,6 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
                      sentence=_int(sentence, "sentence", 1) or 1,
                      keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
                      targets=_texts(targets, "targets", allow_none=True),
-                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1)
+                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+                     max_sentences=_int(max_sentences, "max_sentences", 1) or 1)
     return _as(Heatmap, _run_heatmap(job))

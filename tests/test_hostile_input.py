@@ -682,7 +682,7 @@ def test_a_large_prime_row_count_is_fast(cli, tmp_path):
                        "k_proj.weight": torch.zeros(rows, 1),
                        "v_proj.weight": torch.zeros(rows, 1),
                        "o_proj.weight": torch.zeros(1, rows)})
-    assert_error(cli("inspect", path, "-H", "7"), 1, "not divisible by 7 heads",
+    assert_error(cli("inspect", path, "-H", "7"), 2, "not divisible by 7 heads",
                  f"choose the number of heads from 1, {rows}")
 
 

@@ -176,6 +176,9 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
         sentences = job.sentences + _file_sentences(job, None)
         if not sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
+        if len(sentences) > job.max_sentences:  # as make_batch says it for the other sources
+            raise UsageError(f"{len(sentences)} sentences exceed ‹max_sentences› "
+                             f"{job.max_sentences}", fix="raise ‹max_sentences› or pass fewer")
         _check_sentence(job, len(sentences))
         report(f"loading the model and running it on {_count(len(sentences), 'sentence')}")
         attention_run = run_model(

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from attnviz.compute.inputs import (
-    DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
     Batch,
     TokenLimit,
@@ -103,9 +102,6 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
     """Each text tokenized alone, special tokens included; limits checked before any run."""
     if not sentences:
         raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
-    if len(sentences) > DEFAULT_MAX_SENTENCES:
-        raise UsageError(f"{len(sentences)} sentences exceed {DEFAULT_MAX_SENTENCES}",
-                         fix="pass fewer sentences")
     model_limit = model.position_limit
     where = printable_path(model.folder)
     out = []
