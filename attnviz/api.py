@@ -40,8 +40,11 @@ _T = TypeVar("_T")
 
 
 def _png(figure: Figure) -> bytes:
+    from attnviz.render.figure_io import isolated_rc
+
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    with isolated_rc():
+        figure.savefig(buffer, format="png", dpi=figure.dpi)
     return buffer.getvalue()
 
 

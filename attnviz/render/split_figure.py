@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnviz.compute.split_views import MatrixPanel
-from attnviz.render.figure_io import label, new_figure
+from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -14,6 +14,7 @@ MAX_HEAD_LABELS = 16
 MAX_BOUNDARY_LINES = 128  # head boundaries drawn per panel (every k-th beyond that)
 
 
+@isolated
 def split_figure(panels: list[MatrixPanel], suptitle: str) -> Figure:
     """W_q, W_k, W_v, W_o side by side with head boundaries and one shared colour scale."""
     import numpy as np

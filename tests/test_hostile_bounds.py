@@ -1,0 +1,151 @@
+"""Work bounded before each third-party call: the figure's canvas, matplotlib's rc files,
+head counts and sentence counts the caller passed (exit codes), the tokenizer's expansion.
+
+Each bound is checked on both sides: a value past it is refused with the fix named, and one
+within it works.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_clean_error
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    width, height = struct.unpack(">II", path.read_bytes()[16:24])
+    return width, height
+
+
+def test_canvas_cap_refuses_before_drawing(cli, tmp_path, monkeypatch):
+    """--size 20 and --dpi 600 are each in range; together 8 panels would be ~98,000 px wide."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda *a, **k: drawn.append(a))
+    out = tmp_path / "m.png"
+    result = cli("heatmap", "--random", "the cat sat", "--out", out, "--size", "20",
+                 "--dpi", "600")
+    assert_clean_error(result, 2, "the figure would be", "more than the 50,000,000 pixels",
+                       "lower --dpi or --size")
+    assert drawn == [] and not out.exists()
+
+
+def test_canvas_within_the_cap_is_drawn(cli, tmp_path):
+    """Negative control: the same figure at a dpi inside the cap is written at that size."""
+    from attnviz.render.figure_io import MAX_CANVAS_PIXELS
+
+    out = tmp_path / "m.png"
+    result = cli("heatmap", "--random", "the cat sat", "--head", "0", "--out", out,
+                 "--size", "3", "--dpi", "200")
+    assert result.exit_code == 0, result.output
+    width, height = png_size(out)
+    assert width * height <= MAX_CANVAS_PIXELS and width > 3 * 200  # the dpi was honoured
+
+
+def test_canvas_cap_in_the_api():
+    import attnviz
+    from attnviz.errors import UsageError
+
+    heat = attnviz.run_heatmap(["the cat sat"], random=True)
+    with pytest.raises(UsageError) as caught:
+        heat.figure(size=20, dpi=600)
+    assert "lower dpi or size" in caught.value.one_line()
+    assert heat.figure(size=2, dpi=100).dpi == 100
+
+
+HOSTILE_RC = "savefig.dpi: 3000\nsavefig.bbox: tight\nfigure.figsize: 50, 50\nfigure.dpi: 400\n"
+
+
+def _run_out(cwd: Path, out: Path, env: dict[str, str] | None = None) -> None:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", **(env or {})}
+    done = subprocess.run([sys.executable, "-m", "attnviz", "heatmap", "--random", "the cat sat",
+                           "--out", str(out)], cwd=cwd, env=full, capture_output=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_matplotlibrc_in_cwd_and_mplconfigdir_change_nothing(tmp_path):
+    """A model folder's matplotlibrc (cwd) or one in MPLCONFIGDIR: the same bytes as without."""
+    plain, hostile, config = tmp_path / "plain", tmp_path / "hostile", tmp_path / "config"
+    for folder in (plain, hostile, config):
+        folder.mkdir()
+    (hostile / "matplotlibrc").write_text(HOSTILE_RC)
+    (config / "matplotlibrc").write_text(HOSTILE_RC)
+    _run_out(plain, plain / "a.png")
+    _run_out(hostile, hostile / "b.png")
+    _run_out(plain, plain / "c.png", {"MPLCONFIGDIR": str(config)})
+    reference = (plain / "a.png").read_bytes()
+    assert (hostile / "b.png").read_bytes() == reference
+    assert (plain / "c.png").read_bytes() == reference
+
+
+def test_rc_isolation_is_what_keeps_the_size(tmp_path):
+    """Negative control in process: without isolation the same rc values change the output."""
+    import matplotlib
+
+    import attnviz
+    from attnviz.render.figure_io import save_figure
+
+    heat = attnviz.run_heatmap(["the cat sat"], random=True)
+    hostile = {"savefig.dpi": 300, "savefig.bbox": "tight", "figure.dpi": 400}
+    with matplotlib.rc_context(hostile):
+        fig = heat.figure(size=2)
+        save_figure(fig, tmp_path / "ours.png")
+        fig.savefig(tmp_path / "raw.png", format="png")  # matplotlib alone reads the rc
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()
+        save_figure(heat.figure(size=2), tmp_path / "default.png")
+    assert png_size(tmp_path / "ours.png") == png_size(tmp_path / "default.png")
+    assert png_size(tmp_path / "raw.png") != png_size(tmp_path / "default.png")
+
+
+def _mha_file(tmp_path: Path, heads: int = 8, embed: int = 64) -> Path:
+    from safetensors.torch import save_file
+
+    path = tmp_path / "mha.safetensors"
+    torch.manual_seed(0)
+    save_file({k: v.contiguous() for k, v in
+               torch.nn.MultiheadAttention(embed, heads).state_dict().items()}, path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["heatmap", "split", "inspect"])
+def test_head_count_that_contradicts_the_weights_is_misuse(cli, tmp_path, command):
+    path = _mha_file(tmp_path)
+    args = {"heatmap": ["heatmap", "--weights", path, "a b"],
+            "split": ["split", "--weights", path], "inspect": ["inspect", path]}[command]
+    assert_clean_error(cli(*args, "--num-heads", "5"), 2, "not divisible by 5 heads",
+                       "--num-heads")
+    assert cli(*args, "--num-heads", "8").exit_code == 0  # negative control
+
+
+def test_head_count_from_config_that_contradicts_the_weights_is_bad_data(cli, tmp_path):
+    """Negative control: the same contradiction from the file (metadata) stays exit 1."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "meta.safetensors"
+    save_file({k: v.contiguous() for k, v in torch.nn.MultiheadAttention(64, 8).state_dict()
+               .items()}, path, metadata={"num_heads": "5"})
+    assert_clean_error(cli("split", "--weights", path), 1, "not divisible by 5 heads")
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_max_sentences_is_honoured_with_model(cli, minilm):
+    many = [f"sentence {i}" for i in range(70)]
+    assert_clean_error(cli("heatmap", "--model", minilm, "--max-sentences", "3", *many[:4]), 2,
+                       "4 sentences exceed --max-sentences 3")
+    result = cli("heatmap", "--model", minilm, "--layer", "0", "--head", "0", "--json",
+                 "--max-sentences", "100", *many)
+    assert result.exit_code == 0, result.output
+    assert "exceed" not in result.output
