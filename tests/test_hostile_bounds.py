@@ -149,3 +149,119 @@ def test_max_sentences_is_honoured_with_model(cli, minilm):
                  "--max-sentences", "100", *many)
     assert result.exit_code == 0, result.output
     assert "exceed" not in result.output
+
+
+# --- the tokenizer's normalizers: bounded before any text reaches Rust ----------------------
+
+def _doubling(steps: int = 30) -> dict:
+    return {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * steps}
+
+
+def _steps(normalizer: dict, pre_tokenizer: dict | None = None):
+    from attnviz.sources.tokenizer_bound import steps_of
+
+    return steps_of(normalizer, "normalizer") + steps_of(pre_tokenizer, "pre_tokenizer")
+
+
+def _precompiled(longest: int) -> dict:
+    import base64
+
+    trie = b"\0" * 8
+    blob = struct.pack("<I", len(trie)) + trie + b"x\0" + b"y" * longest + b"\0"
+    return {"type": "Precompiled", "precompiled_charsmap": base64.b64encode(blob).decode()}
+
+
+AMPLIFIERS = {
+    "replace doubling": _doubling(),
+    "regex replace on the empty match": {"type": "Replace", "pattern": {"Regex": ""},
+                                         "content": "z" * 5000},
+    "precompiled map": _precompiled(100_000),
+    "nested sequences": {"type": "Sequence", "normalizers": [_doubling(10), _doubling(15)]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(AMPLIFIERS))
+def test_amplifying_normalizers_are_refused_by_step(name):
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.tokenizer_bound import check_text_bound
+
+    steps = _steps(AMPLIFIERS[name])
+    with pytest.raises(CheckpointError) as caught:
+        check_text_bound(steps, 1000, "sentence 1", "model")
+    assert "past 4,000,000 characters" in caught.value.what
+    assert "normalizer" in caught.value.what and "grows it" in caught.value.what
+
+
+def test_ordinary_normalizers_pass():
+    """Negative control: BERT's, NFKC with a Metaspace, a shrinking Replace — long texts pass."""
+    from attnviz.sources.tokenizer_bound import check_text_bound
+
+    for normalizer, pre in (
+            ({"type": "BertNormalizer", "lowercase": True}, {"type": "BertPreTokenizer"}),
+            ({"type": "Sequence", "normalizers": [{"type": "NFKC"}, _precompiled(3)]},
+             {"type": "Metaspace", "replacement": "▁"}),
+            ({"type": "Replace", "pattern": {"String": "``"}, "content": "\""}, None)):
+        check_text_bound(_steps(normalizer, pre), 65_536, "sentence 1", "model")
+
+
+def test_the_bound_is_an_upper_bound_of_what_tokenizers_does():
+    """The bound is never below the real growth (tokenizers' own normalizer, on its worst
+    input for each step), so a text it lets through cannot grow further."""
+    from tokenizers import normalizers
+
+    cases = [({"type": "Replace", "pattern": {"String": "a"}, "content": "aaa"}, "a" * 50,
+              normalizers.Replace("a", "aaa")),
+             ({"type": "NFKC"}, "\ufdfa" * 10, normalizers.NFKC()),
+             ({"type": "Lowercase"}, "İ" * 10, normalizers.Lowercase())]
+    for spec, text, real in cases:
+        (step,) = _steps(spec)
+        grown = len(real.normalize_str(text))
+        assert grown > len(text)  # the case does grow (the check could fail)
+        assert step.grow(len(text)) >= grown, spec
+
+
+def _model_copy(minilm: Path, folder: Path, normalizer: dict | None) -> Path:
+    import json
+
+    folder.mkdir()
+    for item in minilm.iterdir():
+        if item.name not in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / item.name).symlink_to(item)
+    # tokenizer.json taken as it is (transformers rebuilds BERT's own normalizer otherwise)
+    config = json.loads((minilm / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    spec = json.loads((minilm / "tokenizer.json").read_text())
+    if normalizer is not None:
+        spec["normalizer"] = {"type": "Sequence",
+                              "normalizers": [normalizer, spec["normalizer"]]}
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    return folder
+
+
+def _capped(args: list[str], cap: int = 4 << 30) -> subprocess.CompletedProcess:
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, "-m", "attnviz", *args], env=full, cwd=ROOT,
+                          capture_output=True, timeout=600, preexec_fn=limit)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_amplifying_tokenizer_json_is_one_error_line(minilm, tmp_path):
+    """The issue's 1.9 KB tokenizer.json (one letter → 10⁹ characters), under a 4 GB cap: one
+    error line naming the step, exit 1; the same folder with the model's own normalizer runs."""
+    hostile = _model_copy(minilm, tmp_path / "hostile", _doubling())
+    done = _capped(["heatmap", "--model", str(hostile), "--json", "a cat"])
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: the model's tokenizer could grow sentence 1")
+    assert "normalizer[0][0] Replace alone grows it 2×" in lines[0]
+    control = _model_copy(minilm, tmp_path / "control", None)
+    ok = _capped(["heatmap", "--model", str(control), "--json", "--layer", "0", "a cat"])
+    assert ok.returncode == 0, ok.stderr
