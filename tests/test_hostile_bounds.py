@@ -265,3 +265,44 @@ def test_amplifying_tokenizer_json_is_one_error_line(minilm, tmp_path):
     control = _model_copy(minilm, tmp_path / "control", None)
     ok = _capped(["heatmap", "--model", str(control), "--json", "--layer", "0", "a cat"])
     assert ok.returncode == 0, ok.stderr
+
+
+# --- memory: the budget within what the machine has; an allocator failure is one line ------
+
+def test_budget_past_available_memory_is_refused_up_front(cli, monkeypatch):
+    from attnviz.app import heatmap_sources
+
+    monkeypatch.setattr(heatmap_sources, "available_memory", lambda: 4 * 2**30)
+    assert_clean_error(cli("heatmap", "--random", "a b", "--memory-budget", "100GB"), 2,
+                       "more than the 4.0 GB this machine has available", "--memory-budget",
+                       "give at most 4096MB")
+    assert cli("heatmap", "--random", "a b", "--memory-budget", "1GB").exit_code == 0
+
+
+def test_available_memory_reads_the_address_space_limit():
+    """Under RLIMIT_AS (a container's cap) the limit, not the machine's RAM, bounds the budget."""
+    script = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30));"
+              "from attnviz.app.heatmap_sources import available_memory as a; print(a())")
+    full = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], env=full, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) <= 3 << 30
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError(
+    "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+    "you tried to allocate 80000000000 bytes.")])
+def test_allocator_failure_is_one_line_naming_the_budget(cli, monkeypatch, failure):
+    from attnviz.compute import attention
+
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(attention, "run_layer", fail)
+    from attnviz.app import heatmap_sources
+
+    monkeypatch.setattr(heatmap_sources, "run_layer", fail, raising=False)
+    result = cli("heatmap", "--random", "a b")
+    assert_clean_error(result, 1, "out of memory", "lower --memory-budget")
+    assert "unexpected" not in result.stderr

@@ -105,6 +105,10 @@ def _fail_known(exc: Exception) -> None:
     from attnviz.errors import from_os_error
     from attnviz.render.safe import stdout_problem
 
+    if _out_of_memory(exc):
+        _fail("out of memory: an allocation failed", ExitCode.DATA,
+              "lower --memory-budget (attention maps are then computed in smaller blocks), or "
+              "pass fewer or shorter sentences, fewer layers (--layer) or heads (--head)")
     problem = stdout_problem(exc)
     if problem is not None:
         _quiet_stdout()
@@ -117,6 +121,14 @@ def _fail_known(exc: Exception) -> None:
         _fail(error.one_line(flag_of), error.exit_code)
     _fail(f"unexpected {type(exc).__name__}: {exc}", ExitCode.DATA,
           "rerun with --debug for the traceback, and please report it")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocator failure anywhere: Python's MemoryError, torch's OutOfMemoryError, or the
+    RuntimeError torch's CPU allocator raises ("DefaultCPUAllocator: can't allocate memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)[:500]
 
 
 def _quiet_stdout() -> None:
