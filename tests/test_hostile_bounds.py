@@ -306,3 +306,22 @@ def test_allocator_failure_is_one_line_naming_the_budget(cli, monkeypatch, failu
     result = cli("heatmap", "--random", "a b")
     assert_clean_error(result, 1, "out of memory", "lower --memory-budget")
     assert "unexpected" not in result.stderr
+
+
+def test_export_metadata_is_bounded(cli, tmp_path):
+    """200 one-word sentences of 15,000 'é': 3 MB of text, 21 MB once escaped twice in the
+    header — refused before the file is written; a tenth of it is exported."""
+    word = "é" * 15_000
+    out = tmp_path / "m.safetensors"
+    args = ["heatmap", "--random", "--json", "--max-sentences", "200", "--export", out]
+    assert_clean_error(cli(*args, *[word] * 200), 2, "the export's metadata",
+                       "more than 16 MB", "drop --export")
+    assert list(tmp_path.iterdir()) == []
+    result = cli(*args, *[word] * 20)
+    assert result.exit_code == 0, result.output
+    from safetensors import safe_open
+
+    with safe_open(str(out), framework="pt") as f:
+        import json
+
+        assert json.loads(f.metadata()["tokens"]) == [[word]] * 20
