@@ -325,3 +325,46 @@ def test_export_metadata_is_bounded(cli, tmp_path):
         import json
 
         assert json.loads(f.metadata()["tokens"]) == [[word]] * 20
+
+
+# --- every tensor checked where it is used: biases of every projection -----------------------
+
+def _bias_variant(tmp_path: Path, name: str) -> Path:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    E = 8
+    if name.startswith("separate"):
+        state = {f"{p}_proj.weight": torch.randn(E, E) for p in "qkvo"}
+        state.update({f"{p}_proj.bias": torch.randn(E) for p in "qkvo"})
+        if name != "separate-ok":
+            state[f"{name[-1]}_proj.bias"] = torch.randn(5)
+    else:
+        mha = torch.nn.MultiheadAttention(E, 2, add_bias_kv=True)
+        state = {k: v.detach().contiguous() for k, v in mha.state_dict().items()}
+        if name != "mha-ok":
+            state[name.removeprefix("mha-")] = torch.randn(1, 1, 5) if "bias_" in name \
+                else torch.randn(5)
+    path = tmp_path / f"{name}.safetensors"
+    save_file(state, path)
+    return path
+
+
+@pytest.mark.parametrize("name", ["separate-q", "separate-k", "separate-v", "separate-o",
+                                  "mha-bias_k", "mha-bias_v", "mha-out_proj.bias",
+                                  "mha-in_proj_bias"])
+@pytest.mark.parametrize("command", ["split", "heatmap", "inspect"])
+def test_bias_of_the_wrong_length_is_named(cli, tmp_path, name, command):
+    path = _bias_variant(tmp_path, name)
+    args = {"split": ["split", "--weights", path, "-H", "2"],
+            "heatmap": ["heatmap", "--weights", path, "-H", "2", "a b"],
+            "inspect": ["inspect", path, "-H", "2"]}[command]
+    assert_clean_error(cli(*args), 1, "bias", "has shape (5")
+
+
+@pytest.mark.parametrize("name", ["separate-ok", "mha-ok"])
+def test_biases_of_the_right_length_pass(cli, tmp_path, name):
+    """Negative control: the same layouts with every bias right are split and proved."""
+    result = cli("split", "--weights", _bias_variant(tmp_path, name), "-H", "2")
+    assert result.exit_code == 0, result.output
+    assert "✓ equal to float32 round-off" in result.stdout

@@ -153,6 +153,7 @@ def resolve_heads(
     Returns (H, H_kv, d), all None when `num_heads` is None: the head count cannot be read off the
     weights, so attnviz never guesses it.
     """
+    _check_biases(layer)
     if num_heads is None:
         return None, None, None
     if num_heads <= 0:
@@ -225,6 +226,22 @@ def _check_v_and_o(layer: AttentionLayer) -> None:
             f"{layer.q_out} columns (H·d)",
             fix="the checkpoint is inconsistent",
         )
+
+
+def _check_biases(layer: AttentionLayer) -> None:
+    """Every bias has one value per output row of its projection (b_q: W_q's rows, b_k and
+    bias_k: W_k's, b_v and bias_v: W_v's, b_o: W_o's): a packed in_proj_bias, separate
+    q/k/v_proj.bias and nn.MultiheadAttention's bias_k/bias_v alike."""
+    expected = (("q_bias", layer.q_weight), ("k_bias", layer.k_weight),
+                ("v_bias", layer.v_weight), ("o_bias", layer.o_weight),
+                ("bias_k", layer.k_weight), ("bias_v", layer.v_weight))
+    for name, weight in expected:
+        bias = getattr(layer, name)
+        if bias is not None and bias.numel != weight.shape[0]:
+            raise LayoutError(
+                f"{bias.describe()} has shape {_fmt(bias.shape)} ({bias.numel} values), but "
+                f"{weight.describe()} has {weight.shape[0]} output rows: one bias value per row",
+                fix="the checkpoint is inconsistent")
 
 
 def _fmt(shape: tuple[int, ...]) -> str:
