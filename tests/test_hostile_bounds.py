@@ -368,3 +368,39 @@ def test_biases_of_the_right_length_pass(cli, tmp_path, name):
     result = cli("split", "--weights", _bias_variant(tmp_path, name), "-H", "2")
     assert result.exit_code == 0, result.output
     assert "✓ equal to float32 round-off" in result.stdout
+
+
+def _bundled_variant(tmp_path: Path, change: str) -> Path:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from attnviz.sources.bundled import BUNDLED
+
+    with safe_open(str(BUNDLED), framework="pt") as f:
+        metadata = f.metadata()
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    if change == "ln-width":
+        state["layers.0.ln.weight"] = state["layers.0.ln.weight"][:-3].clone()
+    elif change == "ln-missing":
+        del state["layers.1.ln.bias"]
+    elif change == "pos-width":
+        state["pos_embed.weight"] = state["pos_embed.weight"][:, :-2].clone()
+    elif change == "embed-width":
+        state["embed.weight"] = state["embed.weight"][:, :-2].clone()
+    path = tmp_path / f"{change}.safetensors"
+    save_file(state, path, metadata=metadata)
+    return path
+
+
+@pytest.mark.parametrize("change", ["ln-width", "ln-missing", "pos-width", "embed-width"])
+def test_bundled_format_checks_every_tensor(cli, tmp_path, change):
+    path = _bundled_variant(tmp_path, change)
+    result = cli("heatmap", "--weights", path, "the cat sat")
+    assert_clean_error(result, 1)
+    assert "unexpected" not in result.stderr
+
+
+def test_bundled_copy_unchanged_runs(cli, tmp_path):
+    """Negative control: the unchanged copy runs through the same checks."""
+    result = cli("heatmap", "--weights", _bundled_variant(tmp_path, "none"), "the cat sat")
+    assert result.exit_code == 0, result.output
