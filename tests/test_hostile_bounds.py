@@ -404,3 +404,41 @@ def test_bundled_copy_unchanged_runs(cli, tmp_path):
     """Negative control: the unchanged copy runs through the same checks."""
     result = cli("heatmap", "--weights", _bundled_variant(tmp_path, "none"), "the cat sat")
     assert result.exit_code == 0, result.output
+
+
+# --- dtypes attnviz computes nothing with: refused only where a needed tensor has one --------
+
+def _with_extra(tmp_path: Path, name: str, extra: torch.Tensor, replace: bool = False) -> Path:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    state = {k: v.contiguous() for k, v in torch.nn.MultiheadAttention(8, 2).state_dict().items()}
+    state["in_proj_weight" if replace else name] = extra
+    path = tmp_path / f"{name}.safetensors"
+    save_file(state, path)  # written by safetensors itself
+    return path
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "float8_e8m0fnu"])
+def test_an_unused_tensor_of_another_dtype_does_not_block_the_file(cli, tmp_path, dtype):
+    path = _with_extra(tmp_path, dtype, torch.zeros(4, dtype=getattr(torch, dtype)))
+    result = cli("split", "--weights", path, "-H", "2")
+    assert result.exit_code == 0, result.output
+    assert "✓ equal to float32 round-off" in result.stdout
+    assert cli("inspect", path).exit_code == 0
+
+
+def test_a_needed_tensor_of_another_dtype_is_refused_by_name(cli, tmp_path):
+    path = _with_extra(tmp_path, "needed", torch.randn(24, 8, dtype=torch.complex64), True)
+    assert_clean_error(cli("split", "--weights", path, "-H", "2"), 1,
+                       "'in_proj_weight' has dtype C64, not a floating-point type")
+
+
+def test_a_dtype_safetensors_does_not_know_is_still_refused(cli, tmp_path):
+    """Negative control: a name no safetensors release writes (the library refuses it too)."""
+    import json
+
+    header = json.dumps({"w": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 2]}}).encode()
+    path = tmp_path / "q7.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+    assert_clean_error(cli("inspect", path), 1, "unknown dtype 'Q7'")
