@@ -442,3 +442,63 @@ def test_a_dtype_safetensors_does_not_know_is_still_refused(cli, tmp_path):
     path = tmp_path / "q7.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
     assert_clean_error(cli("inspect", path), 1, "unknown dtype 'Q7'")
+
+
+# --- config.json values the forward turns into NaN; index files naming non-weights ----------
+
+def _config_copy(source: Path, folder: Path, **changes: object) -> Path:
+    import json
+
+    folder.mkdir()
+    for item in source.iterdir():
+        if item.name != "config.json":
+            (folder / item.name).symlink_to(item)
+    config = json.loads((source / "config.json").read_text())
+    for dotted, value in changes.items():
+        target = config
+        *parents, last = dotted.split("__")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[last] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+CONFIG_CASES = [("rope_theta", 0, "must be a positive number"),
+                ("rope_theta", -10000.0, "must be a positive number"),
+                ("rms_norm_eps", -1, "must be a number >= 0"),
+                ("rope_theta", "abc", "'abc', not a number"),
+                ("rope_scaling__factor", 0.0, "'rope_scaling.factor' is 0.0")]
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("field,value,message", CONFIG_CASES,
+                         ids=[f"{c[0]}={c[1]}" for c in CONFIG_CASES])
+def test_config_values_that_make_nan_are_named(cli, zoo_model, tmp_path, field, value, message):
+    folder = _config_copy(zoo_model("llama"), tmp_path / "model", **{field: value})
+    result = cli("heatmap", "--model", folder, "--json", "the cat sat")
+    assert_clean_error(result, 1, "config.json field", field.split("__")[0], message)
+
+
+@pytest.mark.hf
+def test_sane_config_values_run(cli, zoo_model, tmp_path):
+    """Negative control: a positive rope_theta and epsilon of another size run."""
+    folder = _config_copy(zoo_model("llama"), tmp_path / "model", rope_theta=500000.0,
+                          rms_norm_eps=0.0)
+    result = cli("heatmap", "--model", folder, "--json", "the cat sat")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("shard", ["config.json", "tokenizer.json", "README.md"])
+def test_index_naming_a_non_weights_shard_is_bad_data(cli, tmp_path, shard):
+    import json
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / shard).write_text("{}")
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"in_proj_weight": shard}}))
+    assert_clean_error(cli("inspect", folder), 1, "model.safetensors.index.json names",
+                       f"'{shard}' as a shard, which is not a weights file")
+    assert_clean_error(cli("heatmap", "--weights", folder, "-H", "2", "a"), 1, "not a weights")

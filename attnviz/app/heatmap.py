@@ -22,7 +22,7 @@ from attnviz.app.heatmap_sources import (
 )
 from attnviz.app.naming import run_title
 from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TokenLimit
-from attnviz.errors import UsageError, printable
+from attnviz.errors import CheckFailed, UsageError, printable
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
@@ -190,7 +190,16 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
     else:
         attention_run = _run_standalone_job(job, report, warnings.append)
     report("computing head statistics")
-    result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+    try:
+        result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1)
+    except CheckFailed as error:
+        if job.model is None:
+            raise
+        # the model's forward computes with config.json's values too: name them beside the
+        # weights (values known to give NaN were refused before the run)
+        raise CheckFailed(error.what, fix=f"{error.fix}, or the config.json fields its forward "
+                          "computes with (rope_theta, rope_scaling, rms_norm_eps, "
+                          "layer_norm_eps)", where=error.where) from None
     result.warnings = warnings
     return result
 

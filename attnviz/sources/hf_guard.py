@@ -34,6 +34,7 @@ from attnviz.errors import (
     quoted,
 )
 from attnviz.load.checkpoint import TensorStore
+from attnviz.sources.config_guard import check_config_values
 
 LAYER_COUNT_FIELDS = frozenset({"num_hidden_layers", "n_layer", "n_layers", "num_layers",
                                 "encoder_layers", "decoder_layers", "num_decoder_layers",
@@ -81,6 +82,7 @@ def check_folder(folder: Path, store: TensorStore) -> None:
     if not (folder / "config.json").is_file():
         raise CheckpointError("the model folder has no config.json", fix="copy it from the model's "
                               "hub page; attnviz never guesses the architecture", where=where)
+    check_config_values(store.config, where)
     if "num_hidden_groups" in store.config:  # ALBERT: its layers reuse a few weight groups
         return
     bound = numbered_layers(store)
