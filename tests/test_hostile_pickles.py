@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_clean_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnviz.errors import CheckpointError
 from attnviz.load.checkpoint import load_pickle_tensors
@@ -270,3 +272,33 @@ def test_legacy_format_declarations_checked(tmp_path, field):
     assert torch.equal(load_pickle_tensors(honest)["v"], torch.tensor([2.0, 3.0]))
     with pytest.raises(CheckpointError):
         load_pickle_tensors(_legacy_patched(tmp_path / "legacy.pt", field, 200))
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["0", "1"]), numel=st.integers(0, 9), offset=st.integers(0, 9),
+       size=st.lists(st.integers(0, 5), min_size=1, max_size=2),
+       stride=st.lists(st.integers(0, 5), min_size=2, max_size=2))
+def test_any_declaration_reads_only_its_own_record(tmp_path, key, numel, offset, size, stride):
+    """Whatever a pickle declares over two honest records: either a clean refusal, or every
+    value read is the value at that position of the tensor's own record."""
+    import numpy as np
+
+    stride = stride[: len(size)]
+    path = tmp_path / f"p{key}{numel}{offset}{size}{stride}.pt"
+    records = {"0": A, "1": B}
+    write_archive(path, {"t": _View(_Storage(key, numel), offset, tuple(size), tuple(stride)),
+                         "other": _View(_Storage("1" if key == "0" else "0", 4), 0, (4,), (1,))},
+                  records)
+    try:
+        tensor = load_pickle_tensors(path)["t"]
+    except CheckpointError:
+        return
+    own = np.frombuffer(records[key], dtype="<f4")
+    index = np.full(tuple(size), offset)
+    for axis, (length, step) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[axis] = length
+        index = index + (np.arange(length) * step).reshape(shape)
+    assert index.size == 0 or index.max() < len(own)
+    np.testing.assert_array_equal(tensor.numpy(), own[index])
