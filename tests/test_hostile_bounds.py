@@ -472,6 +472,7 @@ CONFIG_CASES = [("rope_theta", 0, "must be a positive number"),
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 @pytest.mark.parametrize("field,value,message", CONFIG_CASES,
                          ids=[f"{c[0]}={c[1]}" for c in CONFIG_CASES])
 def test_config_values_that_make_nan_are_named(cli, zoo_model, tmp_path, field, value, message):
@@ -481,6 +482,7 @@ def test_config_values_that_make_nan_are_named(cli, zoo_model, tmp_path, field, 
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_sane_config_values_run(cli, zoo_model, tmp_path):
     """Negative control: a positive rope_theta and epsilon of another size run."""
     folder = _config_copy(zoo_model("llama"), tmp_path / "model", rope_theta=500000.0,

@@ -40,6 +40,7 @@ def _closed(fd: int) -> dict:
 SPLIT = ["split", "-E", "8", "-H", "2"]
 
 
+@pytest.mark.slow
 def test_closed_stdout_writes_the_file_and_says_so(tmp_path):
     png = tmp_path / "s.png"
     done = run([*SPLIT, "--png", png], stdout=None, **_closed(1))
@@ -52,6 +53,7 @@ def test_closed_stdout_writes_the_file_and_says_so(tmp_path):
     assert control.returncode == 0 and control.stderr == b"" and b"proof" in control.stdout
 
 
+@pytest.mark.slow
 def test_closed_stderr_keeps_exit_codes_and_files_clean(tmp_path):
     ok = run(SPLIT, stderr=None, **_closed(2))
     assert ok.returncode == 0 and b"proof" in ok.stdout
@@ -62,6 +64,7 @@ def test_closed_stderr_keeps_exit_codes_and_files_clean(tmp_path):
     assert good.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_closed_stdin_reads_as_empty():
     done = run(["heatmap", "--random", "-f", "-"], stdin=None, **_closed(0))
     assert done.returncode == 2, done.stderr
@@ -72,6 +75,7 @@ def test_closed_stdin_reads_as_empty():
 C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
 
 
+@pytest.mark.slow
 def test_c_locale_draws_in_ascii_with_a_note():
     done = run(SPLIT, env=C_LOCALE, clean_env=True)
     assert done.returncode == 0, done.stderr
@@ -84,6 +88,7 @@ def test_c_locale_draws_in_ascii_with_a_note():
     assert "✓ equal to float32 round-off" in utf8.stdout.decode()
 
 
+@pytest.mark.slow
 def test_explicit_ascii_request_is_still_refused():
     """Negative control: PYTHONIOENCODING=ascii is a request, not the locale: refused as before."""
     done = run(SPLIT, env={"PYTHONIOENCODING": "ascii"})
@@ -91,6 +96,7 @@ def test_explicit_ascii_request_is_still_refused():
     assert "stdout's encoding ascii cannot show" in done.stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["inspect", "{mha}"], ["heatmap", "--random", "a b c"]])
 @pytest.mark.parametrize("columns", ["0", "1", "100000000"])
 def test_unusable_columns_fall_back_to_80(tmp_path, command, columns):
@@ -108,6 +114,7 @@ def test_unusable_columns_fall_back_to_80(tmp_path, command, columns):
     assert control.returncode == 0 and control.stderr == b""
 
 
+@pytest.mark.slow
 def test_non_utf8_path_works(tmp_path):
     from safetensors.torch import save_file
 
@@ -123,6 +130,7 @@ def test_non_utf8_path_works(tmp_path):
     assert "proof" in shown
 
 
+@pytest.mark.slow
 def test_non_utf8_sentence_is_one_line_not_blamed_on_stdout(tmp_path):
     for extra in ([], ["--json"]):
         done = run(["heatmap", "--random", *extra, b"ok", b"caf\xe9 au lait"])

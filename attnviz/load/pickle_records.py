@@ -136,11 +136,35 @@ class ShadowLoad:
         self.where = where
         self.by_key: dict[str, Any] = {}  # key → meta TypedStorage (torch caches by key too)
         self.by_impl: dict[int, _Storage] = {}
+        self.device = "meta"
 
     def run(self, data: bytes) -> None:
+        """Meta stand-ins first (no memory); a rebuild meta tensors cannot take (a sparse
+        tensor's) is retried with uninitialized CPU storages, whose sizes were checked against
+        their records first (so at most the file's size is reserved) and whose bytes are never
+        read. Sparse tensors the retry queued for torch's validation are taken off its list."""
+        import pickle
+
+        import torch._utils
+
+        try:
+            self._run(data, "meta")
+        except (CheckpointError, pickle.UnpicklingError):
+            raise
+        except Exception:
+            queued = len(torch._utils._sparse_tensors_to_validate)
+            self.by_key.clear()
+            self.by_impl.clear()
+            try:
+                self._run(data, "cpu")
+            finally:
+                del torch._utils._sparse_tensors_to_validate[queued:]
+
+    def _run(self, data: bytes, device: str) -> None:
         import torch._weights_only_unpickler as wo
 
         shadow = self
+        self.device = device
 
         class _Unpickler(wo.Unpickler):
             def persistent_load(self, pid: Any) -> Any:
@@ -188,14 +212,19 @@ class ShadowLoad:
                 f"{_BAD}: storage {quoted(key)} declares {numel} × {dtype} = {nbytes} bytes "
                 f"but its record holds {record.size} (its tensors would read other bytes)",
                 fix="re-save the checkpoint with torch.save", where=self.where)
-        untyped = torch.UntypedStorage(nbytes, device="meta")
+        untyped = torch.UntypedStorage(nbytes, device=self.device)
         typed = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
         self.by_key[key] = typed
         self.by_impl[untyped._cdata] = _Storage(name, dtype, nbytes)
         return typed
 
     def check_extent(self, key: str, tensor: torch.Tensor) -> None:
-        """The bytes a tensor spans lie inside the storage its pickle names."""
+        """The bytes a tensor spans lie inside the storage its pickle names (sparse and other
+        layouts are refused by name after loading, before any value is read)."""
+        import torch
+
+        if tensor.layout != torch.strided:
+            return
         storage = self.by_impl.get(tensor.untyped_storage()._cdata)
         if storage is None:  # not backed by a record (no data, or built from the pickle)
             return
