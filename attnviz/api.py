@@ -25,6 +25,7 @@ from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
 from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
+from attnviz.errors import UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
 from attnviz.recognize import Inventory
@@ -40,8 +41,11 @@ _T = TypeVar("_T")
 
 
 def _png(figure: Figure) -> bytes:
+    from attnviz.render.figure_io import isolated_rc
+
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    with isolated_rc():
+        figure.savefig(buffer, format="png", dpi=figure.dpi)
     return buffer.getvalue()
 
 
@@ -101,16 +105,104 @@ def _as(cls: type[_T], result: DataclassInstance) -> _T:
     return cls(**{f.name: getattr(result, f.name) for f in fields(result)})
 
 
+# --- arguments checked as the command line checks them (keyword names, not flags) ----------
+
+_SEED_BOUND = 2**63  # torch.manual_seed takes a signed 64-bit integer
+
+
+def _texts(value: object, name: str, allow_none: bool = False) -> list[str] | None:
+    """A sequence of texts: a bare string, bytes or an array is a TypeError, not letters."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, str | bytes | bytearray) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of strings, not {type(value).__name__}"
+                        + (f" (wrap it: {name}=[...])" if isinstance(value, str) else ""))
+    texts = list(value)
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{index}] must be a str, not {type(text).__name__}")
+    return texts
+
+
+def _int(value: object, name: str, low: int | None = None, allow_none: bool = False,
+         high: int | None = None) -> int | None:
+    """An integer keyword (numpy integers accepted, bools and floats refused), in range."""
+    import operator
+
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    number = operator.index(value)
+    if low is not None and number < low:
+        raise UsageError(f"‹{name}› must be {'a positive integer' if low == 1 else f'>= {low}'}"
+                         f", got {number}", option=name)
+    if high is not None and number >= high:
+        raise UsageError(f"‹{name}› {number} is too large (below {high})", option=name)
+    return int(number)
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
+    return value
+
+
+def _str(value: object, name: str, allow_none: bool = True, ints: bool = False) -> str | None:
+    """A text keyword (`ints`: an int is accepted too, as for layer and query)."""
+    if value is None and allow_none:
+        return None
+    if ints and not isinstance(value, bool) and hasattr(value, "__index__"):
+        return str(_int(value, name))
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    return value
+
+
+def _path(value: object, name: str) -> Path | None:
+    import os
+
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike) or isinstance(value, bytes):
+        raise TypeError(f"{name} must be a str or a path, not {type(value).__name__}")
+    return Path(value)
+
+
+def _number(value: object, name: str) -> float:
+    """A real-valued keyword (ints accepted, bools and strings refused); its range is the
+    caller's to check."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise UsageError(f"‹{name}› must be a finite number, got {value}", option=name)
+    return float(value)
+
+
+def _dim(value: object, name: str, default: int) -> int:
+    """A random layer's size: None takes the default; 0 or less is refused, never defaulted."""
+    return default if value is None else _int(value, name, 1) or default
+
+
+def _hints(num_heads: object, num_kv_heads: object, head_dim: object) -> HeadHints:
+    return HeadHints(_int(num_heads, "num_heads", 1, True),
+                     _int(num_kv_heads, "num_kv_heads", 1, True),
+                     _int(head_dim, "head_dim", 1, True))
+
+
 def open_checkpoint(path: str | Path) -> TensorStore:
     """A checkpoint file or folder, headers read, tensors read on demand."""
-    return _open_checkpoint(Path(path))
+    return _open_checkpoint(_path(path, "path") or Path())
 
 
 def find_layers(checkpoint: str | Path | TensorStore, *, num_heads: int | None = None,
                 num_kv_heads: int | None = None, head_dim: int | None = None) -> Inventory:
     """Every attention layer attnviz recognizes in a checkpoint (headers only)."""
+    hints = _hints(num_heads, num_kv_heads, head_dim)
     store = checkpoint if isinstance(checkpoint, TensorStore) else open_checkpoint(checkpoint)
-    return _find_layers(store, HeadHints(num_heads, num_kv_heads, head_dim))
+    return _find_layers(store, hints)
 
 
 def inspect(checkpoint: str | Path, *, layer: str | int | None = None,
@@ -118,8 +210,8 @@ def inspect(checkpoint: str | Path, *, layer: str | int | None = None,
             head_dim: int | None = None, scan: bool = False) -> InspectResult:
     """What `attnviz inspect` reports, as a document (`.doc`) and per-head detail (`.detail`)."""
     return inspect_checkpoint(InspectRequest(
-        Path(checkpoint), None if layer is None else str(layer),
-        HeadHints(num_heads, num_kv_heads, head_dim), scan))
+        _path(checkpoint, "checkpoint") or Path(), _str(layer, "layer", ints=True),
+        _hints(num_heads, num_kv_heads, head_dim), _flag(scan, "scan")))
 
 
 def split(weights: str | Path | None = None, *, model: str | None = None,
@@ -130,13 +222,20 @@ def split(weights: str | Path | None = None, *, model: str | None = None,
     """How the heads split one layer, proved against torch's forward (`verify`: against the
     model itself). Without weights or model: a random nn.MultiheadAttention(embed_dim, ...)."""
     random = None
+    hints = _hints(num_heads, num_kv_heads, head_dim)
+    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
     if weights is None and model is None:
-        random = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS, kdim,
-                            vdim, bias, seed=seed)
-        num_heads = None
+        random = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
+                            _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
+                            _int(kdim, "kdim", 1, True), _int(vdim, "vdim", 1, True),
+                            _flag(bias, "bias"), seed=seed)
+        hints = HeadHints(None, hints.num_kv_heads, hints.head_dim)
+    elif embed_dim is not None or kdim is not None or vdim is not None:
+        raise UsageError("‹embed_dim›, ‹kdim› and ‹vdim› apply to a random layer only",
+                         fix="drop them, or pass neither weights nor model")
     result = run_split(SplitRequest(
-        None if weights is None else Path(weights), model, None if layer is None else str(layer),
-        HeadHints(num_heads, num_kv_heads, head_dim), random, seed, verify))
+        _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),
+        hints, random, seed, _flag(verify, "verify")))
     return _as(Split, result)
 
 
@@ -153,15 +252,25 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
     nn.MultiheadAttention (`random=True`) on a padded batch of sentences. `weighting="norm"`:
     value-weighted maps ‖α·W_O v‖ (rows normalized); `ablate="zero"|"mean"`: the causal head
     scorecard (`.ablation`, `.ablation_figure()`)."""
-    spec = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS,
-                      seed=seed) if random else None
-    job = HeatmapJob(list(sentences), weights=None if weights is None else Path(weights),
-                     random=spec, layer=None if layer is None else str(layer),
-                     hints=HeadHints(None if random else num_heads), causal=causal,
-                     device=device, head=head, average=average,
-                     query=None if query is None else str(query), sentence=sentence,
-                     keep_full_maps=keep_full_maps, max_tokens=max_tokens,
-                     max_sentences=max_sentences, weighting=weighting, ablate=ablate)
+    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
+    spec = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
+                      _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
+                      seed=seed) if _flag(random, "random") else None
+    if not random and embed_dim is not None:
+        raise UsageError("‹embed_dim› applies to a random layer only",
+                         fix="drop it, or pass random=True", option="embed_dim")
+    job = HeatmapJob(_texts(sentences, "sentences") or [], weights=_path(weights, "weights"),
+                     random=spec, layer=_str(layer, "layer", ints=True),
+                     hints=HeadHints(None if random else _int(num_heads, "num_heads", 1, True)),
+                     causal=_flag(causal, "causal"), device=_str(device, "device", False) or "",
+                     head=_int(head, "head", 0, True), average=_flag(average, "average"),
+                     query=_str(query, "query", ints=True),
+                     sentence=_int(sentence, "sentence", 1) or 1,
+                     keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
+                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+                     max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
+                     weighting=_str(weighting, "weighting", False) or "",
+                     ablate=_str(ablate, "ablate"))
     return _as(Heatmap, _run_heatmap(job))
 
 
@@ -169,7 +278,8 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
               head: int | None = None, average: bool = False, query: str | int | None = None,
               sentence: int = 1, device: str = "auto", dtype: str = "float32",
               keep_full_maps: bool = False, targets: Sequence[str] | None = None,
-              max_tokens: int = DEFAULT_MAX_TOKENS, weighting: str = "attention",
+              max_tokens: int = DEFAULT_MAX_TOKENS,
+              max_sentences: int = DEFAULT_MAX_SENTENCES, weighting: str = "attention",
               ablate: str | None = None, generate: int | None = None,
               sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
               seed: int = 0) -> Heatmap:
@@ -181,15 +291,24 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
     what was written."""
     from attnviz.sources.generate_spec import GenerateSpec
 
-    spec = None if generate is None else GenerateSpec(generate, sample, temperature, top_p, seed)
-    if spec is not None:
+    spec = None
+    if generate is not None:
+        spec = GenerateSpec(_int(generate, "generate", 0) or 0, _flag(sample, "sample"),
+                            _number(temperature, "temperature"), _number(top_p, "top_p"),
+                            _int(seed, "seed", 0, high=_SEED_BOUND) or 0)
         spec.check()
-    job = HeatmapJob(list(sentences), model=str(model), layer=None if layer is None else str(layer),
-                     device=device, dtype=dtype, head=head, average=average,
-                     query=None if query is None else str(query), sentence=sentence,
-                     keep_full_maps=keep_full_maps,
-                     targets=None if targets is None else list(targets), max_tokens=max_tokens,
-                     weighting=weighting, ablate=ablate, generate=spec)
+    job = HeatmapJob(_texts(sentences, "sentences") or [],
+                     model=str(_path(model, "model")), layer=_str(layer, "layer", ints=True),
+                     device=_str(device, "device", False) or "",
+                     dtype=_str(dtype, "dtype", False) or "", head=_int(head, "head", 0, True),
+                     average=_flag(average, "average"), query=_str(query, "query", ints=True),
+                     sentence=_int(sentence, "sentence", 1) or 1,
+                     keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
+                     targets=_texts(targets, "targets", allow_none=True),
+                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+                     max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
+                     weighting=_str(weighting, "weighting", False) or "",
+                     ablate=_str(ablate, "ablate"), generate=spec)
     return _as(Heatmap, _run_heatmap(job))
 
 

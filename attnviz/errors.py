@@ -80,6 +80,19 @@ class LayoutError(CheckpointError):
     """Tensors or config that do not fit the attention layout they claim."""
 
 
+class HeadCountError(LayoutError):
+    """Head counts that do not divide the weights' rows: bad data when config.json gave them,
+    misuse when the caller did (`as_usage`)."""
+
+    def as_usage(self, option: str) -> HeadCountMisuse:
+        return HeadCountMisuse(self.what, fix=self.fix, where=self.where, option=option)
+
+
+class HeadCountMisuse(UsageError, HeadCountError):
+    """A head count the caller passed contradicts the weights: misuse (exit 2), still a
+    LayoutError for code that catches those."""
+
+
 class ConfigError(LayoutError):
     """A config.json field of the wrong type or out of range: broken whatever reads it."""
 

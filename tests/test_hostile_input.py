@@ -388,9 +388,13 @@ def test_command_line_mistakes_exit_2(cli, mha_file, tmp_path, monkeypatch, case
 
 
 @pytest.mark.parametrize("columns", ["0", "3", "99999999", "1" * 5000, "²"])
-def test_unusable_terminal_width_is_a_usage_error(cli, monkeypatch, columns):
+def test_unusable_terminal_width_falls_back(cli, monkeypatch, columns):
+    """An unusable COLUMNS is replaced by 80 with a note, not refused (issue 24)."""
     monkeypatch.setenv("COLUMNS", columns)
-    assert_error(cli("split"), 2, "is not a usable terminal size", "COLUMNS")
+    result = cli("split")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("note: COLUMNS=") and "using 80 columns" in result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
 
 
 def _config_folder(root: Path, config_text: str) -> Path:
@@ -682,7 +686,7 @@ def test_a_large_prime_row_count_is_fast(cli, tmp_path):
                        "k_proj.weight": torch.zeros(rows, 1),
                        "v_proj.weight": torch.zeros(rows, 1),
                        "o_proj.weight": torch.zeros(1, rows)})
-    assert_error(cli("inspect", path, "-H", "7"), 1, "not divisible by 7 heads",
+    assert_error(cli("inspect", path, "-H", "7"), 2, "not divisible by 7 heads",
                  f"choose the number of heads from 1, {rows}")
 
 
@@ -857,7 +861,8 @@ FILE_CASES = [
 def test_sentence_file_is_refused_as_soon_as_it_passes_a_limit(cli, tmp_path, case):
     path = tmp_path / "s.txt"
     path.write_bytes(case[1])
-    assert_error(cli("heatmap", "--random", "-f", path, *case[2]), 2, case[3])
+    code = 1 if case[0] == "invalid UTF-8" else 2  # the file's content is data (issue 24)
+    assert_error(cli("heatmap", "--random", "-f", path, *case[2]), code, case[3])
     assert path.read_bytes() == case[1] and list(tmp_path.iterdir()) == [path]
 
 

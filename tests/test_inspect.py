@@ -85,7 +85,7 @@ def test_unknown_heads_are_listed_not_guessed(cli, tmp_path):
     text = cli("inspect", path).stdout
     assert "pass --num-heads" in " ".join(text.split())
     assert [layer["head_dim"] for layer in _json(cli, path, "-H", "2")["layers"]] == [8] * 3
-    assert_clean_error(cli("inspect", path, "-H", "3"), 1, "not divisible by 3 heads")
+    assert_clean_error(cli("inspect", path, "-H", "3"), 2, "not divisible by 3 heads")
     assert_clean_error(cli("inspect", path, "--layer", "0"), 2, "pass --num-heads")
     assert_clean_error(cli("inspect", path, "--layer", "7", "-H", "2"), 2, "out of range")
 

@@ -58,6 +58,7 @@ def export(run: AttentionRun, path: Path, extra_metadata: dict[str, str] | None 
     if run.target is not None:
         tensors["target_mask"] = (~padding_mask(run.target)).to(torch.int64).contiguous()
         metadata["target_tokens"] = json.dumps(run.target.tokens)
+        check_metadata_size(metadata)
     if run.path is not None:
         metadata["path"] = run.path
     if run.weighting != "attention":
@@ -93,9 +94,27 @@ def norm_key(maps_key: str) -> str:
     return f"norm.{number}" if kind == "attn" else f"norm.{kind}.{number}"
 
 
+MAX_METADATA_BYTES = 16 * 2**20  # of the header's __metadata__, as written (safetensors: 100 MB)
+
+
 def _export_metadata(batch: Batch, source: str, inputs: str, causal: bool) -> dict[str, str]:
-    return {"tokens": json.dumps(batch.tokens), "source": source, "inputs": inputs,
-            "causal": str(causal).lower()}
+    metadata = {"tokens": json.dumps(batch.tokens), "source": source, "inputs": inputs,
+                "causal": str(causal).lower()}
+    check_metadata_size(metadata)
+    return metadata
+
+
+def check_metadata_size(metadata: dict[str, str]) -> None:
+    """The tokens are JSON inside the header's JSON (escaped twice: a quote or a non-ASCII
+    character grows up to 12-fold): bounded before anything is written."""
+    from attnviz.errors import UsageError
+
+    size = len(json.dumps(metadata))
+    if size > MAX_METADATA_BYTES:
+        raise UsageError(f"the export's metadata (every sentence's tokens, escaped) would take "
+                         f"{size / 2**20:.1f} MB, more than {MAX_METADATA_BYTES // 2**20} MB",
+                         fix="pass fewer or shorter sentences, or drop ‹export›",
+                         option="export")
 
 
 class StreamedExport:

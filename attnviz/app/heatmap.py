@@ -24,7 +24,7 @@ from attnviz.app.heatmap_sources import (
 from attnviz.app.naming import run_title
 from attnviz.app.weighting import check_weighting, weigh_run
 from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TokenLimit
-from attnviz.errors import UsageError
+from attnviz.errors import CheckFailed, UsageError, printable
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
@@ -158,6 +158,25 @@ def check_applicable(job: HeatmapJob) -> None:
     if job.targets is not None and job.model is None:
         raise UsageError("‹target› applies to ‹model› (an encoder-decoder model) only",
                          fix="drop ‹target›, or pass ‹model›", option="target")
+    if job.random is not None and job.layer not in (None, "0", "-1", "all"):
+        raise UsageError(f"‹layer› {printable(job.layer, 24)!r} is not a layer of the random "
+                         "layer", fix="a random nn.MultiheadAttention is one layer: drop ‹layer›",
+                         option="layer")
+    for what, texts in (("sentence", job.sentences), ("target", job.targets or [])):
+        for number, text in enumerate(texts, 1):
+            check_text(text, f"{what} {number}")
+
+
+def check_text(text: str, what: str) -> None:
+    """Text the user passed must be text: a non-UTF-8 argument (a Latin-1 shell) arrives with
+    its undecodable bytes as lone surrogates, which no tokenizer or output can carry."""
+    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if bad is not None:
+        code = ord(text[bad])
+        byte = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "a lone surrogate"
+        raise UsageError(f"{what} is not UTF-8 text: {byte} at character {bad + 1} "
+                         f"({printable(text, 40)})",
+                         fix="pass UTF-8 text (convert it with iconv -f latin1 -t utf-8)")
 
 
 def _check_bundled(job: HeatmapJob) -> None:
@@ -196,6 +215,9 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
         sentences = job.sentences + _file_sentences(job, None)
         if not sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
+        if len(sentences) > job.max_sentences:  # as make_batch says it for the other sources
+            raise UsageError(f"{len(sentences)} sentences exceed ‹max_sentences› "
+                             f"{job.max_sentences}", fix="raise ‹max_sentences› or pass fewer")
         _check_sentence(job, len(sentences))
         report(f"loading the model and running it on {_count(len(sentences), 'sentence')}")
         attention_run = run_model(
@@ -210,8 +232,17 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
         if job.ablate is not None:
             ablation.append(ablate_standalone(attention_run, job.ablate, job.head, report))
     report("computing head statistics")
-    result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1,
-                       job.weighting)
+    try:
+        result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1,
+                           job.weighting)
+    except CheckFailed as error:
+        if job.model is None:
+            raise
+        # the model's forward computes with config.json's values too: name them beside the
+        # weights (values known to give NaN were refused before the run)
+        raise CheckFailed(error.what, fix=f"{error.fix}, or the config.json fields its forward "
+                          "computes with (rope_theta, rope_scaling, rms_norm_eps, "
+                          "layer_norm_eps)", where=error.where) from None
     result.warnings = warnings
     result.ablation = ablation[0] if ablation else None
     return result

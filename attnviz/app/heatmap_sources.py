@@ -63,7 +63,35 @@ def parse_memory_budget(text: str | None) -> int | None:
     if budget < MIN_MEMORY_BUDGET:
         raise UsageError(f"a memory budget of {budget} bytes is too small to hold a block of "
                          "attention rows", fix="give at least 1MB", option="memory_budget")
+    available = available_memory()
+    if available is not None and budget > available:
+        raise UsageError(f"a memory budget of {budget / 2**30:.1f} GB is more than the "
+                         f"{available / 2**30:.1f} GB this machine has available",
+                         fix=f"give at most {available // 2**20}MB", option="memory_budget")
     return budget
+
+
+def available_memory() -> int | None:
+    """Bytes the process can still allocate: the system's available memory (MemAvailable), or
+    less under an address-space limit; None where neither can be read."""
+    import os
+    import resource
+
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        found.append(soft)
+    return min(found) if found else None
 
 
 def check_panels(request: HeatmapRequest, layers: int, heads: int) -> None:

@@ -134,8 +134,11 @@ def _signals_raise() -> Iterator[None]:
 def atomic_output(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path`, on failure it goes."""
     with _signals_raise():
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix,
-                                        dir=path.parent)
+        # the temporary name stays short whatever the output's (a legal 255-byte name plus
+        # mkstemp's additions would pass the file system's limit)
+        stem = os.fsencode(path.name)[:64].decode("utf-8", "ignore")
+        suffix = path.suffix if len(os.fsencode(path.suffix)) <= 16 else ""
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{stem}.", suffix=suffix, dir=path.parent)
         os.close(fd)
         tmp = Path(tmp_name)
         try:

@@ -18,7 +18,7 @@ from attnviz.compute.inputs import (
     length_problem,
 )
 from attnviz.core.words import split_words
-from attnviz.errors import UsageError, printable_path
+from attnviz.errors import AttnvizError, UsageError, printable_path
 
 
 def max_line_bytes(max_tokens: int) -> int:
@@ -93,7 +93,8 @@ def _lines(f: Any, limit: int, where: str) -> Iterator[tuple[int, str]]:
         try:
             text = raw.decode("utf-8").strip()
         except UnicodeDecodeError as exc:
-            raise UsageError(f"line {line_number} of the sentence file is not UTF-8 text (byte "
+            # the file's content, not the command line: bad data (exit 1)
+            raise AttnvizError(f"line {line_number} of the sentence file is not UTF-8 text (byte "
                              f"{exc.start + 1} of the line)", fix=SENTENCE_FILE_FIX,
                              where=where) from None
         if text:

@@ -35,18 +35,22 @@ class AttnvizGroup(TyperGroup):
     """Every failure becomes one `error: …` line on stderr and an exit code; --debug re-raises."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        from attnviz.render.safe import check_terminal_size, prepare_streams
+        from attnviz.render.safe import check_terminal_size, prepare_streams, stdout_closed
 
         argv = kwargs.get("args")
         argv = sys.argv[1:] if argv is None else argv
         _state["debug"] = _leading_debug(list(argv))
-        prepare_streams()
+        for note in prepare_streams() + check_terminal_size():
+            typer.echo(f"note: {note}", err=True)
         for name, command in self.commands.items():
             assign_panels(name, command)
         try:
-            check_terminal_size()
             result = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
             sys.stdout.flush()  # a full disk or closed pipe on stdout is reported here
+            if stdout_closed():  # files were written; what stdout should have shown was not
+                _fail("cannot write to stdout: it is closed", ExitCode.DATA,
+                      "files the command writes were written; run it with stdout open to "
+                      "see the rest")
         except typer.Exit as exc:
             sys.exit(exc.exit_code)
         except typer.Abort:
@@ -105,6 +109,10 @@ def _fail_known(exc: Exception) -> None:
     from attnviz.errors import from_os_error
     from attnviz.render.safe import stdout_problem
 
+    if _out_of_memory(exc):
+        _fail("out of memory: an allocation failed", ExitCode.DATA,
+              "lower --memory-budget (attention maps are then computed in smaller blocks), or "
+              "pass fewer or shorter sentences, fewer layers (--layer) or heads (--head)")
     problem = stdout_problem(exc)
     if problem is not None:
         _quiet_stdout()
@@ -117,6 +125,14 @@ def _fail_known(exc: Exception) -> None:
         _fail(error.one_line(flag_of), error.exit_code)
     _fail(f"unexpected {type(exc).__name__}: {exc}", ExitCode.DATA,
           "rerun with --debug for the traceback, and please report it")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocator failure anywhere: Python's MemoryError, torch's OutOfMemoryError, or the
+    RuntimeError torch's CPU allocator raises ("DefaultCPUAllocator: can't allocate memory")."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)[:500]
 
 
 def _quiet_stdout() -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from attnviz.core.tensor_ref import RowRanges as RowRanges
 from attnviz.core.tensor_ref import TensorRef as TensorRef
 from attnviz.core.tensor_ref import merge_ranges as merge_ranges
-from attnviz.errors import LayoutError, UsageError
+from attnviz.errors import HeadCountError, LayoutError, UsageError
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,7 @@ def resolve_heads(
     Returns (H, H_kv, d), all None when `num_heads` is None: the head count cannot be read off the
     weights, so attnviz never guesses it.
     """
+    _check_biases(layer)
     if num_heads is None:
         return None, None, None
     if num_heads <= 0:
@@ -169,14 +170,14 @@ def _head_dim(layer: AttentionLayer, num_heads: int, head_dim: int | None) -> in
     if head_dim is None:
         if q_out % num_heads:
             choices = divisor_choices(q_out)
-            raise LayoutError(
+            raise HeadCountError(
                 f"{q_key} has {q_out} rows, not divisible by {num_heads} heads "
                 f"(head_dim would be {q_out / num_heads:.2f})",
                 fix=f"choose the number of heads from {choices}",
             )
         head_dim = q_out // num_heads
     if head_dim <= 0 or num_heads * head_dim != q_out:
-        raise LayoutError(
+        raise HeadCountError(
             f"{q_key} has shape {_fmt(layer.q_weight.shape)} but {num_heads} heads × head_dim "
             f"{head_dim} need {num_heads * head_dim} rows",
             fix="check num_heads / head_dim in the config or on the command line",
@@ -190,21 +191,21 @@ def _kv_heads(layer: AttentionLayer, num_heads: int, num_kv_heads: int | None,
     kv_out = layer.kv_out
     if num_kv_heads is None:
         if kv_out % head_dim:
-            raise LayoutError(
+            raise HeadCountError(
                 f"{layer.k_weight.describe()} has {kv_out} rows, "
                 f"not a multiple of head_dim {head_dim}",
                 fix="check num_heads / head_dim in the config or on the command line",
             )
         num_kv_heads = kv_out // head_dim
     if num_kv_heads <= 0 or num_kv_heads * head_dim != kv_out:
-        raise LayoutError(
+        raise HeadCountError(
             f"{layer.k_weight.describe()} has shape {_fmt(layer.k_weight.shape)} but "
             f"{num_kv_heads} key/value heads × head_dim {head_dim} "
             f"need {num_kv_heads * head_dim} rows",
             fix="check num_key_value_heads in the config or ‹num_kv_heads›",
         )
     if num_heads % num_kv_heads:
-        raise LayoutError(
+        raise HeadCountError(
             f"{num_heads} query heads cannot be shared evenly by {num_kv_heads} key/value heads",
             fix="check num_heads and num_kv_heads",
         )
@@ -225,6 +226,22 @@ def _check_v_and_o(layer: AttentionLayer) -> None:
             f"{layer.q_out} columns (H·d)",
             fix="the checkpoint is inconsistent",
         )
+
+
+def _check_biases(layer: AttentionLayer) -> None:
+    """Every bias has one value per output row of its projection (b_q: W_q's rows, b_k and
+    bias_k: W_k's, b_v and bias_v: W_v's, b_o: W_o's): a packed in_proj_bias, separate
+    q/k/v_proj.bias and nn.MultiheadAttention's bias_k/bias_v alike."""
+    expected = (("q_bias", layer.q_weight), ("k_bias", layer.k_weight),
+                ("v_bias", layer.v_weight), ("o_bias", layer.o_weight),
+                ("bias_k", layer.k_weight), ("bias_v", layer.v_weight))
+    for name, weight in expected:
+        bias = getattr(layer, name)
+        if bias is not None and bias.numel != weight.shape[0]:
+            raise LayoutError(
+                f"{bias.describe()} has shape {_fmt(bias.shape)} ({bias.numel} values), but "
+                f"{weight.describe()} has {weight.shape[0]} output rows: one bias value per row",
+                fix="the checkpoint is inconsistent")
 
 
 def _fmt(shape: tuple[int, ...]) -> str:

@@ -10,6 +10,8 @@ def parse_layers(spec: str | None, available: int) -> list[int] | None:
     if spec is None or spec == "all":
         return None
     try:
+        if len(spec) > 40:  # 5000 digits are past what int() converts
+            raise ValueError
         if ":" in spec:
             start_text, stop_text = spec.split(":", 1)
             start = int(start_text) if start_text else 0

@@ -154,6 +154,12 @@ def _open_folder_weights(folder: Path) -> TensorStore:
             ):
                 raise CheckpointError(f"{index_name} has no valid weight_map",
                                       fix="re-download the model", where=printable_path(folder))
+            odd = next((v for v in weight_map.values()
+                        if not v.lower().endswith((SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES))), None)
+            if odd is not None:  # the folder's content, not the command line: bad data
+                raise CheckpointError(f"{index_name} names {quoted(odd)} as a shard, which is "
+                                      "not a weights file (.safetensors, .bin, .pt)",
+                                      fix="re-download the model", where=printable_path(folder))
             return ShardedStore(folder, weight_map, f"{fmt} (sharded)", config)
     candidates = [p for p in sorted(folder.iterdir())
                   if p.is_file() and p.name.endswith((SAFETENSORS_SUFFIX, *PICKLE_SUFFIXES))]

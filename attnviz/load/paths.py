@@ -74,3 +74,25 @@ def read_capped(path: Path, limit: int, what: str) -> bytes:
         raise CheckpointError(f"{what} grew past the {limit}-byte limit while being read",
                               where=printable_path(path))
     return data
+
+
+
+_OPENED: dict[str, int] = {}  # non-UTF-8 paths opened for native readers, kept open
+
+
+def native_path(path: Path) -> str:
+    """`path` as a str that Rust and C++ readers (safetensors, torch's zip reader) accept.
+
+    A file name that is not UTF-8 (an old Latin-1 name) reaches Python with surrogates that
+    those bindings cannot convert; it is then opened here, once, and passed as
+    /proc/self/fd/N: the same file, whatever its name."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        if not os.path.isdir("/proc/self/fd"):
+            return text  # the reader will say it cannot open it
+    if text not in _OPENED:
+        _OPENED[text] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    return f"/proc/self/fd/{_OPENED[text]}"

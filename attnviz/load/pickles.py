@@ -19,11 +19,14 @@ from attnviz.errors import (
 if TYPE_CHECKING:
     import torch
 
+from attnviz.load.paths import native_path
+from attnviz.load.pickle_records import check_zip_storages, tensor_span
 from attnviz.load.safetensors_file import _check_regular_file
 from attnviz.load.store import DictStore
 
 MAX_ZIP_ENTRIES = 500_000
 NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
+MAX_NESTING = 8  # {"state_dict": {"model": …}} levels searched for the tensors
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 MIN_TORCH_FOR_PICKLES = (2, 10)
 
@@ -88,11 +91,16 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     where = printable_path(path)
     is_zip = check_torch_zip(path)
     try:
+        if is_zip:  # every storage against its record, before mmap slices the file
+            check_zip_storages(path)
         # weights_only is passed explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD only overrides a
         # missing argument. No pickle_module, no safe globals, and no retry without it.
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
             warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+            obj = torch.load(native_path(path), map_location="cpu", weights_only=True,
+                             mmap=is_zip)
+    except CheckpointError:
+        raise
     except pickle.UnpicklingError:
         raise CheckpointError(
             f"refused to unpickle: the file needs {_unsafe_globals(path)}, which could run code",
@@ -131,6 +139,14 @@ def check_pickled_tensor(name: str, tensor: torch.Tensor, where: str) -> None:
                               fix="save dense tensors (tensor.to_dense())", where=where)
     needed = tensor.numel() * tensor.element_size()
     held = tensor.untyped_storage().nbytes()
+    lowest, highest = tensor_span(tuple(tensor.shape), tuple(tensor.stride()),
+                                  int(tensor.storage_offset()))
+    if tensor.numel() and (lowest < 0 or highest * tensor.element_size() > held):
+        raise CheckpointError(f"tensor {shown} reaches past the {held} bytes of its storage "
+                              f"(offset {tensor.storage_offset()}, shape {tuple(tensor.shape)}, "
+                              f"strides {tuple(tensor.stride())})",
+                              fix="re-save it from a dense copy (tensor.contiguous().clone())",
+                              where=where)
     if needed > held:
         raise CheckpointError(f"tensor {shown} has shape {tuple(tensor.shape)} ({needed} bytes) "
                               f"but views only {held} bytes of data (strides "
@@ -182,21 +198,26 @@ def _scan_pickle_globals(path: Path, limit: int = 16 * 1024 * 1024) -> list[str]
 
 
 def flatten_state_dict(obj: object) -> dict[str, torch.Tensor]:
-    """Find the state dict inside a loaded checkpoint ({"state_dict": …}, {"model": …}, bare)."""
+    """Find the state dict inside a loaded checkpoint ({"state_dict": …}, {"model": …}, bare).
+
+    Searched breadth-first without recursion, at most MAX_NESTING levels deep: a pickle can
+    nest a dict 100,000 deep.
+    """
     import torch
 
-    if isinstance(obj, torch.nn.Module):  # unreachable with weights_only, kept for clarity
-        return {}
-    if not isinstance(obj, Mapping):
-        return {}
-    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
-    if tensors:
-        return tensors
-    for key in NESTING_KEYS:
-        if isinstance(obj.get(key), Mapping):
-            found = flatten_state_dict(obj[key])
-            if found:
-                return found
+    level: list[object] = [obj]
+    for _ in range(MAX_NESTING):
+        deeper: list[object] = []
+        for candidate in level:
+            if not isinstance(candidate, Mapping):
+                continue
+            tensors = {k: v for k, v in candidate.items()
+                       if isinstance(k, str) and isinstance(v, torch.Tensor)}
+            if tensors:
+                return tensors
+            deeper.extend(candidate[key] for key in NESTING_KEYS
+                          if isinstance(candidate.get(key), Mapping))
+        level = deeper
     return {}
 
 

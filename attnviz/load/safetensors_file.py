@@ -17,6 +17,7 @@ from attnviz.errors import (
     quoted,
 )
 from attnviz.load.jsonfile import parse_json
+from attnviz.load.paths import native_path
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from numpy.typing import ArrayLike, NDArray
     from safetensors import safe_open
 
-from attnviz.load.store import DTYPE_SIZES, TensorInfo, TensorStore
+from attnviz.load.store import DTYPE_SIZES, SUB_BYTE_BITS, TensorInfo, TensorStore
 
 MAX_HEADER_BYTES = 64 * 1024 * 1024  # a 100 GB checkpoint's header is well under 1 MB
 MAX_TENSORS = 200_000
@@ -84,7 +85,7 @@ def _parse_entry(name: str, entry: object, data_len: int, where: str) -> TensorI
     if not isinstance(entry, dict):
         raise CheckpointError(f"{bad}: not an object", where=where)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_SIZES:
+    if dtype not in DTYPE_SIZES and dtype not in SUB_BYTE_BITS:  # safetensors refuses it too
         raise CheckpointError(f"{bad}: unknown dtype {quoted(str(dtype))}", where=where)
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise CheckpointError(f"{bad}: shape must be a list of non-negative integers", where=where)
@@ -92,7 +93,10 @@ def _parse_entry(name: str, entry: object, data_len: int, where: str) -> TensorI
             or not all(type(n) is int for n in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= data_len):
         raise CheckpointError(f"{bad}: data offsets outside the file's data", where=where)
-    if offsets[1] - offsets[0] != math.prod(shape) * DTYPE_SIZES[dtype]:
+    # a dtype attnviz computes nothing with (C64, F8_E8M0, F4) is kept by name: only a
+    # tensor attnviz needs is refused for it (recognize.base.ref)
+    bits = 8 * DTYPE_SIZES[dtype] if dtype in DTYPE_SIZES else SUB_BYTE_BITS[dtype]
+    if 8 * (offsets[1] - offsets[0]) != math.prod(shape) * bits:
         raise CheckpointError(f"{bad}: shape {tuple(shape)} of {dtype} does not match its "
                               f"{offsets[1] - offsets[0]} bytes", where=where)
     return TensorInfo(tuple(shape), dtype, (offsets[0], offsets[1]))
@@ -150,7 +154,7 @@ class SafetensorsStore(TensorStore):
 
         try:
             if self._handle is None:
-                self._handle = safe_open(str(self.path), framework="pt", device="cpu")
+                self._handle = safe_open(native_path(self.path), framework="pt", device="cpu")
             if rows is None:
                 return self._handle.get_tensor(raw)
             return self._handle.get_slice(raw)[rows[0] : rows[1]]

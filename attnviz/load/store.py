@@ -25,7 +25,10 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+    "F8_E8M0": 1, "C64": 8,
 }  # fmt: skip
+# bits per element of the packed sub-byte types safetensors also writes (F4: two per byte)
+SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3"})
 
 

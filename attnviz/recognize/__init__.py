@@ -17,7 +17,7 @@ import attnviz.recognize.conventions as conventions
 import attnviz.recognize.discovered as discovered
 import attnviz.recognize.match as match
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import UsageError, quoted
+from attnviz.errors import UsageError, printable, quoted
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, Unresolved, natural_key
 from attnviz.recognize.discovered import Discover
@@ -118,10 +118,10 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
                              fix="choose one with ‹layer› INDEX or ‹layer› NAME "
                              "(see 'attnviz inspect')", where=source)
         return layers[0]
-    if re.fullmatch(r"-?\d+", spec):
-        index = int(spec)
+    if re.fullmatch(r"-?[0-9]+", spec):
+        index = int(spec) if len(spec) <= 19 else len(layers)  # 5000 digits: past int()
         if not -len(layers) <= index < len(layers):
-            raise UsageError(f"layer index {index} is out of range",
+            raise UsageError(f"layer index {printable(spec, 24)} is out of range",
                              fix=f"choose 0..{len(layers) - 1}", where=source)
         return layers[index]
     for layer in layers:

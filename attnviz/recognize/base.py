@@ -51,14 +51,16 @@ def prefixes_with(keys: Iterable[str], suffix: str) -> list[str]:
 
 
 def natural_key(name: str) -> list[Any]:
-    """Sort "layer.10" after "layer.9"."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    """Sort "layer.10" after "layer.9" (numbers compared by length, then digits: a
+    5000-digit number in a name is past what int() converts)."""
+    return [(len(part.lstrip("0")), part.lstrip("0"), part) if index % 2 else part
+            for index, part in enumerate(re.split(r"([0-9]+)", name))]
 
 
 def layer_index(prefix: str) -> int | None:
     """The last integer in a prefix ("encoder.layer.3.attention." → 3), for per-layer configs."""
-    numbers = re.findall(r"\.(\d+)\.", "." + prefix)
-    return int(numbers[-1]) if numbers else None
+    numbers = re.findall(r"\.([0-9]+)\.", "." + prefix)
+    return int(numbers[-1]) if numbers and len(numbers[-1]) <= 18 else None
 
 
 def ref(store: TensorStore, key: str, *, transposed: bool = False,

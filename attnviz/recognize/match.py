@@ -9,7 +9,7 @@ from typing import Any
 
 import attnviz.recognize.model_types as mt
 from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import printable
+from attnviz.errors import HeadCountError, printable
 from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import (
@@ -125,7 +125,20 @@ def head_hints(store: TensorStore, row: Convention, ctx: Context,
 
 def build(store: TensorStore, row: Convention, prefix: str,
           hints: HeadHints) -> AttentionLayer | Unresolved | None:
-    """The layer `row` describes at `prefix`; None where the row does not apply (model_type)."""
+    """The layer `row` describes at `prefix`; None where the row does not apply (model_type).
+    Head counts the caller gave that do not fit the weights are misuse, not bad data."""
+    try:
+        return _build(store, row, prefix, hints)
+    except HeadCountError as error:
+        given = next((name for name in ("num_heads", "head_dim", "num_kv_heads")
+                      if getattr(hints, name) is not None), None)
+        if given is None:
+            raise
+        raise error.as_usage(given) from None
+
+
+def _build(store: TensorStore, row: Convention, prefix: str,
+           hints: HeadHints) -> AttentionLayer | Unresolved | None:
     ctx = context(store, row, prefix)
     if ctx is None:
         return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import attnviz.recognize.model_types as mt
 from attnviz.core.layer import TensorRef
-from attnviz.errors import LayoutError, printable
+from attnviz.errors import HeadCountError, LayoutError, printable
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, optional_ref
 from attnviz.recognize.conventions import Convention
@@ -73,7 +73,7 @@ def packed_heads(heads: HeadHints, hints: HeadHints, packing: mt.Packing,
     if d is None:
         columns = o_weight.shape[1]  # W_o is (E, H·d)
         if columns % H:
-            raise LayoutError(f"{printable(o_weight.describe())} has {columns} columns (H·d), "
+            raise HeadCountError(f"{printable(o_weight.describe())} has {columns} columns (H·d), "
                               f"not divisible by {H} heads",
                               fix="check the number of heads in config.json or ‹num_heads›",
                               where=source)

@@ -9,7 +9,7 @@ import numpy as np
 
 from attnviz.compute.ablation_measures import CAUSAL_LOSS, AblationReport
 from attnviz.compute.stats import HeadStats
-from attnviz.render.figure_io import label, new_figure
+from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -34,6 +34,7 @@ def _grid(report: AblationReport, field: str) -> tuple[np.ndarray, list[str], in
     return grid, labels, heads
 
 
+@isolated
 def ablation_figure(report: AblationReport, stats: list[HeadStats] | None, title: str
                     ) -> Figure:
     """A panel per measure the report holds; each cell annotated with its value."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnviz.app.circuits import CircuitsResult
-from attnviz.render.figure_io import label, new_figure
+from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:
     import numpy as np
@@ -16,6 +16,7 @@ MAX_SPECTRA = 8  # layers whose spectra are drawn (the first ones chosen)
 MAX_GRID_HEADS = 512  # heads along each composition heatmap's side
 
 
+@isolated
 def circuits_figure(result: CircuitsResult) -> Figure:
     layers = result.layers[:MAX_SPECTRA]
     kinds = [k for k in ("K", "Q", "V") if result.grids(k)]

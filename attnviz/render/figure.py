@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 # import every figure from here (cli, api, benchmarks).
 from attnviz.render.figure_io import FIGURE_DPI as FIGURE_DPI
 from attnviz.render.figure_io import FIGURE_SUFFIXES as FIGURE_SUFFIXES
-from attnviz.render.figure_io import new_figure
+from attnviz.render.figure_io import isolated, new_figure
 from attnviz.render.figure_io import save_figure as save_figure
 from attnviz.render.split_figure import split_figure as split_figure
 
@@ -82,6 +82,7 @@ def _stretch(values: NDArray[np.float32], side: int) -> NDArray[np.float32]:
     return values[rows][:, cols]
 
 
+@isolated
 def heatmap_figure(views: list[MapView], title: str, scale: str = "max", size: float | None = None,
                    dpi: int | None = None, legend: str = "attention weight") -> Figure:
     """A grid: one row per (sentence, layer), one column per head, one shared colour scale.

@@ -3,17 +3,56 @@ needed), text made safe for it, and writing it atomically."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from attnviz.app.outputs import atomic_output
-from attnviz.errors import printable
+from attnviz.errors import UsageError, printable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 FIGURE_DPI = 100
+MAX_CANVAS_PIXELS = 50_000_000  # width × height in pixels: a 200 MB RGBA canvas
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@contextlib.contextmanager
+def isolated_rc() -> Iterator[None]:
+    """matplotlib's own defaults, whatever a `matplotlibrc` in the current folder, in
+    $MATPLOTLIBRC or in $MPLCONFIGDIR says (model repositories ship them: `savefig.dpi: 3000`,
+    `savefig.bbox: tight`, `figure.figsize`, `text.usetex` would change what attnviz writes)."""
+    import matplotlib
+
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()
+        yield
+
+
+def isolated(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run a figure builder under `isolated_rc`: every artist takes matplotlib's defaults."""
+    @functools.wraps(function)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with isolated_rc():
+            return function(*args, **kwargs)
+    return wrapper
+
+
+def check_canvas(width: float, height: float, dpi: float) -> None:
+    """One cap on the canvas, width × height × dpi², checked before anything is drawn."""
+    pixels = width * dpi * height * dpi
+    if not pixels <= MAX_CANVAS_PIXELS:
+        raise UsageError(
+            f"the figure would be {width * dpi:,.0f} × {height * dpi:,.0f} pixels "
+            f"({width:.1f} × {height:.1f} in at {dpi:g} dpi), more than the "
+            f"{MAX_CANVAS_PIXELS:,} pixels attnviz draws",
+            fix="lower ‹dpi› or ‹size›, or show fewer panels (‹head›, ‹layer›, ‹average›)")
 
 
 def new_figure(width: float, height: float, constrained: bool = True,
@@ -21,6 +60,7 @@ def new_figure(width: float, height: float, constrained: bool = True,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    check_canvas(width, height, dpi)
     fig = Figure(figsize=(width, height), dpi=dpi,
                  layout="constrained" if constrained else None)
     FigureCanvasAgg(fig)
@@ -46,6 +86,7 @@ def save_figure(fig: Figure, path: Path) -> None:
     try:
         with atomic_output(path) as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fig.savefig(tmp, format=path.suffix.lstrip(".").lower())
+            with isolated_rc():  # savefig.dpi, .bbox, .pad_inches … from matplotlib's defaults
+                fig.savefig(tmp, format=path.suffix.lstrip(".").lower(), dpi=fig.dpi)
     finally:
         logger.setLevel(level)

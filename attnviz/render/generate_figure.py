@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnviz.render.figure import FIGURE_DPI, _Grid
+from attnviz.render.figure_io import isolated
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 BOUNDARY_COLOR = "#ff2d2d"
 
 
+@isolated
 def mark_boundary(fig: Figure, views: list[MapView], title: str, run: AttentionRun,
                   generation: Generation, size: float | None = None,
                   dpi: int | None = None) -> int:

@@ -14,7 +14,7 @@ import codecs
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 MIN_COLUMNS = 8  # narrower than this, no table or map can be drawn
 MAX_COLUMNS = 10_000  # wider than any terminal; lines are built to this width
+FALLBACK_COLUMNS = 80  # for an unusable COLUMNS
 
 
 def safe_text(text: object, style: str = "") -> Text:
@@ -70,31 +71,116 @@ class SafeConsole(Console):
             self._checking = False
 
 
-def check_terminal_size(environ: Mapping[str, str] | None = None) -> None:
+def check_terminal_size(environ: MutableMapping[str, str] | None = None) -> list[str]:
     """COLUMNS and LINES, when set to digits, must be usable: rich trusts them (COLUMNS=0 leaves
-    no room for any output, and digits Python cannot convert make rich itself fail)."""
-    values: Mapping[str, str] = os.environ if environ is None else environ
+    no room for any output, and digits Python cannot convert make rich itself fail). An unusable
+    value is replaced (COLUMNS by 80, LINES dropped) and a note returned for each."""
+    values: MutableMapping[str, str] = os.environ if environ is None else environ
+    notes = []
     for name, low in (("COLUMNS", MIN_COLUMNS), ("LINES", 1)):
         value = values.get(name)
         if value is None or not value.isdigit():
             continue  # unset or not a number: rich ignores it too
         if not (value.isascii() and len(value) <= 6 and low <= int(value) <= MAX_COLUMNS):
-            raise UsageError(f"{name}={printable(value, 20)} is not a usable terminal size",
-                             fix=f"unset {name} or set it to a number from {low} to {MAX_COLUMNS}",
-                             where=name)
+            if name == "COLUMNS":
+                values[name] = str(FALLBACK_COLUMNS)
+            else:
+                del values[name]
+            using = f"using {FALLBACK_COLUMNS} columns" if name == "COLUMNS" else "ignoring it"
+            notes.append(f"{name}={printable(value, 20)} is not a usable terminal size; {using} "
+                         f"(set it to a number from {low} to {MAX_COLUMNS})")
+    return notes
 
 
 def console(stderr: bool = False) -> SafeConsole:
     return SafeConsole(stderr=stderr, highlight=False, soft_wrap=False, markup=False, emoji=False)
 
 
-def prepare_streams() -> None:
-    """stderr never fails on a character its encoding lacks (an error line must always get
-    out); stdout stays strict, so that `stdout_problem` can say what to change."""
+def prepare_streams() -> list[str]:
+    """Standard streams every environment can give: a closed descriptor 0, 1 or 2 (a daemon,
+    cron, `cmd >&-`) is filled with /dev/null before anything opens a file (which would
+    otherwise take its number, and receive the error lines), and its Python stream rebuilt.
+    stderr never fails on a character its encoding lacks (an error line must always get out).
+    stdout stays strict, unless its encoding is the locale's own (LANG=C without Python's UTF-8
+    mode): then what it cannot show is drawn in ASCII. Returns notes for stderr, and records
+    whether stdout was closed (`stdout_closed`)."""
+    notes = []
+    _STATE["stdout_closed"] = False
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            closed = getattr(sys, name) is None
+        except OSError:
+            closed = True
+            with contextlib.suppress(OSError):
+                if os.open(os.devnull, os.O_RDWR) != fd:  # the lowest free number: fd
+                    continue
+        if closed:
+            with contextlib.suppress(OSError, ValueError):
+                setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))  # noqa: SIM115
+            if fd == 1:
+                _STATE["stdout_closed"] = True
     reconfigure = getattr(sys.stderr, "reconfigure", None)
     if reconfigure is not None:
         with contextlib.suppress(ValueError, OSError):
             reconfigure(errors="backslashreplace")
+    if _ascii_locale():
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            sys.stdout.reconfigure(errors=ASCII_FALLBACK)  # type: ignore[union-attr]
+            notes.append(f"stdout's encoding {printable(sys.stdout.encoding, 20)} (the locale's) "
+                         "lacks the drawing characters; drawing in ASCII (LANG=C.UTF-8 shows "
+                         "them)")
+    return notes
+
+
+_STATE = {"stdout_closed": False}
+
+
+def stdout_closed() -> bool:
+    """Whether file descriptor 1 was closed when attnviz started (its output went nowhere)."""
+    return _STATE["stdout_closed"]
+
+
+# what the drawing characters become on an ASCII stdout
+_ASCII = {**dict.fromkeys("─━═╌┄", "-"), **dict.fromkeys("│┃║╎┆", "|"),
+          **dict.fromkeys("┌┏┐┓└┗┘┛├┣┤┫┬┳┴┻┼╋╇╈╪╫┡┩┢┪╀╁╂┿╃╄╅╆", "+"),
+          "█": "#", "▓": "%", "▒": "+", "░": ".", "·": "*", "×": "x", "✓": "ok", "✗": "X",
+          "…": "...", "—": "--", "–": "-", "≤": "<=", "≥": ">=", "≈": "~", "→": "->",
+          "←": "<-", "Δ": "d", "ᵀ": "^T", "√": "sqrt", "•": "*", "‖": "||", "±": "+/-",
+          "²": "^2", "⁻": "^-", "¹": "^1"}
+ASCII_FALLBACK = "attnviz-ascii"
+
+
+def _ascii_fallback(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start:exc.end]
+    return "".join(_ASCII.get(ch) or ascii(ch)[1:-1] for ch in text), exc.end
+
+
+codecs.register_error(ASCII_FALLBACK, _ascii_fallback)
+
+
+def _ascii_locale() -> bool:
+    """stdout cannot show attnviz's drawing characters, and its encoding comes from the locale
+    (not from PYTHONIOENCODING or a caller's stream): the environment's limit, not a request."""
+    import locale
+
+    encoding = getattr(sys.stdout, "encoding", None)
+    if not encoding or os.environ.get("PYTHONIOENCODING"):
+        return False
+    try:
+        "─█✓·".encode(encoding)
+        return False
+    except UnicodeEncodeError:
+        pass
+    except LookupError:
+        return False
+    try:
+        preferred = locale.getpreferredencoding(False)
+        return codecs.lookup(preferred).name == codecs.lookup(encoding).name
+    except LookupError:
+        return False
 
 
 def stdout_problem(exc: BaseException) -> UsageError | None:

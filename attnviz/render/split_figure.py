@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from attnviz.compute.split_views import MatrixPanel
 from attnviz.render.elide import elide_at_boundaries
-from attnviz.render.figure_io import label, new_figure
+from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -15,6 +15,7 @@ MAX_HEAD_LABELS = 16
 MAX_BOUNDARY_LINES = 128  # head boundaries drawn per panel (every k-th beyond that)
 
 
+@isolated
 def split_figure(panels: list[MatrixPanel], suptitle: str) -> Figure:
     """W_q, W_k, W_v, W_o side by side with head boundaries and one shared colour scale."""
     import numpy as np

@@ -75,6 +75,31 @@ def _expect(store: TensorStore, name: str, actual: int, holds: str) -> None:
                               fix="fix the metadata, or regenerate the model", where=store.source)
 
 
+def check_shapes(store: TensorStore, layers: list[AttentionLayer]) -> None:
+    """Every tensor the forward reads has the width of the residual stream: the tables'
+    columns, each LayerNorm's weight and bias, each layer's input and output."""
+    width = store.info("embed.weight").shape[1]
+
+    def expect(name: str, shape: tuple[int, ...]) -> None:
+        if name not in store:
+            raise CheckpointError(f"the model lacks {quoted(name)}", where=store.source)
+        held = tuple(store.info(name).shape)
+        if held != shape:
+            raise CheckpointError(f"{quoted(name)} has shape {held}, expected {shape} (the "
+                                  f"residual stream is {width} wide)",
+                                  fix="regenerate the model", where=store.source)
+
+    expect("pos_embed.weight", (_table_rows(store, "pos_embed.weight"), width))
+    for i, layer in enumerate(layers):
+        expect(f"layers.{i}.ln.weight", (width,))
+        expect(f"layers.{i}.ln.bias", (width,))
+        if layer.embed_dim != width or layer.o_weight.shape[0] != width:
+            raise CheckpointError(f"attention layer {i} maps {layer.embed_dim} features to "
+                                  f"{layer.o_weight.shape[0]}, but the residual stream is "
+                                  f"{width} wide", fix="regenerate the model",
+                                  where=store.source)
+
+
 def _table_rows(store: TensorStore, name: str) -> int:
     if name not in store or len(store.info(name).shape) != 2:
         raise CheckpointError(f"the model lacks its 2-D {name}", where=store.source)
@@ -108,6 +133,7 @@ def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
         if problem is not None:
             raise UsageError(problem[0], fix=problem[1])
     layers = tiny_layers(store)
+    check_shapes(store, layers)
     wanted = set(range(len(layers)) if layer_indices is None else layer_indices)
     ids = torch.zeros(len(batch.tokens), batch.max_len, dtype=torch.long)
     for b, tokens in enumerate(batch.tokens):

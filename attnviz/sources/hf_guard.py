@@ -34,6 +34,7 @@ from attnviz.errors import (
     quoted,
 )
 from attnviz.load.checkpoint import TensorStore
+from attnviz.sources.config_guard import check_config_values
 
 LAYER_COUNT_FIELDS = frozenset({"num_hidden_layers", "n_layer", "n_layers", "num_layers",
                                 "encoder_layers", "decoder_layers", "num_decoder_layers",
@@ -81,6 +82,7 @@ def check_folder(folder: Path, store: TensorStore) -> None:
     if not (folder / "config.json").is_file():
         raise CheckpointError("the model folder has no config.json", fix="copy it from the model's "
                               "hub page; attnviz never guesses the architecture", where=where)
+    check_config_values(store.config, where)
     if "num_hidden_groups" in store.config:  # ALBERT: its layers reuse a few weight groups
         return
     bound = numbered_layers(store)
@@ -124,6 +126,8 @@ def quiet() -> Iterator[None]:
             os.dup2(sink.fileno(), 2)
         except OSError:  # no file descriptor 2 to redirect: Python-level silence only
             saved_fd = None
+        if saved_fd is not None:  # a crash inside (SIGABRT, SIGSEGV) still says so on stderr
+            stack.enter_context(_fatal_signals_to(saved_fd))
         try:
             with warnings.catch_warnings(), _muted(transformers):
                 warnings.simplefilter("ignore")
@@ -134,6 +138,25 @@ def quiet() -> Iterator[None]:
                 os.close(saved_fd)
             tlog.set_verbosity(level)
             hub.setLevel(hub_level)
+
+
+@contextlib.contextmanager
+def _fatal_signals_to(fd: int) -> Iterator[None]:
+    """While fd 2 is silenced: a fatal signal (an allocator abort in Rust) is reported by
+    faulthandler on the real stderr, `fd`, instead of the process dying without a word."""
+    import faulthandler
+
+    was_enabled = faulthandler.is_enabled()
+    real = os.fdopen(os.dup(fd), "w", closefd=True)
+    faulthandler.enable(file=real, all_threads=False)
+    try:
+        yield
+    finally:
+        faulthandler.disable()
+        real.close()
+        if was_enabled:
+            with contextlib.suppress(ValueError, OSError, AttributeError):
+                faulthandler.enable()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from attnviz.compute.inputs import (
-    DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
     Batch,
     TokenLimit,
@@ -23,6 +22,7 @@ from attnviz.errors import (
     printable_path,
 )
 from attnviz.sources import hf_guard as guard
+from attnviz.sources import tokenizer_bound as bound
 from attnviz.sources.hf.load import LoadedModel, OpenedModel, input_device
 
 
@@ -103,13 +103,15 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
     """Each text tokenized alone, special tokens included; limits checked before any run."""
     if not sentences:
         raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
-    if len(sentences) > DEFAULT_MAX_SENTENCES:
-        raise UsageError(f"{len(sentences)} sentences exceed {DEFAULT_MAX_SENTENCES}",
-                         fix="pass fewer sentences")
     model_limit = model.position_limit
     where = printable_path(model.folder)
+    with guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",
+                         where):
+        steps = bound.chain_of(model.tokenizer)
     out = []
     for i, sentence in enumerate(sentences, 1):
+        # what the normalizers can make of it, bounded before the text reaches Rust
+        bound.check_text_bound(steps, len(sentence), f"{what} {i}", where)
         row = _tokenize(model, sentence, f"{what} {i}", target, where)
         n = len(row["input_ids"]) + (1 if target else 0)  # the decoder start token
         if n == 0 or not sentence.strip():

@@ -129,9 +129,9 @@ def _direct_indices(spec: str | None) -> list[int] | None | bool:
     if spec is None or spec.strip() == "all":
         return None
     text = spec.strip()
-    if re.fullmatch(r"\d+", text):
+    if re.fullmatch(r"[0-9]{1,18}", text):
         return [int(text)]
-    match = re.fullmatch(r"(\d+):(\d+)", text)
+    match = re.fullmatch(r"([0-9]{1,18}):([0-9]{1,18})", text)
     if match and int(match[1]) < int(match[2]):
         return list(range(int(match[1]), int(match[2])))
     return False

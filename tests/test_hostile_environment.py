@@ -1,0 +1,182 @@
+"""Every environment gets an answer: closed standard streams, a C locale without UTF-8, an
+unusable COLUMNS, non-UTF-8 arguments and paths, long legal file names, huge numbers in names.
+
+The stream and locale cases run the real command in a fresh interpreter (in-process runners
+replace the streams); each has a control run in the ordinary environment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_clean_error
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args: list[str | bytes | Path], env: dict[str, str] | None = None,
+        clean_env: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")} if clean_env else dict(os.environ)
+    full_env = {**base, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", **(env or {})}
+    argv = [os.fsencode(sys.executable), b"-m", b"attnviz",
+            *(a if isinstance(a, bytes) else os.fsencode(str(a)) for a in args)]
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.run(argv, env=full_env, timeout=120, cwd=ROOT, **kwargs)
+
+
+def _closed(fd: int) -> dict:
+    """Popen arguments that start the child with file descriptor `fd` closed."""
+    def close() -> None:
+        os.close(fd)
+    return {"preexec_fn": close}
+
+
+SPLIT = ["split", "-E", "8", "-H", "2"]
+
+
+@pytest.mark.slow
+def test_closed_stdout_writes_the_file_and_says_so(tmp_path):
+    png = tmp_path / "s.png"
+    done = run([*SPLIT, "--png", png], stdout=None, **_closed(1))
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert lines == ["error: cannot write to stdout: it is closed — files the command writes "
+                     "were written; run it with stdout open to see the rest"]
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    control = run([*SPLIT, "--png", tmp_path / "c.png"])  # negative control: stdout open
+    assert control.returncode == 0 and control.stderr == b"" and b"proof" in control.stdout
+
+
+@pytest.mark.slow
+def test_closed_stderr_keeps_exit_codes_and_files_clean(tmp_path):
+    ok = run(SPLIT, stderr=None, **_closed(2))
+    assert ok.returncode == 0 and b"proof" in ok.stdout
+    png = tmp_path / "s.png"
+    bad = run([*SPLIT, "-H", "3", "--png", png], stderr=None, **_closed(2))
+    assert bad.returncode == 2 and not png.exists()  # the error line went nowhere, not into a file
+    good = run([*SPLIT, "--png", png], stderr=None, **_closed(2))
+    assert good.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_closed_stdin_reads_as_empty():
+    done = run(["heatmap", "--random", "-f", "-"], stdin=None, **_closed(0))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode().strip().splitlines() == [
+        "error: no sentence given — pass one or more sentences, or --file FILE"]
+
+
+C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+
+
+@pytest.mark.slow
+def test_c_locale_draws_in_ascii_with_a_note():
+    done = run(SPLIT, env=C_LOCALE, clean_env=True)
+    assert done.returncode == 0, done.stderr
+    notes = done.stderr.decode().strip().splitlines()
+    assert len(notes) == 1 and notes[0].startswith("note: stdout's encoding")
+    text = done.stdout.decode("ascii")  # strictly ASCII
+    assert "ok equal to float32 round-off" in text and "max |d output|" in text
+    utf8 = run(SPLIT, env={**C_LOCALE, "LC_ALL": "C.UTF-8"}, clean_env=True)
+    assert utf8.returncode == 0 and utf8.stderr == b""
+    assert "✓ equal to float32 round-off" in utf8.stdout.decode()
+
+
+@pytest.mark.slow
+def test_explicit_ascii_request_is_still_refused():
+    """Negative control: PYTHONIOENCODING=ascii is a request, not the locale: refused as before."""
+    done = run(SPLIT, env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 2
+    assert "stdout's encoding ascii cannot show" in done.stderr.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["inspect", "{mha}"], ["heatmap", "--random", "a b c"]])
+@pytest.mark.parametrize("columns", ["0", "1", "100000000"])
+def test_unusable_columns_fall_back_to_80(tmp_path, command, columns):
+    from safetensors.torch import save_file
+
+    mha = tmp_path / "mha.safetensors"
+    save_file({k: v.contiguous() for k, v in torch.nn.MultiheadAttention(8, 2).state_dict()
+               .items()}, mha)
+    args = [str(mha) if a == "{mha}" else a for a in command]
+    done = run(args, env={"COLUMNS": columns})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode().startswith(f"note: COLUMNS={columns} is not a usable")
+    assert max(len(line) for line in done.stdout.decode().splitlines()) <= 80
+    control = run(args, env={"COLUMNS": "80"})
+    assert control.returncode == 0 and control.stderr == b""
+
+
+@pytest.mark.slow
+def test_non_utf8_path_works(tmp_path):
+    from safetensors.torch import save_file
+
+    folder = os.fsencode(tmp_path)
+    path = folder + b"/caf\xe9.safetensors"
+    save_file({k: v.contiguous() for k, v in torch.nn.MultiheadAttention(8, 2).state_dict()
+               .items()}, os.fsdecode(path))
+    png = folder + b"/\xe9t\xe9.png"
+    done = run(["split", "--weights", path, "-H", "2", "--png", png])
+    assert done.returncode == 0, done.stderr
+    assert os.path.getsize(png) > 1000
+    shown = done.stdout.decode("utf-8")  # the name is escaped, stdout stays valid UTF-8
+    assert "proof" in shown
+
+
+@pytest.mark.slow
+def test_non_utf8_sentence_is_one_line_not_blamed_on_stdout(tmp_path):
+    for extra in ([], ["--json"]):
+        done = run(["heatmap", "--random", *extra, b"ok", b"caf\xe9 au lait"])
+        assert done.returncode == 2
+        lines = done.stderr.decode().strip().splitlines()
+        assert lines == ["error: sentence 2 is not UTF-8 text: byte 0xe9 at character 4 "
+                         "(caf\\udce9 au lait) — pass UTF-8 text (convert it with iconv -f "
+                         "latin1 -t utf-8)"], lines
+        assert done.stdout == b""
+    control = run(["heatmap", "--random", "--json", "ok", "café au lait".encode()])
+    assert control.returncode == 0, control.stderr
+
+
+def test_latin1_sentence_file_is_bad_data(cli, tmp_path):
+    path = tmp_path / "s.txt"
+    path.write_bytes("café\n".encode("latin-1"))
+    assert_clean_error(cli("heatmap", "--random", "-f", path), 1, "not UTF-8 text")
+    path.write_bytes("café\n".encode())
+    assert cli("heatmap", "--random", "--json", "-f", path).exit_code == 0
+
+
+@pytest.mark.parametrize("suffix", [".png", ".safetensors"])
+def test_longest_legal_output_name(cli, tmp_path, suffix):
+    """A 255-byte name is legal; the temporary file beside it must not pass the limit."""
+    name = "n" * (255 - len(suffix)) + suffix
+    path = tmp_path / name
+    option = "--out" if suffix == ".png" else "--export"
+    result = cli("heatmap", "--random", "the cat sat", option, path)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    too_long = tmp_path / ("n" * 256 + suffix)  # negative control: past the limit
+    assert cli("heatmap", "--random", "the cat sat", option, too_long).exit_code in (1, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_huge_layer_numbers_in_names(cli, tmp_path):
+    from safetensors.torch import save_file
+
+    digits = "9" * 5000
+    state = {f"layers.{digits}.self_attn.{k}": v.contiguous()
+             for k, v in torch.nn.MultiheadAttention(8, 2).state_dict().items()}
+    path = tmp_path / "huge.safetensors"
+    save_file(state, path)
+    inspected = cli("inspect", path)
+    assert inspected.exit_code == 0, inspected.output
+    split = cli("split", "--weights", path, "-H", "2")
+    assert split.exit_code == 0 and "✓ equal to float32 round-off" in split.stdout
+    assert_clean_error(cli("split", "--weights", path, "-H", "2", "-l", digits), 2,
+                       "is out of range")
