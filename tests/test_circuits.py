@@ -456,24 +456,6 @@ def test_encoder_decoder_order_and_grammar():
         ("Q", chosen["layers"][1]["layer"])}
 
 
-def test_docs_examples_are_current(cli, monkeypatch):
-    """docs/circuits.md shows real output: its console blocks equal today's, at 100 columns,
-    run from the clone's root as the page says."""
-    import re
-
-    from conftest import ROOT
-
-    monkeypatch.chdir(ROOT)
-    text = (ROOT / "docs" / "circuits.md").read_text()
-    blocks = re.findall(r"```console\n\$ (attnviz [^\n]*)\n(.*?)```", text, re.S)
-    assert len(blocks) == 2
-    for command, shown in blocks:
-        words = command.split()[1:]
-        result = cli(*words, env={"COLUMNS": "100"})
-        assert result.exit_code == 0, result.output
-        assert result.stdout.replace(str(ROOT) + "/", "…/") == shown, command
-
-
 def test_terminal_marks_follow_the_baseline(bundled_doc):
     """The grids mark exactly the scores above their baseline (K on the bundled model, not Q
     or V), with the scores as computed."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT
 
 TOL = 1e-5
 N_NEW = 5
@@ -275,7 +276,7 @@ def _reference_tiny() -> Any:
     from attnviz.sources import bundled
 
     spec = importlib.util.spec_from_file_location(
-        "train_induction", bundled.BUNDLED.parent / "train_induction.py")
+        "train_induction", ROOT / "sample_weights" / "train_induction.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
