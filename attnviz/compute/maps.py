@@ -32,6 +32,8 @@ def check_head(head: int | None, num_heads: int) -> None:
 
 def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapView]:
     """One view per (sentence, layer, head) in that order; padding cut away."""
+    import torch
+
     views = []
     for b in range(len(run.batch.tokens)):
         for captured in run.layers:
@@ -45,8 +47,9 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
             width = max(len(t) for t in captured.columns_of(run.batch))
             maps = captured.weights[b, :, :len(rows), :]  # (H, n, S)
             extra = maps.shape[-1] - width  # bias_k columns sit after the padding
-            keys = list(range(len(cols))) + list(range(width, maps.shape[-1]))
-            maps = maps[:, :, keys]
+            # real keys, then the bias_k columns: a view when there are none (no copy of H maps)
+            maps = maps[:, :, :len(cols)] if extra == 0 else \
+                torch.cat([maps[:, :, :len(cols)], maps[:, :, width:]], -1)
             col_labels = cols + ["<bias_k>"] * extra
             chosen: list[tuple[int | None, torch.Tensor]]
             if average:

@@ -3,9 +3,10 @@ reduced at once to display-sized maps, summable statistics and the --query row, 
 head's full L × S map ever exists.
 
 Each block is exact: softmax is per row, and a block's rows see their full key range, so each
-row's max and normalizer come from the whole row. Memory: O(rows · S) for one block of one head
-and sentence (the block's rows follow a memory budget), plus O(B · H · c²) for the c × c display
-maps and O(L) per head for the statistics' row terms, against O(B · H · L · S) for the full maps.
+row's max and normalizer come from the whole row. Memory: O(heads · rows · S) for one block of
+one sentence (rows and heads follow a memory budget: `memory_plan`), plus O(B · H · c²) for the
+c × c display maps and O(L) per head for the statistics' row terms, against O(B · H · L · S) for
+the full maps.
 Time: the same O(H · B · L · S · d) work as the full maps, through matmuls into preallocated
 buffers and in-place elementwise passes.
 
@@ -36,9 +37,10 @@ STREAMED = "blocks of query rows of one head and sentence at a time"
 # A block holds its scores, its weights and the temporaries of one elementwise pass over it:
 # about this many float32 copies of its rows.
 BLOCK_BUFFERS = 3
-# On a CPU, blocks beyond this many entries (or rows) stop paying: its passes fall out of
-# cache, and the r × r keys beside a block grow, while the fixed cost of a block is already
-# < 2 % of its work. GPUs take what the budget allows.
+# On a CPU, blocks beyond this many entries (heads × rows × keys; 64 MiB per buffer) stop
+# paying, while smaller ones multiply the operations, each of which waits at its OpenMP
+# barrier (costly when other processes share the cores); rows beyond CPU_BLOCK_ROWS grow the
+# r × r keys beside a block. GPUs take what the budget allows.
 CPU_BLOCK_ENTRIES = 2**24
 CPU_BLOCK_ROWS = 256
 MAX_BLOCK_ROWS = 2048  # GPUs: the r × r keys beside a block stay small
