@@ -343,7 +343,7 @@ def long_sequence(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
 
 
 SWEEP_LIMIT = 1.2  # attnviz's time ÷ torch's need_weights=True forward, at every length
-SWEEP_CHUNK_BYTES = 2 * 2**30  # the baseline's whole maps beyond this: forward on query chunks
+SWEEP_CHUNK_BYTES = 4 * 2**30  # the baseline's whole maps beyond this: forward on query chunks
 
 
 def sweep(workdir: Path, sizes: Sizes, layer: Path, repeats: int) -> list[Row]:
