@@ -342,7 +342,11 @@ def long_sequence(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     return rows + sweep(workdir, sizes, layer, min(repeats, 2))
 
 
-SWEEP_LIMIT = 1.2  # attnviz's time ÷ torch's need_weights=True forward, at every length
+SWEEP_LIMIT = 1.2  # attnviz's time ÷ torch's need_weights=True forward, from 4,096 tokens on
+# Shorter inputs: both processes are mostly start-up (torch's import, ~1 s), on top of which
+# attnviz imports its CLI and prints its tables, a fixed ~0.3 s; their limit still catches a
+# regression of the per-entry work (the forward, the statistics, the display maps).
+SHORT_SWEEP_LIMIT = 1.5
 SWEEP_CHUNK_BYTES = 4 * 2**30  # the baseline's whole maps beyond this: forward on query chunks
 
 
@@ -350,7 +354,8 @@ def sweep(workdir: Path, sizes: Sizes, layer: Path, repeats: int) -> list[Row]:
     """3d: the same layer at each length of sizes.sweep, against torch's forward on the same
     sizes; where torch's full maps (H · L² floats, twice: scores and weights) would pass
     SWEEP_CHUNK_BYTES, torch's forward runs on chunks of query rows (same module, every weight
-    computed; the key/value projections repeat per chunk, which favours attnviz a little)."""
+    computed; the key/value projections repeat per chunk: ~10 % more work at 8k, ~40 % at
+    16k, which flatters attnviz's ratio there)."""
     mha = str(workdir / "baseline_mha.py")
     rows = []
     for L in sizes.sweep:
@@ -367,7 +372,8 @@ def sweep(workdir: Path, sizes: Sizes, layer: Path, repeats: int) -> list[Row]:
             "" if chunk == L else f", {L // chunk} query chunks of {chunk}")
         rows.append(compare(f"3d sweep {L:>5} tokens (E=1024, H=16)", m["ours"],
                             "`heatmap -w FILE -H 16 -f WORDS --no-maps`", m["base"], base, "s",
-                            SWEEP_LIMIT, lambda run, b=m["base"]: (
+                            SWEEP_LIMIT if L >= 4096 else SHORT_SWEEP_LIMIT,
+                            lambda run, b=m["base"]: (
                                 True, f"peak {run.peak_mb:.0f} MB vs {b.peak_mb:.0f} MB")))
     return rows
 
