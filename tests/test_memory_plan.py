@@ -116,3 +116,34 @@ def test_the_note_names_the_heads_per_block(cli, monkeypatch):
     flat = " ".join(result.stdout.split())
     assert "long input: maps computed 3 heads and sentence at a time" in flat
     assert "blocks of query rows of 3 heads of one sentence at a time, 4 rows per block" in flat
+
+
+@pytest.mark.parametrize(("n", "row_start", "r", "keys", "extra"), [
+    (23, 4, 8, 23, 0), (23, 9, 5, 14, 1), (40, 0, 40, 40, 1), (5, 1, 3, 4, 0), (24, 8, 8, 24, 0)])
+def test_cell_sums_on_host_and_device_paths_equal_a_direct_sum(n, row_start, r, keys, extra):
+    """A block of 3 heads reduced to display cells by the host (numpy) and the device (torch
+    index_add_, here run on the CPU) paths equals a direct sum over each cell's entries."""
+    from attnviz.compute import cells
+    from attnviz.compute.maps import display_grid
+
+    torch.manual_seed(0)
+    grid = display_grid(n, n + extra, 6, 5)
+    attn = torch.rand(3, r, keys + extra)
+    row_index, col_index = grid.row_index(), grid.col_index()
+    low, high = int(row_index[row_start]), int(row_index[row_start + r - 1])
+    expected = torch.zeros(3, high - low + 1, len(grid.col_blocks))
+    key_of = list(range(keys)) + list(range(n, n + extra))  # the block's columns, as keys
+    for i in range(r):
+        for c, key in enumerate(key_of):
+            expected[:, int(row_index[row_start + i]) - low, int(col_index[key])] += attn[:, i, c]
+    host, columns = cells.cell_sums(grid, (row_index, col_index), attn, row_start, keys, n, low,
+                                    high, {})
+    got = torch.zeros_like(expected)
+    got[:, :, columns] = host
+    device = cells._device_sums(grid, (row_index, col_index), attn, row_start, keys, n, low, high)
+    for result in (got, device):
+        torch.testing.assert_close(result, expected, atol=1e-5, rtol=0)
+    wrong = expected.clone()
+    wrong[:, 0, 0] += 1e-3  # negative control: one cell off is caught
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got, wrong, atol=1e-5, rtol=0)
