@@ -87,7 +87,7 @@ def _project(layer: AttentionLayer, weights: LayerWeights, heads: range, x: torc
     q = q.view(x.shape[0], h, d).transpose(0, 1).mul_(layer.effective_scale)  # (h, L, d)
     k = k.view(key.shape[0], len(groups), d).transpose(0, 1)  # (g, n, d)
     which = torch.tensor([groups.index(g) for g in kv_heads], device=k.device)
-    k = k.contiguous() if len(groups) == h else k.index_select(0, which)  # (h, n, d)
+    k = k.contiguous() if groups == kv_heads else k.index_select(0, which)  # (h, n, d)
     if weights.bias_k is None:
         return q.contiguous(), k, None
     extra = _need(_rows(weights.bias_k, kv_rows)).view(len(groups), 1, d)
