@@ -65,14 +65,17 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     pad = padding_mask(batch)
     notes = []
     extra = 1 if layer.bias_k is not None else 0
-    if allow_stream and streaming.streams(batch, layer.num_heads or 0, extra, budget):
+    plan = streaming.memory_plan(batch, layer.num_heads or 0, extra, budget, device,
+                                 one_head=sink is not None)
+    if allow_stream and plan.streamed:
         if sink is not None:
             sink.begin(described, x)
         streamed = layer_stream.stream_layer(layer, weights_store, batch, x, key, causal, device,
                                           query_row, budget, sink)
         streamed.key_inputs = None if key is x else key
         streamed.value_inputs = None if value is x else value
-        notes.append("long input: maps computed one head and sentence at a time, in blocks of "
+        group = "one head" if plan.heads == 1 else f"{plan.heads} heads"
+        notes.append(f"long input: maps computed {group} and sentence at a time, in blocks of "
                      "query rows, and kept only at display size "
                      f"(≤ {streaming.DISPLAY_CELLS} per side); --export "
                      + ("wrote every full map block by block" if sink is not None else

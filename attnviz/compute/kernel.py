@@ -77,32 +77,35 @@ _block_causal_mask = functools.lru_cache(maxsize=16)(causal_mask)
 
 def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None,
                   row_start: int, causal: bool, scores_buf: torch.Tensor,
-                  weights_buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """head_weights for one block of query rows, exactly, without allocating: (weights, scores,
-    K) with weights and scores (r, K + extra) views into the two flat buffers.
+                  weights_buf: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """head_weights for one block of query rows of a stack of heads, exactly, without
+    allocating the block: (weights, scores, K, row max) with weights and scores (h, r, K + extra)
+    views into the two flat buffers, and each row's largest score (h, r) over the keys it sees.
 
-    q (r, d), already scaled: queries row_start.. of the sentence; k (n, d) its real keys;
-    k_extra (extra, d) keys after them (bias_k), never masked. Causal: queries see keys up to
-    their own position, so only the first K = min(row_start + r, n) keys are computed at all,
-    and the causal mask covers only the r × r keys beside the block. One fused softmax per
-    block (row max, exp, normalizer, per row); masked entries get weight 0 and a score of 0
-    afterwards (finite, for the entropy's Σ a·s).
+    q (h, r, d), already scaled: queries row_start.. of the sentence, per head; k (h, n, d) its
+    real keys for those heads; k_extra (h, extra, d) keys after them (bias_k), never masked.
+    Causal: queries see keys up to their own position, so only the first K = min(row_start +
+    r, n) keys are computed at all, and the causal mask covers only the r × r keys beside the
+    block. One batched matmul and one fused softmax per block (row max, exp, normalizer, per
+    row); masked entries get weight 0 and a score of 0 afterwards (finite, for the entropy's
+    Σ a·s).
     """
-    r, n = q.shape[0], k.shape[0]
+    h, r, n = q.shape[0], q.shape[1], k.shape[1]
     keys = min(row_start + r, n) if causal else n
-    extra = 0 if k_extra is None else k_extra.shape[0]
+    extra = 0 if k_extra is None else k_extra.shape[1]
     width = keys + extra
-    scores = scores_buf[: r * width].view(r, width)  # (r, K + extra)
-    weights = weights_buf[: r * width].view(r, width)
-    torch.mm(q, k[:keys].T, out=scores[:, :keys])
-    if k_extra is not None:
-        torch.mm(q, k_extra.T, out=scores[:, keys:])
+    scores = scores_buf[: h * r * width].view(h, r, width)  # (h, r, K + extra)
+    weights = weights_buf[: h * r * width].view(h, r, width)
+    seen = k[:, :keys] if k_extra is None else torch.cat([k[:, :keys], k_extra], 1)
+    torch.bmm(q, seen.transpose(1, 2), out=scores)
     masked = beside = None
     if causal and row_start < keys:
         masked = _block_causal_mask(r, keys - row_start, str(q.device))
-        beside = scores[:, row_start:keys]  # (r, r'): the keys at the block's own positions
+        beside = scores[..., row_start:keys]  # (h, r, r'): the keys at the block's own positions
         beside.masked_fill_(masked, float("-inf"))
+    row_max = scores.amax(-1)
     torch.ops.aten._softmax.out(scores, -1, False, out=weights)
     if beside is not None and masked is not None:
         beside.masked_fill_(masked, 0.0)
-    return weights, scores, keys
+    return weights, scores, keys, row_max

@@ -1,6 +1,7 @@
 """A standalone layer on long inputs: the kernel's block form (`kernel.block_softmax`) run one
-head and sentence at a time, in blocks of query rows sized by the memory budget, each block
-reduced at once by a `MapReducer` (and handed whole to a `RowSink` for --export).
+sentence at a time, in blocks of query rows of one or more heads sized by the memory budget
+(`streaming.memory_plan`), each block reduced at once by a `MapReducer` (and handed whole to a
+`RowSink` for --export).
 """
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from attnviz.compute import kernel
-from attnviz.compute.forward import load_weights
+from attnviz.compute.forward import LayerWeights, load_weights
 from attnviz.compute.inputs import Batch
 from attnviz.compute.results import LayerAttention
-from attnviz.compute.streaming import STREAMED, MapReducer, block_rows
+from attnviz.compute.streaming import MapReducer, memory_plan
 from attnviz.core.layer import AttentionLayer
 from attnviz.load.checkpoint import TensorStore
 
@@ -37,42 +39,75 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
     With query_row = (sentence, query), that row of every head is kept too, for --query.
 
     Each sentence runs alone over its real keys: that equals its rows of the padded batch,
-    whose key padding mask only removes the padded keys. A sink also gets every row of the
-    padded batch (padded queries included) in (sentence, head, row) order, for --export.
+    whose key padding mask only removes the padded keys. Blocks hold `memory_plan`'s rows of
+    as many heads as the budget allows. A sink also gets every row of the padded batch (padded
+    queries included) in (sentence, head, row) order, for --export (one head per block).
     """
     weights = load_weights(layer, store, device=str(device))
     extra = 1 if weights.bias_k is not None else 0
+    heads = layer.num_heads or 0
+    plan = memory_plan(batch, heads, extra, budget, device, one_head=sink is not None)
     reducer = MapReducer(0, batch.tokens, query_row, extra)
-    rows = block_rows(budget, batch.max_len + extra, device)
-    size = rows * (batch.max_len + extra)
-    scores_buf = torch.empty(size, device=device)
-    weights_buf = torch.empty(size, device=device)
-    scale = layer.effective_scale
+    size = plan.heads * plan.rows * (batch.max_len + extra)
+    buffers = torch.empty(size, device=device), torch.empty(size, device=device)
     with torch.inference_mode():
         for b, tokens in enumerate(batch.tokens):
             n = len(tokens)
             length = batch.max_len if sink is not None else n  # padded queries only for a sink
             xb, kb = x[b, :length].to(device), key[b, :n].to(device)
-            cached: tuple[int, torch.Tensor, torch.Tensor | None] | None = None
-            for h in range(layer.num_heads or 0):
-                # Projections per head, the scale folded into q (as kernel.scaled_scores
-                # does): O(L · d) per head, never O(L · S).
-                q = kernel.project(xb, weights.W_q, weights.b_q, layer.q_rows(h)).mul_(scale)
-                kv = layer.kv_head_of(h)
-                if cached is None or cached[0] != kv:
-                    k0, k1 = layer.kv_rows(kv)
-                    k_extra = None if weights.bias_k is None else weights.bias_k[None, k0:k1]
-                    cached = kv, kernel.project(kb, weights.W_k, weights.b_k, (k0, k1)), k_extra
-                _, k, k_extra = cached
-                for start in range(0, length, rows):
-                    attn, scores, keys = kernel.block_softmax(
-                        q[start:start + rows], k, k_extra, start, causal, scores_buf,
-                        weights_buf)
+            for h0 in range(0, heads, plan.heads):
+                group = range(h0, min(heads, h0 + plan.heads))
+                q, k, k_extra = _project(layer, weights, group, xb, kb)
+                for start in range(0, length, plan.rows):
+                    attn, scores, keys, top = kernel.block_softmax(
+                        q[:, start:start + plan.rows], k, k_extra, start, causal, *buffers)
                     if sink is not None:
-                        sink.rows(b, h, start, attn, keys)
-                    real = min(attn.shape[0], n - start)  # padded queries are not shown
+                        sink.rows(b, h0, start, attn[0], keys)
+                    real = min(attn.shape[1], n - start)  # padded queries are not shown
                     if real > 0:
-                        reducer.add_rows(b, h, start, attn[None, :real], scores[None, :real])
-    return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({STREAMED}, "
+                        reducer.add_rows(b, h0, start, attn[:, :real], scores[:, :real],
+                                         top[:, :real])
+    rows = plan.rows
+    return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({plan.describe()}, "
                                           f"{rows} row{'s' if rows > 1 else ''} per block)")
 
+
+def _project(layer: AttentionLayer, weights: LayerWeights, heads: range, x: torch.Tensor,
+             key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q (h, L, d) scaled, k (h, n, d), bias_k (h, 1, d) or None) for a group of heads: one
+    projection each for q and k over the rows of those heads (and their key/value heads);
+    the scale folded into q, as kernel.scaled_scores does. O(h · L · d), never O(L · S)."""
+    q_rows = [layer.q_rows(h) for h in heads]
+    kv_heads = [layer.kv_head_of(h) for h in heads]
+    groups = sorted(set(kv_heads))
+    kv_rows = [layer.kv_rows(g) for g in groups]
+    q = F.linear(x, _need(_rows(weights.W_q, q_rows)), _rows(weights.b_q, q_rows))  # (L, h·d)
+    k = F.linear(key, _need(_rows(weights.W_k, kv_rows)), _rows(weights.b_k, kv_rows))
+    h, d = len(heads), q.shape[-1] // len(heads)
+    q = q.view(x.shape[0], h, d).transpose(0, 1).mul_(layer.effective_scale)  # (h, L, d)
+    k = k.view(key.shape[0], len(groups), d).transpose(0, 1)  # (g, n, d)
+    which = torch.tensor([groups.index(g) for g in kv_heads], device=k.device)
+    k = k.contiguous() if groups == kv_heads else k.index_select(0, which)  # (h, n, d)
+    if weights.bias_k is None:
+        return q.contiguous(), k, None
+    extra = _need(_rows(weights.bias_k, kv_rows)).view(len(groups), 1, d)
+    return q.contiguous(), k, extra.index_select(0, which)
+
+
+def _need(tensor: torch.Tensor | None) -> torch.Tensor:
+    assert tensor is not None
+    return tensor
+
+
+def _rows(tensor: torch.Tensor | None, ranges: list[tuple[int, int]]) -> torch.Tensor | None:
+    """The rows of these ranges, one after another (a view when they are one range)."""
+    if tensor is None:
+        return None
+    merged: list[tuple[int, int]] = []
+    for start, stop in ranges:
+        if merged and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], stop)
+        else:
+            merged.append((start, stop))
+    parts = [tensor[start:stop] for start, stop in merged]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attnviz.compute.stats import PATTERNS, SPECIAL_RE, is_punctuation
 
 if TYPE_CHECKING:
-    import numpy as np
     from numpy.typing import NDArray
 
 # total: Σ_j a_ij over all keys, bias_k included (a finiteness check; not a statistic)
@@ -55,7 +54,8 @@ class SentencePatterns:
     copies_cum: list[int]  # prefix sums of earlier copies of uncommon tokens (host ints)
     special: torch.Tensor  # (n,) float32: 1 at special tokens ([CLS], </s>, …)
     counts: dict[str, int]  # queries each pattern averages over
-    host: dict[str, NDArray[np.int64]]  # order, group_start, copies (uncommon tokens), ids, prev
+    host: dict[str, NDArray[Any]]  # order, group_start, copies (uncommon tokens), ids, prev,
+    #                               special
     punctuation: torch.Tensor  # (n,) float32: 1 at punctuation tokens
 
     def to(self, device: torch.device) -> SentencePatterns:
@@ -103,20 +103,24 @@ def sentence_patterns(tokens: tuple[str, ...]) -> SentencePatterns:
     rare_copies = torch.where(frequent[token_ids] < 0, copies, 0)
     cum = [0, *torch.cumsum(rare_copies, 0).tolist()]
     host = {"order": order.numpy(), "group_start": group_start.numpy(),
-            "copies": rare_copies.numpy(), "ids": token_ids.numpy(), "prev": prev_ids.numpy()}
+            "copies": rare_copies.numpy(), "ids": token_ids.numpy(), "prev": prev_ids.numpy(),
+            "special": special.numpy()}
     return SentencePatterns(token_ids, prev_ids, frequent[token_ids], columns, cum, special,
                             counts, host, marks)
 
 
 def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentencePatterns,
-              scores: torch.Tensor | None = None) -> torch.Tensor:
+              scores: torch.Tensor | None = None,
+              score_max: torch.Tensor | None = None) -> torch.Tensor:
     """Each query row's term of every statistic, (len(ROW_TERMS), heads, r) float32.
 
     attn (heads, r, keys + extra): weights of the sentence's queries row_start .. row_start + r
     against its first `keys` real keys (every later real key has weight 0, as under a causal
     mask), then `extra` columns outside the real keys (bias_k), which count only in `total`.
     scores, optional: the pre-softmax scores (finite everywhere; where a mask zeroed a weight,
-    any finite value), so that entropy needs no logarithm per entry.
+    any finite value), so that entropy needs no logarithm per entry. score_max (heads, r),
+    optional with scores: each row's largest score over all the keys it sees (extra ones
+    included), which spares a search for the position of the largest weight.
     """
     H, r, width = attn.shape
     device = attn.device
@@ -128,14 +132,17 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
         top = real.amax(-1)
         term["entropy"].sub_(torch.special.xlogy(real, real).sum(-1))  # 0 · log 0 = 0
     else:
-        top, log_norm, dot = _log_normalizer(real, scores[..., :keys])
+        top, log_norm, dot = _log_normalizer(real, scores[..., :keys],
+                                             None if score_max is None else
+                                             (score_max, attn[..., keys:]))
     term["max_weight"].copy_(top)
 
     # One matmul reads the block once for: row sums; distances, Σ_j a_ij |i - j| split at the
     # block's own keys into keys left of it (|i - j| = i - j), right of it (j - i) and the r × r
     # keys beside it, measured from row_start so that float32 sums stay exact on long rows; and
     # the weight left of the block on each common token (and on the key after each copy).
-    sums = attn @ _block_columns(patterns, width, row_start, r, keys, device)  # (H, r, 5 + 2T)
+    # And the weight on special tokens.
+    sums = attn @ _block_columns(patterns, width, row_start, r, keys, device)  # (H, r, 6 + 2T)
     local = rows.to(torch.float32)
     stop = min(row_start + r, keys)
     beside = real[..., row_start:stop]  # (H, r, c)
@@ -148,31 +155,48 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     if scores is not None:
         mass = sums[..., 1] + sums[..., 3] + near[1]  # Σ over real keys
         term["entropy"].copy_(torch.where(top > 0, log_norm * mass, 0.0) - dot)
-    _position_terms(term, real, rows, row_start, keys, len(patterns.token_ids),
-                    patterns.special)
+    term["special"].copy_(sums[..., 5])
+    _position_terms(term, real, rows, row_start, keys, len(patterns.token_ids))
     term["punctuation"].copy_(real @ patterns.punctuation[:keys])
     _next_term(term, real, rows, row_start, keys, len(patterns.token_ids))
     _copy_terms(term, attn, sums, near, row_start, keys, patterns)
     return out
 
 
-def _log_normalizer(real: torch.Tensor, s: torch.Tensor
+def _log_normalizer(real: torch.Tensor, s: torch.Tensor,
+                    known: tuple[torch.Tensor, torch.Tensor] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(max weight, lse, Σ_j a_ij s_ij) per row (H, r): ln a_ij = s_ij - lse_i, and at the row's
-    largest weight lse = s_max - ln a_max (one pass finds both the max weight and where it is)."""
-    top, top_index = real.max(-1)
-    log_norm = s.gather(-1, top_index[..., None])[..., 0] - top.log()
-    return top, log_norm, torch.einsum("hij,hij->hi", real, s)
+    largest weight lse = s_max - ln a_max (one pass finds both the max weight and where it is).
+    known: (each row's largest score over all its keys, the weights of its extra keys): softmax
+    is monotone, so the largest weight sits at the largest score, and a_max is one amax."""
+    if known is None:
+        top, top_index = real.max(-1)
+        log_norm = s.gather(-1, top_index[..., None])[..., 0] - top.log()
+    else:
+        score_max, extra = known
+        top = real.amax(-1)
+        largest = top if extra.shape[-1] == 0 else torch.maximum(top, extra.amax(-1))
+        log_norm = score_max - largest.log()
+    return top, log_norm, _row_dot(real, s)
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Σ_j a_ij b_ij per row (H, r); on a CPU through numpy (no parallel region per block)."""
+    if a.device.type != "cpu":
+        return torch.einsum("hij,hij->hi", a, b)
+    import numpy as np
+
+    return torch.from_numpy(np.einsum("hij,hij->hi", a.numpy(), b.numpy()))
 
 
 def _position_terms(term: dict[str, torch.Tensor], real: torch.Tensor, rows: torch.Tensor,
-                    row_start: int, keys: int, n: int, special: torch.Tensor) -> None:
-    """The terms that read fixed positions: last, special, self, previous, first."""
+                    row_start: int, keys: int, n: int) -> None:
+    """The terms that read fixed positions: last, self, previous, first."""
     queries = rows + row_start
     later = (queries >= 1).to(torch.float32)
     if n - 1 < keys:  # under a causal mask no query before the last sees the last token
         term["last"].copy_(real[:, :, n - 1] * (queries < n - 1).to(torch.float32))
-    term["special"].copy_(real @ special[:keys])
     term["self"].copy_(real[:, rows, queries])
     term["previous"].copy_(real[:, rows, (queries - 1).clamp(min=0)] * later)
     term["first"].copy_(real[:, :, 0] * later)
@@ -198,7 +222,7 @@ def _copy_terms(term: dict[str, torch.Tensor], attn: torch.Tensor, sums: torch.T
     term["induction"].copy_(near[3])
     if common and row_start > 0:
         which = patterns.frequent[row_start:row_start + r]
-        pick = (which.clamp(min=0) + 5).expand(H, r)[..., None]
+        pick = (which.clamp(min=0) + 6).expand(H, r)[..., None]
         found = (which >= 0).to(torch.float32)
         term["duplicate"].add_(sums.gather(-1, pick)[..., 0] * found)
         term["induction"].add_(sums.gather(-1, pick + common)[..., 0] * found)
@@ -207,21 +231,23 @@ def _copy_terms(term: dict[str, torch.Tensor], attn: torch.Tensor, sums: torch.T
 
 def _block_columns(patterns: SentencePatterns, width: int, row_start: int, r: int, keys: int,
                    device: torch.device) -> torch.Tensor:
-    """(width, 5 + 2T): every key, keys left of the block, their offset from row_start, keys
-    right of it (real ones), their offset, then the common-token columns of the keys left of
-    it. The first five built on the host (numpy: no parallel region per block)."""
+    """(width, 6 + 2T): every key, keys left of the block, their offset from row_start, keys
+    right of it (real ones), their offset, special tokens (real keys), then the common-token
+    columns of the keys left of it. The first six built on the host (numpy: no parallel
+    region per block)."""
     import numpy as np
 
     common = patterns.columns.shape[1]
     on_host = device.type == "cpu"
-    columns = np.zeros((width, 5 + (common if on_host else 0)), dtype=np.float32)
+    columns = np.zeros((width, 6 + (common if on_host else 0)), dtype=np.float32)
     columns[:, 0] = 1.0
     columns[:row_start, 1] = 1.0
     columns[:row_start, 2] = np.arange(-row_start, 0, dtype=np.float32)
     columns[row_start + r:keys, 3] = 1.0
     columns[row_start + r:keys, 4] = np.arange(r, keys - row_start, dtype=np.float32)
+    columns[:keys, 5] = patterns.host["special"][:keys]
     if on_host:
-        columns[:row_start, 5:] = patterns.columns.numpy()[:row_start]
+        columns[:row_start, 6:] = patterns.columns.numpy()[:row_start]
         return torch.from_numpy(columns)
     tokens = torch.zeros(width, common, device=device)
     tokens[:row_start] = patterns.columns[:row_start]

@@ -178,10 +178,12 @@ def stat_sums(weights: torch.Tensor, tokens: list[list[str]],
     for b, toks in enumerate(tokens):
         n = len(toks)
         a = weights[b, :, :n, :n].float()  # (H, n, n) real queries and keys only
-        top, top_index = a.max(-1)  # (H, n)
         if scores is None:
-            sums["entropy"] -= torch.special.xlogy(a, a).sum((-1, -2)).double()  # 0 · log 0 = 0
+            top = a.amax(-1)  # (H, n)
+            # 0 · log 0 = 0; head by head: an (n, n) temporary, not (H, n, n)
+            sums["entropy"] -= torch.stack([torch.special.xlogy(m, m).sum() for m in a]).double()
         else:
+            top, top_index = a.max(-1)  # (H, n)
             s = scores[b, :, :n, :n].float()
             lse = s.gather(-1, top_index[..., None])[..., 0] - top.log()  # (H, n)
             # einsum reduces without an (H, n, n) temporary: several times faster than a * s

@@ -3,9 +3,10 @@ reduced at once to display-sized maps, summable statistics and the --query row, 
 head's full L × S map ever exists.
 
 Each block is exact: softmax is per row, and a block's rows see their full key range, so each
-row's max and normalizer come from the whole row. Memory: O(rows · S) for one block of one head
-and sentence (the block's rows follow a memory budget), plus O(B · H · c²) for the c × c display
-maps and O(L) per head for the statistics' row terms, against O(B · H · L · S) for the full maps.
+row's max and normalizer come from the whole row. Memory: O(heads · rows · S) for one block of
+one sentence (rows and heads follow a memory budget: `memory_plan`), plus O(B · H · c²) for the
+c × c display maps and O(L) per head for the statistics' row terms, against O(B · H · L · S) for
+the full maps.
 Time: the same O(H · B · L · S · d) work as the full maps, through matmuls into preallocated
 buffers and in-place elementwise passes.
 
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import torch
 
+from attnviz.compute.cells import ColumnPlans, cell_sums
 from attnviz.compute.inputs import Batch
 from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
 from attnviz.compute.results import LayerAttention
@@ -30,20 +31,17 @@ from attnviz.compute.stats import StatSums, add_sums, finish_stats
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed
 
-if TYPE_CHECKING:
-    import numpy as np
-    from numpy.typing import NDArray
-
 MAP_BUDGET_BYTES = 256 * 2**20  # default memory budget: beyond it, maps stream in blocks
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
 STREAMED = "blocks of query rows of one head and sentence at a time"
 # A block holds its scores, its weights and the temporaries of one elementwise pass over it:
 # about this many float32 copies of its rows.
 BLOCK_BUFFERS = 3
-# On a CPU, blocks beyond this many entries (or rows) stop paying: its passes fall out of
-# cache, and the r × r keys beside a block grow, while the fixed cost of a block is already
-# < 2 % of its work. GPUs take what the budget allows.
-CPU_BLOCK_ENTRIES = 2**22
+# On a CPU, blocks beyond this many entries (heads × rows × keys; 64 MiB per buffer) stop
+# paying, while smaller ones multiply the operations, each of which waits at its OpenMP
+# barrier (costly when other processes share the cores); rows beyond CPU_BLOCK_ROWS grow the
+# r × r keys beside a block. GPUs take what the budget allows.
+CPU_BLOCK_ENTRIES = 2**24
 CPU_BLOCK_ROWS = 256
 MAX_BLOCK_ROWS = 2048  # GPUs: the r × r keys beside a block stay small
 
@@ -68,6 +66,40 @@ def block_rows(budget: int | None, keys: int, device: torch.device) -> int:
     return max(1, min(rows, cap))
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a standalone layer's maps are computed within a memory budget: whole, or streamed
+    in blocks of `rows` query rows of `heads` heads of one sentence (both ≥ 1)."""
+
+    streamed: bool  # False: the full maps (B, H, L, S) fit the budget and are kept
+    rows: int  # query rows per block
+    heads: int  # heads per block: the block's buffers are heads × rows × (S + extra) floats
+
+    def describe(self) -> str:
+        """What one block holds, in words."""
+        what = "one head" if self.heads == 1 else f"{self.heads} heads"
+        return f"blocks of query rows of {what} of one sentence at a time"
+
+
+def memory_plan(batch: Batch, num_heads: int, extra_keys: int = 0, budget: int | None = None,
+                device: torch.device | None = None, one_head: bool = False) -> MemoryPlan:
+    """The one decision for a standalone layer: whole maps when they fit the budget; else
+    blocks of `block_rows` query rows, of as many heads as the budget holds (on a CPU also
+    ≤ CPU_BLOCK_ENTRIES entries, whose passes stay in cache). one_head: blocks of one head
+    (a --export file takes its rows in (sentence, head, row) order)."""
+    device = device or torch.device("cpu")
+    keys = max(1, batch.max_len + extra_keys)
+    rows = block_rows(budget, keys, device)
+    if not streams(batch, num_heads, extra_keys, budget):
+        return MemoryPlan(False, rows, max(1, num_heads))
+    limit = MAP_BUDGET_BYTES if budget is None else budget
+    heads = limit // (BLOCK_BUFFERS * 4 * rows * keys)
+    if device.type == "cpu":
+        heads = min(heads, CPU_BLOCK_ENTRIES // (rows * keys))
+    heads = 1 if one_head else max(1, min(heads, num_heads))
+    return MemoryPlan(True, rows, heads)
+
+
 @dataclass
 class _Partial:
     """One (sentence, head) map while its row blocks arrive."""
@@ -80,8 +112,6 @@ class _Partial:
     terms: torch.Tensor  # (len(ROW_TERMS), n) each query's term of every statistic
     done: int = 0
     covered: list[tuple[int, int]] = field(default_factory=list)
-    # per key count: reduceat starts, and the display columns they fill
-    col_plan: dict[int, tuple[list[int], slice | NDArray[np.intp]]] = field(default_factory=dict)
 
 
 class MapReducer:
@@ -106,6 +136,11 @@ class MapReducer:
         self._rows: dict[int, torch.Tensor] = {}  # per head: the query's row (S,)
         self._open: dict[tuple[int, int], _Partial] = {}
         self._patterns: dict[tuple[int, str], SentencePatterns] = {}
+        self._col_plans: dict[int, ColumnPlans] = {}  # per sentence: see `cell_sums`
+        # the display layout of the latest sentence: grid, row index (host, device), col index
+        self._layouts: dict[tuple[int, str], tuple[DisplayGrid, list[int], torch.Tensor,
+                                                   torch.Tensor]] = {}
+        self._template: MapView | None = None  # the latest sentence's view, for its labels
         self._non_finite = False
 
     def add(self, sentence: int, first_head: int, attn: torch.Tensor,
@@ -121,7 +156,8 @@ class MapReducer:
                           None if scores is None else scores[:, start:stop])
 
     def add_rows(self, sentence: int, first_head: int, row_start: int, attn: torch.Tensor,
-                 scores: torch.Tensor | None = None) -> None:
+                 scores: torch.Tensor | None = None,
+                 score_max: torch.Tensor | None = None) -> None:
         """One block of query rows of heads first_head.. of a sentence, reduced at once.
 
         attn (heads, r, K + extra) float32: the weights of queries row_start .. row_start + r
@@ -129,7 +165,8 @@ class MapReducer:
         (bias_k). K may stop short of the sentence's length n when every later key has weight
         0 (a causal block), but must reach past the block's last query. scores (same shape),
         optional: the pre-softmax scores (finite; where a mask zeroed a weight, any finite
-        value), which spare the entropy a logarithm per entry.
+        value), which spare the entropy a logarithm per entry. score_max (heads, r), optional
+        with scores: each row's largest score over the keys it sees (the kernel's).
         """
         tokens = self.tokens[sentence]
         n = len(tokens)
@@ -141,13 +178,19 @@ class MapReducer:
             raise ValueError(f"a block of rows {row_start}:{row_start + r} with {keys} real keys "
                              f"does not fit a sentence of {n} tokens")
         patterns = self._sentence_patterns(sentence, attn.device)
-        terms = row_terms(attn, row_start, keys, patterns, scores)
-        for j in range(heads):
+        terms = row_terms(attn, row_start, keys, patterns, scores, score_max)
+        parts = [self._open.get((sentence, first_head + j))
+                 or self._start(sentence, first_head + j, attn.device) for j in range(heads)]
+        stop = row_start + r
+        low, high = parts[0].rows_cpu[row_start], parts[0].rows_cpu[stop - 1]
+        first = parts[0]
+        cells, columns = cell_sums(first.grid, (first.row_index, first.col_index), attn,
+                                   row_start, keys, n, low, high,
+                                   self._col_plans.setdefault(sentence, {}))
+        for j, part in enumerate(parts):
             head = first_head + j
-            part = self._open.get((sentence, head)) or self._start(sentence, head, attn.device)
-            stop = row_start + r
             part.terms[:, row_start:stop] = terms[:, j]
-            self._add_cells(part, attn[j], row_start, keys, n)
+            part.cells[low:high + 1, columns] += cells[j]
             part.done += r
             part.covered.append((row_start, stop))
             if self.query_row is not None and self.query_row[0] == sentence and \
@@ -168,33 +211,18 @@ class MapReducer:
 
     def _start(self, sentence: int, head: int, device: torch.device) -> _Partial:
         n = len(self.tokens[sentence])
-        grid = display_grid(n, n + (self.extra_keys or 0), DISPLAY_CELLS, DISPLAY_CELLS)
-        row_index = grid.row_index()
-        part = _Partial(grid, row_index.tolist(), row_index.to(device),
-                        grid.col_index().to(device),
+        key = (sentence, str(device))
+        if key not in self._layouts:  # every head of a sentence shares its display layout
+            grid = display_grid(n, n + (self.extra_keys or 0), DISPLAY_CELLS, DISPLAY_CELLS)
+            row_index = grid.row_index()
+            self._layouts = {key: (grid, row_index.tolist(), row_index.to(device),
+                                   grid.col_index().to(device))}  # one sentence at a time
+        grid, rows_cpu, row_index, col_index = self._layouts[key]
+        part = _Partial(grid, rows_cpu, row_index, col_index,
                         torch.zeros(len(grid.row_blocks), len(grid.col_blocks), device=device),
                         torch.zeros(len(ROW_TERMS), n, device=device))
         self._open[(sentence, head)] = part
         return part
-
-    @staticmethod
-    def _add_cells(part: _Partial, attn: torch.Tensor, row_start: int, keys: int,
-                   n: int) -> None:
-        """Key blocks summed and the block's rows summed into their display rows (divided by
-        each display row's query count when the map is finished): what `downsample` does."""
-        r = attn.shape[0]
-        low, high = part.rows_cpu[row_start], part.rows_cpu[row_start + r - 1]
-        if attn.device.type == "cpu":  # numpy segment sums: no parallel region per block
-            _add_cells_host(part, attn.detach().numpy(), row_start, keys, n, low, high)
-            return
-        if high - low + 1 == r:  # one query per display row: the rows themselves
-            summed = attn
-        else:  # each row added into its display row: one pass over the block
-            summed = torch.zeros(high - low + 1, attn.shape[1], device=attn.device)
-            summed.index_add_(0, part.row_index[row_start:row_start + r] - low, attn)
-        columns = part.col_index if keys == n else \
-            torch.cat([part.col_index[:keys], part.col_index[n:]])
-        part.cells[low:high + 1].index_add_(1, columns, summed)
 
     def _finish_map(self, sentence: int, head: int, part: _Partial) -> None:
         del self._open[(sentence, head)]
@@ -215,8 +243,13 @@ class MapReducer:
                                     (sums, {name: counts[name] for name in sums}))
         sizes = torch.tensor([b - a for a, b in part.grid.row_blocks], dtype=torch.float32)
         values = (part.cells.cpu() / sizes[:, None]).numpy().copy()
-        labels = tokens + ["<bias_k>"] * (self.extra_keys or 0)
-        view = grid_view(part.grid, sentence, self.layer_index, head, values, tokens, labels)
+        template = self._template
+        if template is None or template.sentence != sentence:  # its labels, once per sentence
+            labels = tokens + ["<bias_k>"] * (self.extra_keys or 0)
+            template = grid_view(part.grid, sentence, self.layer_index, head, values, tokens,
+                                 labels)
+            self._template = template
+        view = replace(template, head=head, values=values)
         if head < MAX_VIEW_HEADS:  # tens of thousands of heads: display views stay bounded
             self.views.append(view)
         total, heads = self._mean.get(sentence, (0, 0))
@@ -242,31 +275,3 @@ class MapReducer:
                               views=self.views + means, stats=stats,
                               query_row=self.query_row if rows is not None else None,
                               query_weights=rows)
-
-
-def _add_cells_host(part: _Partial, attn: NDArray[np.float32], row_start: int, keys: int,
-                    n: int, low: int, high: int) -> None:
-    """_add_cells on the CPU: np.add.reduceat over the block's rows, then its columns (each
-    display cell a contiguous range of both), into the display cells."""
-    import numpy as np
-
-    r = attn.shape[0]
-    if high - low + 1 < r:
-        edges = [max(a, row_start) - row_start for a, _ in part.grid.row_blocks[low:high + 1]]
-        if len(edges) <= 8:  # a few display rows: numpy sums of contiguous rows
-            attn = np.stack([attn[a:b].sum(0) for a, b in zip(edges, [*edges[1:], r],
-                                                               strict=True)])
-        else:  # many (np.add.reduceat along rows is slow): one index_add pass
-            summed = torch.from_numpy(np.zeros((len(edges), attn.shape[1]), np.float32))
-            attn = summed.index_add_(0, part.row_index[row_start:row_start + r] - low,
-                                     torch.from_numpy(attn)).numpy()
-    if keys not in part.col_plan:  # the block's columns: real keys 0..keys, then the extras
-        def at(x: int) -> int:
-            return min(x, keys) + max(0, x - n)
-
-        spans = [(at(a), at(b)) for a, b in part.grid.col_blocks]
-        used = [c for c, (a, b) in enumerate(spans) if a < b]
-        part.col_plan[keys] = ([spans[c][0] for c in used],
-                               slice(None) if len(used) == len(spans) else np.array(used))
-    starts, cells = part.col_plan[keys]
-    part.cells.numpy()[low:high + 1, cells] += np.add.reduceat(attn, starts, axis=1)

@@ -1,0 +1,149 @@
+"""The standalone layer's one memory decision (`streaming.memory_plan`): whole maps or blocks,
+rows and heads per block within the budget; and blocks of several heads at once give the
+full maps' display maps, statistics and --query row."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_long import CASES, TEXTS, _mismatch
+
+from attnviz.app import heatmap as heatmap_mod
+from attnviz.compute import layer_stream, streaming
+from attnviz.compute.inputs import make_batch
+
+CPU = torch.device("cpu")
+
+
+def _batch(length: int, sentences: int = 1):
+    return make_batch([" ".join(f"w{i}" for i in range(length))] * sentences,
+                      max_tokens=40000)
+
+
+@pytest.mark.parametrize(("length", "heads", "extra", "budget", "device"), list(itertools.product(
+    (7, 300, 4096), (1, 4, 16), (0, 1), (2**12, 2**20, 2**28), ("cpu", "meta"))))
+def test_plan_stays_within_its_bounds(length, heads, extra, budget, device):
+    """Whole exactly when the full maps fit; blocks of block_rows' rows; heads per block the
+    most that the budget (and on a CPU the entry cap) holds, never more than the layer has."""
+    batch = _batch(length, 2)
+    device = torch.device(device)
+    plan = streaming.memory_plan(batch, heads, extra, budget, device)
+    keys = length + extra
+    full = 2 * heads * length * keys * 4  # independent of streaming.full_maps_bytes
+    assert plan.streamed == (full > budget)
+    if not plan.streamed:
+        return
+    assert plan.rows == streaming.block_rows(budget, keys, device)
+
+    def fits(h: int) -> bool:
+        entries = h * plan.rows * keys
+        return entries * streaming.BLOCK_BUFFERS * 4 <= budget and (
+            device.type != "cpu" or entries <= streaming.CPU_BLOCK_ENTRIES)
+
+    assert 1 <= plan.heads <= heads
+    assert plan.heads == 1 or fits(plan.heads)  # within the budget
+    assert plan.heads == heads or not fits(plan.heads + 1)  # and the most it holds
+    assert streaming.memory_plan(batch, heads, extra, budget, device, one_head=True).heads == 1
+
+
+def test_the_default_plan_of_the_4096_token_layer():
+    """The issue's layer (16 heads, 4,096 tokens): full maps of 1 GiB stream, in blocks of
+    256 rows of all 16 heads (64 MiB buffers), under the 256 MiB default budget."""
+    plan = streaming.memory_plan(_batch(4096), 16)
+    assert plan == streaming.MemoryPlan(True, 256, 16)
+    assert 16 * 256 * 4096 * 4 * streaming.BLOCK_BUFFERS <= streaming.MAP_BUDGET_BYTES
+    assert not streaming.memory_plan(_batch(2048), 16).streamed  # 256 MiB: held whole
+
+
+def _grouped(monkeypatch, case: str, rows: int, heads: int, **request):
+    """The full run and a streamed run whose blocks hold `rows` rows of `heads` heads."""
+    monkeypatch.setattr(streaming, "CPU_BLOCK_ROWS", rows)
+    batch = make_batch(TEXTS)
+    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **CASES[case], **request))
+    layer = full.layers[0]
+    keys = layer.weights.shape[-1]
+    budget = heads * rows * keys * streaming.BLOCK_BUFFERS * 4
+    plan = streaming.memory_plan(batch, layer.layer.num_heads, keys - batch.max_len, budget)
+    assert (plan.rows, plan.heads) == (rows, heads)
+    streamed = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **CASES[case],
+                                                          memory_budget=budget, **request))
+    assert streamed.layers[0].weights is None
+    assert f"{heads} heads of one sentence" in streamed.layers[0].method
+    return full, streamed
+
+
+# 3 heads of 4 (groups of 3 and 1), 2 of 4 and 2 of 2; gqa: 4 query heads over 2 kv heads
+@pytest.mark.parametrize(("case", "heads"), [("plain", 3), ("causal", 2), ("bias_k", 3),
+                                             ("bias_k causal", 2), ("gqa", 3)])
+def test_blocks_of_several_heads_equal_full_maps(monkeypatch, case, heads):
+    monkeypatch.setattr(streaming, "DISPLAY_CELLS", 6)
+    full, streamed = _grouped(monkeypatch, case, 4, heads)
+    layer = streamed.layers[0]
+    worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, 6)
+    assert worst_map <= 1e-6 and worst_stat <= 1e-6
+
+
+def test_blocks_of_several_heads_keep_the_query_row(monkeypatch):
+    full, streamed = _grouped(monkeypatch, "bias_k causal", 5, 2, query_row=(0, 13))
+    expected = full.layers[0].weights[0, :, 13]  # (H, S) with padding columns
+    keys = list(range(len(full.batch.tokens[0]))) + \
+        list(range(full.batch.max_len, expected.shape[-1]))
+    torch.testing.assert_close(streamed.layers[0].query_weights, expected[:, keys], atol=1e-6,
+                               rtol=0)
+
+
+def test_mixed_up_heads_in_a_block_are_caught(monkeypatch):
+    """Negative control: a block whose heads get each other's query rows (the projection's
+    ranges reversed) fails the same comparison."""
+    monkeypatch.setattr(streaming, "DISPLAY_CELLS", 6)
+    rows_of = layer_stream._rows
+    monkeypatch.setattr(layer_stream, "_rows",
+                        lambda tensor, ranges: rows_of(tensor, list(reversed(ranges))))
+    full, streamed = _grouped(monkeypatch, "plain", 4, 3)
+    layer = streamed.layers[0]
+    worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, 6)
+    assert worst_map > 1e-3 and worst_stat > 1e-3
+
+
+def test_the_note_names_the_heads_per_block(cli, monkeypatch):
+    words = " ".join(f"w{i % 37}" for i in range(90))
+    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 3 * 4 * 90 * streaming.BLOCK_BUFFERS * 4)
+    monkeypatch.setattr(streaming, "CPU_BLOCK_ROWS", 4)
+    result = cli("heatmap", "--random", "-H", "4", words, "--no-stats", "--no-maps")
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.stdout.split())
+    assert "long input: maps computed 3 heads and sentence at a time" in flat
+    assert "blocks of query rows of 3 heads of one sentence at a time, 4 rows per block" in flat
+
+
+@pytest.mark.parametrize(("n", "row_start", "r", "keys", "extra"), [
+    (23, 4, 8, 23, 0), (23, 9, 5, 14, 1), (40, 0, 40, 40, 1), (5, 1, 3, 4, 0), (24, 8, 8, 24, 0)])
+def test_cell_sums_on_host_and_device_paths_equal_a_direct_sum(n, row_start, r, keys, extra):
+    """A block of 3 heads reduced to display cells by the host (numpy) and the device (torch
+    index_add_, here run on the CPU) paths equals a direct sum over each cell's entries."""
+    from attnviz.compute import cells
+    from attnviz.compute.maps import display_grid
+
+    torch.manual_seed(0)
+    grid = display_grid(n, n + extra, 6, 5)
+    attn = torch.rand(3, r, keys + extra)
+    row_index, col_index = grid.row_index(), grid.col_index()
+    low, high = int(row_index[row_start]), int(row_index[row_start + r - 1])
+    expected = torch.zeros(3, high - low + 1, len(grid.col_blocks))
+    key_of = list(range(keys)) + list(range(n, n + extra))  # the block's columns, as keys
+    for i in range(r):
+        for c, key in enumerate(key_of):
+            expected[:, int(row_index[row_start + i]) - low, int(col_index[key])] += attn[:, i, c]
+    host, columns = cells.cell_sums(grid, (row_index, col_index), attn, row_start, keys, n, low,
+                                    high, {})
+    got = torch.zeros_like(expected)
+    got[:, :, columns] = host
+    device = cells._device_sums(grid, (row_index, col_index), attn, row_start, keys, n, low, high)
+    for result in (got, device):
+        torch.testing.assert_close(result, expected, atol=1e-5, rtol=0)
+    wrong = expected.clone()
+    wrong[:, 0, 0] += 1e-3  # negative control: one cell off is caught
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got, wrong, atol=1e-5, rtol=0)
