@@ -147,12 +147,37 @@ def location_free(text: str, scratch: Path) -> str:
 Lines = tuple[int, int] | None  # (first, last) shown, 1-based inclusive; None: all
 
 
-def output_of(command: str, lines: Lines) -> str:
+_RUNS: dict[str, tuple[int, str, str]] = {}  # command → (exit code, stdout, stderr), per process
+
+
+def _ran(command: str) -> tuple[int, str, str]:
+    """One run of an example in a scratch folder of its own, its stdout location-free; a
+    command shown in several places (an example and its output block) runs once."""
+    if command not in _RUNS:
+        _RUNS[command] = _ran_uncached(command)
+    return _RUNS[command]
+
+
+def _run_all(commands: list[str]) -> None:
+    """Run the commands not run yet, two at a time (each is a process of its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending = [c for c in dict.fromkeys(commands) if c not in _RUNS]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for command, outcome in zip(pending, pool.map(_ran_uncached, pending), strict=True):
+            _RUNS[command] = outcome
+
+
+def _ran_uncached(command: str) -> tuple[int, str, str]:
     with tempfile.TemporaryDirectory() as scratch:
         result = run(argv(command, Path(scratch)))
-        stdout = location_free(result.stdout, Path(scratch))
-    if result.returncode != 0:
-        raise RuntimeError(f"{command!r} exited {result.returncode}: {result.stderr.strip()}")
+        return result.returncode, location_free(result.stdout, Path(scratch)), result.stderr
+
+
+def output_of(command: str, lines: Lines) -> str:
+    code, stdout, stderr = _ran(command)
+    if code != 0:
+        raise RuntimeError(f"{command!r} exited {code}: {stderr.strip()}")
     printed = [line.rstrip() for line in stdout.splitlines()]
     return "\n".join(printed[lines[0] - 1 : lines[1]] if lines else printed)
 
@@ -196,16 +221,20 @@ def check(only: list[Path] | None = None) -> list[str]:
 def check_one(document: Path) -> list[str]:
     text, name = document.read_text(), _shown_name(document)
     problems = []
+    runnable = []
     with tempfile.TemporaryDirectory() as scratch:
         for example in examples(text):
-            args = argv(example.text, Path(scratch))
-            if example.needs_gpu:
-                continue
-            result = run(args)
-            if result.returncode != 0:
-                problems.append(f"{name}:{example.line}: {example.text!r} exited "
-                                f"{result.returncode}: {result.stderr.strip()[:300]}")
-    for line, command, lines, shown in output_blocks(text, name):
+            argv(example.text, Path(scratch))  # every example parses, the GPU ones included
+            if not example.needs_gpu:
+                runnable.append(example)
+    blocks = output_blocks(text, name)
+    _run_all([e.text for e in runnable] + [command for _, command, _, _ in blocks])
+    for example in runnable:
+        code, _, stderr = _ran(example.text)
+        if code != 0:
+            problems.append(f"{name}:{example.line}: {example.text!r} exited {code}: "
+                            f"{stderr.strip()[:300]}")
+    for line, command, lines, shown in blocks:
         try:
             real = output_of(command, lines)
         except RuntimeError as failed:

@@ -33,18 +33,18 @@ VIEW_TRANSPOSE = {"mpnet", "roformer", "megatron_bert", "big_bird", "xlm", "xglm
 def interface_scalings() -> Iterator[dict[str, float | None]]:
     """The `scaling` each module passes to the attention interface, by module name."""
     seen: dict[str, float | None] = {}
-    attend = capture_eager._Session.attend
+    attend = capture_eager.Session.attend
 
     def spy(self: Any, module: Any, query: Any, key: Any, value: Any, mask: Any, args: tuple,
             kwargs: dict) -> Any:
         seen.setdefault(self.names.get(id(module), ""), kwargs.get("scaling"))
         return attend(self, module, query, key, value, mask, args, kwargs)
 
-    capture_eager._Session.attend = spy  # type: ignore[method-assign]
+    capture_eager.Session.attend = spy  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        capture_eager._Session.attend = attend  # type: ignore[method-assign]
+        capture_eager.Session.attend = attend  # type: ignore[method-assign]
 
 
 def owner(model: Any, stored: torch.Tensor) -> str:

@@ -1,6 +1,8 @@
-"""The layering is a contract: data flows load → recognize → compute → sources → app → render →
-cli, lower layers never import higher ones, nothing imports in a cycle, and the header-only layers
-never import torch or matplotlib at module level (so `--help` and `inspect` stay instant)."""
+"""The layering is a contract: data flows load → recognize → compute → sources → app | render →
+cli, lower layers never import higher ones, app (the use cases, and the one place that writes
+files) and render (which only draws) never import each other, nothing imports in a cycle, and the
+header-only layers never import torch or matplotlib at module level (so `--help` and `inspect`
+stay instant)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "attnviz"
 # Each top-level part of the package and its rank: a module may import its own rank or lower.
 RANKS = {"errors": 0, "data": 0, "core": 1, "load": 2, "recognize": 3, "compute": 4, "sources": 5,
-         "app": 6, "render": 7, "cli": 8, "api": 9, "__main__": 9, "__init__": 9}
+         "app": 6, "render": 6, "cli": 8, "api": 9, "__main__": 9, "__init__": 9}
+# Parts of one rank that must not import each other: render draws results, app computes and
+# writes them; the CLI and the API join the two.
+APART = {("render", "app"), ("app", "render")}
 HEADER_ONLY = ("core", "load", "recognize")
 HEAVY = ("torch", "matplotlib", "numpy", "transformers", "safetensors")
 
@@ -59,6 +64,8 @@ def test_no_upward_imports(module):
         if target is None or target == "attnviz":
             continue
         assert RANKS[part_of(target)] <= rank, f"{module} imports {target}, a higher layer"
+        assert (part_of(module), part_of(target)) not in APART, \
+            f"{module} imports {target}: {part_of(module)} never imports {part_of(target)}"
 
 
 @pytest.mark.parametrize("module", [m for m in sorted(MODULES) if part_of(m) in HEADER_ONLY])
@@ -90,13 +97,17 @@ def test_no_import_cycles():
 
 def test_the_contract_can_fail(tmp_path):
     """Negative control: an upward import, a heavy import and a cycle are all caught."""
-    fake = {"attnviz.load.x": tmp_path / "x.py", "attnviz.app.y": tmp_path / "y.py"}
+    fake = {"attnviz.load.x": tmp_path / "x.py", "attnviz.app.y": tmp_path / "y.py",
+            "attnviz.render.z": tmp_path / "z.py"}
     fake["attnviz.load.x"].write_text("import torch\nfrom attnviz.app.y import thing\n")
     fake["attnviz.app.y"].write_text("from attnviz.load.x import other\n")
+    fake["attnviz.render.z"].write_text("from attnviz.app.y import result\n")
     MODULES.update(fake)
     try:
         with pytest.raises(AssertionError, match="higher layer"):
             test_no_upward_imports("attnviz.load.x")
+        with pytest.raises(AssertionError, match="render never imports app"):
+            test_no_upward_imports("attnviz.render.z")
         with pytest.raises(pytest.fail.Exception, match="module level"):
             test_header_only_layers_import_nothing_heavy_at_module_level("attnviz.load.x")
         with pytest.raises(pytest.fail.Exception, match="import cycle"):

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnviz.app.heatmap import HeatmapRequest, run
+from attnviz.cli.paths import write_page
 from attnviz.compute.breakdown import query_breakdown
 from attnviz.compute.inputs import Batch, make_batch
 from attnviz.compute.stats import head_stats
@@ -32,7 +33,6 @@ from attnviz.render.html import (
     notebook_html,
     quantize,
     render_html,
-    write_html,
 )
 from attnviz.sources.layers import RandomSpec
 
@@ -187,7 +187,7 @@ def test_notebook_iframe_embeds_the_escaped_page(padded):
 def test_write_html_is_atomic(padded, tmp_path, monkeypatch):
     path = tmp_path / "view.html"
     path.write_text("old")
-    write_html(padded[2], path)
+    write_page(render_html(padded[2]), path)
     assert path.read_text(encoding="utf-8") == render_html(padded[2])
 
     def full_disk(self, *args, **kwargs):
@@ -195,7 +195,7 @@ def test_write_html_is_atomic(padded, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "write_text", full_disk)
     with pytest.raises(OutputError, match="No space left"):
-        write_html(padded[2], path)
+        write_page(render_html(padded[2]), path)
     monkeypatch.undo()
     assert path.read_text(encoding="utf-8") == render_html(padded[2])  # untouched
     assert [p.name for p in tmp_path.iterdir()] == ["view.html"]  # no temporary left
@@ -215,7 +215,7 @@ def browser(tmp_path_factory):
 
 def _open(browser, doc, tmp_path, name="view.html"):
     path = tmp_path / name
-    write_html(doc, path)
+    write_page(render_html(doc), path)
     page = browser.open(path.as_uri())
     assert page.evaluate("document.body.dataset.ready") == "1"
     return page

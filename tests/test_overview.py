@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, assert_clean_error
 from rich.console import Console
 
-from attnviz.app.overview import build_overview, head_type, wanted
+from attnviz.compute.overview import build_overview, head_type, wanted
 from attnviz.compute.stats import HeadStats
 from attnviz.render.overview_terminal import overview_lines, print_overview
 

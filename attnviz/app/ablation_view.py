@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from attnviz.app.overview import Overview, OverviewCell, OverviewRow, head_type
 from attnviz.compute.ablation_measures import AblationReport
+from attnviz.compute.overview import Overview, OverviewCell, OverviewRow, head_type
 from attnviz.compute.ranking import HeadRanking, RankedHead
 from attnviz.compute.stats import HeadStats
 from attnviz.errors import UsageError

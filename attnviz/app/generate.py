@@ -6,35 +6,16 @@ tokens its row attends to most."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnviz.compute.inputs import TokenLimit, length_problem
 from attnviz.errors import UsageError
-from attnviz.sources.generate_spec import GenerateSpec, Generation
+from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
 if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun, LayerAttention
 
 TOP_K = 3  # tokens listed per generated token
-
-
-@dataclass(frozen=True)
-class Focus:
-    """One generated token and the tokens its row (the one the model computed when the token was
-    fed back in) attends to most, in one layer, for one head or the mean over heads."""
-
-    sentence: int
-    row: int  # the token's row in the layer's map
-    token: str
-    layer: str  # the layer's label
-    head: int | None  # None: the mean over heads
-    top: list[tuple[int, str, float]]  # (key position, key token, weight), largest first
-
-    def to_json(self) -> dict[str, Any]:
-        return {"sentence": self.sentence, "row": self.row, "token": self.token,
-                "layer": self.layer, "head": self.head,
-                "top": [{"position": p, "token": t, "weight": w} for p, t, w in self.top]}
 
 
 def generate_spec(generate: int | None, sample: bool, temperature: float | None,

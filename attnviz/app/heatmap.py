@@ -29,15 +29,14 @@ from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
-    from attnviz.app.generate import Focus
-    from attnviz.app.overview import Overview
     from attnviz.compute.ablation_measures import AblationReport
     from attnviz.compute.breakdown import QueryBreakdown
     from attnviz.compute.maps import MapView
+    from attnviz.compute.overview import Overview
     from attnviz.compute.ranking import HeadRanking
     from attnviz.compute.results import AttentionRun
     from attnviz.compute.stats import HeadStats
-    from attnviz.sources.generate_spec import GenerateSpec, Generation
+    from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
 # the runners, re-exported: scripts and tests reach them through this module
 __all__ = ["HeatmapJob", "HeatmapRequest", "HeatmapResult", "check_applicable", "check_panels",
@@ -106,7 +105,7 @@ class HeatmapResult:
 
     def overview(self, shows: str = "label") -> Overview:
         """A row per layer, a cell per head (its type, or `shows`)."""
-        from attnviz.app.overview import build_overview
+        from attnviz.compute.overview import build_overview
 
         if shows == "ablation":
             from attnviz.app.ablation_view import ablation_overview

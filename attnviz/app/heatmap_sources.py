@@ -130,27 +130,27 @@ def run(request: HeatmapRequest, warn: Callable[[str], None] | None = None,
     from attnviz.compute.device import resolve_device
     from attnviz.core.selection import parse_layers
     from attnviz.recognize import find_layers, select_layer
-    from attnviz.sources import bundled as tinymodel
-    from attnviz.sources import layers as sources
+    from attnviz.sources.bundled import is_tiny_model, run_tiny, tiny_layers
+    from attnviz.sources.layers import random_mha
 
     if request.positions not in POSITION_SCHEMES:
         raise UsageError(f"unknown ‹positions› {request.positions!r}",
                          fix=f"use {' or '.join(POSITION_SCHEMES)}", option="positions")
     device = resolve_device(request.device)
     if request.random is not None:
-        layer, store = sources.random_mha(request.random)
+        layer, store = random_mha(request.random)
         check_panels(request, 1, layer.num_heads or 0)
         return _run_standalone(request, layer, None, store, request.causal, device)
     store = open_store(request.weights) if store is None else store
-    if tinymodel.is_tiny_model(store):
+    if is_tiny_model(store):
         if request.positions != "none":
             raise UsageError("the bundled model has its own learned positions",
                              fix="drop ‹positions›", option="positions")
-        layers = tinymodel.tiny_layers(store)  # checked against the metadata's counts
+        layers = tiny_layers(store)  # checked against the metadata's counts
         chosen = parse_layers(request.layer, len(layers))
         check_panels(request, len(layers) if chosen is None else len(chosen),
                      max(layer.num_heads or 0 for layer in layers))
-        return tinymodel.run_tiny(store, request.batch, chosen, device)
+        return run_tiny(store, request.batch, chosen, device)
     inventory = find_layers(store, request.hints)
     layer = select_layer(inventory, request.layer, store.source)
     if not layer.heads_known:

@@ -8,7 +8,7 @@ import os
 import signal
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -152,6 +152,13 @@ def atomic_output(path: Path) -> Iterator[Path]:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def write_output(path: Path, write: Callable[[Path], object]) -> None:
+    """The one way a run writes a file: `write` fills a temporary file beside `path`, which
+    replaces `path` only when it succeeded (render draws, this writes)."""
+    with atomic_output(path) as tmp:
+        write(tmp)
 
 
 def check_free_space(path: Path, needed: int) -> None:

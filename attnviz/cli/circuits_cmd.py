@@ -69,10 +69,10 @@ def circuits(
     result = run_circuits(CircuitsRequest(weights, model, layer, hints, spec, composition,
                                           device))
     if out_path is not None:
+        from attnviz.cli.paths import write_figure
         from attnviz.render.circuits_figure import circuits_figure
-        from attnviz.render.figure_io import save_figure
 
-        save_figure(circuits_figure(result), out_path)
+        write_figure(circuits_figure(result), out_path)
     if as_json:
         typer.echo(strict_json(result.to_json()))
         return

@@ -161,7 +161,8 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         result.export(files.export)
     if files.figure is not None:
         from attnviz.app.weighting import legend
-        from attnviz.render.figure import heatmap_figure, save_figure
+        from attnviz.cli.paths import write_figure
+        from attnviz.render.figure import heatmap_figure
 
         report(f"drawing the figure {files.figure.name}")
         figure = heatmap_figure(result.views, result.title(), scale, size, dpi,
@@ -171,15 +172,16 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
 
             mark_boundary(figure, result.views, result.title(), result.run, result.generation,
                           size, dpi)
-        save_figure(figure, files.figure)
+        write_figure(figure, files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
 
             assert files.ablation_figure is not None  # checked with the others, before the run
-            save_figure(ablation_figure(result.ablation, result.head_stats, result.title()),
-                        files.ablation_figure)
+            write_figure(ablation_figure(result.ablation, result.head_stats, result.title()),
+                         files.ablation_figure)
     if files.html is not None:
-        from attnviz.render.html import document_from_run, write_html
+        from attnviz.cli.paths import write_page
+        from attnviz.render.html import document_from_run, render_html
 
         report(f"writing the page {files.html.name}")
         document = document_from_run(result.run, result.head_stats, result.breakdown)
@@ -187,7 +189,7 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
             from attnviz.app.generate import boundary_notes
 
             document["notes"] += boundary_notes(result.generation)
-        write_html(document, files.html)
+        write_page(render_html(document), files.html)
 
 
 def print_warnings(warnings: list[str]) -> None:

@@ -153,8 +153,8 @@ class Shown:
                model: bool, layer: str | None, head: int | None, average: bool, sentence: int,
                scale: str) -> Shown:
         """The defaults: maps unless a file holds them; for a --model run that asks for no
-        maps in particular, the overview in place of maps and table (see app.overview)."""
-        from attnviz.app.overview import wanted
+        maps in particular, the overview in place of maps and table (see compute.overview)."""
+        from attnviz.compute.overview import wanted
 
         shows, compact = wanted(overview, model, layer, head, average, maps)
         show_maps = maps if maps is not None else not (writes or compact)

@@ -1,6 +1,12 @@
-"""What a command reads, resolved before any work so no output can overwrite it."""
+"""What a command reads, resolved before any work so no output can overwrite it, and how it
+writes a drawn figure or page (through app.outputs' one writer)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from pathlib import Path
 
@@ -26,3 +32,18 @@ def inputs_read(weights: Path | None, model: str | None, file: Path | None,
 
         files.append(BUNDLED)
     return read_set(files, folders)
+
+
+def write_figure(fig: Figure, path: Path) -> None:
+    """A figure into `path` through the one output writer (atomic: no partial file)."""
+    from attnviz.app.outputs import write_output
+    from attnviz.render.figure_io import save_figure
+
+    write_output(path, lambda tmp: save_figure(fig, tmp, named=path))
+
+
+def write_page(page: str, path: Path) -> None:
+    """A self-contained HTML page into `path`, atomically."""
+    from attnviz.app.outputs import write_output
+
+    write_output(path, lambda tmp: tmp.write_text(page, encoding="utf-8"))

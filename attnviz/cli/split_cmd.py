@@ -72,9 +72,10 @@ def split(
     result = run_split(SplitRequest(weights, model, layer, HeadHints(
         None if random else num_heads, num_kv_heads, head_dim), random, seed or 0, verify))
     if png_path is not None:
-        from attnviz.render.figure import save_figure, split_figure
+        from attnviz.cli.paths import write_figure
+        from attnviz.render.figure import split_figure
 
-        save_figure(split_figure(result.matrix_panels(), result.title), png_path)
+        write_figure(split_figure(result.matrix_panels(), result.title), png_path)
     if as_json:
         typer.echo(strict_json(result.to_json()))
     else:

@@ -226,8 +226,3 @@ def finish_stats(totals: StatSums, layer: int, first_head: int = 0) -> list[Head
                     if name in counts)
     return [HeadStats(layer=layer, head=first_head + h, queries=queries, **values[h])
             for h in range(H)]
-
-
-def induction_score(weights: torch.Tensor, tokens: list[list[str]]) -> list[float]:
-    """Per-head induction score of maps (B, H, L, S); a convenience for tests and reports."""
-    return [s.induction or 0.0 for s in head_stats(weights, tokens, 0)]

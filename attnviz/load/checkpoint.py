@@ -38,8 +38,8 @@ from attnviz.load.safetensors_file import (  # noqa: F401 - re-exported
     MAX_TENSORS,
     SAFETENSORS_SUFFIX,
     SafetensorsStore,
-    _check_regular_file,
     as_float32,
+    check_regular_file,
     read_safetensors_header,
 )
 from attnviz.load.store import (  # noqa: F401 - re-exported
@@ -119,12 +119,12 @@ def safe_child(folder: Path, file_name: str) -> Path:
     if not path.exists():
         raise CheckpointError(f"shard {quoted(file_name)} named in the index is missing",
                               fix="re-download the model", where=where)
-    _check_regular_file(path)
+    check_regular_file(path)
     return path
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
-    _check_regular_file(path)
+    check_regular_file(path)
     if path.stat().st_size > MAX_HEADER_BYTES:
         raise CheckpointError(f"{what} is too large", where=printable_path(path))
     with open(path, "rb") as f:

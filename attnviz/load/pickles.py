@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 from attnviz.load.paths import native_path
 from attnviz.load.pickle_records import check_zip_storages, tensor_span
-from attnviz.load.safetensors_file import _check_regular_file
+from attnviz.load.safetensors_file import check_regular_file
 from attnviz.load.store import DictStore
 
 MAX_ZIP_ENTRIES = 500_000
@@ -37,7 +37,7 @@ def check_torch_zip(path: Path) -> bool:
     Returns False for files that are not zip archives (legacy torch format or raw pickles).
     """
     where = printable_path(path)
-    size = _check_regular_file(path).st_size
+    size = check_regular_file(path).st_size
     bad = "the file is not a safe PyTorch zip checkpoint"
     try:
         if not zipfile.is_zipfile(path):

@@ -32,7 +32,7 @@ MAX_TENSORS = 200_000
 SAFETENSORS_SUFFIX = ".safetensors"
 
 
-def _check_regular_file(path: Path) -> os.stat_result:
+def check_regular_file(path: Path) -> os.stat_result:
     try:
         st = path.stat()
     except OSError as exc:
@@ -46,7 +46,7 @@ def _check_regular_file(path: Path) -> os.stat_result:
 def read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """Parse and validate a safetensors header: (tensors, metadata, data start)."""
     where = printable_path(path)
-    size = _check_regular_file(path).st_size
+    size = check_regular_file(path).st_size
     bad = "the file is not a valid safetensors checkpoint"
     with open(path, "rb") as f:
         prefix = f.read(8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.app.circuits import CircuitsResult
+from attnviz.compute.circuits_result import CircuitsResult
 from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:

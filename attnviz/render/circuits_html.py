@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from attnviz.app.circuits import COPYING_LINE, CircuitsResult
+from attnviz.compute.circuits_result import COPYING_LINE, CircuitsResult
 
 
 def circuits_html(result: CircuitsResult) -> str:

@@ -8,7 +8,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.app.circuits import (
+from attnviz.compute.circuits_result import (
     CONVENTIONS,
     COPYING_LINE,
     CircuitsResult,

@@ -103,7 +103,7 @@ def heatmap_figure(views: list[MapView], title: str, scale: str = "max", size: f
 
     from attnviz.compute.scale import map_scale
 
-    grid = _Grid.lay_out(views, title, size, dpi or FIGURE_DPI)
+    grid = Grid.lay_out(views, title, size, dpi or FIGURE_DPI)
     shown = map_scale(scale, [v.values for v in grid.views])
     fig = new_figure(grid.width, grid.height, constrained=False, dpi=dpi or FIGURE_DPI)
     ax = fig.add_axes((grid.margin_left / grid.width, grid.margin_bottom / grid.height,
@@ -132,7 +132,7 @@ Ticks = tuple[list[tuple[int, str]], list[tuple[int, str]]]  # (query ticks, key
 
 
 @dataclass(frozen=True)
-class _Grid:
+class Grid:
     """Where everything of a heatmap grid goes: inches for the figure, pixels for the mosaic."""
 
     views: list[MapView]  # downsampled to the panel's pixels
@@ -167,7 +167,7 @@ class _Grid:
         return offset + (cell + 0.5) * self.pixels / cells - 0.5
 
     @staticmethod
-    def lay_out(views: list[MapView], title: str, size: float | None, dpi: int) -> _Grid:
+    def lay_out(views: list[MapView], title: str, size: float | None, dpi: int) -> Grid:
         import textwrap
 
         from attnviz.compute.maps import downsample
@@ -212,12 +212,12 @@ class _Grid:
         wrapped = textwrap.wrap(title, max(20, int(width / (0.6 * TITLE_PT / 72)))) or [""]
         title_band = 0.2 + 0.24 * len(wrapped)
         height = title_band + mosaic_h / ppi + margin_bottom
-        return _Grid(views, rows_keys, heads, sentences, side, ppi, pixels, ticks, labelled,
+        return Grid(views, rows_keys, heads, sentences, side, ppi, pixels, ticks, labelled,
                      offsets, band, gap, mosaic_h, mosaic_w, margin_left, margin_bottom, width,
                      height, wrapped, title_band)
 
 
-def _mosaic(grid: _Grid, shown: Scale) -> NDArray[np.float32]:
+def _mosaic(grid: Grid, shown: Scale) -> NDArray[np.float32]:
     """Every panel stretched to its square and tiled (NaN between them: drawn white); masked
     cells below the colour scale, so they take its "under" colour."""
     import numpy as np
@@ -238,7 +238,7 @@ def _mosaic(grid: _Grid, shown: Scale) -> NDArray[np.float32]:
     return mosaic
 
 
-def _axis_ticks(ax: Axes, grid: _Grid) -> None:
+def _axis_ticks(ax: Axes, grid: Grid) -> None:
     """Query labels beside every row of panels; the bottom row's key labels under every head."""
     y_pos, y_text = [], []
     for r, key in enumerate(grid.rows_keys):
@@ -257,7 +257,7 @@ def _axis_ticks(ax: Axes, grid: _Grid) -> None:
     ax.set_xticks(x_pos, x_text, rotation=90)
 
 
-def _row_labels(ax: Axes, grid: _Grid) -> None:
+def _row_labels(ax: Axes, grid: Grid) -> None:
     """Key labels under the rows that need them, and a title above every panel."""
     by_key = grid.by_key
     for r, key in enumerate(grid.rows_keys):
@@ -276,7 +276,7 @@ def _row_labels(ax: Axes, grid: _Grid) -> None:
                         va="bottom", ha="left")
 
 
-def _colour_bar(fig: Figure, image: AxesImage, grid: _Grid,
+def _colour_bar(fig: Figure, image: AxesImage, grid: Grid,
                 legend: str = "attention weight") -> None:
     """The colour bar beside the panels (at most 4 in tall), the masked-cell key under it."""
     from matplotlib.patches import Rectangle

@@ -1,5 +1,6 @@
 """What every figure shares: a matplotlib Figure on an Agg canvas (no pyplot globals, no display
-needed), text made safe for it, and writing it atomically."""
+needed), text made safe for it, and drawing it into a file (the caller makes the write atomic:
+`attnviz.app.outputs.write_output`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from attnviz.app.outputs import atomic_output
 from attnviz.errors import UsageError, printable
 
 if TYPE_CHECKING:
@@ -74,9 +74,11 @@ def label(text: str, limit: int | None = None) -> str:
     return shown if limit is None else shown[:limit]
 
 
-def save_figure(fig: Figure, path: Path) -> None:
-    """Write atomically: a failure leaves no partial file. matplotlib's font warnings (a glyph
-    missing for a token's script) stay off stderr."""
+def save_figure(fig: Figure, path: Path, named: Path | None = None) -> None:
+    """Draw `fig` into `path`, in the format of `named`'s suffix (default: `path`'s). Writes
+    `path` directly: outputs go through `app.outputs.write_output`, which hands a temporary
+    file beside the real one and moves it into place only when this succeeded. matplotlib's
+    font warnings (a glyph missing for a token's script) stay off stderr."""
     import logging
     import warnings
 
@@ -84,9 +86,10 @@ def save_figure(fig: Figure, path: Path) -> None:
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        with atomic_output(path) as tmp, warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with isolated_rc():  # savefig.dpi, .bbox, .pad_inches … from matplotlib's defaults
-                fig.savefig(tmp, format=path.suffix.lstrip(".").lower(), dpi=fig.dpi)
+                fig.savefig(path, format=(named or path).suffix.lstrip(".").lower(),
+                            dpi=fig.dpi)
     finally:
         logger.setLevel(level)

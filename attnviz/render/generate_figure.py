@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.render.figure import FIGURE_DPI, _Grid
+from attnviz.render.figure import FIGURE_DPI, Grid
 from attnviz.render.figure_io import isolated
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def mark_boundary(fig: Figure, views: list[MapView], title: str, run: AttentionR
                   dpi: int | None = None) -> int:
     """Draw the boundary on `fig` (made by `heatmap_figure` from the same views, title, size
     and dpi); returns how many lines were drawn."""
-    grid = _Grid.lay_out(views, title, size, dpi or FIGURE_DPI)
+    grid = Grid.lay_out(views, title, size, dpi or FIGURE_DPI)
     ax = fig.axes[0]
     kinds = {layer.index: layer.kind for layer in run.layers}
     drawn = 0

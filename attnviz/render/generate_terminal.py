@@ -13,8 +13,7 @@ from attnviz.render.safe import safe_text as plain
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from attnviz.app.generate import Focus
-    from attnviz.sources.generate_spec import Generation
+    from attnviz.sources.generate_spec import Focus, Generation
 
 
 def print_generation(out: Console, generation: Generation, focus: list[Focus]) -> None:

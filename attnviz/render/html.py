@@ -21,10 +21,7 @@ import html
 import json
 import math
 from importlib import resources
-from pathlib import Path
 from typing import Any
-
-from attnviz.app.outputs import atomic_output
 
 # The document side, re-exported: callers (cli, api, tests) import the page's API from here.
 from attnviz.render.html_document import LEVELS as LEVELS
@@ -52,13 +49,6 @@ def render_html(doc: dict[str, Any]) -> str:
     title = html.escape(f"attnviz · {doc.get('source', '')}", quote=True)
     return _PAGE.format(policy=policy, title=title, style=style, data=embed_json(doc),
                         script=script)
-
-
-def write_html(doc: dict[str, Any], path: Path) -> None:
-    """Write the page atomically: a failure leaves no partial file."""
-    page = render_html(doc)
-    with atomic_output(Path(path)) as tmp:
-        tmp.write_text(page, encoding="utf-8")
 
 
 def notebook_html(doc: dict[str, Any], height: int = 760) -> str:

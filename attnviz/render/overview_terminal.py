@@ -19,7 +19,7 @@ from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.maps_terminal import colour_off, ramp
 
 if TYPE_CHECKING:
-    from attnviz.app.overview import Overview, OverviewCell
+    from attnviz.compute.overview import Overview, OverviewCell
 
 # type → (word, 3-letter code, what it means, colour)
 TYPES: dict[str, tuple[str, str, str, str]] = {

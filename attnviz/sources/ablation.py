@@ -70,7 +70,7 @@ class _Observer:
         handle = self.o_module.register_forward_pre_hook(hook, with_kwargs=True)
         prepared = self.plan.prepared
         try:
-            with guard.muted():
+            with guard.silenced():
                 cap.capture(prepared.runner, prepared.feed, [self.call.index], None, collector)
         except _Stop:
             pass

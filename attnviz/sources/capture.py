@@ -32,13 +32,13 @@ import torch
 
 from attnviz.errors import CheckpointError, UsageError, printable
 from attnviz.sources.capture_eager import (
-    _ACTIVE,
-    _attention,
-    _rows_per_block,
-    _Session,
+    ACTIVE,
+    Session,
+    attention_function,
     calls_interface,
     eager_function,
     generic_eager,
+    rows_per_block,
 )
 from attnviz.sources.capture_types import (
     NAME,
@@ -65,7 +65,7 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-    AttentionInterface.register(NAME, _attention)
+    AttentionInterface.register(NAME, attention_function)
     AttentionMaskInterface.register(NAME, eager_mask)
 
 
@@ -145,16 +145,16 @@ def capture(model: Any, inputs: Mapping[str, Any], shown_layers: Iterable[int] |
         result = _capture_output_attentions(model, inputs, shown, block_budget_bytes, sink)
     else:
         register()
-        session = _Session(model, names, shown, block_budget_bytes, sink, keep_qk)
+        session = Session(model, names, shown, block_budget_bytes, sink, keep_qk)
         previous = model.config._attn_implementation
         if previous != NAME:  # e.g. a model loaded elsewhere with sdpa: switch for this run only
             model.set_attn_implementation(NAME)
-        token = _ACTIVE.set(session)
+        token = ACTIVE.set(session)
         try:
             with torch.no_grad():
                 outputs = model(**inputs)
         finally:
-            _ACTIVE.reset(token)
+            ACTIVE.reset(token)
             if previous != NAME:
                 model.set_attn_implementation(previous)
         result = CaptureResult(CapturePath.INTERFACE, session.layers, outputs)
@@ -199,7 +199,7 @@ def _capture_output_attentions(model: Any, inputs: dict, shown: set[int] | None,
         layers.append(CapturedLayer(index, name, kind, show, "output_attentions", heads, None,
                                     length, keys))
         if show:
-            rows = _rows_per_block(budget, batch, heads, length, keys)
+            rows = rows_per_block(budget, batch, heads, length, keys)
             for start in range(0, length, rows):
                 sink(index, start, weights[:, :, start:start + rows])
     return CaptureResult(CapturePath.OUTPUT_ATTENTIONS, layers, outputs)

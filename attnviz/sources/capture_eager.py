@@ -16,9 +16,9 @@ import torch
 
 from attnviz.errors import CheckpointError
 from attnviz.sources.capture_types import (
-    _CROSS_PARTS,
-    _SCORE_KWARGS,
-    _SDPA_UNSUPPORTED,
+    CROSS_PARTS,
+    SCORE_KWARGS,
+    SDPA_UNSUPPORTED,
     CapturedLayer,
     LayerKind,
     OnBlock,
@@ -26,12 +26,12 @@ from attnviz.sources.capture_types import (
 
 # --- the interface path ------------------------------------------------------------------------
 
-_ACTIVE: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("attnviz_capture",
+ACTIVE: contextvars.ContextVar[Session | None] = contextvars.ContextVar("attnviz_capture",
                                                                           default=None)
 
 
-class _Session:
-    """The state of one `capture` call, reached by the registered function through `_ACTIVE`."""
+class Session:
+    """The state of one `capture` call, reached by the registered function through `ACTIVE`."""
 
     def __init__(self, model: Any, names: dict[int, str], shown: set[int] | None,
                  budget: int | None, sink: OnBlock, keep_qk: bool | Iterable[int]) -> None:
@@ -51,7 +51,7 @@ class _Session:
         index = len(self.layers)
         name = self.names.get(id(module), type(module).__name__)
         show = self.shown is None or index in self.shown
-        fast = self.sdpa_ok and all(kwargs.get(k) is None for k in _SDPA_UNSUPPORTED)
+        fast = self.sdpa_ok and all(kwargs.get(k) is None for k in SDPA_UNSUPPORTED)
         layer = CapturedLayer(index, name, self._kind(name), show,
                               "eager" if show or not fast else "sdpa", query.shape[1],
                               key.shape[1], query.shape[2], key.shape[2])
@@ -62,7 +62,7 @@ class _Session:
                 layer.query, layer.key = query.detach(), key.detach()
                 layer.value = value.detach()
                 layer.mask = None if mask is None else mask.detach()
-                layer.score_kwargs = {k: kwargs[k] for k in _SCORE_KWARGS
+                layer.score_kwargs = {k: kwargs[k] for k in SCORE_KWARGS
                                       if kwargs.get(k) is not None}
             return self._blocks(index, module, query, key, value, mask, args, kwargs), None
         if fast:
@@ -78,7 +78,7 @@ class _Session:
             return LayerKind.SELF
         if name.startswith(self.encoder_prefix):
             return LayerKind.SELF
-        if _CROSS_PARTS & set(name.split(".")):
+        if CROSS_PARTS & set(name.split(".")):
             return LayerKind.CROSS
         return LayerKind.DECODER_SELF
 
@@ -88,7 +88,7 @@ class _Session:
         """The module's own eager attention, `rows` query rows at a time; key/value stay whole."""
         eager = eager_function(module)
         batch, heads, length, _ = query.shape  # (B, H, L, d)
-        rows = _rows_per_block(self.budget, batch, heads, length, key.shape[2])
+        rows = rows_per_block(self.budget, batch, heads, length, key.shape[2])
         outputs = []
         for start in range(0, length, rows):
             stop = min(length, start + rows)
@@ -108,14 +108,14 @@ class _Session:
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H, d)
 
 
-def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def attention_function(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The function registered under `NAME`; outside `capture` it is plain sdpa (or eager)."""
-    session = _ACTIVE.get()
+    session = ACTIVE.get()
     if session is not None:
         return session.attend(module, query, key, value, attention_mask, args, kwargs)
-    if any(kwargs.get(k) is not None for k in _SDPA_UNSUPPORTED):
+    if any(kwargs.get(k) is not None for k in SDPA_UNSUPPORTED):
         return eager_function(module)(module, query, key, value, attention_mask, *args, **kwargs)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -178,7 +178,7 @@ def _encoder_prefix(model: Any, names: dict[int, str]) -> str | None:
     return None if not name else name + "."
 
 
-def _rows_per_block(budget: int | None, batch: int, heads: int, length: int, keys: int) -> int:
+def rows_per_block(budget: int | None, batch: int, heads: int, length: int, keys: int) -> int:
     if budget is None:
         return length
     per_row = batch * heads * keys * 4  # float32: eager's softmax runs in float32 at least

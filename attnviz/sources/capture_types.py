@@ -15,11 +15,11 @@ NAME = "attnviz"  # must not contain "sdpa", "flash", "flex" or "/": transformer
 # on_block(layer index, first query row, weights (B, H, rows, S)); called once per block.
 OnBlock = Callable[[int, int, torch.Tensor], None]
 # kwargs sdpa cannot honour: it refuses softcap and silently ignores sinks.
-_SDPA_UNSUPPORTED = ("softcap", "s_aux", "sinks")
+SDPA_UNSUPPORTED = ("softcap", "s_aux", "sinks")
 # kwargs of the attention call that change its scores; kept with the query and key (keep_qk).
-_SCORE_KWARGS = ("scaling", "softcap", "position_bias", "s_aux", "sinks")
+SCORE_KWARGS = ("scaling", "softcap", "position_bias", "s_aux", "sinks")
 # Module-name parts of cross-attention (BART family, T5, BERT as a decoder, ...).
-_CROSS_PARTS = {"encoder_attn", "EncDecAttention", "crossattention", "cross_attn",
+CROSS_PARTS = {"encoder_attn", "EncDecAttention", "crossattention", "cross_attn",
                 "cross_attention"}
 
 

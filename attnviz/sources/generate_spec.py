@@ -63,3 +63,21 @@ class Generation:
                 "generated_tokens": json.dumps(self.generated_tokens),
                 "prompt_length": json.dumps(self.prompt_lengths),
                 "generation": self.method}
+
+
+@dataclass(frozen=True)
+class Focus:
+    """One generated token and the tokens its row (the one the model computed when the token was
+    fed back in) attends to most, in one layer, for one head or the mean over heads."""
+
+    sentence: int
+    row: int  # the token's row in the layer's map
+    token: str
+    layer: str  # the layer's label
+    head: int | None  # None: the mean over heads
+    top: list[tuple[int, str, float]]  # (key position, key token, weight), largest first
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sentence": self.sentence, "row": self.row, "token": self.token,
+                "layer": self.layer, "head": self.head,
+                "top": [{"position": p, "token": t, "weight": w} for p, t, w in self.top]}

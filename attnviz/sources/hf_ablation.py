@@ -60,8 +60,8 @@ def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str]]:
     import transformers
 
     where = printable(str(loaded.folder))
-    with guard.quiet(), guard.contained("transformers cannot load the model's LM head",
-                                        FILES_FIX, where):
+    with guard.silenced(stderr=True), \
+            guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
         model, info = getattr(transformers, arch).from_pretrained(
             loaded.folder, attn_implementation="eager", output_loading_info=True,
             dtype=getattr(torch, loaded.dtype), **COMMON)
@@ -120,7 +120,7 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
     run = _Runner(runner, plan.prepared.feed, modules)
     real = _real(plan, decoder and kind != "masked")
     ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
-    with torch.no_grad(), guard.muted():
+    with torch.no_grad(), guard.silenced():
         base_hidden, base_logits, means = run.base(real)
         base_loss = base_repeat = None
         if kind == "causal" and base_logits is not None and ids is not None:

@@ -7,7 +7,7 @@ libraries print warnings and load reports on stderr. Here, before transformers a
 anything: the layer counts of config.json are checked against the layers the weights number,
 the model is built on the meta device (no memory) and every parameter's shape compared with the
 checkpoint's, the model must take text (or have a text tower, which then runs alone), and the
-folder must hold tokenizer files. Around every call into the libraries, `quiet()` keeps their
+folder must hold tokenizer files. Around every call into the libraries, `silenced()` keeps their
 messages off the terminal (Python warnings, logging, and the Rust panic hook's writes to file
 descriptor 2), and failures become attnviz's own errors.
 """
@@ -105,39 +105,54 @@ def check_tokenizer_files(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """transformers, huggingface_hub and tokenizers say nothing on the terminal: their logging
-    is raised to ERROR and then dropped with warnings, and file descriptor 2 (where Rust's panic
-    hook and C code write) goes to a temporary file that is thrown away."""
+def silenced(stderr: bool = False) -> Iterator[None]:
+    """transformers, huggingface_hub and Python warnings say nothing on the terminal: their
+    logging is raised past ERROR and warnings are dropped. With `stderr` (loading, tokenizing),
+    file descriptor 2 — where Rust's panic hook and C code write — also goes to a temporary file
+    that is thrown away; without it (a forward pass), attnviz's own progress on stderr goes on."""
     import transformers
 
     tlog = transformers.utils.logging
     level = tlog.get_verbosity()
     hub = logging.getLogger("huggingface_hub")
-    hub_level = hub.level
+    logger = logging.getLogger("transformers")
+    hub_level, logger_level = hub.level, logger.level
     tlog.set_verbosity_error()
-    tlog.disable_progress_bar()
+    if stderr:
+        tlog.disable_progress_bar()
     hub.setLevel(logging.CRITICAL)
-    saved_fd = None
-    with contextlib.ExitStack() as stack:
-        try:
-            sink = stack.enter_context(tempfile.TemporaryFile())
-            saved_fd = os.dup(2)
-            os.dup2(sink.fileno(), 2)
-        except OSError:  # no file descriptor 2 to redirect: Python-level silence only
-            saved_fd = None
-        if saved_fd is not None:  # a crash inside (SIGABRT, SIGSEGV) still says so on stderr
-            stack.enter_context(_fatal_signals_to(saved_fd))
-        try:
-            with warnings.catch_warnings(), _muted(transformers):
+    logger.setLevel(logging.CRITICAL)  # whatever the verbosity transformers sets meanwhile
+    try:
+        with contextlib.ExitStack() as stack:
+            if stderr:
+                stack.enter_context(_stderr_dropped())
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 yield
-        finally:
-            if saved_fd is not None:
-                os.dup2(saved_fd, 2)
-                os.close(saved_fd)
-            tlog.set_verbosity(level)
-            hub.setLevel(hub_level)
+    finally:
+        tlog.set_verbosity(level)
+        hub.setLevel(hub_level)
+        logger.setLevel(logger_level)
+
+
+@contextlib.contextmanager
+def _stderr_dropped() -> Iterator[None]:
+    """File descriptor 2 into a thrown-away temporary file; a crash inside (SIGABRT, SIGSEGV)
+    still says so on the real stderr."""
+    try:
+        sink = tempfile.TemporaryFile()
+        saved_fd = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+    except OSError:  # no file descriptor 2 to redirect: Python-level silence only
+        yield
+        return
+    try:
+        with _fatal_signals_to(saved_fd):
+            yield
+    finally:
+        os.dup2(saved_fd, 2)
+        os.close(saved_fd)
+        sink.close()
 
 
 @contextlib.contextmanager
@@ -157,35 +172,6 @@ def _fatal_signals_to(fd: int) -> Iterator[None]:
         if was_enabled:
             with contextlib.suppress(ValueError, OSError, AttributeError):
                 faulthandler.enable()
-
-
-@contextlib.contextmanager
-def muted() -> Iterator[None]:
-    """Around a forward pass: transformers' logging and Python warnings say nothing (a model's
-    notes about missing fast kernels, say), while attnviz's own progress on stderr goes on."""
-    import transformers
-
-    tlog = transformers.utils.logging
-    level = tlog.get_verbosity()
-    tlog.set_verbosity_error()
-    try:
-        with warnings.catch_warnings(), _muted(transformers):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        tlog.set_verbosity(level)
-
-
-@contextlib.contextmanager
-def _muted(transformers: Any) -> Iterator[None]:
-    """transformers' own logger, whatever its verbosity: nothing below CRITICAL."""
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 class contained(contextlib.AbstractContextManager):  # noqa: N801 - used as `with contained(…)`

@@ -29,16 +29,16 @@ import torch
 from attnviz.errors import CheckpointError, printable, printable_path
 from attnviz.sources import capture as cap
 from attnviz.sources import hf_guard as guard
-from attnviz.sources.capture_eager import _ACTIVE, _Session
+from attnviz.sources.capture_eager import ACTIVE, Session
 from attnviz.sources.generate_spec import GenerateSpec
 from attnviz.sources.hf.load import (
     COMMON,
     FILES_FIX,
     LoadedModel,
     OpenedModel,
-    _major,
     check_load_options,
     input_device,
+    transformers_major,
 )
 
 METHOD = ("model.generate (its own KV cache and generation settings) with attnviz's attention "
@@ -83,8 +83,8 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
                               f"{auto.__name__} class for them (an encoder writes no text)",
                               fix="use a decoder (…ForCausalLM) or an encoder-decoder "
                               "(…ForConditionalGeneration)", where=where)
-    dtype_key = "dtype" if _major() >= 5 else "torch_dtype"
-    with guard.quiet(), guard.contained("transformers cannot load the model with a "
+    dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"
+    with guard.silenced(stderr=True), guard.contained("transformers cannot load the model with a "
                                         "language-model head", FILES_FIX, where):
         model, info = auto.from_pretrained(folder, attn_implementation="eager",
                                            output_loading_info=True,
@@ -161,7 +161,7 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec) 
         ids, mask = pad_left(prompts, filler, device)
         steps = Steps(torch.empty(0), ids.shape[1])
         kwargs.update(input_ids=ids, attention_mask=mask)
-    with _seeded(spec.seed), _capturing(model, steps, interface), guard.muted(), \
+    with _seeded(spec.seed), _capturing(model, steps, interface), guard.silenced(), \
             _contained(loaded):
         out = model.generate(**kwargs, **({} if interface else {"output_attentions": True}))
     steps.sequences = out.sequences.cpu()
@@ -219,19 +219,19 @@ def _capturing(model: Any, steps: Steps, interface: bool) -> Iterator[None]:
         yield
         return
     names = {id(module): name for name, module in model.named_modules()}
-    session = _Session(model, names, None, None, lambda *_: None, False)
+    session = Session(model, names, None, None, lambda *_: None, False)
 
     def sink(index: int, start: int, weights: torch.Tensor) -> None:
         layer = session.layers[index]
         steps.add(layer.name, layer.kind, weights)
 
     session.sink = sink
-    token = _ACTIVE.set(session)
+    token = ACTIVE.set(session)
     try:
         with torch.no_grad():
             yield
     finally:
-        _ACTIVE.reset(token)
+        ACTIVE.reset(token)
 
 
 def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
@@ -260,7 +260,7 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
             feed["position_ids"] = (full.cumsum(-1) - 1).clamp(min=0)[:, -1:]
     if "cache_position" in _forward_parameters(model):  # the last token's own position
         feed["cache_position"] = torch.tensor([sequences.shape[1] - 1], device=last.device)
-    with _capturing(model, steps, interface), guard.muted(), torch.no_grad(), \
+    with _capturing(model, steps, interface), guard.silenced(), torch.no_grad(), \
             _contained(loaded):
         result = model(**feed, **({} if interface else {"output_attentions": True}))
     if not interface:

@@ -134,7 +134,7 @@ def _tokenize(model: OpenedModel | LoadedModel, text: str, what: str, target: bo
               where: str) -> dict[str, list]:
     """The tokenizer's output for one text, its ids checked against the embedding's rows."""
     # A tokenizer can fail in Rust (a panic surfaces as a BaseException): contained.
-    with guard.quiet(), guard.contained(f"the model's tokenizer failed on {what}",
+    with guard.silenced(stderr=True), guard.contained(f"the model's tokenizer failed on {what}",
                                         "check or replace its tokenizer files", where):
         if target:
             row = dict(model.tokenizer(text_target=text, add_special_tokens=True))

@@ -43,7 +43,7 @@ class ModelLayer:
 def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
     """Every attention call of the forward pass, from one run on a single token (all sdpa)."""
     try:
-        with guard.muted():
+        with guard.silenced():
             result = cap.capture(prepared.runner, prepared.tiny(), shown_layers=[])
     except (RuntimeError, ValueError, IndexError) as exc:  # a model that cannot run at all
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",

@@ -198,7 +198,7 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
         pass
     import transformers
 
-    with guard.quiet():  # transformers' reports and warnings are attnviz's to word
+    with guard.silenced(stderr=True):  # transformers' reports and warnings are attnviz's to word
         with guard.contained("transformers cannot read the model's config.json", FILES_FIX,
                              where):
             config = transformers.AutoConfig.from_pretrained(folder, **COMMON)
@@ -240,8 +240,9 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
     import transformers
 
     folder, where = opened.folder, printable_path(opened.folder)
-    dtype_key = "dtype" if _major() >= 5 else "torch_dtype"  # renamed in transformers 5
-    with guard.quiet(), guard.contained("transformers cannot load the model", FILES_FIX, where):
+    dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"  # renamed in transformers 5
+    with guard.silenced(stderr=True), \
+            guard.contained("transformers cannot load the model", FILES_FIX, where):
         model, info = transformers.AutoModel.from_pretrained(
             folder, attn_implementation="eager", device_map=device_map,
             output_loading_info=True, **{dtype_key: getattr(torch, dtype)}, **COMMON)
@@ -262,7 +263,7 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
                        position_limit=opened.position_limit)
 
 
-def _major() -> int:
+def transformers_major() -> int:
     import transformers
 
     return int(transformers.__version__.split(".")[0])

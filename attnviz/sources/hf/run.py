@@ -156,7 +156,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
         else {plan.shown[-1].index}
     handles, inputs = input_hooks(plan, keep)
     try:
-        with guard.muted():
+        with guard.silenced():
             result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
                                  setup.block_bytes, collector, keep_qk=setup.keep_qk)
     except UsageError as error:
