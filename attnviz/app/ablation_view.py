@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from attnviz.compute.ablation_measures import AblationReport
-from attnviz.compute.overview import Overview, OverviewCell, OverviewRow, head_type
+from attnviz.compute.overview import Overview, build_overview
 from attnviz.compute.ranking import HeadRanking, RankedHead
 from attnviz.compute.stats import HeadStats
 from attnviz.errors import UsageError
@@ -14,16 +14,12 @@ def ablation_overview(head_stats: list[HeadStats], report: AblationReport | None
     if report is None:
         raise UsageError("‹overview› ablation shows the scorecard of ‹ablate›",
                          fix="add ‹ablate›, or choose another ‹overview›", option="overview")
-    rows: list[OverviewRow] = []
-    for stats in head_stats:
-        label = stats.layer_label or str(stats.layer)
-        if not rows or (rows[-1].layer, rows[-1].label) != (stats.layer, label):
-            rows.append(OverviewRow(stats.layer, label, []))
-        kind, statistic, score = head_type(stats)
+
+    def effect_of(stats: HeadStats) -> float | None:
         effect = report.effect(stats.layer, stats.head)
-        value = None if effect is None else report.score(effect)
-        rows[-1].cells.append(OverviewCell(stats.head, kind, statistic, score, value))
-    return Overview("ablation", rows)
+        return None if effect is None else report.score(effect)
+
+    return build_overview(head_stats, "ablation", effect_of)
 
 
 def causal_ranking(report: AblationReport, top: int) -> HeadRanking:

@@ -12,6 +12,7 @@ but on keys no listed pattern explains).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,19 +108,23 @@ def head_type(stats: HeadStats) -> tuple[str, str, float | None]:
     return OTHER, "max_weight", stats.max_weight
 
 
-def build_overview(head_stats: list[HeadStats], shows: str = LABEL) -> Overview:
+def build_overview(head_stats: list[HeadStats], shows: str = LABEL,
+                   value_of: Callable[[HeadStats], float | None] | None = None) -> Overview:
     """One row per layer (consecutive statistics of one layer), one cell per head; rows in
-    the run's order, grouped by stack (enc, dec, cross)."""
+    the run's order, grouped by stack (enc, dec, cross). A cell's value is the statistic
+    `shows` names, or `value_of(stats)` for a measure kept outside the statistics (ablation)."""
     check_choice(shows)
-    field = STATISTICS[shows][0] if shows in STATISTICS else None
+    if value_of is None:
+        field = STATISTICS[shows][0] if shows in STATISTICS else None
+        value_of = (lambda stats: None) if field is None else (  # noqa: E731
+            lambda stats: getattr(stats, field))
     rows: list[OverviewRow] = []
     for stats in head_stats:
         label = stats.layer_label or str(stats.layer)
         if not rows or (rows[-1].layer, rows[-1].label) != (stats.layer, label):
             rows.append(OverviewRow(stats.layer, label, []))
         kind, statistic, score = head_type(stats)
-        value = None if field is None else getattr(stats, field)
-        rows[-1].cells.append(OverviewCell(stats.head, kind, statistic, score, value))
+        rows[-1].cells.append(OverviewCell(stats.head, kind, statistic, score, value_of(stats)))
     # an encoder-decoder run calls dec N and cross N in turn: rows read by stack instead
     stacks = list(dict.fromkeys(_stack(row.label) for row in rows))
     rows.sort(key=lambda row: stacks.index(_stack(row.label)))

@@ -36,6 +36,7 @@ from attnviz.sources.hf.load import (
     FILES_FIX,
     LoadedModel,
     OpenedModel,
+    capture_path,
     check_load_options,
     input_device,
     transformers_major,
@@ -98,13 +99,9 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
                               "generate", fix="use a checkpoint saved with its head "
                               "(…ForCausalLM, …ForConditionalGeneration)", where=where)
     guard.check_loaded(info, set(), where)
-    cap.register()
-    path = cap.CapturePath.OUTPUT_ATTENTIONS
-    if cap.uses_interface(model):
-        model.set_attn_implementation(cap.NAME)
-        path = cap.CapturePath.INTERFACE
-    return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype, path,
-                       _store=opened.store, position_limit=opened.position_limit)
+    return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
+                       capture_path(model), _store=opened.store,
+                       position_limit=opened.position_limit)
 
 
 def _has_head_class(auto: Any, config: Any) -> bool:

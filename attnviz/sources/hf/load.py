@@ -253,14 +253,19 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
     runner_params = {id(p) for p in runner.parameters()}
     guard.check_loaded(info, {name for name, p in model.named_parameters()
                               if id(p) in runner_params}, where)
+    return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
+                       capture_path(model), _store=opened.store, tower=opened.tower,
+                       position_limit=opened.position_limit)
+
+
+def capture_path(model: Any) -> cap.CapturePath:
+    """Register attnviz's attention function, and route `model` through it where its attention
+    modules use transformers' interface; else its maps come from output_attentions."""
     cap.register()
-    path = cap.CapturePath.OUTPUT_ATTENTIONS
     if cap.uses_interface(model):
         model.set_attn_implementation(cap.NAME)
-        path = cap.CapturePath.INTERFACE
-    return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype, path,
-                       _store=opened.store, tower=opened.tower,
-                       position_limit=opened.position_limit)
+        return cap.CapturePath.INTERFACE
+    return cap.CapturePath.OUTPUT_ATTENTIONS
 
 
 def transformers_major() -> int:
