@@ -239,17 +239,12 @@ def test_the_scorecard_figure_never_overwrites_an_input(cli, tmp_path):
 
 def _lm_folder(tmp_path, kind, cls):
     import transformers
-    from zoo import _SHARPEN, ZOO, save_tokenizer
+    from zoo import ZOO, randomize, save_tokenizer
 
     row = ZOO[kind]
     torch.manual_seed(0)
     model = getattr(transformers, cls)(row.config())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias") and param.ndim == 1:
-                param.normal_(0, 0.5)
-            elif param.ndim == 2 and any(part in f".{name}" for part in _SHARPEN):
-                param.mul_(row.sharpen)
+    randomize(model, row)
     folder = tmp_path / kind
     model.eval().save_pretrained(folder)
     save_tokenizer(folder, row)

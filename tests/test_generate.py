@@ -37,12 +37,7 @@ def _build_lm(kind: str, folder: Path) -> Path:
         auto = transformers.AutoModelForCausalLM
     torch.manual_seed(0)
     model = auto.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias") and param.ndim == 1:
-                param.normal_(0, 0.5)
-            elif param.ndim == 2 and any(part in f".{name}" for part in zoo._SHARPEN):
-                param.mul_(row.sharpen)
+    zoo.randomize(model, row)
     model.generation_config.eos_token_id = zoo.EOS
     model.eval().save_pretrained(folder)
     zoo.save_tokenizer(folder, row)

@@ -227,17 +227,23 @@ def load_tokenizer(folder: Path) -> Any:
     return transformers.PreTrainedTokenizerFast.from_pretrained(folder)
 
 
-def build_model(kind: str, seed: int = 0) -> Any:
-    """A random-weight model of `kind`, in eval mode, with random biases and sharper attention."""
-    row = ZOO[kind]
-    torch.manual_seed(seed)
-    model = getattr(transformers, row.model_class)(row.config())
+def randomize(model: Any, row: Any) -> None:
+    """The zoo's random weights on top of transformers' init: random biases (its zeros would
+    hide them) and sharper query/key projections (flat maps would hide the heads)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias") and param.ndim == 1:
                 param.normal_(0, 0.5)
             elif param.ndim == 2 and any(part in f".{name}" for part in _SHARPEN):
                 param.mul_(row.sharpen)
+
+
+def build_model(kind: str, seed: int = 0) -> Any:
+    """A random-weight model of `kind`, in eval mode, with random biases and sharper attention."""
+    row = ZOO[kind]
+    torch.manual_seed(seed)
+    model = getattr(transformers, row.model_class)(row.config())
+    randomize(model, row)
     return model.eval()
 
 

@@ -17,6 +17,7 @@ from attnviz.compute.inputs import Batch
 from attnviz.compute.results import LayerAttention
 from attnviz.compute.streaming import MapReducer, memory_plan
 from attnviz.core.layer import AttentionLayer
+from attnviz.core.tensor_ref import merge_ranges
 from attnviz.load.checkpoint import TensorStore
 
 
@@ -103,11 +104,5 @@ def _rows(tensor: torch.Tensor | None, ranges: list[tuple[int, int]]) -> torch.T
     """The rows of these ranges, one after another (a view when they are one range)."""
     if tensor is None:
         return None
-    merged: list[tuple[int, int]] = []
-    for start, stop in ranges:
-        if merged and merged[-1][1] == start:
-            merged[-1] = (merged[-1][0], stop)
-        else:
-            merged.append((start, stop))
-    parts = [tensor[start:stop] for start, stop in merged]
+    parts = [tensor[start:stop] for start, stop in merge_ranges(tuple(ranges))]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
