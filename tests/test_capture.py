@@ -319,3 +319,37 @@ def test_inputs_are_kept_token_major():
     assert token_major(linear, y, {7}) is y
     assert token_major(linear, x, {7}) is None  # channels-first without a conv: not guessed
     assert token_major(conv, torch.randn(2, 32, 5), {7}) is None
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2"])
+def test_half_precision_on_cpu_runs_the_eager_blocks_in_float32(zoo_model, kind, monkeypatch):
+    """bfloat16 on a CPU: the shown layers' own eager attention runs on float32 copies of q/k/v
+    (bfloat16 matmuls are ~10x slower there). The maps stay within bfloat16 rounding of the
+    model's own bfloat16 eager maps, their rows sum to 1 in float32 (bfloat16 rows do not),
+    and the model's output stays bfloat16. Control: without the upcast nothing is marked and
+    the maps are the bfloat16 ones."""
+    if kind not in ZOO:
+        pytest.skip(f"{kind} is not in this zoo")
+    folder = zoo_model(kind)
+    model_class = getattr(transformers, ZOO[kind].model_class)
+    half = model_class.from_pretrained(folder, attn_implementation="eager",
+                                       dtype=torch.bfloat16).eval()
+    tokenizer = load_tokenizer(folder)
+    enc = dict(tokenizer(SENTENCES[:1], return_tensors="pt"))
+    with torch.no_grad():
+        half_out = half(**enc, output_attentions=True)
+    model = cap.load_for_capture(folder, ZOO[kind].model_class)
+    model.to(torch.bfloat16)
+    result, maps = captured(Loaded(kind, model, half, tokenizer), enc)
+    assert result.outputs.last_hidden_state.dtype == torch.bfloat16
+    for layer, half_map in zip(result.layers, half_out.attentions, strict=True):
+        assert layer.upcast_from == "bfloat16"
+        ours = maps.maps(layer.index)
+        assert ours.dtype == torch.float32
+        assert_same(ours, half_map.float(), atol=2e-2)
+        assert_same(ours.sum(-1), torch.ones(ours.shape[:-1]))
+    assert not torch.allclose(half_out.attentions[-1].float().sum(-1), torch.ones(()), atol=1e-5)
+    monkeypatch.setattr("attnviz.sources.capture_eager._upcast", lambda query: False)
+    result, maps = captured(Loaded(kind, model, half, tokenizer), enc)
+    assert all(layer.upcast_from is None for layer in result.layers)
+    assert maps.maps(0).dtype == torch.bfloat16

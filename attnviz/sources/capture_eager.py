@@ -64,6 +64,12 @@ class Session:
                 layer.mask = None if mask is None else mask.detach()
                 layer.score_kwargs = {k: kwargs[k] for k in SCORE_KWARGS
                                       if kwargs.get(k) is not None}
+            if _upcast(query):
+                layer.upcast_from = str(query.dtype).removeprefix("torch.")
+                output = self._blocks(index, module, query.float(), key.float(), value.float(),
+                                      _float(mask), args,
+                                      {k: _float(v) for k, v in kwargs.items()})
+                return output.to(query.dtype), None
             return self._blocks(index, module, query, key, value, mask, args, kwargs), None
         if fast:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -183,6 +189,19 @@ def rows_per_block(budget: int | None, batch: int, heads: int, length: int, keys
         return length
     per_row = batch * heads * keys * 4  # float32: eager's softmax runs in float32 at least
     return max(1, min(length, budget // per_row))
+
+
+def _upcast(query: torch.Tensor) -> bool:
+    """Half precision on a CPU: its matmuls have no fast kernel there, so the shown layers'
+    eager attention runs on float32 copies (the maps are then at least as exact; the output
+    goes back to the model in its own dtype)."""
+    return query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
+
+
+def _float(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.float()
+    return value
 
 
 def _query_rows(value: Any, start: int, stop: int, length: int) -> Any:

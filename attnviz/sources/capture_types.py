@@ -56,6 +56,9 @@ class CapturedLayer:
     # received, and the call's scaling, softcap, position_bias and sinks kwargs, where given.
     mask: torch.Tensor | None = None
     score_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The dtype q/k/v arrived in when the eager blocks ran on float32 copies (half precision on
+    # a CPU, whose matmuls in bfloat16/float16 run ~10x slower than in float32); else None.
+    upcast_from: str | None = None
 
 
 @dataclass

@@ -249,7 +249,8 @@ def _method(loaded: LoadedModel, prepared: Prepared, call: cap.CapturedLayer) ->
     function = cap.eager_function(module) if module is not None else None
     where = "attnviz's generic eager" if function is cap.generic_eager else \
         f"{owner}'s own eager_attention_forward"
-    return f"{where}, in blocks of query rows"
+    upcast = f", in float32 from {call.upcast_from} q/k/v (fast on CPU)" if call.upcast_from else ""
+    return f"{where}, in blocks of query rows{upcast}"
 
 
 def _labelled(view: Any, label: str) -> Any:
