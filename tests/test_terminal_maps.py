@@ -179,12 +179,13 @@ def test_statistics_table_fits_80_columns_and_never_cuts(cli):
 def test_statistics_numbers_are_never_truncated_even_when_narrow():
     from attnviz.compute.stats import HeadStats
 
-    stats = [HeadStats(11, 15, 5.5512, 0.01, 4095.0, 0.0, 0.01, 0.02, None, 0.75)]
+    stats = [HeadStats(11, 15, 5.5512, 0.01, 4095.0, 0.0, 0.01, 0.02, None, 0.75, next=0.125,
+                       punctuation=0.5)]
     buffer = io.StringIO()
     Console(file=buffer, width=80).print(maps_terminal.stats_table(stats))
     row = buffer.getvalue().splitlines()[1].split()
-    assert row == ["11", "15", "5.55", "0.01", "4095.0", "0.00", "0.01", "0.02", "–", "0.75",
-                   "induction"]
+    assert row == ["11", "15", "5.55", "0.01", "4095.0", "0.00", "0.01", "0.12", "0.02", "–",
+                   "0.75", "0.50", "induction"]
 
 
 def _yellow_in_panels(path) -> bool:

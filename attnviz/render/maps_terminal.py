@@ -229,8 +229,8 @@ def print_maps(console: Console, views: list[MapView], sentences: list[str],
     console.print(legend(scale, shades))
 
 
-STATS_COLUMNS = ("layer", "head", "ent", "max", "dist", "first", "prev", "self", "dup", "ind",
-                 "label")
+STATS_COLUMNS = ("layer", "head", "ent", "max", "dist", "first", "prev", "next", "self", "dup",
+                 "ind", "punc", "label")
 
 
 def stats_table(stats: list[HeadStats]) -> Table:
@@ -242,8 +242,8 @@ def stats_table(stats: list[HeadStats]) -> Table:
         return "–" if value is None else f"{value:.{digits}f}"
 
     rows = [[s.layer_label or str(s.layer), str(s.head), num(s.entropy), num(s.max_weight),
-             num(s.distance, 1), num(s.first), num(s.previous), num(s.self), num(s.duplicate),
-             num(s.induction)]
+             num(s.distance, 1), num(s.first), num(s.previous), num(s.next), num(s.self),
+             num(s.duplicate), num(s.induction), num(s.punctuation)]
             for s in stats]
     table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1, 0, 0),
                   caption_justify="left")
