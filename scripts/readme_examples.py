@@ -21,12 +21,15 @@ after it (`| lines A-B`).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,10 +132,100 @@ def _shown_name(document: Path) -> str:
     return str(document.relative_to(ROOT)) if document.is_relative_to(ROOT) else document.name
 
 
+ENV = {"COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
+# The modules nearly every example imports: a server process imports them once and forks one
+# child per example (`python -m attnviz` run with runpy, as the interpreter does), which saves
+# seconds of imports per example and keeps examples as independent as separate processes.
+PRELOAD = ("attnviz.cli.main", "torch", "matplotlib.pyplot", "transformers")
+
+
 def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
+    """One example in a process of its own (with the same environment as a forked one)."""
     return subprocess.run([sys.executable, "-m", "attnviz", *args], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=600)
+                          text=True, cwd=ROOT, env={**os.environ, **ENV}, timeout=600)
+
+
+class Forks:
+    """A server (`python readme_examples.py --serve`) that has imported PRELOAD and forks a
+    child per example: `python -m attnviz ARGS` in the checkout, stdout and stderr to files."""
+
+    def __init__(self) -> None:
+        self.server = subprocess.Popen([sys.executable, __file__, "--serve"], cwd=ROOT,
+                                       env={**os.environ, **ENV}, stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+
+    def run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        assert self.server.stdin is not None and self.server.stdout is not None
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "out", Path(tmp) / "err"
+            self.server.stdin.write(json.dumps([args, str(out), str(err)]) + "\n")
+            self.server.stdin.flush()
+            reply = self.server.stdout.readline()
+            if not reply:
+                raise RuntimeError("the example server died")
+            return subprocess.CompletedProcess(args, int(reply), out.read_text(errors="replace"),
+                                               err.read_text(errors="replace"))
+
+    def close(self) -> None:
+        if self.server.stdin is not None:
+            self.server.stdin.close()
+        self.server.wait(timeout=60)
+
+
+def serve() -> None:
+    """The fork server: import PRELOAD, then per request line fork a child and reply its exit
+    code (children time out after 600 s, as subprocess runs do)."""
+    import importlib
+
+    for module in PRELOAD:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
+    for line in sys.stdin:
+        args, out, err = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(args, out, err)
+        signal.signal(signal.SIGALRM, lambda *_, child=pid: os.kill(child, signal.SIGKILL))
+        signal.alarm(600)
+        _, status = os.waitpid(pid, 0)
+        signal.alarm(0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+
+
+def _child(args: list[str], out: str, err: str) -> None:
+    import io
+    import runpy
+    import traceback
+
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    sys.stdin = io.TextIOWrapper(open(0, "rb", closefd=False))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(open(1, "wb", closefd=False),
+                                                   encoding="utf-8", write_through=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(open(2, "wb", closefd=False),
+                                                   encoding="utf-8", errors="backslashreplace",
+                                                   write_through=True)
+    sys.argv = ["attnviz", *args]
+    code = 1
+    try:
+        runpy.run_module("attnviz", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - what an interpreter would print
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
 
 
 def location_free(text: str, scratch: Path) -> str:
@@ -159,18 +252,37 @@ def _ran(command: str) -> tuple[int, str, str]:
 
 
 def _run_all(commands: list[str]) -> None:
-    """Run the commands not run yet, two at a time (each is a process of its own)."""
+    """Run the commands not run yet, two at a time (each in a process of its own, forked from
+    a server per worker where the system can fork)."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     pending = [c for c in dict.fromkeys(commands) if c not in _RUNS]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for command, outcome in zip(pending, pool.map(_ran_uncached, pending), strict=True):
-            _RUNS[command] = outcome
+    if not pending:
+        return
+    local, servers = threading.local(), []
+
+    def ran(command: str) -> tuple[int, str, str]:
+        if not hasattr(os, "fork"):
+            return _ran_uncached(command, run)
+        if not hasattr(local, "forks"):
+            local.forks = Forks()
+            servers.append(local.forks)
+        return _ran_uncached(command, local.forks.run)
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for command, outcome in zip(pending, pool.map(ran, pending), strict=True):
+                _RUNS[command] = outcome
+    finally:
+        for server in servers:
+            server.close()
 
 
-def _ran_uncached(command: str) -> tuple[int, str, str]:
+def _ran_uncached(command: str, runner: Callable[[list[str]], subprocess.CompletedProcess[str]]
+                  = run) -> tuple[int, str, str]:
     with tempfile.TemporaryDirectory() as scratch:
-        result = run(argv(command, Path(scratch)))
+        result = runner(argv(command, Path(scratch)))
         return result.returncode, location_free(result.stdout, Path(scratch)), result.stderr
 
 
@@ -247,6 +359,9 @@ def check_one(document: Path) -> list[str]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        sys.exit(0)
     if sys.argv[1:] == ["--write"]:
         write()
     problems = check()
