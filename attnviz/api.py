@@ -20,18 +20,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from attnviz.app.circuits import CircuitsRequest, CircuitsResult, run_circuits
-from attnviz.app.heatmap import HeatmapJob, HeatmapResult
+from attnviz.app.heatmap import HeatmapResult
 from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
-from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
+from attnviz.core.request import (
+    DEFAULT_EMBED_DIM,
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_NUM_HEADS,
+    GenerateSpec,
+    HeadHints,
+    HeatmapRequest,
+    RandomSpec,
+)
 from attnviz.errors import UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
 from attnviz.recognize import Inventory
 from attnviz.recognize import find_layers as _find_layers
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -259,19 +266,18 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
     if not random and embed_dim is not None:
         raise UsageError("‹embed_dim› applies to a random layer only",
                          fix="drop it, or pass random=True", option="embed_dim")
-    job = HeatmapJob(_texts(sentences, "sentences") or [], weights=_path(weights, "weights"),
-                     random=spec, layer=_str(layer, "layer", ints=True),
-                     hints=HeadHints(None if random else _int(num_heads, "num_heads", 1, True)),
-                     causal=_flag(causal, "causal"), device=_str(device, "device", False) or "",
-                     head=_int(head, "head", 0, True), average=_flag(average, "average"),
-                     query=_str(query, "query", ints=True),
-                     sentence=_int(sentence, "sentence", 1) or 1,
-                     keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
-                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
-                     max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
-                     weighting=_str(weighting, "weighting", False) or "",
-                     ablate=_str(ablate, "ablate"))
-    return _as(Heatmap, _run_heatmap(job))
+    request = HeatmapRequest.build(  # the request the CLI builds, from the same names
+        sentences=tuple(_texts(sentences, "sentences") or ()), weights=_path(weights, "weights"),
+        random=spec, layer=_str(layer, "layer", ints=True),
+        hints=HeadHints(None if random else _int(num_heads, "num_heads", 1, True)),
+        causal=_flag(causal, "causal"), device=_str(device, "device", False) or "",
+        head=_int(head, "head", 0, True), average=_flag(average, "average"),
+        query=_str(query, "query", ints=True), sentence=_int(sentence, "sentence", 1) or 1,
+        keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
+        max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+        max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
+        weighting=_str(weighting, "weighting", False) or "", ablate=_str(ablate, "ablate"))
+    return _as(Heatmap, _run_heatmap(request))
 
 
 def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int | None = None,
@@ -289,27 +295,26 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
     writes up to N tokens after each sentence, greedy unless `sample` (with `temperature`,
     `top_p`, `seed`); the maps then cover prompt + generated tokens, and `.generation` says
     what was written."""
-    from attnviz.sources.generate_spec import GenerateSpec
-
     spec = None
     if generate is not None:
         spec = GenerateSpec(_int(generate, "generate", 0) or 0, _flag(sample, "sample"),
                             _number(temperature, "temperature"), _number(top_p, "top_p"),
                             _int(seed, "seed", 0, high=_SEED_BOUND) or 0)
         spec.check()
-    job = HeatmapJob(_texts(sentences, "sentences") or [],
-                     model=str(_path(model, "model")), layer=_str(layer, "layer", ints=True),
-                     device=_str(device, "device", False) or "",
-                     dtype=_str(dtype, "dtype", False) or "", head=_int(head, "head", 0, True),
-                     average=_flag(average, "average"), query=_str(query, "query", ints=True),
-                     sentence=_int(sentence, "sentence", 1) or 1,
-                     keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
-                     targets=_texts(targets, "targets", allow_none=True),
-                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
-                     max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
-                     weighting=_str(weighting, "weighting", False) or "",
-                     ablate=_str(ablate, "ablate"), generate=spec)
-    return _as(Heatmap, _run_heatmap(job))
+    targets_given = _texts(targets, "targets", allow_none=True)
+    request = HeatmapRequest.build(
+        sentences=tuple(_texts(sentences, "sentences") or ()),
+        model=str(_path(model, "model")), layer=_str(layer, "layer", ints=True),
+        device=_str(device, "device", False) or "", dtype=_str(dtype, "dtype", False) or "",
+        head=_int(head, "head", 0, True), average=_flag(average, "average"),
+        query=_str(query, "query", ints=True), sentence=_int(sentence, "sentence", 1) or 1,
+        keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
+        targets=None if targets_given is None else tuple(targets_given),
+        max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+        max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
+        weighting=_str(weighting, "weighting", False) or "", ablate=_str(ablate, "ablate"),
+        generate=spec)
+    return _as(Heatmap, _run_heatmap(request))
 
 
 class Circuits(CircuitsResult):

@@ -16,7 +16,7 @@ from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
     from attnviz.app.outputs import ReadSet
-    from attnviz.sources.layers import RandomSpec
+    from attnviz.core.request import RandomSpec
 
 # what to run on
 Sentences = Annotated[list[str] | None, typer.Argument(help=(
@@ -217,7 +217,7 @@ def check_quiet(quiet: bool, loud_flags: dict[str, bool | None]) -> None:
 def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,
                 vdim: int | None, seed: int | None) -> RandomSpec | None:
     """--random's layer; its options given without it are usage errors."""
-    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+    from attnviz.core.request import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
     if not random:
         refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,

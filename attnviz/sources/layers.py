@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from attnviz.core.layer import AttentionLayer, divisor_choices
+from attnviz.core.request import DEFAULT_EMBED_DIM as DEFAULT_EMBED_DIM
+from attnviz.core.request import DEFAULT_NUM_HEADS as DEFAULT_NUM_HEADS
+from attnviz.core.request import RandomSpec as RandomSpec
 from attnviz.errors import UsageError
 from attnviz.load.checkpoint import DictStore, TensorStore, open_checkpoint
 from attnviz.recognize import Inventory, find_layers, select_layer
@@ -13,19 +15,6 @@ from attnviz.recognize.base import HeadHints
 
 MAX_RANDOM_DIM = 8192  # a (3E, E) float32 in_proj is 800 MB at E = 8192
 
-DEFAULT_EMBED_DIM = 64
-DEFAULT_NUM_HEADS = 8
-
-
-@dataclass(frozen=True)
-class RandomSpec:
-    embed_dim: int = DEFAULT_EMBED_DIM
-    num_heads: int = DEFAULT_NUM_HEADS
-    kdim: int | None = None
-    vdim: int | None = None
-    bias: bool = True
-    add_bias_kv: bool = False
-    seed: int = 0
 
 
 def check_random_spec(spec: RandomSpec) -> None:

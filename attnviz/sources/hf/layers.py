@@ -111,9 +111,11 @@ def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None
              need_layers: bool = False, query: bool = False,
              encoded: Encoded | None = None, memory_budget: int | None = None) -> Plan:
     """Inputs encoded and, where the run needs them before it starts, the layers numbered by a
-    1-token probe: --layer forms that need the layer count or the stacks (-1, 'cross 0'), long
-    inputs (the streaming decision needs the heads), need_layers (a figure's panel limit), and
-    --query on a decoder run (its rows may be target tokens)."""
+    1-token probe: layer forms that need the layer count or the stacks (-1, 'cross 0'), long
+    inputs (the streaming decision needs the heads), need_layers (the value norms and the
+    ablation read them), and a query on a decoder run (its rows may be target tokens). A
+    figure's panel limit needs no probe: config.json counts the layers (`expected_shown`),
+    or the run itself does."""
     prepared = prepare(loaded, sentences, targets, max_tokens, encoded)
     direct = _direct_indices(layer)
     if not need_layers and direct is not False and not (query and targets is not None) \
