@@ -17,7 +17,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attnviz.app.circuits import CircuitsRequest, CircuitsResult, run_circuits
 from attnviz.app.heatmap import HeatmapResult
@@ -97,15 +97,24 @@ class Heatmap(HeatmapResult):
 
     def html(self) -> str:
         """The interactive page `--html` writes: one self-contained file, no network."""
-        from attnviz.render.html import document_from_run, render_html
+        from attnviz.render.html import render_html
 
-        return render_html(document_from_run(self.run, self.head_stats, self.breakdown))
+        return render_html(self._document())
 
     def _repr_html_(self) -> str:
         """Jupyter: the interactive page inline (an iframe; it needs no internet)."""
-        from attnviz.render.html import document_from_run, notebook_html
+        from attnviz.render.html import notebook_html
 
-        return notebook_html(document_from_run(self.run, self.head_stats, self.breakdown))
+        return notebook_html(self._document())
+
+    def _document(self) -> dict[str, Any]:
+        """The page's document, its notes naming options by keyword (`export`)."""
+        from attnviz.errors import with_options
+        from attnviz.render.html import document_from_run
+
+        document = document_from_run(self.run, self.head_stats, self.breakdown)
+        document["notes"] = [with_options(note) for note in document["notes"]]
+        return document
 
 
 def _as(cls: type[_T], result: DataclassInstance) -> _T:

@@ -67,6 +67,7 @@ from attnviz.cli.options import (
     console,
     plain,
     strict_json,
+    with_flags,
 )
 from attnviz.cli.paths import inputs_read
 from attnviz.cli.progress import progress
@@ -187,6 +188,7 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
 
         report(f"writing the page {files.html.name}")
         document = document_from_run(result.run, result.head_stats, result.breakdown)
+        document["notes"] = [with_flags(note) for note in document["notes"]]
         if result.generation is not None:  # --generate: where the generated tokens start
             from attnviz.app.generate import boundary_notes
 
@@ -272,7 +274,7 @@ def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
         out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {_span(labels)} ({heads} "
                         f"heads): {method}" + ("; causal" if causal else "")))
     for note in run.notes:
-        out.print(plain(f"note: {note}"))
+        out.print(plain(f"note: {with_flags(note)}"))
     if compact:
         _print_tokens(out, "sentence", run.batch.tokens)
         if run.target is not None:

@@ -72,6 +72,14 @@ Json = Annotated[bool, typer.Option("--json", help=(
     "Print one JSON document instead of tables."))]
 
 
+def with_flags(text: str) -> str:
+    """Library text (a run's notes) with each neutral option reference (`‹max_tokens›`, see
+    attnviz.errors.option) shown as its flag (`--max-tokens`), as errors are shown."""
+    from attnviz.errors import with_options
+
+    return with_options(text, lambda name: "--" + name.replace("_", "-"))
+
+
 def console() -> SafeConsole:
     """stdout through attnviz's safe console: no markup or emoji codes parsed in strings, and
     every control sequence a string from a file or the user could carry escaped."""

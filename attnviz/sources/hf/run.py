@@ -234,9 +234,9 @@ def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
     if streamed:
         notes.append("long input: each source layer's maps reduced to display size block by "
                      f"block, {streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); "
-                     "--export writes the full maps to its file block by block")
+                     "‹export› writes the full maps to its file block by block")
     if loaded.encoder_decoder and plan.prepared.target is None:
-        notes.append("encoder-decoder model: its encoder ran alone (--target 'text', one per "
+        notes.append("encoder-decoder model: its encoder ran alone (‹target› 'text', one per "
                      "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
     return notes
 
