@@ -34,7 +34,7 @@ from attnviz.core.request import (
     HeatmapRequest,
     RandomSpec,
 )
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
 from attnviz.recognize import Inventory
@@ -88,7 +88,7 @@ class Heatmap(HeatmapResult):
         from attnviz.render.ablation_figure import ablation_figure
 
         if self.ablation is None:
-            raise UsageError("no scorecard: this run was made without ‹ablate›",
+            raise UsageError(f"no scorecard: this run was made without {option('ablate')}",
                              fix="pass ablate='zero' or 'mean'", option="ablate")
         return ablation_figure(self.ablation, self.head_stats, self.title())
 
@@ -151,10 +151,11 @@ def _int(value: object, name: str, low: int | None = None, allow_none: bool = Fa
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     number = operator.index(value)
     if low is not None and number < low:
-        raise UsageError(f"‹{name}› must be {'a positive integer' if low == 1 else f'>= {low}'}"
+        bound = "a positive integer" if low == 1 else f">= {low}"
+        raise UsageError(f"{option(name)} must be {bound}"
                          f", got {number}", option=name)
     if high is not None and number >= high:
-        raise UsageError(f"‹{name}› {number} is too large (below {high})", option=name)
+        raise UsageError(f"{option(name)} {number} is too large (below {high})", option=name)
     return int(number)
 
 
@@ -193,7 +194,7 @@ def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, not {type(value).__name__}")
     if not math.isfinite(value):
-        raise UsageError(f"‹{name}› must be a finite number, got {value}", option=name)
+        raise UsageError(f"{option(name)} must be a finite number, got {value}", option=name)
     return float(value)
 
 
@@ -247,7 +248,8 @@ def split(weights: str | Path | None = None, *, model: str | None = None,
                             _flag(bias, "bias"), seed=seed)
         hints = HeadHints(None, hints.num_kv_heads, hints.head_dim)
     elif embed_dim is not None or kdim is not None or vdim is not None:
-        raise UsageError("‹embed_dim›, ‹kdim› and ‹vdim› apply to a random layer only",
+        raise UsageError(f"{option('embed_dim')}, {option('kdim')} and {option('vdim')} apply to "
+                         "a random layer only",
                          fix="drop them, or pass neither weights nor model")
     result = run_split(SplitRequest(
         _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),
@@ -273,7 +275,7 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
                       _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
                       seed=seed) if _flag(random, "random") else None
     if not random and embed_dim is not None:
-        raise UsageError("‹embed_dim› applies to a random layer only",
+        raise UsageError(f"{option('embed_dim')} applies to a random layer only",
                          fix="drop it, or pass random=True", option="embed_dim")
     request = HeatmapRequest.build(  # the request the CLI builds, from the same names
         sentences=tuple(_texts(sentences, "sentences") or ()), weights=_path(weights, "weights"),

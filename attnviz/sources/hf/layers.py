@@ -13,6 +13,7 @@ from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import (
     CheckpointError,
     UsageError,
+    option,
     printable,
 )
 from attnviz.sources import capture as cap
@@ -82,7 +83,7 @@ def select(layers: list[ModelLayer], spec: str | None) -> list[ModelLayer]:
         chosen = parse_stack_layers(spec, stacks)
     except UsageError as error:
         if list(stacks) == ["enc"] and "this run has no" in error.what:
-            error.fix = "pass ‹target› 'text' (one per sentence) to run the decoder too"
+            error.fix = f"pass {option('target')} 'text' (one per sentence) to run the decoder too"
         raise
     if chosen is None:
         return list(layers)
