@@ -17,21 +17,28 @@ import io
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attnviz.app.circuits import CircuitsRequest, CircuitsResult, run_circuits
-from attnviz.app.heatmap import HeatmapJob, HeatmapResult
+from attnviz.app.heatmap import HeatmapResult
 from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
-from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
-from attnviz.errors import UsageError
+from attnviz.core.request import (
+    DEFAULT_EMBED_DIM,
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_NUM_HEADS,
+    GenerateSpec,
+    HeadHints,
+    HeatmapRequest,
+    RandomSpec,
+)
+from attnviz.errors import UsageError, option
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
 from attnviz.recognize import Inventory
 from attnviz.recognize import find_layers as _find_layers
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -81,7 +88,7 @@ class Heatmap(HeatmapResult):
         from attnviz.render.ablation_figure import ablation_figure
 
         if self.ablation is None:
-            raise UsageError("no scorecard: this run was made without ‹ablate›",
+            raise UsageError(f"no scorecard: this run was made without {option('ablate')}",
                              fix="pass ablate='zero' or 'mean'", option="ablate")
         return ablation_figure(self.ablation, self.head_stats, self.title())
 
@@ -90,15 +97,24 @@ class Heatmap(HeatmapResult):
 
     def html(self) -> str:
         """The interactive page `--html` writes: one self-contained file, no network."""
-        from attnviz.render.html import document_from_run, render_html
+        from attnviz.render.html import render_html
 
-        return render_html(document_from_run(self.run, self.head_stats, self.breakdown))
+        return render_html(self._document())
 
     def _repr_html_(self) -> str:
         """Jupyter: the interactive page inline (an iframe; it needs no internet)."""
-        from attnviz.render.html import document_from_run, notebook_html
+        from attnviz.render.html import notebook_html
 
-        return notebook_html(document_from_run(self.run, self.head_stats, self.breakdown))
+        return notebook_html(self._document())
+
+    def _document(self) -> dict[str, Any]:
+        """The page's document, its notes naming options by keyword (`export`)."""
+        from attnviz.errors import with_options
+        from attnviz.render.html import document_from_run
+
+        document = document_from_run(self.run, self.head_stats, self.breakdown)
+        document["notes"] = [with_options(note) for note in document["notes"]]
+        return document
 
 
 def _as(cls: type[_T], result: DataclassInstance) -> _T:
@@ -135,10 +151,11 @@ def _int(value: object, name: str, low: int | None = None, allow_none: bool = Fa
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     number = operator.index(value)
     if low is not None and number < low:
-        raise UsageError(f"‹{name}› must be {'a positive integer' if low == 1 else f'>= {low}'}"
+        bound = "a positive integer" if low == 1 else f">= {low}"
+        raise UsageError(f"{option(name)} must be {bound}"
                          f", got {number}", option=name)
     if high is not None and number >= high:
-        raise UsageError(f"‹{name}› {number} is too large (below {high})", option=name)
+        raise UsageError(f"{option(name)} {number} is too large (below {high})", option=name)
     return int(number)
 
 
@@ -177,7 +194,7 @@ def _number(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number, not {type(value).__name__}")
     if not math.isfinite(value):
-        raise UsageError(f"‹{name}› must be a finite number, got {value}", option=name)
+        raise UsageError(f"{option(name)} must be a finite number, got {value}", option=name)
     return float(value)
 
 
@@ -231,7 +248,8 @@ def split(weights: str | Path | None = None, *, model: str | None = None,
                             _flag(bias, "bias"), seed=seed)
         hints = HeadHints(None, hints.num_kv_heads, hints.head_dim)
     elif embed_dim is not None or kdim is not None or vdim is not None:
-        raise UsageError("‹embed_dim›, ‹kdim› and ‹vdim› apply to a random layer only",
+        raise UsageError(f"{option('embed_dim')}, {option('kdim')} and {option('vdim')} apply to "
+                         "a random layer only",
                          fix="drop them, or pass neither weights nor model")
     result = run_split(SplitRequest(
         _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),
@@ -257,21 +275,20 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
                       _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
                       seed=seed) if _flag(random, "random") else None
     if not random and embed_dim is not None:
-        raise UsageError("‹embed_dim› applies to a random layer only",
+        raise UsageError(f"{option('embed_dim')} applies to a random layer only",
                          fix="drop it, or pass random=True", option="embed_dim")
-    job = HeatmapJob(_texts(sentences, "sentences") or [], weights=_path(weights, "weights"),
-                     random=spec, layer=_str(layer, "layer", ints=True),
-                     hints=HeadHints(None if random else _int(num_heads, "num_heads", 1, True)),
-                     causal=_flag(causal, "causal"), device=_str(device, "device", False) or "",
-                     head=_int(head, "head", 0, True), average=_flag(average, "average"),
-                     query=_str(query, "query", ints=True),
-                     sentence=_int(sentence, "sentence", 1) or 1,
-                     keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
-                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
-                     max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
-                     weighting=_str(weighting, "weighting", False) or "",
-                     ablate=_str(ablate, "ablate"))
-    return _as(Heatmap, _run_heatmap(job))
+    request = HeatmapRequest.build(  # the request the CLI builds, from the same names
+        sentences=tuple(_texts(sentences, "sentences") or ()), weights=_path(weights, "weights"),
+        random=spec, layer=_str(layer, "layer", ints=True),
+        hints=HeadHints(None if random else _int(num_heads, "num_heads", 1, True)),
+        causal=_flag(causal, "causal"), device=_str(device, "device", False) or "",
+        head=_int(head, "head", 0, True), average=_flag(average, "average"),
+        query=_str(query, "query", ints=True), sentence=_int(sentence, "sentence", 1) or 1,
+        keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
+        max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+        max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
+        weighting=_str(weighting, "weighting", False) or "", ablate=_str(ablate, "ablate"))
+    return _as(Heatmap, _run_heatmap(request))
 
 
 def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int | None = None,
@@ -289,27 +306,26 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
     writes up to N tokens after each sentence, greedy unless `sample` (with `temperature`,
     `top_p`, `seed`); the maps then cover prompt + generated tokens, and `.generation` says
     what was written."""
-    from attnviz.sources.generate_spec import GenerateSpec
-
     spec = None
     if generate is not None:
         spec = GenerateSpec(_int(generate, "generate", 0) or 0, _flag(sample, "sample"),
                             _number(temperature, "temperature"), _number(top_p, "top_p"),
                             _int(seed, "seed", 0, high=_SEED_BOUND) or 0)
         spec.check()
-    job = HeatmapJob(_texts(sentences, "sentences") or [],
-                     model=str(_path(model, "model")), layer=_str(layer, "layer", ints=True),
-                     device=_str(device, "device", False) or "",
-                     dtype=_str(dtype, "dtype", False) or "", head=_int(head, "head", 0, True),
-                     average=_flag(average, "average"), query=_str(query, "query", ints=True),
-                     sentence=_int(sentence, "sentence", 1) or 1,
-                     keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
-                     targets=_texts(targets, "targets", allow_none=True),
-                     max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
-                     max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
-                     weighting=_str(weighting, "weighting", False) or "",
-                     ablate=_str(ablate, "ablate"), generate=spec)
-    return _as(Heatmap, _run_heatmap(job))
+    targets_given = _texts(targets, "targets", allow_none=True)
+    request = HeatmapRequest.build(
+        sentences=tuple(_texts(sentences, "sentences") or ()),
+        model=str(_path(model, "model")), layer=_str(layer, "layer", ints=True),
+        device=_str(device, "device", False) or "", dtype=_str(dtype, "dtype", False) or "",
+        head=_int(head, "head", 0, True), average=_flag(average, "average"),
+        query=_str(query, "query", ints=True), sentence=_int(sentence, "sentence", 1) or 1,
+        keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
+        targets=None if targets_given is None else tuple(targets_given),
+        max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+        max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
+        weighting=_str(weighting, "weighting", False) or "", ablate=_str(ablate, "ablate"),
+        generate=spec)
+    return _as(Heatmap, _run_heatmap(request))
 
 
 class Circuits(CircuitsResult):

@@ -654,9 +654,9 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     batch = make_batch([zipf_words(L, seed=2)], max_tokens=40000)
     request = {"weights": layer, "hints": HeadHints(LONG_H)}
     small = None if streaming.streams(batch, LONG_H) else 2**20  # --quick: stream anyway
-    blocks = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request, memory_budget=small))
-    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request,
-                                                      memory_budget=16 * 2**30))
+    build = heatmap_mod.HeatmapRequest.build
+    blocks = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=small))
+    full = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=16 * 2**30))
     assert blocks.layers[0].weights is None and full.layers[0].weights is not None
     shown = {"blocks": maps.select_maps(blocks, None, False),
              "full": [maps.downsample(v, cells, cells)

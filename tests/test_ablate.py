@@ -87,11 +87,12 @@ def _repeats(ids_list):
 
 @pytest.fixture(scope="module")
 def probe_scorecard():
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
     from attnviz.core.probe import induction_probe
 
     sentences = induction_probe()
-    return sentences, run_heatmap(HeatmapJob(sentences, ablate="zero", device="cpu"))
+    return sentences, run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), ablate="zero",
+                                                       device="cpu"))
 
 
 def test_bundled_scorecard_equals_editing_the_weights(probe_scorecard):
@@ -129,10 +130,11 @@ def test_bundled_induction_circuit_shows(probe_scorecard):
 
 
 def test_bundled_mean_ablation_equals_folding_the_mean_into_the_bias():
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
     sentences = ["red fox jumps high red fox jumps high", "one two three one two three"]
-    result = run_heatmap(HeatmapJob(sentences, ablate="mean", device="cpu", head=0))
+    result = run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), ablate="mean",
+                                              device="cpu", head=0))
     model = _tiny_model()
     ids = _ids(sentences)
     base = _reference(model, ids)
@@ -174,14 +176,15 @@ def _head_mean(model, ids_list, layer, head, d):
 def test_standalone_layer_hidden_change(tmp_path):
     from safetensors.torch import save_file
 
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
     from attnviz.recognize.base import HeadHints
 
     torch.manual_seed(0)
     mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
     path = tmp_path / "mha.safetensors"
     save_file({k: v.contiguous() for k, v in mha.state_dict().items()}, str(path))
-    result = run_heatmap(HeatmapJob(["a b c d e", "f g h"], weights=path, hints=HeadHints(4),
+    result = run_heatmap(HeatmapRequest.build(sentences=("a b c d e", "f g h"), weights=path,
+                                              hints=HeadHints(4),
                                     ablate="zero", keep_full_maps=True))
     x = result.run.layers[0].inputs
     real = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
@@ -264,11 +267,12 @@ def _o_weight(model, kind, layer):
 def test_hf_causal_lm_scorecard_equals_editing_the_weights(kind, cls, tmp_path):
     import transformers
 
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
     folder = _lm_folder(tmp_path, kind, cls)
     sentences = ["the cat sat on the mat"]
-    result = run_heatmap(HeatmapJob(sentences, model=str(folder), ablate="zero", device="cpu"))
+    result = run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), model=str(folder),
+                                              ablate="zero", device="cpu"))
     report = result.ablation
     assert report.loss_kind == "next-token loss" and len(report.effects) == 8
     model = getattr(transformers, cls).from_pretrained(folder).eval()
@@ -309,9 +313,10 @@ def test_hf_causal_lm_scorecard_equals_editing_the_weights(kind, cls, tmp_path):
 @pytest.mark.hf
 @pytest.mark.slow
 def test_hf_base_model_has_hidden_changes_only(zoo_model):
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
-    result = run_heatmap(HeatmapJob(["the cat sat on the mat"], model=str(zoo_model("bert")),
+    result = run_heatmap(HeatmapRequest.build(sentences=("the cat sat on the mat",),
+                                              model=str(zoo_model("bert")),
                                     ablate="zero", device="cpu", layer="0"))
     report = result.ablation
     assert report.loss_kind is None and len(report.effects) == 4
@@ -327,7 +332,7 @@ def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
     """A masked LM head: loss_change is the mean KL(p ‖ p′) of the output distributions."""
     import transformers
 
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
     folder = _lm_folder(tmp_path, "bert", "BertForMaskedLM")
     sharp = transformers.BertForMaskedLM.from_pretrained(folder)
@@ -336,8 +341,8 @@ def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
         sharp.cls.predictions.bias.normal_(0, 3)
     sharp.save_pretrained(folder)
     sentence = "the cat sat on the mat"
-    result = run_heatmap(HeatmapJob([sentence], model=str(folder), ablate="zero",
-                                    device="cpu", layer="1"))
+    result = run_heatmap(HeatmapRequest.build(sentences=(sentence,), model=str(folder),
+                                              ablate="zero", device="cpu", layer="1"))
     report = result.ablation
     assert report.loss_kind == "KL divergence" and len(report.effects) == 4
     model = transformers.BertForMaskedLM.from_pretrained(folder).eval()
@@ -372,12 +377,13 @@ def test_hf_encoder_decoder_scorecard_equals_editing_the_weights(zoo_model):
     import transformers
     from zoo import load_tokenizer
 
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
     folder = zoo_model("bart")
     sentence, target = "the cat sat on the mat", "the red barn"
-    result = run_heatmap(HeatmapJob([sentence], model=str(folder), ablate="zero",
-                                    device="cpu", targets=[target], layer="enc 1,cross 0"))
+    result = run_heatmap(HeatmapRequest.build(sentences=(sentence,), model=str(folder),
+                                              ablate="zero", device="cpu", targets=(target,),
+                                              layer="enc 1,cross 0"))
     report = result.ablation
     assert report.loss_kind is None and len(report.effects) == 8
     model = transformers.BartModel.from_pretrained(folder).eval()
@@ -424,12 +430,12 @@ def test_hf_base_model_scorecards_equal_editing_the_weights(kind, path, zoo_mode
     import transformers
     from zoo import ZOO, load_tokenizer
 
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
     folder = zoo_model(kind)
     sentence = "the cat sat on the mat"
-    result = run_heatmap(HeatmapJob([sentence], model=str(folder), ablate="zero",
-                                    device="cpu", layer="1"))
+    result = run_heatmap(HeatmapRequest.build(sentences=(sentence,), model=str(folder),
+                                              ablate="zero", device="cpu", layer="1"))
     model = getattr(transformers, ZOO[kind].model_class).from_pretrained(folder).eval()
     feed = load_tokenizer(folder)(sentence, return_tensors="pt")
 

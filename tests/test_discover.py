@@ -18,11 +18,11 @@ transformers = lazy_import("transformers")
 import torch  # noqa: E402
 from conftest import SAMPLES, assert_clean_error  # noqa: E402
 from heads_check import check_heads  # noqa: E402
+from zoo import load_for_capture  # noqa: E402
 
 from attnviz.app.split import SplitRequest, run_split  # noqa: E402
 from attnviz.load.checkpoint import DictStore, open_checkpoint  # noqa: E402
 from attnviz.recognize import conventions, find_layers  # noqa: E402
-from attnviz.sources import capture as cap  # noqa: E402
 from attnviz.sources.discover import discover_modules  # noqa: E402
 
 TINY = {  # architectures whose names no row of the table knows, or whose config lists heads
@@ -71,7 +71,7 @@ def test_unknown_names_are_found_by_building_the_model(tiny, cli) -> None:
         assert "meta device" in layer["storage"]
     split = run_split(SplitRequest(weights=folder, layer="h.1.multi_head_attention"))
     assert split.passed
-    model = cap.load_for_capture(folder, "CTRLModel")
+    model = load_for_capture(folder, "CTRLModel")
     inputs = {"input_ids": torch.tensor([[5, 9, 2, 33, 7, 1]])}
     check_heads(model, open_checkpoint(folder), split.layer, split.layer_weights, inputs, "ctrl")
 
@@ -88,7 +88,7 @@ def test_per_stage_head_counts_come_from_the_modules(tiny, cli) -> None:
             ("encoder.layers.1.blocks.0.attention", 4, 4)]
     assert all(layer["positions"] == "relative bias" for layer in doc["layers"])
     split = run_split(SplitRequest(weights=folder, layer="1"))
-    model = cap.load_for_capture(folder, "SwinModel")
+    model = load_for_capture(folder, "SwinModel")
     inputs = {"pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
     check_heads(model, open_checkpoint(folder), split.layer, split.layer_weights, inputs, "swin")
 

@@ -127,3 +127,57 @@ def test_option_fields_are_names_everywhere(cli):
     result = cli("heatmap", "--random", "-H", "0", "a b")
     assert result.exit_code == 2 and "(--num-heads)" in result.stderr
     assert "---" not in result.stderr
+
+
+# --- notes, not only errors: library text refers to options neutrally ----------------------
+
+# Library text that still names a flag, each on the inspect path or a command suggestion: the
+# list may only shrink (an entry that no longer matches fails too).
+STILL_NAMING_FLAGS = {
+    "app/standalone.py": "; for that, run the model: attnviz heatmap --model ",  # a command
+    "compute/overview.py": "effect of removing the head (--ablate)",
+    "recognize/conventions.py": "timm stores no head count: pass --num-heads",
+    "recognize/match.py": "pass --num-heads, or open the model folder",
+}
+
+
+def flagged_text(source: str) -> list[str]:
+    """Every string constant (docstrings aside) that names a flag."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef)
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings and FLAG.search(node.value)]
+
+
+def test_the_text_scan_finds_flags_in_notes():
+    """Negative control: a note (no error in sight) naming a flag is seen; a docstring is not."""
+    assert flagged_text('"""Docs may say --export."""\nNOTE = "use --positions x"') == [
+        "use --positions x"]
+    assert flagged_text('NOTE = "use \u2039positions\u203a x"') == []
+
+
+def test_library_notes_refer_to_options_neutrally():
+    found = {str(path.relative_to(PACKAGE)): text
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).parts[0] in LIBRARY
+             for text in flagged_text(path.read_text())}
+    assert sorted(found) == sorted(STILL_NAMING_FLAGS)
+    for path, start in STILL_NAMING_FLAGS.items():
+        assert found[path].startswith(start), path
+
+
+def test_the_cli_shows_a_note_with_flags_and_the_api_with_keywords(cli):
+    import attnviz
+
+    words = " ".join(f"w{i}" for i in range(300))
+    result = cli("heatmap", "--random", words, "--max-tokens", "400", "--memory-budget", "1MB")
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.stdout.split())  # the terminal folds long lines
+    assert "; --export writes the full maps block by block" in shown
+    assert "\u2039" not in result.stdout
+    page = attnviz.run_heatmap(["a b c"], random=True, weighting="norm").html()
+    assert "statistics, overview and rank read these maps; export holds" in page
+    assert "\u2039" not in page and "--rank" not in page

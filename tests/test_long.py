@@ -39,15 +39,15 @@ def _budget_for(rows: int, batch, extra: int) -> int:
 
 def _runs(case: str, rows: int, **extra_request):
     batch = make_batch(TEXTS)
-    request = heatmap_mod.HeatmapRequest(batch, **CASES[case], **extra_request)
-    full = heatmap_mod.run(request)
+    request = heatmap_mod.HeatmapRequest.build(**CASES[case], **extra_request)
+    full = heatmap_mod.run_on_batch(batch, request)
     layer = full.layers[0]
     assert layer.weights is not None  # small: full maps
     extra = layer.weights.shape[-1] - batch.max_len
     budget = _budget_for(rows, batch, extra)
     assert streaming.block_rows(budget, batch.max_len + extra, torch.device("cpu")) == rows
-    streamed = heatmap_mod.run(heatmap_mod.HeatmapRequest(
-        batch, **CASES[case], memory_budget=budget, **extra_request))
+    streamed = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
+        **CASES[case], memory_budget=budget, **extra_request))
     assert streamed.layers[0].weights is None
     assert f"{rows} row" in streamed.layers[0].method
     return full, streamed
@@ -160,7 +160,7 @@ def test_add_rows_refuses_blocks_that_do_not_fit():
 
 @pytest.mark.parametrize("case", ["plain", "bias_k causal"])
 def test_query_row_of_a_block_run_equals_the_full_maps(case):
-    full, streamed = _runs(case, 4, query_row=(0, 13))
+    full, streamed = _runs(case, 4, query="13")
     expected = full.layers[0].weights[0, :, 13]  # (H, S) with padding columns
     keys = list(range(len(full.batch.tokens[0]))) + \
         list(range(full.batch.max_len, expected.shape[-1]))
@@ -264,14 +264,14 @@ def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypat
                                                                      range(40)])
     batch = make_batch([text])
     request = dict(random=RandomSpec(16, 2), causal=True)
-    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request)).layers[0]
+    build = heatmap_mod.HeatmapRequest.build
+    full = heatmap_mod.run_on_batch(batch, build(**request)).layers[0]
     reference = head_stats(full.weights, batch.tokens, 0)
     budget = _budget_for(8, batch, 0)
     for common, dense in ((16, 16), (2, 16), (16, 0), (16, 10**9), (2, 0)):
         monkeypatch.setattr(row_stats, "FREQUENT_MIN", common)
         monkeypatch.setattr(row_stats, "DENSE_PAIRS", dense)
-        got = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request,
-                                                         memory_budget=budget)).layers[0]
+        got = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=budget)).layers[0]
         for a, b in zip(reference, got.stats, strict=True):
             for key in STAT_KEYS:
                 assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-6), \
@@ -289,10 +289,10 @@ def test_4096_tokens_block_maps_equal_full_maps():
     words = " ".join(f"w{(i * 7919) % 1009}" for i in range(4096))
     batch = make_batch([words], max_tokens=5000)
     request = dict(random=RandomSpec(64, 4))
-    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request,
-                                                      memory_budget=2**30))
-    streamed = heatmap_mod.run(heatmap_mod.HeatmapRequest(
-        batch, **request, memory_budget=_budget_for(256, batch, 0)))
+    full = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
+        **request, memory_budget=2**30))
+    streamed = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
+        **request, memory_budget=_budget_for(256, batch, 0)))
     layer = streamed.layers[0]
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, 512)
     assert worst_map <= 1e-6 and worst_stat <= 1e-3

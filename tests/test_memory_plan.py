@@ -61,14 +61,15 @@ def _grouped(monkeypatch, case: str, rows: int, heads: int, **request):
     """The full run and a streamed run whose blocks hold `rows` rows of `heads` heads."""
     monkeypatch.setattr(streaming, "CPU_BLOCK_ROWS", rows)
     batch = make_batch(TEXTS)
-    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **CASES[case], **request))
+    build = heatmap_mod.HeatmapRequest.build
+    full = heatmap_mod.run_on_batch(batch, build(**CASES[case], **request))
     layer = full.layers[0]
     keys = layer.weights.shape[-1]
     budget = heads * rows * keys * streaming.BLOCK_BUFFERS * 4
     plan = streaming.memory_plan(batch, layer.layer.num_heads, keys - batch.max_len, budget)
     assert (plan.rows, plan.heads) == (rows, heads)
-    streamed = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **CASES[case],
-                                                          memory_budget=budget, **request))
+    streamed = heatmap_mod.run_on_batch(batch, build(**CASES[case], memory_budget=budget,
+                                                     **request))
     assert streamed.layers[0].weights is None
     assert f"{heads} heads of one sentence" in streamed.layers[0].method
     return full, streamed
@@ -86,7 +87,7 @@ def test_blocks_of_several_heads_equal_full_maps(monkeypatch, case, heads):
 
 
 def test_blocks_of_several_heads_keep_the_query_row(monkeypatch):
-    full, streamed = _grouped(monkeypatch, "bias_k causal", 5, 2, query_row=(0, 13))
+    full, streamed = _grouped(monkeypatch, "bias_k causal", 5, 2, query="13")
     expected = full.layers[0].weights[0, :, 13]  # (H, S) with padding columns
     keys = list(range(len(full.batch.tokens[0]))) + \
         list(range(full.batch.max_len, expected.shape[-1]))

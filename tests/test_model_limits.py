@@ -11,7 +11,7 @@ from tests.conftest import assert_clean_error
 lazy_import("transformers")
 pytestmark = pytest.mark.hf
 
-from attnviz.sources.hf import checked  # noqa: E402
+from attnviz.sources import hf  # noqa: E402
 
 DISTILBERT = "sample_weights/models/distilbert-tiny-model"  # 64 positions, 2 layers × 4 heads
 MARIAN = "sample_weights/models/marian-tiny-model"  # 64 positions, 2 + 2 layers × 4 heads
@@ -30,7 +30,7 @@ def no_weights(monkeypatch):
         calls.append(args)
         raise WeightsLoaded("the weights were loaded")
 
-    monkeypatch.setattr(checked, "load_weights", refuse)
+    monkeypatch.setattr(hf, "load_weights", refuse)  # as the model source calls it
     return calls
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from attnviz.app.heatmap import HeatmapJob, run_heatmap
+from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 from attnviz.cli import progress as progress_mod
 from attnviz.sources.layers import RandomSpec
 
@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_app_reports_its_steps_through_a_callback():
     heard: list[str] = []
-    run_heatmap(HeatmapJob(["a b c", "d e"], random=RandomSpec(16, 2)), heard.append)
+    run_heatmap(HeatmapRequest.build(sentences=("a b c", "d e"), random=RandomSpec(16, 2)),
+                heard.append)
     assert heard == ["running attention on 2 sentences (5 tokens)", "computing head statistics"]
 
 

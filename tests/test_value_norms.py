@@ -68,10 +68,10 @@ def test_standalone_layer_norms_match_an_independent_computation(cli, tmp_path):
 
 
 def test_displayed_rows_are_the_norms_normalized(tmp_path):
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
     path, _ = _mha_checkpoint(tmp_path)
-    job = HeatmapJob(["one two three four five"], weights=path,
+    job = HeatmapRequest.build(sentences=("one two three four five",), weights=path,
                      hints=__import__("attnviz.recognize.base", fromlist=["HeadHints"])
                      .HeadHints(4), weighting="norm", keep_full_maps=True)
     result = run_heatmap(job)

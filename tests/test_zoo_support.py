@@ -27,7 +27,7 @@ transformers = lazy_import("transformers", "tokenizers")
 
 import torch  # noqa: E402
 from heads_check import check_heads  # noqa: E402
-from zoo import SENTENCES, ZOO, load_tokenizer  # noqa: E402
+from zoo import SENTENCES, ZOO, load_for_capture, load_tokenizer  # noqa: E402
 
 from attnviz.app.split import SplitRequest, run_split  # noqa: E402
 from attnviz.core.layer import AttentionLayer  # noqa: E402
@@ -123,7 +123,7 @@ def check_split(folder: Any, kind: str) -> Any:
     """Split the chosen layers of the model in `folder` with `attnviz split --weights` and
     compare each head with the model's own forward; returns the model."""
     store = open_checkpoint(folder)
-    model = cap.load_for_capture(folder, ZOO[kind].model_class)
+    model = load_for_capture(folder, ZOO[kind].model_class)
     inputs = inputs_for(kind, folder, model)
     for layer in chosen_layers(find_layers(store).layers, kind):
         split = run_split(SplitRequest(weights=folder, layer=layer.name))

@@ -221,6 +221,19 @@ def save_tokenizer(folder: Path, row: Kind) -> None:
         **extra).save_pretrained(folder)
 
 
+def load_for_capture(folder: Path, model_class: str = "AutoModel") -> Any:
+    """A zoo model of any model class, loaded as `--model` loads its base model: eager
+    attention, switched to attnviz's attention function where its modeling file uses the
+    interface (`capture_path`)."""
+    from attnviz.sources.hf.load import capture_path
+
+    model = getattr(transformers, model_class).from_pretrained(
+        folder, attn_implementation="eager", dtype=torch.float32, local_files_only=True,
+        trust_remote_code=False).eval()
+    capture_path(model)
+    return model
+
+
 def load_tokenizer(folder: Path) -> Any:
     """The tokenizer that was saved. Not AutoTokenizer: transformers 5 maps some model types
     (qwen2, ...) to their own tokenizer class, which rebuilds a BPE without merges."""

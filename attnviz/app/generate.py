@@ -6,9 +6,10 @@ tokens its row attends to most."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attnviz.compute.inputs import TokenLimit, length_problem
+from attnviz.core.request import HeatmapRequest
 from attnviz.errors import UsageError
 from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
@@ -38,15 +39,16 @@ def generate_spec(generate: int | None, sample: bool, temperature: float | None,
     return spec
 
 
-def check_job(job: Any, spec: GenerateSpec) -> None:
+def check_job(job: HeatmapRequest, spec: GenerateSpec) -> None:
     """What --generate cannot be combined with, refused before any work."""
+    source = job.source
     refused = [flag for flag, given in (
-        ("‹weights›", job.weights is not None), ("‹random›", job.random is not None),
-        ("‹target›", job.targets is not None), ("‹query›", job.query is not None),
-        ("‹memory_budget›", job.memory_budget is not None),
-        ("‹device_map›", job.device_map is not None),
-        ("‹weighting› norm", getattr(job, "weighting", "attention") != "attention"),
-        ("‹ablate›", getattr(job, "ablate", None) is not None)) if given]
+        ("‹weights›", source.weights is not None), ("‹random›", source.random is not None),
+        ("‹target›", job.inputs.targets is not None), ("‹query›", job.selection.query is not None),
+        ("‹memory_budget›", job.limits.memory_budget is not None),
+        ("‹device_map›", source.device_map is not None),
+        ("‹weighting› norm", job.measure.weighting != "attention"),
+        ("‹ablate›", job.measure.ablate is not None)) if given]
     if refused:
         verb = "does" if len(refused) == 1 else "do"
         raise UsageError(f"‹generate› runs the bundled model or ‹model›; {', '.join(refused)} "
@@ -54,13 +56,13 @@ def check_job(job: Any, spec: GenerateSpec) -> None:
                          option="generate")
 
 
-def run_generate(job: Any, spec: GenerateSpec,
+def run_generate(job: HeatmapRequest, spec: GenerateSpec,
                  sentences_for: Callable[[TokenLimit | None], list[str]],
                  report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
-    """The generation and its maps over prompt + generated tokens, for a HeatmapJob whose
+    """The generation and its maps over prompt + generated tokens, for a request whose
     flags were checked (`sentences_for(limit)`: the job's sentences and --file's)."""
     check_job(job, spec)
-    if job.model is not None:
+    if job.source.model is not None:
         sentences = sentences_for(None)
         if not sentences:
             raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
@@ -68,37 +70,35 @@ def run_generate(job: Any, spec: GenerateSpec,
     return _run_bundled(job, spec, sentences_for, report)
 
 
-def _run_model(job: Any, sentences: list[str], spec: GenerateSpec,
+def _run_model(job: HeatmapRequest, sentences: list[str], spec: GenerateSpec,
                report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
-    from attnviz.app.heatmap_sources import HeatmapRequest, check_panels
-    from attnviz.compute.inputs import Batch
+    from attnviz.app.heatmap_sources import check_panels
     from attnviz.sources.hf.generate import load_lm
     from attnviz.sources.hf.generate_maps import run_generation
     from attnviz.sources.hf.inputs import check_length, encode
     from attnviz.sources.hf.layers import expected_shown
     from attnviz.sources.hf.load import check_load_options, open_model
 
-    check_load_options(job.device, job.dtype, None)
-    opened = open_model(job.model or "")
-    rows = [row["input_ids"] for row in encode(opened, sentences, None, job.max_tokens).rows]
+    check_load_options(job.source.device, job.source.dtype, None)
+    opened = open_model(job.source.model or "")
+    max_tokens = job.limits.max_tokens
+    rows = [row["input_ids"] for row in encode(opened, sentences, None, max_tokens).rows]
     for i, row in enumerate(rows, 1):  # --max-tokens counts prompt + generated tokens
         n = (1 if opened.encoder_decoder else len(row)) + spec.max_new
-        check_length(f"sentence {i} with {spec.max_new} generated tokens", n, job.max_tokens,
+        check_length(f"sentence {i} with {spec.max_new} generated tokens", n, max_tokens,
                      opened.position_limit)
-    shown = expected_shown(opened, job.layer, True)
-    if shown is not None and job.max_panels is not None:
-        check_panels(HeatmapRequest(Batch(sentences, [[""]] * len(sentences)),
-                                    max_panels=job.max_panels, panels_per_map=1 if
-                                    job.head is not None or job.average else None), *shown)
+    shown = expected_shown(opened, job.selection.layer, True)
+    if shown is not None:
+        check_panels(job, len(sentences), *shown)
     report(f"loading the model and generating {spec.max_new} tokens per sentence")
-    loaded = load_lm(opened, job.device, job.dtype)
-    return run_generation(loaded, sentences, rows, spec, job.layer)
+    loaded = load_lm(opened, job.source.device, job.source.dtype)
+    return run_generation(loaded, sentences, rows, spec, job.selection.layer)
 
 
-def _run_bundled(job: Any, spec: GenerateSpec,
+def _run_bundled(job: HeatmapRequest, spec: GenerateSpec,
                  sentences_for: Callable[[TokenLimit | None], list[str]],
                  report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
-    from attnviz.app.heatmap_sources import HeatmapRequest, check_panels, open_store
+    from attnviz.app.heatmap_sources import check_panels, open_store
     from attnviz.compute.device import resolve_device
     from attnviz.compute.inputs import make_batch
     from attnviz.core.selection import parse_layers
@@ -107,21 +107,19 @@ def _run_bundled(job: Any, spec: GenerateSpec,
 
     store = open_store(None)
     limit = bundled.token_limit(store, "the bundled model")
-    batch = make_batch(sentences_for(limit), job.max_tokens,
-                       job.max_sentences, limit)
+    batch = make_batch(sentences_for(limit), job.limits.max_tokens,
+                       job.limits.max_sentences, limit)
     for i, tokens in enumerate(batch.tokens, 1):  # --max-tokens counts prompt + generated
         problem = length_problem(f"sentence {i} with {spec.max_new} generated tokens",
-                                 len(tokens) + spec.max_new, job.max_tokens, limit)
+                                 len(tokens) + spec.max_new, job.limits.max_tokens, limit)
         if problem is not None:
             raise UsageError(problem[0], fix=problem[1])
     layers = bundled.tiny_layers(store)
-    chosen = parse_layers(job.layer, len(layers))
-    check_panels(HeatmapRequest(batch, max_panels=job.max_panels, panels_per_map=1 if
-                                job.head is not None or job.average else None),
-                 len(layers) if chosen is None else len(chosen),
+    chosen = parse_layers(job.selection.layer, len(layers))
+    check_panels(job, len(batch.tokens), len(layers) if chosen is None else len(chosen),
                  max(layer.num_heads or 0 for layer in layers))
     report(f"generating {spec.max_new} tokens after each sentence")
-    return continue_text(store, batch, spec, chosen, resolve_device(job.device))
+    return continue_text(store, batch, spec, chosen, resolve_device(job.source.device))
 
 
 def focus(run: AttentionRun, generation: Generation, head: int | None) -> list[Focus]:

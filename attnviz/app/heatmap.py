@@ -1,6 +1,7 @@
-"""`attnviz heatmap`: the use case. A HeatmapJob (sentences, one source, what to show) in, a
-HeatmapResult (the run, head statistics, the selected maps, the --query breakdown) out; the
-sources themselves live in `heatmap_sources`, the JSON document in `heatmap_json`."""
+"""`attnviz heatmap`: the use case. A HeatmapRequest (attnviz.core.request) in, a HeatmapResult
+(the run, head statistics, the selected maps, the --query breakdown) out. The request's source
+kind picks the source (`attnviz.app.source_table`), which checks it before any weight is read
+and runs it; the JSON document lives in `heatmap_json`."""
 
 from __future__ import annotations
 
@@ -9,24 +10,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.app.ablate import ablate_hf, ablate_standalone, check_mode
+from attnviz.app.ablate import check_mode
 from attnviz.app.export import export
 from attnviz.app.heatmap_json import run_json
-from attnviz.app.heatmap_sources import (
-    HeatmapRequest,
-    check_panels,
-    open_store,
-    parse_memory_budget,
-    run,
-    run_model,
-    source_limit,
-)
+from attnviz.app.heatmap_sources import check_panels, parse_memory_budget, request_sentences
 from attnviz.app.naming import run_title
+from attnviz.app.source_layers import run_on_batch
 from attnviz.app.weighting import check_weighting, weigh_run
-from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TokenLimit
-from attnviz.errors import CheckFailed, UsageError, printable
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
+from attnviz.core.request import HeatmapRequest
+from attnviz.errors import CheckFailed, UsageError, option, printable
 
 if TYPE_CHECKING:
     from attnviz.compute.ablation_measures import AblationReport
@@ -38,42 +30,9 @@ if TYPE_CHECKING:
     from attnviz.compute.stats import HeadStats
     from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
-# the runners, re-exported: scripts and tests reach them through this module
-__all__ = ["HeatmapJob", "HeatmapRequest", "HeatmapResult", "check_applicable", "check_panels",
-           "parse_memory_budget", "run", "run_heatmap", "run_json", "run_model", "summarize"]
-
-
-@dataclass(frozen=True)
-class HeatmapJob:
-    """Everything `attnviz heatmap` was asked for: the sentences, one source (the bundled model
-    unless `weights`, `model` or `random` is given) and what to show."""
-
-    sentences: list[str]
-    weights: Path | None = None
-    model: str | None = None
-    random: RandomSpec | None = None
-    layer: str | None = None
-    hints: HeadHints = HeadHints()
-    causal: bool = False
-    positions: str = "none"
-    device: str = "auto"
-    dtype: str = "float32"  # --model only
-    device_map: str | None = None  # --model only
-    head: int | None = None
-    average: bool = False
-    query: str | None = None
-    sentence: int = 1  # which sentence --query refers to, 1-based
-    keep_full_maps: bool = False  # --export needs every head's full map
-    export_path: Path | None = None  # --export: long inputs are written block by block into it
-    memory_budget: int | None = None  # bytes for attention maps (None: the default budget)
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    max_sentences: int = DEFAULT_MAX_SENTENCES
-    max_panels: int | None = None  # the figure's panel limit, when a figure is asked for
-    targets: list[str] | None = None  # --model, encoder-decoder: the decoder's text per sentence
-    sentence_file: Path | None = None  # --file: more sentences, one per line ('-': stdin)
-    weighting: str = "attention"  # "norm": value-weighted maps (attnviz.app.weighting)
-    ablate: str | None = None  # "zero" or "mean": the causal head scorecard (attnviz.app.ablate)
-    generate: GenerateSpec | None = None  # --generate: continue each sentence (app.generate)
+# scripts and tests reach the request and the standalone runner through this module
+__all__ = ["HeatmapRequest", "HeatmapResult", "check_applicable", "check_panels",
+           "parse_memory_budget", "run_heatmap", "run_json", "run_on_batch", "summarize"]
 
 
 @dataclass
@@ -135,33 +94,37 @@ class HeatmapResult:
         return run_title(self.run)
 
 
-def check_applicable(job: HeatmapJob) -> None:
+def check_applicable(request: HeatmapRequest) -> None:
     """A flag that does not apply to the chosen source is a usage error, never ignored."""
-    if sum((job.random is not None, job.weights is not None, job.model is not None)) > 1:
-        raise UsageError("‹random›, ‹weights› and ‹model› exclude each other", fix="choose one")
-    if job.model is not None:
-        ignored = [flag for flag, given in (
-            ("‹causal›", job.causal), ("‹positions›", job.positions != "none"),
-            ("‹num_heads›", job.hints.num_heads is not None),
-            ("‹num_kv_heads›", job.hints.num_kv_heads is not None),
-            ("‹head_dim›", job.hints.head_dim is not None)) if given]
+    source, selection = request.source, request.selection
+    if sum((source.random is not None, source.weights is not None, source.model is not None)) > 1:
+        raise UsageError(f"{option('random')}, {option('weights')} and {option('model')} "
+                         "exclude each other", fix="choose one")
+    if source.model is not None:
+        ignored = [option(name) for name, given in (
+            ("causal", source.causal), ("positions", source.positions != "none"),
+            ("num_heads", source.hints.num_heads is not None),
+            ("num_kv_heads", source.hints.num_kv_heads is not None),
+            ("head_dim", source.hints.head_dim is not None)) if given]
         if ignored:
             raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not "
-                             "apply to ‹model›: the model's own config decides",
+                             f"apply to {option('model')}: the model's own config decides",
                              fix=f"drop {', '.join(ignored)}")
-    elif job.dtype != "float32" or job.device_map is not None:
-        raise UsageError("‹dtype› and ‹device_map› apply to ‹model› only",
-                         fix="drop them, or pass ‹model›")
-    if job.model is None and job.weights is None and job.random is None:
-        _check_bundled(job)
-    if job.targets is not None and job.model is None:
-        raise UsageError("‹target› applies to ‹model› (an encoder-decoder model) only",
-                         fix="drop ‹target›, or pass ‹model›", option="target")
-    if job.random is not None and job.layer not in (None, "0", "-1", "all"):
-        raise UsageError(f"‹layer› {printable(job.layer, 24)!r} is not a layer of the random "
-                         "layer", fix="a random nn.MultiheadAttention is one layer: drop ‹layer›",
-                         option="layer")
-    for what, texts in (("sentence", job.sentences), ("target", job.targets or [])):
+    elif source.dtype != "float32" or source.device_map is not None:
+        raise UsageError(f"{option('dtype')} and {option('device_map')} apply to "
+                         f"{option('model')} only", fix=f"drop them, or pass {option('model')}")
+    if source.kind == "bundled":
+        _check_bundled(request)
+    if request.inputs.targets is not None and source.model is None:
+        raise UsageError(f"{option('target')} applies to {option('model')} (an encoder-decoder "
+                         "model) only", fix=f"drop {option('target')}, or pass {option('model')}",
+                         option="target")
+    if source.random is not None and selection.layer not in (None, "0", "-1", "all"):
+        raise UsageError(f"{option('layer')} {printable(selection.layer, 24)!r} is not a layer "
+                         "of the random layer", fix="a random nn.MultiheadAttention is one "
+                         f"layer: drop {option('layer')}", option="layer")
+    for what, texts in (("sentence", request.inputs.sentences),
+                        ("target", request.inputs.targets or ())):
         for number, text in enumerate(texts, 1):
             check_text(text, f"{what} {number}")
 
@@ -178,133 +141,74 @@ def check_text(text: str, what: str) -> None:
                          fix="pass UTF-8 text (convert it with iconv -f latin1 -t utf-8)")
 
 
-def _check_bundled(job: HeatmapJob) -> None:
+def _check_bundled(request: HeatmapRequest) -> None:
     """The bundled model fixes its own heads (2 per layer) and is small enough to run whole."""
-    ignored = [flag for flag, given in (
-        ("‹num_heads›", job.hints.num_heads is not None),
-        ("‹num_kv_heads›", job.hints.num_kv_heads is not None),
-        ("‹head_dim›", job.hints.head_dim is not None),
-        ("‹memory_budget›", job.memory_budget is not None)) if given]
+    hints = request.source.hints
+    ignored = [option(name) for name, given in (
+        ("num_heads", hints.num_heads is not None),
+        ("num_kv_heads", hints.num_kv_heads is not None),
+        ("head_dim", hints.head_dim is not None),
+        ("memory_budget", request.limits.memory_budget is not None)) if given]
     if ignored:
         raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not apply "
                          "to the bundled model: it has its own 2 heads per layer and runs whole",
-                         fix=f"drop {', '.join(ignored)}, or pass ‹weights›, ‹random› or "
-                         "‹model›")
+                         fix=f"drop {', '.join(ignored)}, or pass {option('weights')}, "
+                         f"{option('random')} or {option('model')}")
 
 
-def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
+def run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None = None
                 ) -> HeatmapResult:
-    """The attention maps, statistics and --query breakdown a heatmap job asks for (all limits
+    """The attention maps, statistics and --query breakdown a request asks for (all limits
     and flags checked before any weight is read). `progress` hears, in words, each step as it
     starts (the CLI shows them beside a spinner)."""
+    from attnviz.app.source_table import SOURCES
 
-    if job.generate is not None:
-        return _generate_job(job, job.generate, progress)
-    check_applicable(job)
-    check_weighting(job.weighting)
-    check_mode(job.ablate)
     report = progress or (lambda message: None)
-    warnings: list[str] = []
-    ablation: list[AblationReport] = []
-
-    def after(loaded: Any, plan: Any, finished: AttentionRun) -> None:
-        if job.ablate is not None:
-            ablation.append(ablate_hf(loaded, plan, finished, job.ablate, job.head, report))
-    if job.model is not None:  # the model's own tokenizer decides the tokens
-        sentences = job.sentences + _file_sentences(job, None)
-        if not sentences:
-            raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
-        if len(sentences) > job.max_sentences:  # as make_batch says it for the other sources
-            raise UsageError(f"{len(sentences)} sentences exceed ‹max_sentences› "
-                             f"{job.max_sentences}", fix="raise ‹max_sentences› or pass fewer")
-        _check_sentence(job, len(sentences))
-        report(f"loading the model and running it on {_count(len(sentences), 'sentence')}")
-        attention_run = run_model(
-            job.model, sentences, job.layer, job.device, job.dtype, job.device_map,
-            job.max_tokens, job.head is not None or job.average, job.max_panels,
-            keep_full_maps=job.keep_full_maps,
-            query=None if job.query is None else (job.sentence - 1, job.query),
-            targets=job.targets, export_path=job.export_path, memory_budget=job.memory_budget,
-            values=job.weighting == "norm", after=after if job.ablate is not None else None)
-    else:
-        attention_run = _run_standalone_job(job, report, warnings.append)
-        if job.ablate is not None:
-            ablation.append(ablate_standalone(attention_run, job.ablate, job.head, report))
+    if request.measure.generate is not None:
+        return _generate(request, request.measure.generate, report)
+    check_applicable(request)
+    check_weighting(request.measure.weighting)
+    check_mode(request.measure.ablate)
+    source = SOURCES[request.source.kind]
+    checked = source.check(request)
+    if checked.panels is not None:
+        check_panels(request, checked.sentences, *checked.panels)
+    ran = source.run(request, checked, report)
+    layers = ran.run.layers  # the run's own count, where none was known before it
+    check_panels(request, checked.sentences, len(layers),
+                 max((layer.num_heads or 0 for layer in layers), default=0))
     report("computing head statistics")
+    selection = request.selection
     try:
-        result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1,
-                           job.weighting)
+        result = summarize(ran.run, selection.head, selection.average, selection.query,
+                           selection.sentence - 1, request.measure.weighting)
     except CheckFailed as error:
-        if job.model is None:
+        if request.source.model is None:
             raise
         # the model's forward computes with config.json's values too: name them beside the
         # weights (values known to give NaN were refused before the run)
         raise CheckFailed(error.what, fix=f"{error.fix}, or the config.json fields its forward "
                           "computes with (rope_theta, rope_scaling, rms_norm_eps, "
                           "layer_norm_eps)", where=error.where) from None
-    result.warnings = warnings
-    result.ablation = ablation[0] if ablation else None
+    result.warnings = checked.warnings
+    result.ablation = ran.ablation
     return result
 
 
-def _generate_job(job: HeatmapJob, spec: GenerateSpec,
-                  progress: Callable[[str], None] | None) -> HeatmapResult:
+def _generate(request: HeatmapRequest, spec: GenerateSpec,
+              report: Callable[[str], None]) -> HeatmapResult:
     """--generate (attnviz.app.generate): the maps over prompt + generated tokens, their
     statistics, and what each generated token attends to."""
     from attnviz.app.generate import focus, run_generate
 
-    check_applicable(job)
-    report = progress or (lambda message: None)
+    check_applicable(request)
     attention_run, generation = run_generate(
-        job, spec, lambda limit: job.sentences + _file_sentences(job, limit), report)
+        request, spec, lambda limit: request_sentences(request, limit), report)
     report("computing head statistics")
-    result = summarize(attention_run, job.head, job.average, None, 0)
-    result.generation, result.focus = generation, focus(attention_run, generation, job.head)
+    head = request.selection.head
+    result = summarize(attention_run, head, request.selection.average, None, 0)
+    result.generation, result.focus = generation, focus(attention_run, generation, head)
     return result
-
-
-def _run_standalone_job(job: HeatmapJob, report: Callable[[str], None],
-                        warn: Callable[[str], None]) -> AttentionRun:
-    """The bundled model, a checkpoint layer or a random layer on the job's sentences: every
-    limit (--max-sentences, --max-tokens, the source's own positions) checked at once, from
-    the checkpoint's header, before any tensor is read."""
-    from attnviz.compute.inputs import find_query, make_batch
-
-    store = open_store(job.weights) if job.random is None else None
-    limit = None if store is None else source_limit(store, job.weights)
-    batch = make_batch(job.sentences + _file_sentences(job, limit), job.max_tokens,
-                       job.max_sentences, limit)
-    _check_sentence(job, len(batch.tokens))
-    query_row = None
-    if job.query is not None:  # fail before any work
-        query_row = job.sentence - 1, find_query(batch.tokens[job.sentence - 1], job.query)
-    report(f"running attention on {_count(len(batch.tokens), 'sentence')} "
-           f"({_count(sum(batch.lengths), 'token')})")
-    return run(HeatmapRequest(
-        batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
-        job.device, keep_full_maps=job.keep_full_maps, export_path=job.export_path,
-        memory_budget=job.memory_budget, query_row=query_row, max_panels=job.max_panels,
-        panels_per_map=1 if job.head is not None or job.average else None), warn, store)
-
-
-def _file_sentences(job: HeatmapJob, limit: TokenLimit | None) -> list[str]:
-    """--file's sentences, read within the job's limits (and the source's own)."""
-    if job.sentence_file is None:
-        return []
-    from attnviz.app.sentence_file import read_sentences
-
-    return read_sentences(job.sentence_file, job.max_tokens, job.max_sentences,
-                          len(job.sentences), limit)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _check_sentence(job: HeatmapJob, count: int) -> None:
-    if not 1 <= job.sentence <= count:
-        raise UsageError(f"‹sentence› {job.sentence} is out of range",
-                         fix=f"choose 1..{count}", option="sentence")
 
 
 def summarize(attention_run: AttentionRun, head: int | None, average: bool, query: str | None,

@@ -8,8 +8,8 @@ from attnviz.compute.value_norms import NORM_LEGEND, WEIGHTINGS, norm_maps, norm
 from attnviz.errors import CheckpointError, UsageError
 
 NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what head h writes from "
-        "key j into query i's output; rows normalized to sum to 1; statistics, --overview and "
-        "--rank read these maps; --export holds the raw norms as norm.{layer}")
+        "key j into query i's output; rows normalized to sum to 1; statistics, ‹overview› and "
+        "‹rank› read these maps; ‹export› holds the raw norms as norm.{layer}")
 
 
 def check_weighting(weighting: str) -> None:

@@ -1,4 +1,5 @@
-"""`attnviz heatmap`: parse → HeatmapJob → run_heatmap → export, figure, terminal or JSON."""
+"""`attnviz heatmap`: options → one HeatmapRequest (attnviz.core.request) → run_heatmap →
+export, figure, terminal or JSON."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ from attnviz.cli.options import (
     console,
     plain,
     strict_json,
+    with_flags,
 )
 from attnviz.cli.paths import inputs_read
 from attnviz.cli.progress import progress
@@ -98,9 +100,9 @@ def heatmap(
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
     from attnviz.app.generate import generate_spec
-    from attnviz.app.heatmap import HeatmapJob, parse_memory_budget, run_heatmap
+    from attnviz.app.heatmap import parse_memory_budget, run_heatmap
     from attnviz.compute.scale import check_scale
-    from attnviz.recognize.base import HeadHints
+    from attnviz.core import request as rq
 
     check_scale(scale)
     check_figure_options(out, size, dpi)
@@ -111,21 +113,22 @@ def heatmap(
     shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
                          average, sentence, scale)
     writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)
-    spec = random_spec(random, embed_dim, num_heads, kdim, vdim, None if generate else seed)
-    texts = list(sentences or [])
+    texts = tuple(sentences or ())
     if probe is not None:
-        texts = probe_sentences(probe, bool(texts) or file is not None)
-    job = HeatmapJob(
-        texts, weights, model, spec, layer, HeadHints(None if random else num_heads,
-                                                      num_kv_heads, head_dim),
-        causal, positions, device, dtype, device_map, head, average, query, sentence,
-        keep_full_maps=export is not None, export_path=files.export,
-        memory_budget=parse_memory_budget(memory_budget), max_tokens=max_tokens,
-        max_sentences=max_sentences, max_panels=max_panels if files.figure else None,
-        targets=list(target) if target else None, sentence_file=file, weighting=weighting,
-        ablate="mean" if ablate_mean else "zero" if ablate else None, generate=writes)
+        texts = tuple(probe_sentences(probe, bool(texts) or file is not None))
+    request = rq.HeatmapRequest(  # built once; the use case and the source read it as it is
+        rq.Inputs(texts, file, tuple(target) if target else None),
+        rq.SourceSpec(weights, model,
+                      random_spec(random, embed_dim, num_heads, kdim, vdim,
+                                  None if generate else seed),
+                      rq.HeadHints(None if random else num_heads, num_kv_heads, head_dim),
+                      causal, positions, device, dtype, device_map),
+        rq.Selection(layer, head, average, query, sentence),
+        rq.Measure(weighting, "mean" if ablate_mean else "zero" if ablate else None, writes),
+        rq.Outputs(files.figure, files.html, files.export),
+        rq.Limits(max_tokens, max_sentences, max_panels, parse_memory_budget(memory_budget)))
     with progress(not (as_json or quiet)) as report:
-        result = run_heatmap(job, report)
+        result = run_heatmap(request, report)
         write_files(result, files, report, scale, size, dpi)
     print_warnings(result.warnings)
     show(result, shown, files, as_json, quiet, rank, overview != "off")
@@ -185,6 +188,7 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
 
         report(f"writing the page {files.html.name}")
         document = document_from_run(result.run, result.head_stats, result.breakdown)
+        document["notes"] = [with_flags(note) for note in document["notes"]]
         if result.generation is not None:  # --generate: where the generated tokens start
             from attnviz.app.generate import boundary_notes
 
@@ -270,7 +274,7 @@ def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
         out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {_span(labels)} ({heads} "
                         f"heads): {method}" + ("; causal" if causal else "")))
     for note in run.notes:
-        out.print(plain(f"note: {note}"))
+        out.print(plain(f"note: {with_flags(note)}"))
     if compact:
         _print_tokens(out, "sentence", run.batch.tokens)
         if run.target is not None:

@@ -16,7 +16,7 @@ from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
     from attnviz.app.outputs import ReadSet
-    from attnviz.sources.layers import RandomSpec
+    from attnviz.core.request import RandomSpec
 
 # what to run on
 Sentences = Annotated[list[str] | None, typer.Argument(help=(
@@ -39,13 +39,13 @@ Layer = Annotated[str | None, typer.Option("--layer", "-l", help=(
 Causal = Annotated[bool, typer.Option("--causal", help=(
     "Decoder-style masking: query i sees keys 0..i (the bundled model always is)."))]
 Positions = Annotated[str, typer.Option("--positions", help=(
-    "Standalone layers: add 'sinusoidal' position encodings to the inputs, or 'none'."))]
+    "Add 'sinusoidal' position encodings to the layer's inputs, or 'none'."))]
 Device = Annotated[str, typer.Option("--device", help=(
     "auto (a GPU when present), cpu, cuda, cuda:N or mps."))]
 Dtype = Annotated[str, typer.Option("--dtype", help=(
-    "--model: float32, bfloat16 or float16."))]
+    "float32, bfloat16 or float16."))]
 DeviceMap = Annotated[str | None, typer.Option("--device-map", help=(
-    "--model: 'auto' spreads a large model over devices (needs accelerate)."))]
+    "'auto' spreads a large model over devices (needs accelerate)."))]
 Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "--model, encoder-decoder: the decoder's text, one --target per sentence in order; "
     "runs the decoder too (its self-attention and its cross-attention over the "
@@ -56,12 +56,12 @@ Generate = Annotated[int | None, typer.Option("--generate", min=1, help=(
     "sentence (stops at end-of-sequence) and show attention over prompt + generated tokens, "
     "one row per generated token. Greedy unless --sample."))]
 Sample = Annotated[bool, typer.Option("--sample", help=(
-    "--generate: sample the next token instead of taking the most likely (with --temperature, "
+    "Sample the next token instead of taking the most likely (with --temperature, "
     "--top-p, and --seed for a reproducible draw)."))]
 Temperature = Annotated[float | None, typer.Option("--temperature", help=(
-    "--generate --sample: divide the logits by T before sampling (default 1)."))]
+    "With --sample: divide the logits by T before sampling (default 1)."))]
 TopP = Annotated[float | None, typer.Option("--top-p", help=(
-    "--generate --sample: sample from the smallest set of tokens holding this much "
+    "With --sample: sample from the smallest set of tokens holding this much "
     "probability (default 1: all)."))]
 Random = Annotated[bool, typer.Option("--random", help=(
     "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))]
@@ -217,7 +217,7 @@ def check_quiet(quiet: bool, loud_flags: dict[str, bool | None]) -> None:
 def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,
                 vdim: int | None, seed: int | None) -> RandomSpec | None:
     """--random's layer; its options given without it are usage errors."""
-    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+    from attnviz.core.request import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
     if not random:
         refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,

@@ -61,15 +61,23 @@ HeadDim = Annotated[int | None, typer.Option("--head-dim", callback=positive, he
 Model = Annotated[str | None, typer.Option("--model", "-m", callback=path_arg, help=(
     "A Hugging Face model folder or a hub id in the local cache (needs attnviz\\[hf])."))]
 EmbedDim = Annotated[int | None, typer.Option("--embed-dim", "-E", callback=positive, help=(
-    "Random init: embed_dim E (default 64)."))]
+    "Width E, the embed_dim (default 64)."))]
 KDim = Annotated[int | None, typer.Option("--kdim", callback=positive, help=(
-    "Random init: key input width (default E)."))]
+    "Key input width (default E)."))]
 VDim = Annotated[int | None, typer.Option("--vdim", callback=positive, help=(
-    "Random init: value input width (default E)."))]
+    "Value input width (default E)."))]
 Seed = Annotated[int | None, typer.Option("--seed", min=0, max=MAX_SEED, help=(
     "Seed of the random init and of split's proof batch (default 0)."))]
 Json = Annotated[bool, typer.Option("--json", help=(
     "Print one JSON document instead of tables."))]
+
+
+def with_flags(text: str) -> str:
+    """Library text (a run's notes) with each neutral option reference (`‹max_tokens›`, see
+    attnviz.errors.option) shown as its flag (`--max-tokens`), as errors are shown."""
+    from attnviz.errors import with_options
+
+    return with_options(text, lambda name: "--" + name.replace("_", "-"))
 
 
 def console() -> SafeConsole:

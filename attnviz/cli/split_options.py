@@ -15,7 +15,7 @@ WeightsOption = Annotated[Path | None, typer.Option("--weights", "-w", callback=
 LayerOption = Annotated[str | None, typer.Option("--layer", "-l", help=(
     "Which attention layer: an index from 'attnviz inspect' or its name (--model: the "
     "model's own layer index)."))]
-BiasOption = Annotated[bool, typer.Option("--bias/--no-bias", help="Random init: with biases.")]
+BiasOption = Annotated[bool, typer.Option("--bias/--no-bias", help="With biases.")]
 OutOption = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Also write a figure of W_q, W_k, W_v, W_o with head boundaries (.png, .svg, .pdf)."))]
 # The flag's earlier name, kept working and out of --help: every command writes figures with --out.

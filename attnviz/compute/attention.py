@@ -77,7 +77,7 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
         group = "one head" if plan.heads == 1 else f"{plan.heads} heads"
         notes.append(f"long input: maps computed {group} and sentence at a time, in blocks of "
                      "query rows, and kept only at display size "
-                     f"(≤ {streaming.DISPLAY_CELLS} per side); --export "
+                     f"(≤ {streaming.DISPLAY_CELLS} per side); ‹export› "
                      + ("wrote every full map block by block" if sink is not None else
                         "writes the full maps block by block"))
         return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
@@ -89,7 +89,7 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
                                       value.to(device), pad.to(device), causal)
     if layer.positions not in ("none", "learned", "sinusoidal"):
         notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
-                     "layer runs without them (use --positions sinusoidal to add absolute "
+                     "layer runs without them (use ‹positions› sinusoidal to add absolute "
                      "positions to the inputs)")
     result = LayerAttention(0, layer, attn.float().cpu(), x, method,
                             None if key is x else key, None if value is x else value)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnviz.core.request import DEFAULT_MAX_SENTENCES as DEFAULT_MAX_SENTENCES
+from attnviz.core.request import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
 from attnviz.core.words import split_words, token_hash
 from attnviz.errors import UsageError, printable_path
 from attnviz.load.checkpoint import TensorStore
@@ -26,8 +28,6 @@ from attnviz.load.paths import read_capped
 if TYPE_CHECKING:
     import torch
 
-DEFAULT_MAX_TOKENS = 256  # attention costs O(L²) per head
-DEFAULT_MAX_SENTENCES = 64
 EMBEDDING_SUFFIXES = ("word_embeddings.weight", "embed_tokens.weight", "wte.weight",
                       "token_embedding.weight", "shared.weight", "embed_in.weight")
 POSITION_SCHEMES = ("none", "sinusoidal")

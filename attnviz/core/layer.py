@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from attnviz.core.tensor_ref import RowRanges as RowRanges
 from attnviz.core.tensor_ref import TensorRef as TensorRef
 from attnviz.core.tensor_ref import merge_ranges as merge_ranges
-from attnviz.errors import HeadCountError, LayoutError, UsageError
+from attnviz.errors import HeadCountError, LayoutError, UsageError, option
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ class AttentionLayer:
         if self.num_heads is None or self.num_kv_heads is None:
             raise UsageError(
                 f"the number of heads of layer {self.name!r} is unknown",
-                fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                fix=f"pass {option('num_heads')} (and {option('num_kv_heads')} for grouped-query "
+                "layers)",
             )
         return self.num_heads, self.num_kv_heads
 
@@ -202,7 +203,7 @@ def _kv_heads(layer: AttentionLayer, num_heads: int, num_kv_heads: int | None,
             f"{layer.k_weight.describe()} has shape {_fmt(layer.k_weight.shape)} but "
             f"{num_kv_heads} key/value heads × head_dim {head_dim} "
             f"need {num_kv_heads * head_dim} rows",
-            fix="check num_key_value_heads in the config or ‹num_kv_heads›",
+            fix=f"check num_key_value_heads in the config or {option('num_kv_heads')}",
         )
     if num_heads % num_kv_heads:
         raise HeadCountError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 
 def parse_layers(spec: str | None, available: int) -> list[int] | None:
@@ -23,10 +23,11 @@ def parse_layers(spec: str | None, available: int) -> list[int] | None:
                 raise IndexError
             chosen = [index % available]
     except (ValueError, IndexError):
-        raise UsageError(f"‹layer› {spec!r} is not a layer of this model",
+        raise UsageError(f"{option('layer')} {spec!r} is not a layer of this model",
                          fix=f"use all, 0..{available - 1}, -1 or A:B", option="layer") from None
     if not chosen:
-        raise UsageError(f"‹layer› {spec!r} selects no layer", fix=f"the model has {available}",
+        raise UsageError(f"{option('layer')} {spec!r} selects no layer",
+                         fix=f"the model has {available}",
                          option="layer")
     return chosen
 
@@ -56,16 +57,16 @@ def parse_stack_layers(spec: str | None, stacks: dict[str, int]) -> list[tuple[s
         if len(words) == 2 or (len(words) == 1 and words[0] in STACKS):
             stack, selection = words[0], (words[1] if len(words) == 2 else "all")
             if stack not in STACKS:
-                raise UsageError(f"‹layer› {spec!r}: unknown stack {stack!r}",
+                raise UsageError(f"{option('layer')} {spec!r}: unknown stack {stack!r}",
                                  fix="use enc, dec or cross", option="layer")
             if stack not in stacks:
                 ran = ", ".join(s for s in stacks if s) or "one stack"
-                raise UsageError(f"‹layer› {spec!r}: this run has no {stack!r} layers "
+                raise UsageError(f"{option('layer')} {spec!r}: this run has no {stack!r} layers "
                                  f"(it ran {ran})", fix=_stack_fix(stacks), option="layer")
         elif len(words) == 1:
             stack, selection = first, words[0]
         else:
-            raise UsageError(f"‹layer› {spec!r} is not a layer selection",
+            raise UsageError(f"{option('layer')} {spec!r} is not a layer selection",
                              fix=_stack_fix(stacks), option="layer")
         count = stacks[stack]
         indices = list(range(count)) if selection == "all" else parse_layers(selection, count)

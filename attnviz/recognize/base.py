@@ -8,17 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.request import HeadHints as HeadHints  # the request's, shared
 from attnviz.errors import LayoutError, printable, quoted
 from attnviz.load.checkpoint import FLOAT_DTYPES, TensorStore
-
-
-@dataclass(frozen=True)
-class HeadHints:
-    """Head counts given on the command line; they win over config and metadata."""
-
-    num_heads: int | None = None
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
 
 
 @dataclass(frozen=True)

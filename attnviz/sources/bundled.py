@@ -21,7 +21,7 @@ from attnviz.compute.inputs import Batch, TokenLimit, length_problem, padding_ma
 from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids
-from attnviz.errors import CheckpointError, UsageError, quoted
+from attnviz.errors import CheckpointError, UsageError, option, quoted
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
 from attnviz.recognize import find_layers
 from attnviz.recognize.base import HeadHints, metadata_int
@@ -49,7 +49,8 @@ def open_bundled() -> TensorStore:
     if not BUNDLED.is_file():
         raise CheckpointError("the bundled model attnviz/data/induction.safetensors is missing",
                               fix="reinstall attnviz, regenerate it with "
-                              "'python sample_weights/train_induction.py', or pass ‹weights›",
+                              "'python sample_weights/train_induction.py', or pass "
+                              f"{option('weights')}",
                               where=str(BUNDLED))
     return open_checkpoint(BUNDLED)
 

@@ -25,12 +25,11 @@ from __future__ import annotations
 import inspect
 import operator
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnviz.errors import CheckpointError, UsageError, printable
+from attnviz.errors import CheckpointError, UsageError
 from attnviz.sources.capture_eager import (
     ACTIVE,
     Session,
@@ -51,8 +50,8 @@ from attnviz.sources.capture_types import (
 )
 
 __all__ = ["NAME", "CapturePath", "CaptureResult", "CapturedLayer", "LayerKind", "MapCollector",
-           "OnBlock", "calls_interface", "capture", "eager_function", "generic_eager",
-           "load_for_capture", "register", "uses_interface"]
+           "OnBlock", "calls_interface", "capture", "eager_function", "generic_eager", "register",
+           "uses_interface"]
 
 
 def register() -> None:
@@ -89,32 +88,6 @@ def _attention_apart(module: Any, calling: set[int]) -> bool:
     if "Attention" not in type(module).__name__:
         return False
     return not any(id(m) in calling for m in module.modules())
-
-
-def load_for_capture(folder: str | Path, model_class: str = "AutoModel",
-                     dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
-    """A local model (never downloaded, no repository code), ready for `capture`.
-
-    It is loaded with eager attention, then switched to attnviz's implementation when its modeling
-    file uses the interface; otherwise it stays eager for the output_attentions path.
-    """
-    import transformers
-
-    register()
-    loader = getattr(transformers, model_class, None)
-    if loader is None or not hasattr(loader, "from_pretrained"):
-        raise UsageError(f"transformers has no model class {model_class!r}")
-    try:
-        model = loader.from_pretrained(folder, attn_implementation="eager", dtype=dtype,
-                                       local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as error:
-        raise CheckpointError(f"transformers cannot load the model: {printable(str(error), 200)}",
-                              fix="pass a folder holding config.json and the weights",
-                              where=printable(str(folder))) from None
-    model = model.to(device).eval()
-    if uses_interface(model):
-        model.set_attn_implementation(NAME)
-    return model
 
 
 def capture(model: Any, inputs: Mapping[str, Any], shown_layers: Iterable[int] | None = None,

@@ -6,33 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attnviz.errors import UsageError
-
-MAX_NEW_TOKENS = 4096
-
-
-@dataclass(frozen=True)
-class GenerateSpec:
-    """How to generate: at most `max_new` tokens, greedy unless `sample`."""
-
-    max_new: int  # tokens generated at most per prompt (stops earlier at end-of-sequence)
-    sample: bool = False  # draw from the distribution instead of taking the most likely token
-    temperature: float = 1.0  # divides the logits before sampling
-    top_p: float = 1.0  # nucleus: sample from the smallest set of tokens holding this mass
-    seed: int = 0  # the random generator's seed when sampling
-
-    def check(self) -> None:
-        if not 1 <= self.max_new <= MAX_NEW_TOKENS:
-            raise UsageError(f"‹generate› must be 1..{MAX_NEW_TOKENS}, not {self.max_new}",
-                             option="generate")
-        if not self.sample and (self.temperature != 1.0 or self.top_p != 1.0):
-            raise UsageError("‹temperature› and ‹top_p› apply to sampling only",
-                             fix="add ‹sample›, or drop them", option="sample")
-        if not self.temperature > 0:
-            raise UsageError(f"‹temperature› must be positive, not {self.temperature}",
-                             option="temperature")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"‹top_p› must be in (0, 1], not {self.top_p}", option="top_p")
+# GenerateSpec is the request's own (attnviz.core.request), shared by both generators
+from attnviz.core.request import MAX_NEW_TOKENS as MAX_NEW_TOKENS
+from attnviz.core.request import GenerateSpec as GenerateSpec
 
 
 @dataclass

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from attnviz.core.layer import AttentionLayer, divisor_choices
-from attnviz.errors import UsageError
+from attnviz.core.request import DEFAULT_EMBED_DIM as DEFAULT_EMBED_DIM
+from attnviz.core.request import DEFAULT_NUM_HEADS as DEFAULT_NUM_HEADS
+from attnviz.core.request import RandomSpec as RandomSpec
+from attnviz.errors import UsageError, option
 from attnviz.load.checkpoint import DictStore, TensorStore, open_checkpoint
 from attnviz.recognize import Inventory, find_layers, select_layer
 from attnviz.recognize.base import HeadHints
 
 MAX_RANDOM_DIM = 8192  # a (3E, E) float32 in_proj is 800 MB at E = 8192
 
-DEFAULT_EMBED_DIM = 64
-DEFAULT_NUM_HEADS = 8
-
-
-@dataclass(frozen=True)
-class RandomSpec:
-    embed_dim: int = DEFAULT_EMBED_DIM
-    num_heads: int = DEFAULT_NUM_HEADS
-    kdim: int | None = None
-    vdim: int | None = None
-    bias: bool = True
-    add_bias_kv: bool = False
-    seed: int = 0
 
 
 def check_random_spec(spec: RandomSpec) -> None:
@@ -33,17 +22,17 @@ def check_random_spec(spec: RandomSpec) -> None:
     for flag, value in (("embed_dim", spec.embed_dim), ("num_heads", spec.num_heads),
                         ("kdim", spec.kdim), ("vdim", spec.vdim)):
         if value is not None and value <= 0:
-            raise UsageError(f"‹{flag}› must be a positive integer, got {value}",
+            raise UsageError(f"{option(flag)} must be a positive integer, got {value}",
                              option=flag)
         if value is not None and value > MAX_RANDOM_DIM:
-            raise UsageError(f"‹{flag}› {value} is larger than {MAX_RANDOM_DIM}",
+            raise UsageError(f"{option(flag)} {value} is larger than {MAX_RANDOM_DIM}",
                              option=flag)
     if spec.embed_dim % spec.num_heads:
         choices = divisor_choices(spec.embed_dim)
         raise UsageError(
             f"embed_dim {spec.embed_dim} is not divisible by num_heads {spec.num_heads} "
             f"(head_dim would be {spec.embed_dim / spec.num_heads:.2f})",
-            fix=f"choose ‹num_heads› from {choices}", option="num_heads")
+            fix=f"choose {option('num_heads')} from {choices}", option="num_heads")
 
 
 def random_mha(spec: RandomSpec) -> tuple[AttentionLayer, TensorStore]:

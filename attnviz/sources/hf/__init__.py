@@ -5,8 +5,9 @@ shown go through their module's own eager attention (in blocks of query rows und
 budget), the others through sdpa; models whose modeling file does not use transformers'
 attention interface return their maps through `output_attentions` instead. Nothing here depends
 on attnviz's layout registry: layers, their names and head counts come from the attention calls
-of the forward pass itself (a 1-token probe run first numbers them), so any model transformers
-loads without remote code works, recognized by `attnviz inspect` or not.
+of the forward pass itself (the run numbers them, or, where it must know them first, a 1-token
+probe), so any model transformers loads without remote code works, recognized by `attnviz
+inspect` or not.
 
 Sequences are re-aligned so each sentence's real tokens sit at positions 0..n-1 (right padding),
 as the renderers and `attnviz.compute.stats` assume. Encoder-decoder models run their encoder
@@ -23,7 +24,6 @@ The parts: `load` (folder → LoadedModel), `inputs` (sentences → padded feed)
 attention calls and the run's plan), `run` (the capture), `verify` (the recompute proof).
 """
 
-from attnviz.sources.hf.checked import load_checked
 from attnviz.sources.hf.inputs import Encoded, Prepared, encode, prepare
 from attnviz.sources.hf.layers import ModelLayer, Plan, model_layers, plan_run, probe, select
 from attnviz.sources.hf.load import (
@@ -50,7 +50,7 @@ from attnviz.sources.hf.verify import (
 )
 
 __all__ = ["BLOCK_BUDGET_BYTES", "DTYPES", "PATHS", "STACK_OF", "TOLERANCE", "Encoded",
-           "LoadedModel", "ModelLayer", "OpenedModel", "encode", "load_checked", "load_weights",
+           "LoadedModel", "ModelLayer", "OpenedModel", "encode", "load_weights",
            "open_model", "Plan", "Prepared", "VerifyResult", "call_of", "load_model",
            "model_layers", "module_of", "parameter_of", "plan_run", "prepare", "probe",
            "recompute_supported", "require_transformers", "resolve_folder", "run_model",

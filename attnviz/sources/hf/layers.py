@@ -13,6 +13,7 @@ from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import (
     CheckpointError,
     UsageError,
+    option,
     printable,
 )
 from attnviz.sources import capture as cap
@@ -82,7 +83,7 @@ def select(layers: list[ModelLayer], spec: str | None) -> list[ModelLayer]:
         chosen = parse_stack_layers(spec, stacks)
     except UsageError as error:
         if list(stacks) == ["enc"] and "this run has no" in error.what:
-            error.fix = "pass ‹target› 'text' (one per sentence) to run the decoder too"
+            error.fix = f"pass {option('target')} 'text' (one per sentence) to run the decoder too"
         raise
     if chosen is None:
         return list(layers)
@@ -111,9 +112,11 @@ def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None
              need_layers: bool = False, query: bool = False,
              encoded: Encoded | None = None, memory_budget: int | None = None) -> Plan:
     """Inputs encoded and, where the run needs them before it starts, the layers numbered by a
-    1-token probe: --layer forms that need the layer count or the stacks (-1, 'cross 0'), long
-    inputs (the streaming decision needs the heads), need_layers (a figure's panel limit), and
-    --query on a decoder run (its rows may be target tokens)."""
+    1-token probe: layer forms that need the layer count or the stacks (-1, 'cross 0'), long
+    inputs (the streaming decision needs the heads), need_layers (the value norms and the
+    ablation read them), and a query on a decoder run (its rows may be target tokens). A
+    figure's panel limit needs no probe: config.json counts the layers (`expected_shown`),
+    or the run itself does."""
     prepared = prepare(loaded, sentences, targets, max_tokens, encoded)
     direct = _direct_indices(layer)
     if not need_layers and direct is not False and not (query and targets is not None) \

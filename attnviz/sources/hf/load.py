@@ -20,6 +20,7 @@ from attnviz.errors import (
     ConfigError,
     LayoutError,
     UsageError,
+    option,
     printable,
     printable_path,
     quoted,
@@ -50,7 +51,7 @@ def require_transformers() -> None:
     # attnviz never downloads: huggingface_hub reads this once, when it is first imported.
     os.environ["HF_HUB_OFFLINE"] = "1"
     if any(importlib.util.find_spec(name) is None for name in ("transformers", "tokenizers")):
-        raise UsageError("‹model› needs the Hugging Face extra", fix=install_hint())
+        raise UsageError(f"{option('model')} needs the Hugging Face extra", fix=install_hint())
     check_versions()
 
 
@@ -127,7 +128,7 @@ def resolve_folder(spec: str) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise UsageError("‹model› takes a model folder or a hub id, not a file",
+        raise UsageError(f"{option('model')} takes a model folder or a hub id, not a file",
                          fix="pass the folder holding config.json", where=printable(spec))
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise UsageError("no such model folder", fix="check the path", where=printable(spec))
@@ -137,7 +138,7 @@ def resolve_folder(spec: str) -> Path:
     try:
         found = try_to_load_from_cache(spec, "config.json")
     except ValueError:  # HFValidationError: not a valid repo id
-        raise UsageError("not a model folder nor a valid hub id", fix="check ‹model›",
+        raise UsageError("not a model folder nor a valid hub id", fix=f"check {option('model')}",
                          where=printable(spec)) from None
     if not isinstance(found, str):
         raise CheckpointError(f"model {quoted(spec)} is not in the local Hugging Face cache",
@@ -173,7 +174,8 @@ def check_load_options(device: str, dtype: str, device_map: str | None) -> None:
             raise UsageError(f"unknown device map {device_map!r}", fix="use auto",
                              option="device_map")
         if importlib.util.find_spec("accelerate") is None:
-            raise UsageError("‹device_map› auto needs accelerate", fix="pip install accelerate")
+            raise UsageError(f"{option('device_map')} auto needs accelerate",
+                             fix="pip install accelerate")
     if not device_map:
         resolve_device(device)
 

@@ -215,12 +215,11 @@ def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: cap.
     if layer.index not in setup.reducers:
         return LayerAttention(layer.index, None, collector.maps[layer.index], x, method,
                               scores=scores, **common)
-    finished = setup.reducers[layer.index].finish(
-        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})")
-    for key, value in common.items():
-        setattr(finished, key, value)
-    if with_scores:
-        finished.scores = scores
+    from dataclasses import replace
+
+    finished = replace(setup.reducers[layer.index].finish(
+        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})"), **common,
+        **({"scores": scores} if with_scores else {}))
     if layer.stack:
         finished.views = [_labelled(v, layer.label) for v in finished.views or []]
         finished.stats = [_labelled_stats(s, layer.label) for s in finished.stats or []]
@@ -234,9 +233,9 @@ def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
     if streamed:
         notes.append("long input: each source layer's maps reduced to display size block by "
                      f"block, {streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); "
-                     "--export writes the full maps to its file block by block")
+                     "‹export› writes the full maps to its file block by block")
     if loaded.encoder_decoder and plan.prepared.target is None:
-        notes.append("encoder-decoder model: its encoder ran alone (--target 'text', one per "
+        notes.append("encoder-decoder model: its encoder ran alone (‹target› 'text', one per "
                      "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
     return notes
 

@@ -1,0 +1,228 @@
+"""Three heatmap sources that run attnviz's own kernel on a padded batch of sentences: the
+bundled model (`BundledModel`), one layer of a checkpoint on synthetic inputs (`CheckpointLayer`;
+an attnviz-tiny checkpoint runs whole, as the bundled model does) and a random
+nn.MultiheadAttention (`RandomLayer`). Each checks a request from headers alone (--max-tokens,
+--max-sentences, the source's own positions, the layer, its heads) before any tensor is read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from attnviz.app.export import StreamedExport
+from attnviz.app.heatmap_sources import (
+    Checked,
+    Ran,
+    check_sentence,
+    open_store,
+    request_sentences,
+    source_limit,
+)
+from attnviz.app.standalone import head_hint_warnings, renumber, synthetic_note
+from attnviz.compute.inputs import POSITION_SCHEMES, Batch
+from attnviz.core.request import HeatmapRequest
+from attnviz.errors import UsageError, option
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnviz.compute.results import AttentionRun
+    from attnviz.core.layer import AttentionLayer
+    from attnviz.load.store import TensorStore
+
+
+@dataclass
+class LayerPlan:
+    """What a checked request runs: the batch, and the layer or layers chosen."""
+
+    batch: Batch
+    device: torch.device
+    query_row: tuple[int, int] | None  # (sentence, token) of --query: kept when streaming
+    store: TensorStore | None = None  # the checkpoint (None: a random layer)
+    tiny: list[int] | None = None  # an attnviz-tiny model: the layers shown (None: all)
+    layer: AttentionLayer | None = None  # a checkpoint's layer
+    index: int = 0  # … its index in the checkpoint
+
+
+class _OnBatch:
+    """check(): the batch within every limit, then `plan` (the source's own checks)."""
+
+    def store(self, request: HeatmapRequest) -> TensorStore | None:
+        return open_store(request.source.weights)
+
+    def check(self, request: HeatmapRequest) -> Checked[LayerPlan]:
+        store = self.store(request)
+        limit = None if store is None else source_limit(store, request.source.weights)
+        from attnviz.compute.inputs import make_batch
+
+        batch = make_batch(request_sentences(request, limit), request.limits.max_tokens,
+                           request.limits.max_sentences, limit)
+        check_sentence(request, len(batch.tokens))
+        return self.plan(request, batch, store)
+
+    def plan(self, request: HeatmapRequest, batch: Batch, store: TensorStore | None
+             ) -> Checked[LayerPlan]:
+        raise NotImplementedError
+
+    def run(self, request: HeatmapRequest, checked: Checked[LayerPlan],
+            report: Callable[[str], None]) -> Ran:
+        batch = checked.state.batch
+        report(f"running attention on {_count(len(batch.tokens), 'sentence')} "
+               f"({_count(sum(batch.lengths), 'token')})")
+        attention_run = self.compute(request, checked.state)
+        ablation = None
+        if request.measure.ablate is not None:
+            from attnviz.app.ablate import ablate_standalone
+
+            ablation = ablate_standalone(attention_run, request.measure.ablate,
+                                         request.selection.head, report)
+        return Ran(attention_run, ablation)
+
+    def compute(self, request: HeatmapRequest, plan: LayerPlan) -> AttentionRun:
+        raise NotImplementedError
+
+
+def _common(request: HeatmapRequest, batch: Batch) -> tuple[torch.device, tuple[int, int] | None]:
+    """The --query row (resolved before any work: a typo costs nothing), the positions scheme
+    and the device, checked."""
+    from attnviz.compute.device import resolve_device
+    from attnviz.compute.inputs import find_query
+
+    query_row = None
+    if request.selection.query is not None:
+        index = request.selection.sentence - 1
+        query_row = index, find_query(batch.tokens[index], request.selection.query)
+    if request.source.positions not in POSITION_SCHEMES:
+        raise UsageError(f"unknown {option('positions')} {request.source.positions!r}",
+                         fix=f"use {' or '.join(POSITION_SCHEMES)}", option="positions")
+    return resolve_device(request.source.device), query_row
+
+
+class RandomLayer(_OnBatch):
+    """A random nn.MultiheadAttention of the request's `source.random` spec."""
+
+    def store(self, request: HeatmapRequest) -> TensorStore | None:
+        return None
+
+    def plan(self, request: HeatmapRequest, batch: Batch, store: TensorStore | None
+             ) -> Checked[LayerPlan]:
+        from attnviz.sources.layers import check_random_spec
+
+        spec = request.source.random
+        assert spec is not None  # the table picks this source for a random spec only
+        device, query_row = _common(request, batch)
+        check_random_spec(spec)
+        return Checked(len(batch.tokens), (1, spec.num_heads), LayerPlan(batch, device,
+                                                                         query_row))
+
+    def compute(self, request: HeatmapRequest, plan: LayerPlan) -> AttentionRun:
+        from attnviz.sources.layers import random_mha
+
+        assert request.source.random is not None
+        layer, store = random_mha(request.source.random)
+        return run_standalone(request, plan, layer, None, store, request.source.causal)
+
+
+class CheckpointLayer(_OnBatch):
+    """One attention layer of a checkpoint (`source.weights`, `selection.layer`) on synthetic
+    inputs; an attnviz-tiny checkpoint runs whole, as the bundled model."""
+
+    def plan(self, request: HeatmapRequest, batch: Batch, store: TensorStore | None
+             ) -> Checked[LayerPlan]:
+        from attnviz.recognize import find_layers, select_layer
+        from attnviz.sources.bundled import is_tiny_model
+
+        assert store is not None
+        device, query_row = _common(request, batch)
+        if is_tiny_model(store):
+            return _tiny_plan(request, batch, store, device, query_row)
+        hints = request.source.hints
+        inventory = find_layers(store, hints)
+        layer = select_layer(inventory, request.selection.layer, store.source)
+        if not layer.heads_known:
+            raise UsageError(f"the number of heads of layer {layer.name!r} is unknown",
+                             fix=f"pass {option('num_heads')} (and {option('num_kv_heads')} "
+                             "for grouped-query layers)", option="num_heads")
+        warnings = [] if hints.num_heads is None else \
+            head_hint_warnings(store, hints, request.selection.layer, layer)
+        return Checked(len(batch.tokens), (1, layer.num_heads or 0), LayerPlan(
+            batch, device, query_row, store, None, layer, inventory.layers.index(layer)),
+            warnings)
+
+    def compute(self, request: HeatmapRequest, plan: LayerPlan) -> AttentionRun:
+        if plan.layer is None:
+            return _run_tiny(plan)
+        assert plan.store is not None
+        attention_run = run_standalone(request, plan, plan.layer, plan.store, plan.store,
+                                       request.source.causal or plan.layer.causal, plan.index)
+        renumber(attention_run, plan.index)
+        attention_run.notes.insert(0, synthetic_note(plan.store, request.source.weights,
+                                                     plan.index))
+        return attention_run
+
+
+class BundledModel(CheckpointLayer):
+    """The bundled 2-layer model (attnviz/data), run whole."""
+
+    def store(self, request: HeatmapRequest) -> TensorStore | None:
+        return open_store(None)
+
+
+def _tiny_plan(request: HeatmapRequest, batch: Batch, store: TensorStore,
+               device: torch.device, query_row: tuple[int, int] | None) -> Checked[LayerPlan]:
+    from attnviz.core.selection import parse_layers
+    from attnviz.sources.bundled import tiny_layers
+
+    if request.source.positions != "none":
+        raise UsageError("the bundled model has its own learned positions",
+                         fix=f"drop {option('positions')}", option="positions")
+    layers = tiny_layers(store)  # checked against the metadata's counts
+    chosen = parse_layers(request.selection.layer, len(layers))
+    panels = (len(layers) if chosen is None else len(chosen),
+              max(layer.num_heads or 0 for layer in layers))
+    return Checked(len(batch.tokens), panels,
+                   LayerPlan(batch, device, query_row, store, chosen))
+
+
+def _run_tiny(plan: LayerPlan) -> AttentionRun:
+    from attnviz.sources.bundled import run_tiny
+
+    assert plan.store is not None
+    return run_tiny(plan.store, plan.batch, plan.tiny, plan.device)
+
+
+def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLayer,
+                   inputs_store: TensorStore | None, store: TensorStore, causal: bool,
+                   index: int = 0) -> AttentionRun:
+    """run_layer, with --export of long inputs written block by block as the maps stream (the
+    file is complete, and moved into place, only when the run succeeds)."""
+    from attnviz.app.outputs import atomic_output
+    from attnviz.compute import streaming
+    from attnviz.compute.attention import run_layer
+
+    extra = 1 if layer.bias_k is not None else 0
+    batch, export = plan.batch, request.outputs.export
+    budget, positions = request.limits.memory_budget, request.source.positions
+    if export is None or not streaming.streams(batch, layer.num_heads or 0, extra, budget):
+        return run_layer(layer, inputs_store, batch, causal, positions, plan.device, store,
+                         not request.outputs.full_maps, plan.query_row, budget)
+    with atomic_output(export) as tmp, open(tmp, "wb") as file:
+        sink = StreamedExport(file, batch, layer.num_heads or 0, extra, store.source, causal,
+                              index)
+        result = run_layer(layer, inputs_store, batch, causal, positions, plan.device, store,
+                           True, plan.query_row, budget, sink)
+        sink.close()
+    result.exported = export
+    return result
+
+
+def run_on_batch(batch: Batch, request: HeatmapRequest) -> AttentionRun:
+    """A standalone request on a batch made already (tests, benchmarks): checked, then run."""
+    source = RandomLayer() if request.source.random is not None else \
+        BundledModel() if request.source.weights is None else CheckpointLayer()
+    return source.compute(request, source.plan(request, batch, source.store(request)).state)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -1,0 +1,138 @@
+"""One request, one source interface: the CLI and the API build the same frozen HeatmapRequest,
+a source is picked from one table by the request's source kind, and a figure costs no extra
+forward pass of a Hugging Face model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from attnviz.core.request import (
+    SOURCE_KINDS,
+    HeatmapRequest,
+    Inputs,
+    Limits,
+    RandomSpec,
+    SourceSpec,
+)
+from tests.conftest import assert_clean_error
+
+DISTILBERT = "sample_weights/models/distilbert-tiny-model"  # 2 layers × 4 heads
+
+
+def test_build_routes_each_keyword_to_its_group():
+    request = HeatmapRequest.build(sentences=("a b",), random=RandomSpec(16, 2), head=1,
+                                   max_tokens=9, memory_budget=2**20, ablate="zero")
+    assert request == HeatmapRequest(
+        Inputs(("a b",)), SourceSpec(random=RandomSpec(16, 2)),
+        dataclasses.replace(HeatmapRequest().selection, head=1),
+        dataclasses.replace(HeatmapRequest().measure, ablate="zero"),
+        limits=Limits(max_tokens=9, memory_budget=2**20))
+    assert request.source.kind == "random" and request.selection.one_per_layer
+    with pytest.raises(TypeError, match="no field 'max_token'"):
+        HeatmapRequest.build(max_token=9)
+
+
+def test_the_request_is_frozen_all_the_way_down():
+    request = HeatmapRequest.build(sentences=("a",))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.limits.max_tokens = 5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.source = SourceSpec()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("given, kind", [
+    ({}, "bundled"), ({"weights": "x.safetensors"}, "weights"),
+    ({"random": RandomSpec()}, "random"), ({"model": "folder"}, "model")])
+def test_every_source_kind_has_one_source_in_the_table(given, kind):
+    from attnviz.app.source_table import SOURCES
+
+    assert sorted(SOURCES) == sorted(SOURCE_KINDS)
+    assert SourceSpec(**given).kind == kind
+    source = SOURCES[kind]
+    assert callable(source.check) and callable(source.run)
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """The request run_heatmap receives (the run itself is stopped)."""
+    from attnviz.app import heatmap
+
+    seen: list[HeatmapRequest] = []
+
+    def stop(request, progress=None):
+        seen.append(request)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(heatmap, "run_heatmap", stop)
+    return seen
+
+
+def test_the_cli_and_the_api_build_the_same_request(cli, captured):
+    import attnviz
+
+    cli("heatmap", "--random", "-H", "4", "--seed", "3", "--layer", "0", "--head", "1",
+        "--query", "b", "--max-tokens", "20", "a b c", "d e")
+    with pytest.raises(SystemExit):
+        attnviz.run_heatmap(["a b c", "d e"], random=True, num_heads=4, seed=3, layer=0,
+                            head=1, query="b", max_tokens=20)
+    from_cli, from_api = captured
+    for group in ("inputs", "source", "selection", "measure"):
+        assert getattr(from_cli, group) == getattr(from_api, group), group
+    assert from_cli.limits.max_tokens == from_api.limits.max_tokens == 20
+    # negative control: a different option gives a different request
+    cli("heatmap", "--random", "-H", "2", "a b c", "d e")
+    assert captured[-1].source != from_api.source
+
+
+def test_the_memory_budget_is_parsed_once_into_the_request(cli, captured):
+    cli("heatmap", "--random", "--memory-budget", "2MB", "a b")
+    assert captured[0].limits.memory_budget == 2 * 2**20
+
+
+# --- a figure costs no probe forward ------------------------------------------------------------
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Every 1-token probe forward of a Hugging Face model, counted."""
+    pytest.importorskip("transformers")
+    from attnviz.sources.hf import layers
+
+    calls: list[int] = []
+    real = layers.probe
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "probe", counted)
+    return calls
+
+
+@pytest.mark.hf
+def test_a_figure_needs_no_probe_forward(cli, probes, tmp_path):
+    out = tmp_path / "maps.png"
+    result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert out.exists() and probes == []
+    # negative control: a layer form only the probe can resolve (-1) does run it
+    assert cli("heatmap", "--model", DISTILBERT, "the cat sat", "--layer", "-1",
+               "--out", tmp_path / "last.png").exit_code == 0
+    assert probes == [1]
+
+
+@pytest.mark.hf
+def test_panels_the_config_does_not_count_are_counted_on_the_run(cli, monkeypatch, tmp_path):
+    """Where config.json does not say how many layers run, the run's own layers are counted,
+    and a figure over the limit is refused before anything is written."""
+    from attnviz.sources.hf import layers
+
+    monkeypatch.setattr(layers, "expected_shown", lambda *args: None)
+    out = tmp_path / "maps.png"
+    result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out,
+                 "--max-panels", "5")  # 1 sentence × 2 layers × 4 heads = 8
+    assert_clean_error(result, 2, "8 panels, more than --max-panels 5")
+    assert not out.exists()
+    assert cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out,
+               "--max-panels", "8").exit_code == 0  # control: within the limit it draws
