@@ -342,7 +342,7 @@ def test_half_precision_on_cpu_runs_the_eager_blocks_in_float32(zoo_model, kind,
     enc = dict(tokenizer(SENTENCES[:1], return_tensors="pt"))
     with torch.no_grad():
         half_out = half(**enc, output_attentions=True)
-    model = cap.load_for_capture(folder, ZOO[kind].model_class)
+    model = load_for_capture(folder, ZOO[kind].model_class)
     model.to(torch.bfloat16)
     result, maps = captured(Loaded(kind, model, half, tokenizer), enc)
     assert result.outputs.last_hidden_state.dtype == torch.bfloat16
