@@ -12,7 +12,7 @@ CASES = [
     (["heatmap", "--model", "m", "a", "--causal"], "--causal does not apply to --model"),
     (["heatmap", "--model", "m", "a", "-H", "4", "--positions", "sinusoidal"],
      "--positions, --num-heads do not apply to --model"),
-    (["heatmap", "a b", "--dtype", "bfloat16"], "--dtype and --device-map apply to --model only"),
+    (["heatmap", "a b", "--dtype", "bfloat16"], "--dtype, --device-map and --max-memory apply to --model only"),
     (["heatmap", "a b", "--random", "--weights", BUNDLED], "exclude each other"),
     (["split", "--weights", BUNDLED, "-E", "16"], "--embed-dim applies to random init only"),
     (["split", "--weights", BUNDLED, "--no-bias"], "--no-bias applies to random init only"),

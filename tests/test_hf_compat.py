@@ -120,3 +120,58 @@ def test_install_advice_fits_where_attnviz_runs(monkeypatch, tmp_path):
     assert versions.install_hint(cwd=tmp_path) == f"pip install -e '{ROOT}[hf]'"
     monkeypatch.setattr(versions, "checkout_root", lambda: None)
     assert versions.install_hint() == "pip install 'attnviz[hf]'"
+
+
+@pytest.fixture(scope="module")
+def wide_vocab_llama(tmp_path_factory) -> Path:
+    """A zoo LLaMA with a 2,000-row embedding (256 KB) and four small layers: a weight memory
+    limit of 300 KB holds the embedding and some layers, the rest goes to disk."""
+    import torch
+    import transformers
+    from zoo import ZOO, save_tokenizer
+
+    folder = tmp_path_factory.mktemp("wide-llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=2000, pad_token_id=1, bos_token_id=2,
+                                      eos_token_id=3)
+    transformers.LlamaModel(config).save_pretrained(folder)
+    save_tokenizer(folder, ZOO["llama"])
+    return folder
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_offloaded_model_gives_transformers_own_maps(cli, wide_vocab_llama, tmp_path):
+    """--max-memory: accelerate keeps part of the weights on disk and loads each module as the
+    forward reaches it; the exported maps still equal transformers' own (all in memory). The
+    control: a limit that holds the whole model offloads nothing."""
+    import torch
+    from safetensors import safe_open
+
+    out = tmp_path / "maps.safetensors"
+    result = cli("heatmap", "--model", wide_vocab_llama, SENTENCE, "--layer", "all",
+                 "--no-maps", "--max-memory", "300K", "--export", out)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"note: weights beyond --max-memory 300 KB: [1-9]\d* modules? offloaded "
+                     "to disk", result.stdout), result.stdout
+    expected, _ = reference(wide_vocab_llama, "LlamaModel")
+    with safe_open(str(out), "pt") as f:
+        for i, maps in enumerate(expected):
+            torch.testing.assert_close(f.get_tensor(f"attn.{i}"), maps, atol=1e-5, rtol=0)
+    whole = cli("heatmap", "--model", wide_vocab_llama, SENTENCE, "--no-maps", "--max-memory",
+                "1GB")
+    assert whole.exit_code == 0 and "none (the model fits)" in whole.stdout, whole.output
+
+
+def test_offload_without_accelerate_is_one_line(cli, monkeypatch, wide_vocab_llama):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "accelerate" else real(name, *a))
+    result = cli("heatmap", "--model", wide_vocab_llama, SENTENCE, "--max-memory", "1MB")
+    assert_clean_error(result, 2, "offloads through accelerate")
+    assert "[offload]" in result.stderr

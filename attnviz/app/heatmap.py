@@ -110,9 +110,11 @@ def check_applicable(request: HeatmapRequest) -> None:
             raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not "
                              f"apply to {option('model')}: the model's own config decides",
                              fix=f"drop {', '.join(ignored)}")
-    elif source.dtype != "float32" or source.device_map is not None:
-        raise UsageError(f"{option('dtype')} and {option('device_map')} apply to "
-                         f"{option('model')} only", fix=f"drop them, or pass {option('model')}")
+    elif source.dtype != "float32" or source.device_map is not None \
+            or source.max_memory is not None:
+        raise UsageError(f"{option('dtype')}, {option('device_map')} and {option('max_memory')} "
+                         f"apply to {option('model')} only",
+                         fix=f"drop them, or pass {option('model')}")
     if source.kind == "bundled":
         _check_bundled(request)
     if request.inputs.targets is not None and source.model is None:

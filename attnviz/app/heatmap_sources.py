@@ -79,18 +79,34 @@ MEMORY_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20
 MIN_MEMORY_BUDGET = 2**20
 
 
-def parse_memory_budget(text: str | None) -> int | None:
-    """--memory-budget: '512MB', '2GB', '1.5G', '300000000' (K/M/G are powers of 1024)."""
-    if text is None:
-        return None
+def parse_size(text: str, what: str, field: str) -> int:
+    """A size in bytes: '512MB', '2GB', '1.5G', '300000000' (K/M/G are powers of 1024)."""
     import re
 
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
     unit = match.group(2).upper() if match else ""
     if match is None or unit not in MEMORY_UNITS:
-        raise UsageError(f"cannot read the memory budget {text!r}",
-                         fix="write a size such as 512MB or 2GB", option="memory_budget")
-    budget = int(float(match.group(1)) * MEMORY_UNITS[unit])
+        raise UsageError(f"cannot read the {what} {text!r}",
+                         fix="write a size such as 512MB or 2GB", option=field)
+    return int(float(match.group(1)) * MEMORY_UNITS[unit])
+
+
+def parse_max_memory(text: str | None) -> int | None:
+    """--max-memory: the most bytes of a model's weights kept in memory (the rest offloaded)."""
+    if text is None:
+        return None
+    size = parse_size(text, "weight memory limit", "max_memory")
+    if size <= 0:
+        raise UsageError("a weight memory limit must be positive", fix="give a size such as 2GB",
+                         option="max_memory")
+    return size
+
+
+def parse_memory_budget(text: str | None) -> int | None:
+    """--memory-budget: '512MB', '2GB', '1.5G', '300000000' (K/M/G are powers of 1024)."""
+    if text is None:
+        return None
+    budget = parse_size(text, "memory budget", "memory_budget")
     if budget < MIN_MEMORY_BUDGET:
         raise UsageError(f"a memory budget of {budget} bytes is too small to hold a block of "
                          "attention rows", fix="give at least 1MB", option="memory_budget")

@@ -54,7 +54,7 @@ class HfModel:
                              f"{limits.max_sentences}",
                              fix=f"raise {option('max_sentences')} or pass fewer")
         check_sentence(request, len(sentences))
-        check_load_options(source.device, source.dtype, source.device_map)
+        check_load_options(source.device, source.dtype, source.device_map, source.max_memory)
         assert source.model is not None  # the table picks this source for a model only
         opened = open_model(source.model)
         targets = _targets(request)
@@ -70,7 +70,8 @@ class HfModel:
         state, source, limits = checked.state, request.source, request.limits
         values, ablate = request.measure.weighting == "norm", request.measure.ablate
         report(f"loading the model and running it on {_count(len(state.sentences))}")
-        loaded = hf.load_weights(state.opened, source.device, source.dtype, source.device_map)
+        loaded = hf.load_weights(state.opened, source.device, source.dtype, source.device_map,
+                                 source.max_memory)
         query = None if request.selection.query is None else (
             request.selection.sentence - 1, request.selection.query)
         plan = hf.plan_run(loaded, state.sentences, request.selection.layer, _targets(request),

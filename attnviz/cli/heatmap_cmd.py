@@ -23,6 +23,7 @@ from attnviz.cli.heatmap_options import (
     Html,
     Layer,
     Maps,
+    MaxMemory,
     MaxPanels,
     MaxSentences,
     MaxTokens,
@@ -88,7 +89,8 @@ def heatmap(
     maps: Maps = None, quiet: Quiet = False, as_json: Json = False, rank: Rank = False,
     overview: Overview = None, probe: Probe = None, causal: Causal = False,
     positions: Positions = "none", device: Device = "auto", model: Model = None,
-    dtype: Dtype = "float32", device_map: DeviceMap = None, target: Target = None,
+    dtype: Dtype = "float32", device_map: DeviceMap = None, max_memory: MaxMemory = None,
+    target: Target = None,
     generate: Generate = None, sample: Sample = False, temperature: Temperature = None,
     top_p: TopP = None, random: Random = False,
     embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
@@ -101,6 +103,7 @@ def heatmap(
     and a figure."""
     from attnviz.app.generate import generate_spec
     from attnviz.app.heatmap import parse_memory_budget, run_heatmap
+    from attnviz.app.heatmap_sources import parse_max_memory
     from attnviz.compute.scale import check_scale
     from attnviz.core import request as rq
 
@@ -122,7 +125,8 @@ def heatmap(
                       random_spec(random, embed_dim, num_heads, kdim, vdim,
                                   None if generate else seed),
                       rq.HeadHints(None if random else num_heads, num_kv_heads, head_dim),
-                      causal, positions, device, dtype, device_map),
+                      causal, positions, device, dtype, device_map,
+                      parse_max_memory(max_memory)),
         rq.Selection(layer, head, average, query, sentence),
         rq.Measure(weighting, "mean" if ablate_mean else "zero" if ablate else None, writes),
         rq.Outputs(files.figure, files.html, files.export),

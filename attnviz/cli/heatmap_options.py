@@ -43,7 +43,12 @@ Positions = Annotated[str, typer.Option("--positions", help=(
 Device = Annotated[str, typer.Option("--device", help=(
     "auto (a GPU when present), cpu, cuda, cuda:N or mps."))]
 Dtype = Annotated[str, typer.Option("--dtype", help=(
-    "float32, bfloat16 or float16."))]
+    "float32, bfloat16, float16, or auto (the checkpoint's own dtype, as transformers 5 "
+    "loads it: half the memory of float32 for a bfloat16 model)."))]
+MaxMemory = Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help=(
+    "Keep at most SIZE (e.g. 2GB) of the model's weights in memory and offload the rest to "
+    "disk, loaded layer by layer as the forward reaches it (accelerate's offload: pip "
+    "install accelerate). The maps are the same; the run is slower."))]
 DeviceMap = Annotated[str | None, typer.Option("--device-map", help=(
     "'auto' spreads a large model over devices (needs accelerate)."))]
 Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(

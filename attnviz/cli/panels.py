@@ -35,7 +35,7 @@ _SHARED_SOURCE = {
     **{name: RANDOM for name in ("embed_dim", "kdim", "vdim", "seed", "bias")},
     **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim", "causal",
                                            "positions")},
-    **{name: HF_MODEL for name in ("dtype", "device_map")},
+    **{name: HF_MODEL for name in ("dtype", "device_map", "max_memory")},
 }
 PANELS: dict[str, dict[str, str]] = {
     "heatmap": {

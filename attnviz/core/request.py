@@ -101,8 +101,9 @@ class SourceSpec:
     causal: bool = False
     positions: str = "none"  # standalone layers: position encodings added to the inputs
     device: str = "auto"
-    dtype: str = "float32"  # model only
+    dtype: str = "float32"  # model only ("auto": the checkpoint's own)
     device_map: str | None = None  # model only
+    max_memory: int | None = None  # model only: bytes of weights in memory, the rest offloaded
 
     @property
     def kind(self) -> str:

@@ -31,9 +31,9 @@ from attnviz.sources import capture as cap
 from attnviz.sources import hf_guard as guard
 from attnviz.sources.hf.versions import check_versions, install_hint
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "auto")  # auto: the checkpoint's own
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
-TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+TOLERANCE = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 STACK_OF = {cap.LayerKind.SELF: "enc", cap.LayerKind.DECODER_SELF: "dec",
             cap.LayerKind.CROSS: "cross"}
 PATHS = {
@@ -84,6 +84,16 @@ class LoadedModel:
     _store: TensorStore | None = field(default=None, repr=False)
     tower: str | None = None  # a multi-tower model (CLIP): the attribute of its text tower
     position_limit: int | None = None  # the most tokens its position embedding can number
+    # Loaded with a weight memory limit: the limit, and the folder accelerate offloads to
+    # (a TemporaryDirectory, removed with this object).
+    max_memory: int | None = None
+    offload: Any = field(default=None, repr=False)
+
+    @property
+    def offloaded(self) -> list[str]:
+        """The modules whose weights live on disk between uses (accelerate's device map)."""
+        device_map = getattr(self.model, "hf_device_map", None) or {}
+        return [name for name, where in device_map.items() if where == "disk"]
 
     @property
     def encoder_decoder(self) -> bool:
@@ -163,7 +173,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
     return load_weights(open_model(spec, tokenizer), device, dtype, device_map)
 
 
-def check_load_options(device: str, dtype: str, device_map: str | None) -> None:
+def check_load_options(device: str, dtype: str, device_map: str | None,
+                       max_memory: int | None = None) -> None:
     """The loading options, checked before anything is read."""
     require_transformers()
     if dtype not in DTYPES:
@@ -176,6 +187,13 @@ def check_load_options(device: str, dtype: str, device_map: str | None) -> None:
         if importlib.util.find_spec("accelerate") is None:
             raise UsageError(f"{option('device_map')} auto needs accelerate",
                              fix="pip install accelerate")
+    if max_memory is not None:
+        if device_map is not None:
+            raise UsageError(f"{option('max_memory')} places the weights itself",
+                             fix=f"drop {option('device_map')}", option="device_map")
+        if importlib.util.find_spec("accelerate") is None:
+            raise UsageError(f"{option('max_memory')} offloads through accelerate, which is "
+                             "not installed", fix=install_hint("offload"))
     if not device_map:
         resolve_device(device)
 
@@ -235,29 +253,62 @@ def position_limit(model: Any, config: Any) -> int | None:
 
 
 def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32",
-                 device_map: str | None = None) -> LoadedModel:
+                 device_map: str | None = None, max_memory: int | None = None) -> LoadedModel:
     """The weights of an opened model, with eager attention (the one that returns weights), on
-    its device; switched to attnviz's attention function where the modeling file allows."""
-    check_load_options(device, dtype, device_map)
+    its device; switched to attnviz's attention function where the modeling file allows.
+
+    max_memory: bytes of weights kept on the device (and as many in CPU memory); accelerate
+    offloads the rest to a temporary folder and loads each module as the forward reaches it."""
+    check_load_options(device, dtype, device_map, max_memory)
     import transformers
 
     folder, where = opened.folder, printable_path(opened.folder)
     dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"  # renamed in transformers 5
-    with guard.silenced(stderr=True), \
-            guard.contained("transformers cannot load the model", FILES_FIX, where):
-        model, info = transformers.AutoModel.from_pretrained(
-            folder, attn_implementation="eager", device_map=device_map,
-            output_loading_info=True, **{dtype_key: getattr(torch, dtype)}, **COMMON)
+    placement, offload = _placement(device, device_map, max_memory)
+    try:
+        with guard.silenced(stderr=True), \
+                guard.contained("transformers cannot load the model", FILES_FIX, where):
+            model, info = transformers.AutoModel.from_pretrained(
+                folder, attn_implementation="eager", output_loading_info=True,
+                **{dtype_key: dtype if dtype == "auto" else getattr(torch, dtype)}, **placement,
+                **COMMON)
+    except CheckpointError as error:
+        if max_memory is None or "whole model to the disk" not in error.what:
+            raise
+        # older accelerate releases refuse to offload every module
+        raise UsageError(f"{option('max_memory')} {max_memory} bytes holds none of the model's "
+                         "modules", fix="give more memory (at least the token embedding's "
+                         "size), or upgrade accelerate", option="max_memory") from None
     model.eval()
-    if not device_map:
+    if not placement:
         model.to(resolve_device(device))
+    dtype = str(model.dtype).removeprefix("torch.")  # "auto" resolved
+    if dtype not in TOLERANCE:
+        raise CheckpointError(f"the checkpoint's weights are {dtype}, which attnviz does not "
+                              "compare maps in", fix=f"pass {option('dtype')} float32", where=where)
     runner = getattr(model, opened.tower) if opened.tower is not None else model
     runner_params = {id(p) for p in runner.parameters()}
     guard.check_loaded(info, {name for name, p in model.named_parameters()
                               if id(p) in runner_params}, where)
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
                        capture_path(model), _store=opened.store, tower=opened.tower,
-                       position_limit=opened.position_limit)
+                       position_limit=opened.position_limit, max_memory=max_memory,
+                       offload=offload)
+
+
+def _placement(device: str, device_map: str | None,
+               max_memory: int | None) -> tuple[dict[str, Any], Any]:
+    """from_pretrained's placement keywords, and the offload folder they name (or None)."""
+    if max_memory is None:
+        return ({"device_map": device_map} if device_map else {}), None
+    import tempfile
+
+    target = resolve_device(device)
+    limits: dict[int | str, int] = {"cpu": max_memory}
+    if target.type == "cuda":
+        limits[target.index or 0] = max_memory
+    offload = tempfile.TemporaryDirectory(prefix="attnviz-offload-")
+    return {"device_map": "auto", "max_memory": limits, "offload_folder": offload.name}, offload
 
 
 def capture_path(model: Any) -> cap.CapturePath:
@@ -281,7 +332,12 @@ def input_device(model: Any) -> torch.device:
     import contextlib
 
     with contextlib.suppress(NotImplementedError, AttributeError):
-        return model.get_input_embeddings().weight.device
+        embedding = model.get_input_embeddings()
+        device = embedding.weight.device
+        if device.type == "meta":  # offloaded: accelerate's hook moves it where it runs
+            hook = getattr(embedding, "_hf_hook", None)
+            return torch.device(getattr(hook, "execution_device", None) or "cpu")
+        return device
     return next(model.parameters()).device
 
 

@@ -234,10 +234,23 @@ def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
         notes.append("long input: each source layer's maps reduced to display size block by "
                      f"block, {streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); "
                      "‹export› writes the full maps to its file block by block")
+    if loaded.max_memory is not None:
+        offloaded = loaded.offloaded
+        notes.append(f"weights beyond ‹max_memory› {_size(loaded.max_memory)}: "
+                     + (f"{len(offloaded)} module{'s' * (len(offloaded) != 1)} offloaded to disk "
+                        "and loaded as the forward reached them" if offloaded else
+                        "none (the model fits)"))
     if loaded.encoder_decoder and plan.prepared.target is None:
         notes.append("encoder-decoder model: its encoder ran alone (‹target› 'text', one per "
                      "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
     return notes
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size} bytes"
 
 
 def _method(loaded: LoadedModel, prepared: Prepared, call: cap.CapturedLayer) -> str:
