@@ -65,7 +65,12 @@ def captured(monkeypatch):
         seen.append(request)
         raise SystemExit(0)
 
+    # the API binds the use case when it is first imported: imported before the patch (so it
+    # binds the real one) and patched too, then restored, so a later test's API call runs
+    from attnviz import api
+
     monkeypatch.setattr(heatmap, "run_heatmap", stop)
+    monkeypatch.setattr(api, "_run_heatmap", stop)
     return seen
 
 
