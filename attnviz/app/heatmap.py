@@ -282,7 +282,8 @@ def _run_standalone_job(job: HeatmapJob, report: Callable[[str], None],
            f"({_count(sum(batch.lengths), 'token')})")
     return run(HeatmapRequest(
         batch, job.weights, job.layer, job.random, job.hints, job.causal, job.positions,
-        job.device, keep_full_maps=job.keep_full_maps, export_path=job.export_path,
+        job.device, keep_full_maps=job.keep_full_maps, maps_read=job.weighting == "norm",
+        export_path=job.export_path,
         memory_budget=job.memory_budget, query_row=query_row, max_panels=job.max_panels,
         panels_per_map=1 if job.head is not None or job.average else None), warn, store)
 

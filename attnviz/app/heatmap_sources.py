@@ -36,6 +36,7 @@ class HeatmapRequest:
     positions: str = "none"
     device: str = "auto"
     keep_full_maps: bool = False  # --export of short inputs: every head's full map in memory
+    maps_read: bool = False  # --weighting norm reads every full map: whole whenever they fit
     export_path: Path | None = None  # --export: long inputs are written block by block into it
     memory_budget: int | None = None  # bytes for attention maps (None: the default budget)
     query_row: tuple[int, int] | None = None  # (sentence, token) of --query: kept when streaming
@@ -183,7 +184,8 @@ def _run_standalone(request: HeatmapRequest, layer: AttentionLayer,
     if request.export_path is None or not streaming.streams(
             request.batch, layer.num_heads or 0, extra, request.memory_budget):
         return run_layer(layer, inputs_store, request.batch, causal, request.positions, device,
-                         store, not full, request.query_row, request.memory_budget)
+                         store, not full, request.query_row, request.memory_budget,
+                         keep=request.maps_read)
     with atomic_output(request.export_path) as tmp, open(tmp, "wb") as file:
         sink = StreamedExport(file, request.batch, layer.num_heads or 0, extra, store.source,
                               causal, index)
