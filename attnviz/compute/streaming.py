@@ -101,8 +101,8 @@ def memory_plan(batch: Batch, num_heads: int, extra_keys: int = 0, budget: int |
     most WHOLE_KEYS keys); else blocks of `block_rows` query rows, of as many heads as the
     budget holds (on a CPU also ≤ CPU_BLOCK_ENTRIES entries, whose passes stay in cache).
     Blocks cost less than torch's forward plus statistics over the full maps (no values, no
-    output, no logarithm per entry), so larger maps stream. one_head: blocks of one head (a --export file takes its rows in (sentence, head, row)
-    order)."""
+    output, no logarithm per entry), so larger maps stream. one_head: blocks of one head (a
+    --export file takes its rows in (sentence, head, row) order)."""
     device = device or torch.device("cpu")
     keys = max(1, batch.max_len + extra_keys)
     rows = block_rows(budget, keys, device)
