@@ -269,7 +269,8 @@ class MapReducer:
         self._sums[head] = add_sums(self._sums.get(head),
                                     (sums, {name: counts[name] for name in sums}))
         sizes = np.array([b - a for a, b in part.grid.row_blocks], dtype=np.float32)
-        values = part.cells.cpu().numpy() / sizes[:, None]  # a new array (numpy: one thread)
+        values: NDArray[np.float32] = np.divide(part.cells.cpu().numpy(), sizes[:, None],
+                                                dtype=np.float32)  # new (numpy: one thread)
         template = self._template
         if template is None or template.sentence != sentence:  # its labels, once per sentence
             labels = tokens + ["<bias_k>"] * (self.extra_keys or 0)

@@ -92,9 +92,11 @@ def save_figure(fig: Figure, path: Path, named: Path | None = None) -> None:
             fmt = (named or path).suffix.lstrip(".").lower()
             # zlib's fastest level: a third of the encoding time of its default (6), and on
             # these flat-coloured panels a file no larger (the pixels are the same: lossless)
-            extra = {"pil_kwargs": {"compress_level": PNG_COMPRESS_LEVEL}} if fmt == "png" \
-                else {}
             with isolated_rc():  # savefig.dpi, .bbox, .pad_inches … from matplotlib's defaults
-                fig.savefig(path, format=fmt, dpi=fig.dpi, **extra)
+                if fmt == "png":
+                    fig.savefig(path, format=fmt, dpi=fig.dpi,
+                                pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
+                else:
+                    fig.savefig(path, format=fmt, dpi=fig.dpi)
     finally:
         logger.setLevel(level)
