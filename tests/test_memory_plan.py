@@ -153,3 +153,24 @@ def test_cell_sums_on_host_and_device_paths_equal_a_direct_sum(n, row_start, r, 
     wrong[:, 0, 0] += 1e-3  # negative control: one cell off is caught
     with pytest.raises(AssertionError):
         torch.testing.assert_close(got, wrong, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_maps_past_512_keys_stream_unless_read():
+    """A 600-token layer fits the default budget: it streams (display views and statistics
+    equal the full maps'), except when its maps are read whole (--weighting norm), which still
+    works; the full run is the negative control of the streamed one's decision."""
+    from attnviz.sources.layers import RandomSpec
+
+    batch = make_batch([" ".join(f"w{i % 50}" for i in range(600))], max_tokens=1000)
+    request = dict(random=RandomSpec(32, 4))
+    streamed = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request))
+    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request, maps_read=True))
+    assert streamed.layers[0].weights is None and full.layers[0].weights is not None
+    worst_map, worst_stat = _mismatch(full, streamed.layers[0].views, streamed.layers[0].stats,
+                                      streaming.DISPLAY_CELLS)
+    assert worst_map <= 1e-6 and worst_stat <= 1e-4
+    job = heatmap_mod.HeatmapJob([" ".join(f"w{i % 50}" for i in range(600))],
+                                 random=RandomSpec(32, 4), max_tokens=1000, weighting="norm")
+    weighted = heatmap_mod.run_heatmap(job)
+    assert weighted.run.weighting == "norm" and weighted.run.layers[0].weights is not None
