@@ -655,7 +655,7 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     request = {"weights": layer, "hints": HeadHints(LONG_H)}
     small = None if streaming.streams(batch, LONG_H) else 2**20  # --quick: stream anyway
     blocks = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request, memory_budget=small))
-    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request,
+    full = heatmap_mod.run(heatmap_mod.HeatmapRequest(batch, **request, keep_full_maps=True,
                                                       memory_budget=16 * 2**30))
     assert blocks.layers[0].weights is None and full.layers[0].weights is not None
     shown = {"blocks": maps.select_maps(blocks, None, False),
