@@ -656,7 +656,8 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     small = None if streaming.streams(batch, LONG_H) else 2**20  # --quick: stream anyway
     build = heatmap_mod.HeatmapRequest.build
     blocks = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=small))
-    full = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=16 * 2**30))
+    full = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=16 * 2**30,
+                                                     keep_full_maps=True))
     assert blocks.layers[0].weights is None and full.layers[0].weights is not None
     shown = {"blocks": maps.select_maps(blocks, None, False),
              "full": [maps.downsample(v, cells, cells)

@@ -475,3 +475,31 @@ def test_terminal_marks_follow_the_baseline(bundled_doc):
         assert (shown + "*" in text) == (e["score"] > e["baseline"]) and shown in text
     assert marked == {"K": 4, "Q": 0, "V": 0}
     assert text.count("*") - text.count("* above") == 4
+
+
+def test_large_factors_float32_gram_refined():
+    """Factors past EXACT_FACTOR_NUMEL take a float32 Gram refined in float64: singular values
+    and ranks at RANK_RTOL as the float64 SVD of the factor gives them, for a full-rank head,
+    one with a spectrum falling to 1e-3 and a rank-deficient one; the unrefined float32 Gram
+    (the negative control) counts spurious singular values into the deficient head's rank."""
+    from attnviz.compute import circuits
+
+    E, d = 4096, 32
+    assert E * d > circuits.EXACT_FACTOR_NUMEL
+    gen = torch.Generator().manual_seed(5)
+    full = torch.randn(E, d, generator=gen)
+    basis = torch.linalg.qr(torch.randn(E, d, generator=gen, dtype=torch.float64))[0]
+    decaying = (basis * torch.logspace(0, -3, d, dtype=torch.float64)).float()
+    deficient = torch.randn(E, 20, generator=gen) @ torch.randn(20, d, generator=gen)
+    factors = torch.stack([full, decaying, deficient])
+    T = circuits.factor_roots(factors)
+    for F, root in zip(factors, T, strict=True):
+        want = torch.linalg.svdvals(F.double())
+        got = torch.linalg.svdvals(root)
+        assert float((got - want).abs().max()) <= RTOL * float(want[0])
+        assert circuits.spectrum(got).rank == int(torch.linalg.matrix_rank(
+            F.double(), rtol=RANK_RTOL))
+    assert circuits.spectrum(torch.linalg.svdvals(T[2])).rank == 20
+    plain = (deficient.T @ deficient).double()
+    values = torch.linalg.eigvalsh((plain + plain.T) / 2).clamp_min(0).sqrt().flip(0)
+    assert circuits.spectrum(values).rank > 20

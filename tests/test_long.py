@@ -290,7 +290,7 @@ def test_4096_tokens_block_maps_equal_full_maps():
     batch = make_batch([words], max_tokens=5000)
     request = dict(random=RandomSpec(64, 4))
     full = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
-        **request, memory_budget=2**30))
+        **request, memory_budget=2**30, keep_full_maps=True))
     streamed = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
         **request, memory_budget=_budget_for(256, batch, 0)))
     layer = streamed.layers[0]

@@ -25,14 +25,17 @@ def _batch(length: int, sentences: int = 1):
 @pytest.mark.parametrize(("length", "heads", "extra", "budget", "device"), list(itertools.product(
     (7, 300, 4096), (1, 4, 16), (0, 1), (2**12, 2**20, 2**28), ("cpu", "meta"))))
 def test_plan_stays_within_its_bounds(length, heads, extra, budget, device):
-    """Whole exactly when the full maps fit; blocks of block_rows' rows; heads per block the
-    most that the budget (and on a CPU the entry cap) holds, never more than the layer has."""
+    """Whole exactly when the full maps fit and are kept (or every map is shown whole, at
+    most 512 keys); blocks of block_rows' rows; heads per block the most that the budget (and
+    on a CPU the entry cap) holds, never more than the layer has."""
     batch = _batch(length, 2)
     device = torch.device(device)
     plan = streaming.memory_plan(batch, heads, extra, budget, device)
     keys = length + extra
     full = 2 * heads * length * keys * 4  # independent of streaming.full_maps_bytes
-    assert plan.streamed == (full > budget)
+    assert plan.streamed == (full > budget or keys > streaming.WHOLE_KEYS)
+    kept = streaming.memory_plan(batch, heads, extra, budget, device, keep=True)
+    assert kept.streamed == (full > budget)
     if not plan.streamed:
         return
     assert plan.rows == streaming.block_rows(budget, keys, device)
@@ -54,7 +57,10 @@ def test_the_default_plan_of_the_4096_token_layer():
     plan = streaming.memory_plan(_batch(4096), 16)
     assert plan == streaming.MemoryPlan(True, 256, 16)
     assert 16 * 256 * 4096 * 4 * streaming.BLOCK_BUFFERS <= streaming.MAP_BUDGET_BYTES
-    assert not streaming.memory_plan(_batch(2048), 16).streamed  # 256 MiB: held whole
+    # 256 MiB fit the budget: held whole only when kept (for --weighting norm, --export)
+    assert streaming.memory_plan(_batch(2048), 16) == streaming.MemoryPlan(True, 256, 16)
+    assert not streaming.memory_plan(_batch(2048), 16, keep=True).streamed
+    assert not streaming.memory_plan(_batch(512), 16).streamed  # shown whole: torch's forward
 
 
 def _grouped(monkeypatch, case: str, rows: int, heads: int, **request):
@@ -148,3 +154,25 @@ def test_cell_sums_on_host_and_device_paths_equal_a_direct_sum(n, row_start, r, 
     wrong[:, 0, 0] += 1e-3  # negative control: one cell off is caught
     with pytest.raises(AssertionError):
         torch.testing.assert_close(got, wrong, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_maps_past_512_keys_stream_unless_read():
+    """A 600-token layer fits the default budget: it streams (display views and statistics
+    equal the full maps'), except when its maps are read whole (--weighting norm), which still
+    works; the full run is the negative control of the streamed one's decision."""
+    from attnviz.sources.layers import RandomSpec
+
+    batch = make_batch([" ".join(f"w{i % 50}" for i in range(600))], max_tokens=1000)
+    request = dict(random=RandomSpec(32, 4))
+    build = heatmap_mod.HeatmapRequest.build
+    streamed = heatmap_mod.run_on_batch(batch, build(**request))
+    full = heatmap_mod.run_on_batch(batch, build(**request, weighting="norm"))
+    assert streamed.layers[0].weights is None and full.layers[0].weights is not None
+    worst_map, worst_stat = _mismatch(full, streamed.layers[0].views, streamed.layers[0].stats,
+                                      streaming.DISPLAY_CELLS)
+    assert worst_map <= 1e-6 and worst_stat <= 1e-4
+    weighted = heatmap_mod.run_heatmap(build(
+        sentences=(" ".join(f"w{i % 50}" for i in range(600)),), random=RandomSpec(32, 4),
+        max_tokens=1000, weighting="norm"))
+    assert weighted.run.weighting == "norm" and weighted.run.layers[0].weights is not None

@@ -206,7 +206,8 @@ def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLay
     budget, positions = request.limits.memory_budget, request.source.positions
     if export is None or not streaming.streams(batch, layer.num_heads or 0, extra, budget):
         return run_layer(layer, inputs_store, batch, causal, positions, plan.device, store,
-                         not request.outputs.full_maps, plan.query_row, budget)
+                         not request.outputs.full_maps, plan.query_row, budget,
+                         keep=request.measure.weighting == "norm")
     with atomic_output(export) as tmp, open(tmp, "wb") as file:
         sink = StreamedExport(file, batch, layer.num_heads or 0, extra, store.source, causal,
                               index)

@@ -51,11 +51,13 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
 def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, causal: bool,
               positions: str, device: torch.device, weights_store: TensorStore,
               allow_stream: bool = True, query_row: tuple[int, int] | None = None,
-              budget: int | None = None, sink: layer_stream.RowSink | None = None
-              ) -> AttentionRun:
-    """One standalone layer on a padded batch; inputs whose full maps exceed the memory budget
-    stream in blocks of query rows (keeping the (sentence, query) row of every head for
-    --query, and handing every full row to `sink`, which --export writes as it comes)."""
+              budget: int | None = None, sink: layer_stream.RowSink | None = None,
+              keep: bool = False) -> AttentionRun:
+    """One standalone layer on a padded batch. With allow_stream, inputs stream in blocks of
+    query rows as `streaming.memory_plan` decides (maps beyond the memory budget, or larger
+    than a display and not kept: `keep` holds them whole whenever they fit), keeping the
+    (sentence, query) row of every head for --query and handing every full row to `sink`,
+    which --export writes as it comes."""
     x, described = input_vectors(batch, layer.embed_dim, store, positions)
     # Self-attention over the same sentence; kdim/vdim ≠ E layers get vectors of their width.
     key = x if layer.kdim == layer.embed_dim else input_vectors(batch, layer.kdim, None,
@@ -66,7 +68,11 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     notes = []
     extra = 1 if layer.bias_k is not None else 0
     plan = streaming.memory_plan(batch, layer.num_heads or 0, extra, budget, device,
-                                 one_head=sink is not None)
+                                 one_head=sink is not None, keep=keep)
+    if layer.positions not in ("none", "learned", "sinusoidal"):
+        notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
+                     "layer runs without them (use ‹positions› sinusoidal to add absolute "
+                     "positions to the inputs)")
     if allow_stream and plan.streamed:
         if sink is not None:
             sink.begin(described, x)
@@ -87,10 +93,6 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     weights = load_weights(layer, weights_store, device=str(device))
     _, attn, method = layer_attention(layer, weights, x.to(device), key.to(device),
                                       value.to(device), pad.to(device), causal)
-    if layer.positions not in ("none", "learned", "sinusoidal"):
-        notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
-                     "layer runs without them (use ‹positions› sinusoidal to add absolute "
-                     "positions to the inputs)")
     result = LayerAttention(0, layer, attn.float().cpu(), x, method,
                             None if key is x else key, None if value is x else value)
     return AttentionRun(batch, [result], weights_store.source, described, str(device), causal,

@@ -112,6 +112,9 @@ def _columns_of(W_o: torch.Tensor, heads: int, d: int) -> torch.Tensor:
 # float64 rounding for float32/bf16 weights); larger ones in float32 (≈ 1e-6 relative), where
 # a float64 product would cost 2-3× the time on a CPU.
 EXACT_GRAM_NUMEL = 1 << 21
+# Each head's factor of up to this many elements gets a float64 Gram; larger ones a float32 Gram
+# refined in float64 where its eigenvalues are small (`_refined`): as exact, 3-5× faster.
+EXACT_FACTOR_NUMEL = 1 << 16
 HEAD_CHUNK = 4  # heads per batched product: bounds the temporary copies to 4 heads' factors
 
 
@@ -138,17 +141,60 @@ def factor_roots(factors: torch.Tensor) -> torch.Tensor:
     F = Q T with Q orthonormal on F's column space), so T plays the role of the R factor of
     F's QR factorization, from one product of F with itself instead of a Householder QR
     (20× slower for E × d on a CPU). T = Λ^½ Pᵀ from FᵀF = P Λ Pᵀ, so rank-deficient F is fine.
+    Large factors take a float32 Gram, refined where it is not exact enough (`_refined`).
     """
-    dtype = gram_dtype(factors[0]) if len(factors) else torch.float64
-    grams = []
-    for start in range(0, factors.shape[0], HEAD_CHUNK):
-        chunk = factors[start:start + HEAD_CHUNK].to(dtype)  # (c, E, d)
-        grams.append((chunk.transpose(1, 2) @ chunk).double().cpu())  # (c, d, d)
-    gram = torch.cat(grams)
-    gram = (gram + gram.transpose(1, 2)) / 2
-    with small_algebra():
-        values, vectors = torch.linalg.eigh(gram)  # ascending
+    if not len(factors) or factors[0].numel() <= EXACT_FACTOR_NUMEL:
+        gram = _grams(factors, torch.float64)
+        with small_algebra():
+            values, vectors = torch.linalg.eigh(gram)  # ascending
+    else:
+        values, vectors = _refined(factors)
     return values.clamp_min(0).sqrt()[:, :, None] * vectors.transpose(1, 2)
+
+
+def _grams(factors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(n, d, d) float64 FᵀF, accumulated in `dtype`, symmetrized."""
+    if factors.dtype == dtype:  # one batched product over the views: no copy of the weights
+        gram = (factors.transpose(1, 2) @ factors).double().cpu()
+    else:
+        grams = []
+        for start in range(0, factors.shape[0], HEAD_CHUNK):
+            chunk = factors[start:start + HEAD_CHUNK].to(dtype)  # (c, E, d)
+            grams.append((chunk.transpose(1, 2) @ chunk).double().cpu())  # (c, d, d)
+        gram = torch.cat(grams)
+    return (gram + gram.transpose(1, 2)) / 2
+
+
+# Eigenvalues of a float32 Gram below this share of the largest are recomputed in float64.
+REFINE_SHARE = 1e-2
+
+
+def _refined(factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(eigenvalues ascending, eigenvectors) of FᵀF, float64, for large float32 factors.
+
+    A float32 Gram sums E products per entry: its error, ~1e-6 of the largest eigenvalue, would
+    give a rank-deficient F singular values of ~1e-3 of its largest, above RANK_RTOL. So the
+    float32 Gram only finds the eigenvectors P; then Y = F P (float32, each entry a sum of d
+    products, accurate to ~1e-7 of F's row) has the columns of the small eigenvalues, and
+    their products with every column, summed in float64: E · d · k float64 work for the k
+    small ones (none for a well-conditioned head), instead of E · d² for all of them.
+    """
+    gram = _grams(factors, torch.float32)
+    with small_algebra():
+        values, vectors = torch.linalg.eigh(gram)
+    small = values < REFINE_SHARE * values[:, -1:]  # (n, d)
+    for i in torch.nonzero(small.any(dim=1)).flatten().tolist():
+        P = vectors[i]
+        Y = factors[i] @ P.to(factors.dtype)  # (E, d) float32
+        G = (Y.T @ Y).double().cpu()
+        Y64 = Y.double()
+        cross = (Y64.T @ Y64[:, small[i]]).cpu()  # (d, k), float64 sums
+        G[:, small[i]] = cross
+        G[small[i], :] = cross.T
+        with small_algebra():
+            values[i], rotation = torch.linalg.eigh((G + G.T) / 2)
+        vectors[i] = P @ rotation
+    return values, vectors
 
 
 def spectrum(singular_values: torch.Tensor) -> Spectrum:
@@ -212,16 +258,14 @@ def layer_circuits(read: WeightReader, heads: tuple[int, int, int],
 def _copying(W_v: torch.Tensor, W_o: torch.Tensor, kv: torch.Tensor, d: int) -> torch.Tensor:
     """(H,) Σ Re λ / Σ |λ| over the eigenvalues of W_V^g W_O[:, cols(h)] (d × d), which are
     the nonzero eigenvalues of W_OV^h."""
-    V = W_v.reshape(-1, d, W_v.shape[1])  # (H_kv, d, E)
-    cols = _columns_of(W_o, len(kv), d)  # (H, E, d)
-    blocks = []
-    for start in range(0, len(kv), HEAD_CHUNK):
-        heads = kv[start:start + HEAD_CHUNK]
-        dtype = gram_dtype(W_o)
-        blocks.append((V[heads.to(V.device)].to(dtype) @ cols[start:start + HEAD_CHUNK].to(dtype))
-                      .double().cpu())
+    dtype = gram_dtype(W_o)  # float32 for large weights: a ratio of sums, no rank
+    V = W_v.reshape(-1, d, W_v.shape[1]).to(dtype)  # (H_kv, d, E)
+    group = len(kv) // V.shape[0]  # query heads per key/value head, adjacent (kv = h // group)
+    cols = W_o.to(dtype).reshape(W_o.shape[0], V.shape[0], group * d).permute(1, 0, 2)
+    # (H_kv, d, group·d): each key/value head's W_V against its group's W_O columns at once
+    blocks = (V @ cols).cpu().reshape(V.shape[0], d, group, d).permute(0, 2, 1, 3)
     with small_algebra():
-        eig = torch.linalg.eigvals(torch.cat(blocks))  # (H, d)
+        eig = torch.linalg.eigvals(blocks.reshape(len(kv), d, d))  # (H, d)
     size = eig.abs().sum(dim=1)
     return torch.where(size > 0, eig.real.sum(dim=1) / size.clamp_min(1e-300), 0.0)
 

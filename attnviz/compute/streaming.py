@@ -20,19 +20,31 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from attnviz.compute.cells import ColumnPlans, cell_sums
 from attnviz.compute.inputs import Batch
 from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
 from attnviz.compute.results import LayerAttention
-from attnviz.compute.row_stats import ROW_TERMS, SentencePatterns, row_terms, sentence_patterns
+from attnviz.compute.row_stats import (
+    ROW_TERMS,
+    SentencePatterns,
+    row_terms,
+    sentence_patterns,
+    zeros,
+)
 from attnviz.compute.stats import StatSums, add_sums, finish_stats
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed
 
 MAP_BUDGET_BYTES = 256 * 2**20  # default memory budget: beyond it, maps stream in blocks
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
+# Maps of at most this many keys are held whole when they fit the budget (torch's own forward
+# computes them; a display shows them cell for cell); larger ones stream unless kept (blocks
+# cost less than torch's forward plus statistics over the full maps).
+WHOLE_KEYS = 512
 STREAMED = "blocks of query rows of one head and sentence at a time"
 # A block holds its scores, its weights and the temporaries of one elementwise pass over it:
 # about this many float32 copies of its rows.
@@ -82,15 +94,19 @@ class MemoryPlan:
 
 
 def memory_plan(batch: Batch, num_heads: int, extra_keys: int = 0, budget: int | None = None,
-                device: torch.device | None = None, one_head: bool = False) -> MemoryPlan:
-    """The one decision for a standalone layer: whole maps when they fit the budget; else
-    blocks of `block_rows` query rows, of as many heads as the budget holds (on a CPU also
-    ≤ CPU_BLOCK_ENTRIES entries, whose passes stay in cache). one_head: blocks of one head
-    (a --export file takes its rows in (sentence, head, row) order)."""
+                device: torch.device | None = None, one_head: bool = False,
+                keep: bool = False) -> MemoryPlan:
+    """The one decision for a standalone layer. Whole maps when they fit the budget and either
+    the caller reads them (`keep`: --weighting norm, a short --export) or they are small (at
+    most WHOLE_KEYS keys); else blocks of `block_rows` query rows, of as many heads as the
+    budget holds (on a CPU also ≤ CPU_BLOCK_ENTRIES entries, whose passes stay in cache).
+    Blocks cost less than torch's forward plus statistics over the full maps (no values, no
+    output, no logarithm per entry), so larger maps stream. one_head: blocks of one head (a
+    --export file takes its rows in (sentence, head, row) order)."""
     device = device or torch.device("cpu")
     keys = max(1, batch.max_len + extra_keys)
     rows = block_rows(budget, keys, device)
-    if not streams(batch, num_heads, extra_keys, budget):
+    if not streams(batch, num_heads, extra_keys, budget) and (keep or keys <= WHOLE_KEYS):
         return MemoryPlan(False, rows, max(1, num_heads))
     limit = MAP_BUDGET_BYTES if budget is None else budget
     heads = limit // (BLOCK_BUFFERS * 4 * rows * keys)
@@ -98,6 +114,17 @@ def memory_plan(batch: Batch, num_heads: int, extra_keys: int = 0, budget: int |
         heads = min(heads, CPU_BLOCK_ENTRIES // (rows * keys))
     heads = 1 if one_head else max(1, min(heads, num_heads))
     return MemoryPlan(True, rows, heads)
+
+
+def _accumulate(cells: torch.Tensor, low: int, high: int, columns: slice | torch.Tensor,
+                values: torch.Tensor) -> None:
+    """cells[low..high, columns] += values; on a CPU in numpy (one thread: an add this size
+    in torch opens a parallel region, and under load waits at its barrier)."""
+    if cells.device.type != "cpu":
+        cells[low:high + 1, columns] += values
+        return
+    where = columns if isinstance(columns, slice) else columns.numpy()
+    cells.numpy()[low:high + 1, where] += values.numpy()
 
 
 @dataclass
@@ -132,7 +159,7 @@ class MapReducer:
         self.extra_keys = extra_keys  # columns after the real keys (bias_k); None: from `add`
         self.views: list[MapView] = []
         self._sums: dict[int, StatSums] = {}  # per head, over the sentences seen
-        self._mean: dict[int, tuple[torch.Tensor, int]] = {}  # per sentence: Σ views, heads
+        self._mean: dict[int, tuple[NDArray[np.float32] | None, int]] = {}  # Σ views, heads
         self._rows: dict[int, torch.Tensor] = {}  # per head: the query's row (S,)
         self._open: dict[tuple[int, int], _Partial] = {}
         self._patterns: dict[tuple[int, str], SentencePatterns] = {}
@@ -190,7 +217,7 @@ class MapReducer:
         for j, part in enumerate(parts):
             head = first_head + j
             part.terms[:, row_start:stop] = terms[:, j]
-            part.cells[low:high + 1, columns] += cells[j]
+            _accumulate(part.cells, low, high, columns, cells[j])
             part.done += r
             part.covered.append((row_start, stop))
             if self.query_row is not None and self.query_row[0] == sentence and \
@@ -219,8 +246,8 @@ class MapReducer:
                                    grid.col_index().to(device))}  # one sentence at a time
         grid, rows_cpu, row_index, col_index = self._layouts[key]
         part = _Partial(grid, rows_cpu, row_index, col_index,
-                        torch.zeros(len(grid.row_blocks), len(grid.col_blocks), device=device),
-                        torch.zeros(len(ROW_TERMS), n, device=device))
+                        zeros((len(grid.row_blocks), len(grid.col_blocks)), device),
+                        zeros((len(ROW_TERMS), n), device))
         self._open[(sentence, head)] = part
         return part
 
@@ -241,8 +268,9 @@ class MapReducer:
                 if name != "total"}
         self._sums[head] = add_sums(self._sums.get(head),
                                     (sums, {name: counts[name] for name in sums}))
-        sizes = torch.tensor([b - a for a, b in part.grid.row_blocks], dtype=torch.float32)
-        values = (part.cells.cpu() / sizes[:, None]).numpy().copy()
+        sizes = np.array([b - a for a, b in part.grid.row_blocks], dtype=np.float32)
+        values: NDArray[np.float32] = np.divide(part.cells.cpu().numpy(), sizes[:, None],
+                                                dtype=np.float32)  # new (numpy: one thread)
         template = self._template
         if template is None or template.sentence != sentence:  # its labels, once per sentence
             labels = tokens + ["<bias_k>"] * (self.extra_keys or 0)
@@ -252,8 +280,8 @@ class MapReducer:
         view = replace(template, head=head, values=values)
         if head < MAX_VIEW_HEADS:  # tens of thousands of heads: display views stay bounded
             self.views.append(view)
-        total, heads = self._mean.get(sentence, (0, 0))
-        self._mean[sentence] = (total + torch.from_numpy(values), heads + 1)
+        total, heads = self._mean.get(sentence, (None, 0))
+        self._mean[sentence] = (values.copy() if total is None else total + values, heads + 1)
 
     def finish(self, layer: AttentionLayer, inputs: torch.Tensor | None,
                method: str) -> LayerAttention:
@@ -266,7 +294,7 @@ class MapReducer:
         first_view: dict[int, MapView] = {}
         for view in self.views:
             first_view.setdefault(view.sentence, view)
-        means = [replace(first_view[b], head=None, values=(total / heads).numpy())
+        means = [replace(first_view[b], head=None, values=total / np.float32(heads))
                  for b, (total, heads) in sorted(self._mean.items())]
         stats = [s for head in sorted(self._sums)
                  for s in finish_stats(self._sums[head], self.layer_index, first_head=head)]
