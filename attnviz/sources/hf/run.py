@@ -236,10 +236,11 @@ def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
                      "‹export› writes the full maps to its file block by block")
     if loaded.max_memory is not None:
         offloaded = loaded.offloaded
+        what = "the whole model" if offloaded == [""] else \
+            f"{len(offloaded)} module{'s' * (len(offloaded) != 1)}"
         notes.append(f"weights beyond ‹max_memory› {_size(loaded.max_memory)}: "
-                     + (f"{len(offloaded)} module{'s' * (len(offloaded) != 1)} offloaded to disk "
-                        "and loaded as the forward reached them" if offloaded else
-                        "none (the model fits)"))
+                     + (f"{what} offloaded to disk, each part loaded as the forward reached it"
+                        if offloaded else "none (the model fits)"))
     if loaded.encoder_decoder and plan.prepared.target is None:
         notes.append("encoder-decoder model: its encoder ran alone (‹target› 'text', one per "
                      "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
