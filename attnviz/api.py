@@ -72,8 +72,14 @@ class Heatmap(HeatmapResult):
         from attnviz.app.weighting import legend
         from attnviz.render.figure import heatmap_figure
 
-        return heatmap_figure(self.views, self.title(), scale, size, dpi,
-                              legend(self.run.weighting))
+        figure = heatmap_figure(self.views, self.title(), scale, size, dpi,
+                                legend(self.run.weighting))
+        if self.generation is not None:  # the prompt/generated boundary, the cross strip
+            from attnviz.render.generate_figure import mark_generation
+
+            mark_generation(figure, self.views, self.title(), self.run, self.generation, size,
+                            dpi)
+        return figure
 
     def ablation_figure(self) -> Figure:
         """The causal head scorecard (`ablate=`): a layers × heads heatmap per measure."""
@@ -92,13 +98,15 @@ class Heatmap(HeatmapResult):
         """The interactive page `--html` writes: one self-contained file, no network."""
         from attnviz.render.html import document_from_run, render_html
 
-        return render_html(document_from_run(self.run, self.head_stats, self.breakdown))
+        return render_html(document_from_run(self.run, self.head_stats, self.breakdown,
+                                             generation=self.generation))
 
     def _repr_html_(self) -> str:
         """Jupyter: the interactive page inline (an iframe; it needs no internet)."""
         from attnviz.render.html import document_from_run, notebook_html
 
-        return notebook_html(document_from_run(self.run, self.head_stats, self.breakdown))
+        return notebook_html(document_from_run(self.run, self.head_stats, self.breakdown,
+                                               generation=self.generation))
 
 
 def _as(cls: type[_T], result: DataclassInstance) -> _T:

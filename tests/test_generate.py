@@ -431,3 +431,50 @@ def test_encoders_are_refused(cli: Any, tmp_path: Path) -> None:
     zoo.save_tokenizer(tmp_path, zoo.ZOO["bert"])
     result = cli("heatmap", "--model", tmp_path, "the cat sat", "--generate", "2")
     assert_clean_error(result, 1, "not causal")
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_figure_cross_strip_is_the_alignment_as_produced(tmp_path: Path) -> None:
+    """Marian: beside the full maps, a strip per sentence of its generated tokens × the source,
+    from the last cross layer (mean over heads). Read back from the PNG, each strip cell's colour
+    is viridis of its row's weight (the row computed when the token was fed back in) over the
+    strip's maximum; the rows one step earlier do not give those colours."""
+    import matplotlib
+    import numpy as np
+    from conftest import read_image
+
+    from attnviz.api import run_model
+    from attnviz.render.figure import heatmap_figure, save_figure
+
+    result = run_model("sample_weights/models/marian-tiny-model",
+                       ["the cat sat on the mat", "a dog ran"], generate=3, device="cpu")
+    plain = heatmap_figure(result.views, result.title(), size=1.0)
+    fig = result.figure(size=1.0)
+    assert fig.get_size_inches()[0] > plain.get_size_inches()[0]  # grown to the right
+    strips = [ax for ax in fig.axes if ax.get_ylabel() == "generated (own scale)"]
+    assert len(strips) == 2
+    path = tmp_path / "strip.png"
+    save_figure(fig, path)
+    image = read_image(path)[..., :3].astype(float)
+    image = image * 255 if image.max() <= 1.0 else image
+    assert image.shape[1] == round(fig.get_size_inches()[0] * fig.dpi)
+    cross = [layer for layer in result.run.layers if layer.kind == "cross"][-1]
+    viridis = matplotlib.colormaps["viridis"]
+    for b, ax in enumerate(strips):
+        count, n = len(result.generation.generated_ids[b]), len(result.run.batch.tokens[b])
+        maps = cross.weights[b, :, :, :n].mean(0).numpy()  # (target rows, source)
+
+        def colours(rows: Any, box: Any = ax.get_window_extent()) -> Any:
+            want = viridis(rows / rows.max())[..., :3] * 255  # (T, S, 3)
+            got = np.zeros_like(want)
+            for r in range(count):
+                for c in range(n):
+                    x = box.x0 + (c + 0.5) * box.width / n
+                    y = image.shape[0] - (box.y0 + box.height - (r + 0.5) * box.height / count)
+                    got[r, c] = image[int(y), int(x)]
+            return np.abs(got - want).max()
+
+        assert colours(maps[1:1 + count]) <= 3  # the generated tokens' rows
+        assert colours(maps[0:count]) > 3  # negative control: one step earlier fails it
+    assert image[:, :image.shape[1] // 2].std() > 20  # the maps themselves, not blank

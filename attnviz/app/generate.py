@@ -152,15 +152,3 @@ def _focus_layer(run: AttentionRun) -> LayerAttention | None:
             return found[-1]
     return None
 
-
-def boundary_notes(generation: Generation) -> list[str]:
-    """Per sentence, where its generated tokens start (the page's notes: pick one of those
-    rows in the head view to see each head's attention from that generated token)."""
-    notes = []
-    for b, tokens in enumerate(generation.generated_tokens, 1):
-        first = generation.prompt_lengths[b - 1]
-        rows = f"row {first}" if len(tokens) == 1 else f"rows {first}-{first + len(tokens) - 1}"
-        stack = "decoder " if generation.encoder_decoder else ""
-        notes.append(f"generated, sentence {b}: {stack}{rows} ({' '.join(tokens)}); the "
-                     f"prompt/generated boundary is above {stack}row {first}")
-    return notes

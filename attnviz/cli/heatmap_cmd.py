@@ -167,11 +167,11 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         report(f"drawing the figure {files.figure.name}")
         figure = heatmap_figure(result.views, result.title(), scale, size, dpi,
                                 legend(result.run.weighting))
-        if result.generation is not None:  # --generate: the prompt/generated boundary
-            from attnviz.render.generate_figure import mark_boundary
+        if result.generation is not None:  # --generate: the boundary, the cross strip
+            from attnviz.render.generate_figure import mark_generation
 
-            mark_boundary(figure, result.views, result.title(), result.run, result.generation,
-                          size, dpi)
+            mark_generation(figure, result.views, result.title(), result.run,
+                            result.generation, size, dpi)
         write_figure(figure, files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
@@ -184,11 +184,8 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         from attnviz.render.html import document_from_run, render_html
 
         report(f"writing the page {files.html.name}")
-        document = document_from_run(result.run, result.head_stats, result.breakdown)
-        if result.generation is not None:  # --generate: where the generated tokens start
-            from attnviz.app.generate import boundary_notes
-
-            document["notes"] += boundary_notes(result.generation)
+        document = document_from_run(result.run, result.head_stats, result.breakdown,
+                                     generation=result.generation)
         write_page(render_html(document), files.html)
 
 

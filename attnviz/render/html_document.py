@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from attnviz.compute.maps import MapView
     from attnviz.compute.results import AttentionRun
     from attnviz.compute.stats import HeadStats
+    from attnviz.sources.generate_spec import Generation
 
 FORMAT = "attnviz-html/1"
 LEVELS = 254  # codes 0..254 are weights
@@ -57,10 +58,12 @@ _DIGITS = 6
 
 def document_from_run(run: AttentionRun, head_stats: list[HeadStats] | list[dict[str, Any]],
                       breakdown: QueryBreakdown | dict[str, Any] | None = None,
-                      max_cells: int = MAX_CELLS) -> dict[str, Any]:
+                      max_cells: int = MAX_CELLS, generation: Generation | None = None
+                      ) -> dict[str, Any]:
     """A JSON-able document of an AttentionRun: every head's map (full maps in
     `captured.weights` (B, H, L, S) or streamed display views in `captured.views`), the head
-    statistics (HeadStats, or their to_json() dicts) and an optional QueryBreakdown."""
+    statistics (HeadStats, or their to_json() dicts), an optional QueryBreakdown, and for a
+    `--generate` run its Generation (the step view, `attnviz.render.html_steps`)."""
     maps, vmax = _map_entries(run, max_cells)
     stats: list[dict[str, Any]] = [s if isinstance(s, dict) else s.to_json() for s in head_stats]
     fields = list(dict.fromkeys(k for s in stats for k in s))
@@ -85,7 +88,13 @@ def document_from_run(run: AttentionRun, head_stats: list[HeadStats] | list[dict
         "colormap": _viridis_hex(),
         "maps": maps,
         "query": None if breakdown is None else _query_json(breakdown, run.batch.tokens),
+        "generation": None,
     }
+    if generation is not None:
+        from attnviz.render.html_steps import boundary_notes, generation_document
+
+        doc["generation"] = generation_document(run, generation)
+        doc["notes"] += boundary_notes(generation)
     return doc
 
 
