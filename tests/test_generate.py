@@ -440,8 +440,6 @@ def test_figure_cross_strip_is_the_alignment_as_produced(tmp_path: Path) -> None
     from the last cross layer (mean over heads). Read back from the PNG, each strip cell's colour
     is viridis of its row's weight (the row computed when the token was fed back in) over the
     strip's maximum; the rows one step earlier do not give those colours."""
-    import matplotlib
-    import numpy as np
     from conftest import read_image
 
     from attnviz.api import run_model
@@ -460,21 +458,69 @@ def test_figure_cross_strip_is_the_alignment_as_produced(tmp_path: Path) -> None
     image = image * 255 if image.max() <= 1.0 else image
     assert image.shape[1] == round(fig.get_size_inches()[0] * fig.dpi)
     cross = [layer for layer in result.run.layers if layer.kind == "cross"][-1]
-    viridis = matplotlib.colormaps["viridis"]
     for b, ax in enumerate(strips):
         count, n = len(result.generation.generated_ids[b]), len(result.run.batch.tokens[b])
         maps = cross.weights[b, :, :, :n].mean(0).numpy()  # (target rows, source)
 
-        def colours(rows: Any, box: Any = ax.get_window_extent()) -> Any:
-            want = viridis(rows / rows.max())[..., :3] * 255  # (T, S, 3)
-            got = np.zeros_like(want)
-            for r in range(count):
-                for c in range(n):
-                    x = box.x0 + (c + 0.5) * box.width / n
-                    y = image.shape[0] - (box.y0 + box.height - (r + 0.5) * box.height / count)
-                    got[r, c] = image[int(y), int(x)]
-            return np.abs(got - want).max()
-
-        assert colours(maps[1:1 + count]) <= 3  # the generated tokens' rows
-        assert colours(maps[0:count]) > 3  # negative control: one step earlier fails it
+        box = ax.get_window_extent()
+        assert _strip_error(image, box, maps[1:1 + count]) <= 3  # the generated tokens' rows
+        assert _strip_error(image, box, maps[0:count]) > 3  # control: one step earlier fails
     assert image[:, :image.shape[1] // 2].std() > 20  # the maps themselves, not blank
+
+
+def _strip_error(image: Any, box: Any, rows: Any) -> float:
+    """The largest difference (0-255) between the strip's cell centres in the image and
+    viridis of `rows` (T, S) over their maximum."""
+    import matplotlib
+    import numpy as np
+
+    count, n = rows.shape
+    want = matplotlib.colormaps["viridis"](rows / rows.max())[..., :3] * 255  # (T, S, 3)
+    got = np.zeros_like(want)
+    for r in range(count):
+        for c in range(n):
+            x = box.x0 + (c + 0.5) * box.width / n
+            y = image.shape[0] - (box.y0 + box.height - (r + 0.5) * box.height / count)
+            got[r, c] = image[int(y), int(x)]
+    return float(np.abs(got - want).max())
+
+
+@pytest.mark.slow
+def test_focus_by_ranked_heads(cli: Any) -> None:
+    """--rank with --generate: per head type, its first-ranked head's top keys per generated
+    token; every weight equals the reference model's map at that row (≤ 1e-5), the listed keys
+    are that row's largest, and the row one step earlier does not give those weights."""
+    import json
+
+    import torch
+
+    sentence = "the cat sat on the mat the cat"
+    result = cli("heatmap", sentence, "--generate", "4", "--rank", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    ids = doc["generation"]["generated_ids"][0]
+    reference = _reference_tiny()
+    from attnviz.core.words import hashed_ids
+
+    prompt = hashed_ids(sentence.split(), 1024)
+    with torch.no_grad():
+        _, maps = reference(torch.tensor([prompt + ids]), need_weights=True)
+    firsts = {(r["heads"][0]["layer"], r["heads"][0]["head"]): r["type"]
+              for r in doc["ranking"] if r["heads"] and r["heads"][0]["score"] > 0}
+    picked = doc["generation"]["focus_by_rank"]
+    assert {(int(p["focus"][0]["layer"]), p["focus"][0]["head"]) for p in picked} == set(firsts)
+    assert "induction" in [t for p in picked for t in p["types"]]
+    for entry in picked:
+        assert len(entry["focus"]) == 4
+        for item in entry["focus"]:
+            row = maps[int(item["layer"])][0, item["head"], item["row"]]  # (n,)
+            want = row.topk(len(item["top"]))
+            got = [t["weight"] for t in item["top"]]
+            torch.testing.assert_close(torch.tensor(got), want.values, atol=TOL, rtol=0)
+            assert [t["position"] for t in item["top"]][0] == int(want.indices[0])
+            earlier = maps[int(item["layer"])][0, item["head"], item["row"] - 1]
+            assert not torch.allclose(earlier[[t["position"] for t in item["top"]]],
+                                      torch.tensor(got), atol=TOL, rtol=0)
+    text = cli("heatmap", sentence, "--generate", "4", "--rank", "--no-maps",
+               "--no-stats").stdout
+    assert "what the heads --rank puts first attend to" in text and "induction" in text

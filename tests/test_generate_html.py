@@ -15,7 +15,7 @@ import pytest
 from browser import Browser, find_chromium
 
 from attnviz.render.html import LEVELS, render_html
-from attnviz.render.html_document import dequantize
+from attnviz.render.html_codes import dequantize
 
 SENTENCES = ["the cat sat on the mat the cat", "one two three four one two"]
 N_NEW = 4

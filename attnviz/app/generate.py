@@ -13,6 +13,7 @@ from attnviz.errors import UsageError
 from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
 if TYPE_CHECKING:
+    from attnviz.compute.ranking import HeadRanking
     from attnviz.compute.results import AttentionRun, LayerAttention
 
 TOP_K = 3  # tokens listed per generated token
@@ -128,7 +129,14 @@ def focus(run: AttentionRun, generation: Generation, head: int | None) -> list[F
     """Per generated token, the TOP_K tokens its row attends to most: in the last cross layer
     shown (an encoder-decoder: over the source), else the last decoder layer shown."""
     layer = _focus_layer(run)
-    if layer is None or layer.weights is None:
+    return [] if layer is None else focus_in(run, layer, generation, head)
+
+
+def focus_in(run: AttentionRun, layer: LayerAttention, generation: Generation,
+             head: int | None, top: int = TOP_K) -> list[Focus]:
+    """Per generated token, the `top` keys its row in `layer` attends to most (one head, or the
+    mean over heads); nothing for a streamed layer."""
+    if layer.weights is None:
         return []
     out = []
     for b, generated in enumerate(generation.generated_tokens):
@@ -138,11 +146,27 @@ def focus(run: AttentionRun, generation: Generation, head: int | None) -> list[F
             row = first + j
             maps = layer.weights[b, :, row, :len(keys)]  # (H, S)
             weights = maps.mean(0) if head is None else maps[head]
-            values, positions = weights.topk(min(TOP_K, len(keys)))
+            values, positions = weights.topk(min(top, len(keys)))
             out.append(Focus(b, row, token, layer.display_label, head,
                              [(int(p), keys[int(p)], float(v))
                               for v, p in zip(values, positions, strict=True)]))
     return out
+
+
+def ranked_focus(run: AttentionRun, generation: Generation, rankings: list[HeadRanking],
+                 top: int = 2) -> list[tuple[list[str], list[Focus]]]:
+    """The heads `rank_heads` puts first, one per head type (a head first in several types
+    once, with all of them), each with its focus per generated token; only heads of layers
+    whose rows include the generated tokens (a decoder's, not an encoder's)."""
+    picked: dict[tuple[int, int], list[str]] = {}
+    for ranking in rankings:
+        if ranking.heads and ranking.heads[0].score > 0:  # a pattern some head shows
+            best = ranking.heads[0]
+            picked.setdefault((best.layer, best.head), []).append(ranking.head_type)
+    layers = {layer.index: layer for layer in run.layers
+              if layer.kind != "self" or run.target is None}
+    return [(types, focus_in(run, layers[index], generation, head, top))
+            for (index, head), types in picked.items() if index in layers]
 
 
 def _focus_layer(run: AttentionRun) -> LayerAttention | None:

@@ -148,6 +148,13 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
         if result.run.weighting == "norm":
             terminal.print(plain("ranked on value-weighted maps (‖α·W_O v‖, rows summing to 1)"))
         print_ranking(terminal, result.ranking())
+        if result.generation is not None:  # --generate: what those heads attend to
+            from attnviz.app.generate import ranked_focus
+            from attnviz.render.generate_terminal import print_ranked_focus
+
+            terminal.print()
+            print_ranked_focus(terminal, ranked_focus(result.run, result.generation,
+                                                      result.ranking()))
     for path in files.written:
         console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
 

@@ -14,10 +14,9 @@ rows over their keys at full key resolution (the map itself may be downsampled).
 
 from __future__ import annotations
 
-import base64
 from typing import TYPE_CHECKING, Any
 
-from attnviz.render.html_document import quantize
+from attnviz.render.html_codes import b64, quantize
 
 if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun, LayerAttention
@@ -87,8 +86,5 @@ def _rows(run: AttentionRun, layer: LayerAttention, generation: Generation,
     return {"sentence": b, "layer": layer.index, "kind": layer.kind,
             "heads": list(range(values.shape[0])), "rows": count, "cols": len(keys),
             "first": first, "key_labels": [str(k) for k in keys],
-            "scales": _b64(scales.astype("<f4").tobytes()), "codes": _b64(codes.tobytes())}
+            "scales": b64(scales.astype("<f4").tobytes()), "codes": b64(codes.tobytes())}
 
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
