@@ -524,3 +524,62 @@ def test_focus_by_ranked_heads(cli: Any) -> None:
     text = cli("heatmap", sentence, "--generate", "4", "--rank", "--no-maps",
                "--no-stats").stdout
     assert "what the heads --rank puts first attend to" in text and "induction" in text
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "marian"])
+def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
+                                                   tmp_path: Path) -> None:
+    """Past the memory budget, --generate streams: the same generated ids, display maps equal
+    to the whole-map run's (≤ 1e-5; a row shifted by one step is not), the same statistics;
+    --export written block by block equals the whole-map export and carries the generation."""
+    import json
+
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.compute.maps import select_maps
+    from attnviz.sources.generate_spec import GenerateSpec
+
+    folder = str(lm_folder(kind))
+
+    def job(**extra: Any) -> Any:
+        return run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
+                                      generate=GenerateSpec(N_NEW), **extra))
+
+    whole = job()
+    streamed = job(memory_budget=2048)
+    assert streamed.generation.generated_ids == whole.generation.generated_ids
+    assert any("teacher-forced forward" in note for note in streamed.run.notes)
+    kept = [layer for layer in streamed.run.layers if layer.weights is None]
+    assert kept, "nothing streamed"
+    views = {(v.sentence, v.layer, v.head): v.values for layer in kept for v in layer.views or []}
+    for view in select_maps(whole.run, None, False) + select_maps(whole.run, None, True):
+        if (view.sentence, view.layer, view.head) not in views:
+            continue
+        got = views.pop((view.sentence, view.layer, view.head))
+        np.testing.assert_allclose(got, view.values, atol=TOL, rtol=0)
+        if got.shape[0] > 2:  # negative control: one step off
+            assert np.abs(got[1:] - view.values[:-1]).max() > TOL
+    assert not views
+    stats = {(s.layer, s.head): s for s in streamed.head_stats}
+    for s in whole.head_stats:
+        if (s.layer, s.head) in stats and s.layer in {layer.index for layer in kept}:
+            assert stats[(s.layer, s.head)].entropy == pytest.approx(s.entropy, abs=1e-4)
+    path, reference = tmp_path / "streamed.safetensors", tmp_path / "whole.safetensors"
+    exported = job(memory_budget=2048, keep_full_maps=True, export_path=path)
+    assert exported.run.exported == path
+    whole_export = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
+                                          generate=GenerateSpec(N_NEW), keep_full_maps=True))
+    whole_export.export(reference)
+    with safe_open(str(path), "pt") as got, safe_open(str(reference), "pt") as want:
+        meta = got.metadata()
+        assert json.loads(meta["generated_ids"]) == whole.generation.generated_ids
+        assert json.loads(meta["prompt_length"]) == whole.generation.prompt_lengths
+        for key in want.keys():
+            if key.startswith(("attn.", "decoder.", "cross.")):
+                torch.testing.assert_close(got.get_tensor(key), want.get_tensor(key),
+                                           atol=TOL, rtol=0)

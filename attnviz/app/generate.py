@@ -44,7 +44,7 @@ def check_job(job: Any, spec: GenerateSpec) -> None:
     refused = [flag for flag, given in (
         ("‹weights›", job.weights is not None), ("‹random›", job.random is not None),
         ("‹target›", job.targets is not None), ("‹query›", job.query is not None),
-        ("‹memory_budget›", job.memory_budget is not None),
+        ("‹memory_budget›", job.memory_budget is not None and job.model is None),
         ("‹device_map›", job.device_map is not None),
         ("‹weighting› norm", getattr(job, "weighting", "attention") != "attention"),
         ("‹ablate›", getattr(job, "ablate", None) is not None)) if given]
@@ -71,6 +71,7 @@ def run_generate(job: Any, spec: GenerateSpec,
 
 def _run_model(job: Any, sentences: list[str], spec: GenerateSpec,
                report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
+    from attnviz.app.generate_stream import run_streamed, streams
     from attnviz.app.heatmap_sources import HeatmapRequest, check_panels
     from attnviz.compute.inputs import Batch
     from attnviz.sources.hf.generate import load_lm
@@ -93,6 +94,9 @@ def _run_model(job: Any, sentences: list[str], spec: GenerateSpec,
                                     job.head is not None or job.average else None), *shown)
     report(f"loading the model and generating {spec.max_new} tokens per sentence")
     loaded = load_lm(opened, job.device, job.dtype)
+    if streams(loaded, rows, spec, job.memory_budget):  # long: bounded memory, two passes
+        return run_streamed(loaded, sentences, rows, spec, job.layer, job.max_tokens,
+                            job.memory_budget, job.export_path if job.keep_full_maps else None)
     return run_generation(loaded, sentences, rows, spec, job.layer)
 
 

@@ -130,9 +130,13 @@ def pad_right(rows: list[list[int]], filler: int, device: torch.device
     return ids, mask
 
 
-def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec) -> Steps:
+def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
+             keep: bool = True, block_bytes: int | None = None) -> Steps:
     """Generate from each prompt (token ids, special tokens included) and capture every
-    attention row of every step; see the module docstring."""
+    attention row of every step; see the module docstring. With keep=False nothing is kept
+    (only `sequences`): the capture still runs every attention call through the module's own
+    eager attention, in blocks of query rows of at most `block_bytes` (long prompts in bounded
+    memory), and the last token's row is not computed."""
     spec.check()
     model = loaded.model
     device = input_device(model)
@@ -147,21 +151,25 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec) 
     if loaded.encoder_decoder:
         ids, mask = pad_right(prompts, filler, device)
         steps = Steps(torch.empty(0), 1)
-        with _capturing(model, steps, interface), _contained(loaded), torch.no_grad():
+        with _capturing(model, steps, interface, keep, block_bytes), _contained(loaded), \
+                torch.no_grad():
             encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask,
-                                                  **({} if interface else
+                                                  **({} if interface or not keep else
                                                      {"output_attentions": True}))
-        if not interface:
+        if not interface and keep:
             _add_returned(steps, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
         kwargs.update(attention_mask=mask, encoder_outputs=encoder_outputs)
     else:
         ids, mask = pad_left(prompts, filler, device)
         steps = Steps(torch.empty(0), ids.shape[1])
         kwargs.update(input_ids=ids, attention_mask=mask)
-    with _seeded(spec.seed), _capturing(model, steps, interface), guard.silenced(), \
-            _contained(loaded):
-        out = model.generate(**kwargs, **({} if interface else {"output_attentions": True}))
+    with _seeded(spec.seed), _capturing(model, steps, interface, keep, block_bytes), \
+            guard.silenced(), _contained(loaded):
+        out = model.generate(**kwargs, **({} if interface or not keep else
+                                          {"output_attentions": True}))
     steps.sequences = out.sequences.cpu()
+    if not keep:
+        return steps
     if not interface:
         steps.method = METHOD_OUTPUT_ATTENTIONS
         _add_generate_attentions(steps, out)
@@ -209,18 +217,20 @@ def _seeded(seed: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _capturing(model: Any, steps: Steps, interface: bool) -> Iterator[None]:
+def _capturing(model: Any, steps: Steps, interface: bool, keep: bool = True,
+               block_bytes: int | None = None) -> Iterator[None]:
     """attnviz's attention function active for every forward pass inside: each call's weights
-    go to `steps` under its module's name."""
+    go to `steps` under its module's name (keep=False: nowhere; see `generate`)."""
     if not interface:
         yield
         return
     names = {id(module): name for name, module in model.named_modules()}
-    session = Session(model, names, None, None, lambda *_: None, False)
+    session = Session(model, names, None, block_bytes, lambda *_: None, False)
 
     def sink(index: int, start: int, weights: torch.Tensor) -> None:
-        layer = session.layers[index]
-        steps.add(layer.name, layer.kind, weights)
+        if keep:
+            layer = session.layers[index]
+            steps.add(layer.name, layer.kind, weights)
 
     session.sink = sink
     token = ACTIVE.set(session)

@@ -21,13 +21,10 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
                    ) -> tuple[AttentionRun, Generation]:
     """Generate from each prompt and return the maps of the layers `layer` names."""
     steps = generate(loaded, prompts, spec)
-    stops = eos_ids(loaded)
+    record = generation_record(loaded, steps, prompts, spec)
+    generated, gen_tokens, texts = record.generated_ids, record.generated_tokens, record.texts
     width = steps.sequences.shape[1] - steps.prompt_width  # T: steps generate took
-    generated = [_until_eos(row[steps.prompt_width:].tolist(), stops)
-                 for row in steps.sequences]
     tokenizer = loaded.tokenizer
-    gen_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in generated]
-    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
     prompt_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in prompts]
     layers = select(_layers(loaded, steps), layer)
     if loaded.encoder_decoder:
@@ -36,7 +33,6 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
         target = Batch(texts, [tokenizer.convert_ids_to_tokens([start]) + t for t in gen_tokens])
         batch = Batch(list(sentences), prompt_tokens)
         results = [_layer(layer, steps, target, lengths, width, 1) for layer in layers]
-        prompt_lengths = [1] * len(prompts)
     else:
         lengths = [len(p) + len(g) for p, g in zip(prompts, generated, strict=True)]
         batch = Batch(list(sentences), [p + g for p, g in zip(prompt_tokens, gen_tokens,
@@ -44,15 +40,27 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
         target = None
         results = [_layer(layer, steps, None, lengths, width, steps.prompt_width,
                           [len(p) for p in prompts]) for layer in layers]
-        prompt_lengths = [len(p) for p in prompts]
     run = AttentionRun(batch, results, printable(str(loaded.folder)),
                        "the model's own hidden states entering each attention module, step by "
                        "step through its own KV cache", str(input_device(loaded.model)),
                        not loaded.encoder_decoder, None,
                        [f"generation: {steps.method}"], TOLERANCE[loaded.dtype], target=target,
                        path=PATHS[loaded.path])
-    return run, Generation(prompts, generated, gen_tokens, texts, prompt_lengths, spec,
-                           steps.method, loaded.encoder_decoder)
+    return run, record
+
+
+def generation_record(loaded: LoadedModel, steps: Steps, prompts: list[list[int]],
+                      spec: GenerateSpec) -> Generation:
+    """What was generated (each sentence's ids up to its first end-of-sequence token)."""
+    stops = eos_ids(loaded)
+    generated = [_until_eos(row[steps.prompt_width:].tolist(), stops)
+                 for row in steps.sequences]
+    tokenizer = loaded.tokenizer
+    return Generation(prompts, generated,
+                      [tokenizer.convert_ids_to_tokens(ids) for ids in generated],
+                      [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated],
+                      [1 if loaded.encoder_decoder else len(p) for p in prompts], spec,
+                      steps.method, loaded.encoder_decoder)
 
 
 def _until_eos(ids: list[int], stops: set[int]) -> list[int]:
