@@ -583,3 +583,29 @@ def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
             if key.startswith(("attn.", "decoder.", "cross.")):
                 torch.testing.assert_close(got.get_tensor(key), want.get_tensor(key),
                                            atol=TOL, rtol=0)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2"])
+def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
+    """--layer on a decoder: only that layer is captured (the others run through sdpa, or
+    eager where the model refuses sdpa); its maps and the generated ids equal the every-layer
+    run's (≤ 1e-5), and another layer's maps would not."""
+    import torch
+
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.sources.generate_spec import GenerateSpec
+
+    folder = str(lm_folder(kind))
+    every = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
+                                   generate=GenerateSpec(N_NEW)))
+    one = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu", layer="-1",
+                                 generate=GenerateSpec(N_NEW)))
+    assert one.generation.generated_ids == every.generation.generated_ids
+    assert [layer.display_label for layer in one.run.layers] == \
+        [every.run.layers[-1].display_label]
+    torch.testing.assert_close(one.run.layers[0].weights, every.run.layers[-1].weights,
+                               atol=TOL, rtol=0)
+    assert not torch.allclose(one.run.layers[0].weights, every.run.layers[0].weights,
+                              atol=TOL, rtol=0)

@@ -20,13 +20,15 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
                    spec: GenerateSpec, layer: str | None = None
                    ) -> tuple[AttentionRun, Generation]:
     """Generate from each prompt and return the maps of the layers `layer` names."""
-    steps = generate(loaded, prompts, spec)
+    shown = _shown(loaded, layer)
+    steps = generate(loaded, prompts, spec, shown=shown)
     record = generation_record(loaded, steps, prompts, spec)
     generated, gen_tokens, texts = record.generated_ids, record.generated_tokens, record.texts
     width = steps.sequences.shape[1] - steps.prompt_width  # T: steps generate took
     tokenizer = loaded.tokenizer
     prompt_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in prompts]
-    layers = select(_layers(loaded, steps), layer)
+    layers = _layers(loaded, steps)  # with `shown`, only those layers were captured
+    layers = layers if shown is not None else select(layers, layer)
     if loaded.encoder_decoder:
         start = int(steps.sequences[0, 0])
         lengths = [1 + len(g) for g in generated]
@@ -63,6 +65,20 @@ def generation_record(loaded: LoadedModel, steps: Steps, prompts: list[list[int]
                       steps.method, loaded.encoder_decoder)
 
 
+def _shown(loaded: LoadedModel, layer: str | None) -> set[int] | None:
+    """The layer numbers a --layer spec names in a decoder-only model (whose forward calls one
+    attention module per layer, in order), by config.json's layer count; None (capture every
+    call) for all layers, an encoder-decoder or a count config.json does not give."""
+    from attnviz.core.selection import parse_layers
+    from attnviz.sources.hf.layers import LAYER_FIELDS, config_count
+
+    count = config_count(loaded.config, LAYER_FIELDS)
+    if loaded.encoder_decoder or not count or layer is None or layer.strip() == "all":
+        return None
+    chosen = parse_layers(layer.strip(), count)
+    return None if chosen is None else set(chosen)
+
+
 def _until_eos(ids: list[int], stops: set[int]) -> list[int]:
     for i, token in enumerate(ids):
         if token in stops:
@@ -80,6 +96,9 @@ def _layers(loaded: LoadedModel, steps: Steps) -> list[ModelLayer]:
     for index, name in enumerate(names):
         kind = steps.kinds[name]
         stack = STACK_OF[kind] if loaded.encoder_decoder else ""
+        if name in steps.calls and not loaded.encoder_decoder:  # only some layers captured
+            index = steps.calls[name]
+            counts[stack] = index
         layers.append(ModelLayer(index, name, name, kind, stack, counts.get(stack, 0),
                                  steps.heads[name], None, 0))
         counts[stack] = counts.get(stack, 0) + 1
