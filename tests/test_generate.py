@@ -523,7 +523,7 @@ def test_focus_by_ranked_heads(cli: Any) -> None:
                                       torch.tensor(got), atol=TOL, rtol=0)
     text = cli("heatmap", sentence, "--generate", "4", "--rank", "--no-maps",
                "--no-stats").stdout
-    assert "what the heads --rank puts first attend to" in text and "induction" in text
+    assert "the key the heads --rank puts first weigh most" in text and "induction" in text
 
 
 @pytest.mark.hf
