@@ -31,6 +31,11 @@ from attnviz.sources import capture as cap
 from attnviz.sources import hf_guard as guard
 from attnviz.sources.capture_eager import ACTIVE, Session
 from attnviz.sources.generate_spec import GenerateSpec
+from attnviz.sources.hf.generate_returned import (
+    add_forward_attentions,
+    add_generate_attentions,
+    add_returned,
+)
 from attnviz.sources.hf.load import (
     COMMON,
     FILES_FIX,
@@ -163,7 +168,7 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
                                                   **({} if interface or not keep else
                                                      {"output_attentions": True}))
         if not interface and keep:
-            _add_returned(steps, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
+            add_returned(steps, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
         kwargs.update(attention_mask=mask, encoder_outputs=encoder_outputs)
     else:
         ids, mask = pad_left(prompts, filler, device)
@@ -178,7 +183,7 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
         return steps
     if not interface:
         steps.method = METHOD_OUTPUT_ATTENTIONS
-        _add_generate_attentions(steps, out)
+        add_generate_attentions(steps, out)
     _last_row(loaded, steps, out, mask, kwargs.get("encoder_outputs"), interface, shown)
     return steps
 
@@ -284,36 +289,10 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
             torch.no_grad(), _contained(loaded):
         result = model(**feed, **({} if interface else {"output_attentions": True}))
     if not interface:
-        _add_forward_attentions(steps, result)
+        add_forward_attentions(steps, result)
 
 
 def _forward_parameters(model: Any) -> set[str]:
     import inspect
 
     return set(inspect.signature(model.forward).parameters)
-
-
-# --- the output_attentions path ----------------------------------------------------------------
-
-def _add_returned(steps: Steps, maps: Any, kind: cap.LayerKind, stack: str) -> None:
-    for i, weights in enumerate(maps or ()):
-        steps.add(f"{stack}.{i}" if stack else f"attentions.{i}", kind, weights)
-
-
-def _add_generate_attentions(steps: Steps, out: Any) -> None:
-    """generate(output_attentions=True): per step, a tuple of per-layer maps."""
-    if getattr(out, "decoder_attentions", None) is not None:
-        for step, self_maps in enumerate(out.decoder_attentions):
-            _add_returned(steps, self_maps, cap.LayerKind.DECODER_SELF, "dec")
-            _add_returned(steps, out.cross_attentions[step], cap.LayerKind.CROSS, "cross")
-        return
-    for per_layer in out.attentions or ():
-        _add_returned(steps, per_layer, cap.LayerKind.SELF, "")
-
-
-def _add_forward_attentions(steps: Steps, result: Any) -> None:
-    if getattr(result, "decoder_attentions", None) is not None:
-        _add_returned(steps, result.decoder_attentions, cap.LayerKind.DECODER_SELF, "dec")
-        _add_returned(steps, result.cross_attentions, cap.LayerKind.CROSS, "cross")
-    else:
-        _add_returned(steps, result.attentions, cap.LayerKind.SELF, "")

@@ -68,12 +68,14 @@ def generation_record(loaded: LoadedModel, steps: Steps, prompts: list[list[int]
 def _shown(loaded: LoadedModel, layer: str | None) -> set[int] | None:
     """The layer numbers a --layer spec names in a decoder-only model (whose forward calls one
     attention module per layer, in order), by config.json's layer count; None (capture every
-    call) for all layers, an encoder-decoder or a count config.json does not give."""
+    call) for all layers, an encoder-decoder, a model off the attention interface (its maps
+    come back whole from output_attentions) or a count config.json does not give."""
     from attnviz.core.selection import parse_layers
     from attnviz.sources.hf.layers import LAYER_FIELDS, config_count
 
     count = config_count(loaded.config, LAYER_FIELDS)
-    if loaded.encoder_decoder or not count or layer is None or layer.strip() == "all":
+    if loaded.encoder_decoder or loaded.path != cap.CapturePath.INTERFACE or not count or \
+            layer is None or layer.strip() == "all":
         return None
     chosen = parse_layers(layer.strip(), count)
     return None if chosen is None else set(chosen)
