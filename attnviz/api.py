@@ -79,8 +79,14 @@ class Heatmap(HeatmapResult):
         from attnviz.app.weighting import legend
         from attnviz.render.figure import heatmap_figure
 
-        return heatmap_figure(self.views, self.title(), scale, size, dpi,
-                              legend(self.run.weighting))
+        figure = heatmap_figure(self.views, self.title(), scale, size, dpi,
+                                legend(self.run.weighting))
+        if self.generation is not None:  # the prompt/generated boundary, the cross strip
+            from attnviz.render.generate_figure import mark_generation
+
+            mark_generation(figure, self.views, self.title(), self.run, self.generation, size,
+                            dpi)
+        return figure
 
     def ablation_figure(self) -> Figure:
         """The causal head scorecard (`ablate=`): a layers × heads heatmap per measure."""
@@ -112,7 +118,8 @@ class Heatmap(HeatmapResult):
         from attnviz.errors import with_options
         from attnviz.render.html import document_from_run
 
-        document = document_from_run(self.run, self.head_stats, self.breakdown)
+        document = document_from_run(self.run, self.head_stats, self.breakdown,
+                                     generation=self.generation)
         document["notes"] = [with_options(note) for note in document["notes"]]
         return document
 

@@ -521,6 +521,83 @@ def head_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
                     "the same run with attention", "s", 1.3, weighted)]
 
 
+# Target 9 (issue 22): `--generate 64` on a 12-layer LLaMA with its LM head (no end-of-sequence
+# token, so every run writes 64 tokens) against a bare transformers script running `generate`.
+GENERATE_NEW, GENERATE_PROMPT = 64, 64
+GENERATE_BASELINE = """\
+import sys
+import torch
+import transformers
+folder, implementation, new = sys.argv[1], sys.argv[2], int(sys.argv[4])
+transformers.utils.logging.disable_progress_bar()
+text = open(sys.argv[3]).read()
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+model = transformers.AutoModelForCausalLM.from_pretrained(
+    folder, attn_implementation=implementation, local_files_only=True).eval()
+eager = implementation == "eager"
+with torch.no_grad():
+    out = model.generate(**tokenizer(text, return_tensors="pt"), max_new_tokens=new,
+                         do_sample=False, output_attentions=eager, return_dict_in_generate=True)
+print(out.sequences.shape[1], 0 if not eager else len(out.attentions))
+"""
+
+
+def generate_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """Target 9: `heatmap --model DIR --generate 64`, every layer against transformers'
+    generate with eager attention and output_attentions; one layer shown against plain
+    generate with sdpa."""
+    import torch
+    import transformers
+
+    words = [f"w{i}" for i in range(GENERATE_PROMPT)]
+    folder, text = workdir / "llama12-lm", workdir / "generate_prompt.txt"
+    width = sizes.model_width
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=width, num_hidden_layers=MODEL_LAYERS, num_attention_heads=width // 64,
+        num_key_value_heads=width // 64, intermediate_size=4 * width,
+        vocab_size=len(words) + 4, max_position_embeddings=1024, pad_token_id=1,
+        bos_token_id=2, eos_token_id=None)).save_pretrained(folder)
+    write_model_tokenizer(folder, words)
+    text.write_text(" ".join(words) + "\n")
+    base = workdir / "baseline_generate.py"
+    base.write_text(GENERATE_BASELINE)
+    heatmap = [ATTNVIZ, "heatmap", "--model", str(folder), "--file", str(text), "--generate",
+               str(GENERATE_NEW), "--no-maps", "--device", "cpu"]
+    new = str(GENERATE_NEW)
+    m = measure({"eager": [PY, str(base), str(folder), "eager", str(text), new],
+                 "all": [*heatmap, "--layer", "all"],
+                 "sdpa": [PY, str(base), str(folder), "sdpa", str(text), new],
+                 "one": [*heatmap, "--layer", "5"]}, repeats, True)
+
+    def wrote(run: Run) -> tuple[bool, str]:
+        ok = f"(+{GENERATE_NEW} tokens)" in run.stdout
+        return ok, "" if ok else f"the run did not write {GENERATE_NEW} tokens"
+
+    what = f"{MODEL_LAYERS}-layer LLaMA LM, E={width}, {GENERATE_PROMPT}-token prompt"
+    return [compare(f"9a --generate {GENERATE_NEW}, all layers of a {what}", m["all"],
+                    f"`heatmap --model DIR --generate {GENERATE_NEW} --layer all --no-maps`",
+                    m["eager"], "load + generate, eager, output_attentions=True", "s", 1.3,
+                    wrote),
+            compare(f"9b --generate {GENERATE_NEW}, one layer of a {what}", m["one"],
+                    f"`heatmap --model DIR --generate {GENERATE_NEW} --layer 5 --no-maps`",
+                    m["sdpa"], "load + generate with sdpa", "s", 2.0, wrote)]
+
+
+def write_model_tokenizer(folder: Path, words: list[str]) -> None:
+    """A WordLevel tokenizer over `words` beside a saved model (as `write_model` writes)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<s>", "</s>", *sorted(set(words))])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                         pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+                                         ).save_pretrained(folder)
+
+
 def zipf_words(count: int, seed: int = 0) -> str:
     """Seeded words from a 2000-word Zipf vocabulary: text-like repeats (duplicate and
     induction pairs) at any length."""
@@ -863,8 +940,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=(
         "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
         "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
-    parser.add_argument("--only", type=int, action="append", choices=range(1, 9),
-                        help="run only this target group (1-8; repeatable)")
+    parser.add_argument("--only", type=int, action="append", choices=range(1, 10),
+                        help="run only this target group (1-9; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
     parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
     args = parser.parse_args()
@@ -897,7 +974,8 @@ def main() -> int:
              (long_inputs, ("6a long-context memory", "6b long-context time",
                             "6c long --export memory", "6d long-input figure")),
              (circuits_targets, ("7a circuits time", "7b circuits memory")),
-             (head_targets, ("8a --ablate time", "8b --weighting norm time")))
+             (head_targets, ("8a --ablate time", "8b --weighting norm time")),
+             (generate_targets, ("9a --generate, all layers", "9b --generate, one layer")))
     try:
         for name, text in SCRIPTS.items():
             (workdir / name).write_text(text)

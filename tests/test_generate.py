@@ -431,3 +431,181 @@ def test_encoders_are_refused(cli: Any, tmp_path: Path) -> None:
     zoo.save_tokenizer(tmp_path, zoo.ZOO["bert"])
     result = cli("heatmap", "--model", tmp_path, "the cat sat", "--generate", "2")
     assert_clean_error(result, 1, "not causal")
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_figure_cross_strip_is_the_alignment_as_produced(tmp_path: Path) -> None:
+    """Marian: beside the full maps, a strip per sentence of its generated tokens × the source,
+    from the last cross layer (mean over heads). Read back from the PNG, each strip cell's colour
+    is viridis of its row's weight (the row computed when the token was fed back in) over the
+    strip's maximum; the rows one step earlier do not give those colours."""
+    from conftest import read_image
+
+    from attnviz.api import run_model
+    from attnviz.render.figure import heatmap_figure, save_figure
+
+    result = run_model("sample_weights/models/marian-tiny-model",
+                       ["the cat sat on the mat", "a dog ran"], generate=3, device="cpu")
+    plain = heatmap_figure(result.views, result.title(), size=1.0)
+    fig = result.figure(size=1.0)
+    assert fig.get_size_inches()[0] > plain.get_size_inches()[0]  # grown to the right
+    strips = [ax for ax in fig.axes if ax.get_ylabel() == "generated (own scale)"]
+    assert len(strips) == 2
+    path = tmp_path / "strip.png"
+    save_figure(fig, path)
+    image = read_image(path)[..., :3].astype(float)
+    image = image * 255 if image.max() <= 1.0 else image
+    assert image.shape[1] == round(fig.get_size_inches()[0] * fig.dpi)
+    cross = [layer for layer in result.run.layers if layer.kind == "cross"][-1]
+    for b, ax in enumerate(strips):
+        count, n = len(result.generation.generated_ids[b]), len(result.run.batch.tokens[b])
+        maps = cross.weights[b, :, :, :n].mean(0).numpy()  # (target rows, source)
+
+        box = ax.get_window_extent()
+        assert _strip_error(image, box, maps[1:1 + count]) <= 3  # the generated tokens' rows
+        assert _strip_error(image, box, maps[0:count]) > 3  # control: one step earlier fails
+    assert image[:, :image.shape[1] // 2].std() > 20  # the maps themselves, not blank
+
+
+def _strip_error(image: Any, box: Any, rows: Any) -> float:
+    """The largest difference (0-255) between the strip's cell centres in the image and
+    viridis of `rows` (T, S) over their maximum."""
+    import matplotlib
+    import numpy as np
+
+    count, n = rows.shape
+    want = matplotlib.colormaps["viridis"](rows / rows.max())[..., :3] * 255  # (T, S, 3)
+    got = np.zeros_like(want)
+    for r in range(count):
+        for c in range(n):
+            x = box.x0 + (c + 0.5) * box.width / n
+            y = image.shape[0] - (box.y0 + box.height - (r + 0.5) * box.height / count)
+            got[r, c] = image[int(y), int(x)]
+    return float(np.abs(got - want).max())
+
+
+@pytest.mark.slow
+def test_focus_by_ranked_heads(cli: Any) -> None:
+    """--rank with --generate: per head type, its first-ranked head's top keys per generated
+    token; every weight equals the reference model's map at that row (≤ 1e-5), the listed keys
+    are that row's largest, and the row one step earlier does not give those weights."""
+    import json
+
+    import torch
+
+    sentence = "the cat sat on the mat the cat"
+    result = cli("heatmap", sentence, "--generate", "4", "--rank", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    ids = doc["generation"]["generated_ids"][0]
+    reference = _reference_tiny()
+    from attnviz.core.words import hashed_ids
+
+    prompt = hashed_ids(sentence.split(), 1024)
+    with torch.no_grad():
+        _, maps = reference(torch.tensor([prompt + ids]), need_weights=True)
+    firsts = {(r["heads"][0]["layer"], r["heads"][0]["head"]): r["type"]
+              for r in doc["ranking"] if r["heads"] and r["heads"][0]["score"] > 0}
+    picked = doc["generation"]["focus_by_rank"]
+    assert {(int(p["focus"][0]["layer"]), p["focus"][0]["head"]) for p in picked} == set(firsts)
+    assert "induction" in [t for p in picked for t in p["types"]]
+    for entry in picked:
+        assert len(entry["focus"]) == 4
+        for item in entry["focus"]:
+            row = maps[int(item["layer"])][0, item["head"], item["row"]]  # (n,)
+            want = row.topk(len(item["top"]))
+            got = [t["weight"] for t in item["top"]]
+            torch.testing.assert_close(torch.tensor(got), want.values, atol=TOL, rtol=0)
+            assert [t["position"] for t in item["top"]][0] == int(want.indices[0])
+            earlier = maps[int(item["layer"])][0, item["head"], item["row"] - 1]
+            assert not torch.allclose(earlier[[t["position"] for t in item["top"]]],
+                                      torch.tensor(got), atol=TOL, rtol=0)
+    text = cli("heatmap", sentence, "--generate", "4", "--rank", "--no-maps",
+               "--no-stats").stdout
+    assert "the key the heads --rank puts first weigh most" in text and "induction" in text
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "marian"])
+def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
+                                                   tmp_path: Path) -> None:
+    """Past the memory budget, --generate streams: the same generated ids, display maps equal
+    to the whole-map run's (≤ 1e-5; a row shifted by one step is not), the same statistics;
+    --export written block by block equals the whole-map export and carries the generation."""
+    import json
+
+    import numpy as np
+    import torch
+    from safetensors import safe_open
+
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.compute.maps import select_maps
+    from attnviz.sources.generate_spec import GenerateSpec
+
+    folder = str(lm_folder(kind))
+
+    def job(**extra: Any) -> Any:
+        return run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
+                                      generate=GenerateSpec(N_NEW), **extra))
+
+    whole = job()
+    streamed = job(memory_budget=2048)
+    assert streamed.generation.generated_ids == whole.generation.generated_ids
+    assert any("teacher-forced forward" in note for note in streamed.run.notes)
+    kept = [layer for layer in streamed.run.layers if layer.weights is None]
+    assert kept, "nothing streamed"
+    views = {(v.sentence, v.layer, v.head): v.values for layer in kept for v in layer.views or []}
+    for view in select_maps(whole.run, None, False) + select_maps(whole.run, None, True):
+        if (view.sentence, view.layer, view.head) not in views:
+            continue
+        got = views.pop((view.sentence, view.layer, view.head))
+        np.testing.assert_allclose(got, view.values, atol=TOL, rtol=0)
+        if got.shape[0] > 2:  # negative control: one step off
+            assert np.abs(got[1:] - view.values[:-1]).max() > TOL
+    assert not views
+    stats = {(s.layer, s.head): s for s in streamed.head_stats}
+    for s in whole.head_stats:
+        if (s.layer, s.head) in stats and s.layer in {layer.index for layer in kept}:
+            assert stats[(s.layer, s.head)].entropy == pytest.approx(s.entropy, abs=1e-4)
+    path, reference = tmp_path / "streamed.safetensors", tmp_path / "whole.safetensors"
+    exported = job(memory_budget=2048, keep_full_maps=True, export_path=path)
+    assert exported.run.exported == path
+    whole_export = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
+                                          generate=GenerateSpec(N_NEW), keep_full_maps=True))
+    whole_export.export(reference)
+    with safe_open(str(path), "pt") as got, safe_open(str(reference), "pt") as want:
+        meta = got.metadata()
+        assert json.loads(meta["generated_ids"]) == whole.generation.generated_ids
+        assert json.loads(meta["prompt_length"]) == whole.generation.prompt_lengths
+        for key in want.keys():
+            if key.startswith(("attn.", "decoder.", "cross.")):
+                torch.testing.assert_close(got.get_tensor(key), want.get_tensor(key),
+                                           atol=TOL, rtol=0)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2"])
+def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
+    """--layer on a decoder: only that layer is captured (the others run through sdpa, or
+    eager where the model refuses sdpa); its maps and the generated ids equal the every-layer
+    run's (≤ 1e-5), and another layer's maps would not."""
+    import torch
+
+    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.sources.generate_spec import GenerateSpec
+
+    folder = str(lm_folder(kind))
+    every = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
+                                   generate=GenerateSpec(N_NEW)))
+    one = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu", layer="-1",
+                                 generate=GenerateSpec(N_NEW)))
+    assert one.generation.generated_ids == every.generation.generated_ids
+    assert [layer.display_label for layer in one.run.layers] == \
+        [every.run.layers[-1].display_label]
+    torch.testing.assert_close(one.run.layers[0].weights, every.run.layers[-1].weights,
+                               atol=TOL, rtol=0)
+    assert not torch.allclose(one.run.layers[0].weights, every.run.layers[0].weights,
+                              atol=TOL, rtol=0)

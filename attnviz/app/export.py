@@ -283,10 +283,12 @@ class ModelExport:
 
 
 def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] | None,
-                        path: Path, memory_budget: int | None = None) -> AttentionRun | None:
+                        path: Path, memory_budget: int | None = None,
+                        extra_metadata: dict[str, str] | None = None) -> AttentionRun | None:
     """A long `--model` run whose --export is written block by block as the model computes
     (ModelExport), the display maps and statistics reduced at once; None when the run does
-    not stream (a short input: `export` writes its full maps after the run)."""
+    not stream (a short input: `export` writes its full maps after the run).
+    extra_metadata: more metadata fields (--generate's)."""
     import torch
 
     from attnviz.app.outputs import atomic_output, check_free_space
@@ -315,6 +317,7 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
     metadata["path"] = PATHS[loaded.path]
     if prepared.target is not None:
         metadata["target_tokens"] = json.dumps(prepared.target.tokens)
+    metadata.update(extra_metadata or {})
     with atomic_output(path) as tmp, open(tmp, "w+b") as file:
         writer = ModelExport(file, layers, small, metadata)
         check_free_space(path, writer.size)

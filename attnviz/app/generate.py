@@ -14,6 +14,7 @@ from attnviz.errors import UsageError
 from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
 if TYPE_CHECKING:
+    from attnviz.compute.ranking import HeadRanking
     from attnviz.compute.results import AttentionRun, LayerAttention
 
 TOP_K = 3  # tokens listed per generated token
@@ -45,8 +46,9 @@ def check_job(job: HeatmapRequest, spec: GenerateSpec) -> None:
     refused = [flag for flag, given in (
         ("‹weights›", source.weights is not None), ("‹random›", source.random is not None),
         ("‹target›", job.inputs.targets is not None), ("‹query›", job.selection.query is not None),
-        ("‹memory_budget›", job.limits.memory_budget is not None),
+        ("‹memory_budget›", job.limits.memory_budget is not None and source.model is None),
         ("‹device_map›", source.device_map is not None),
+        ("‹max_memory›", source.max_memory is not None),
         ("‹weighting› norm", job.measure.weighting != "attention"),
         ("‹ablate›", job.measure.ablate is not None)) if given]
     if refused:
@@ -72,6 +74,7 @@ def run_generate(job: HeatmapRequest, spec: GenerateSpec,
 
 def _run_model(job: HeatmapRequest, sentences: list[str], spec: GenerateSpec,
                report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
+    from attnviz.app.generate_stream import run_streamed, streams
     from attnviz.app.heatmap_sources import check_panels
     from attnviz.sources.hf.generate import load_lm
     from attnviz.sources.hf.generate_maps import run_generation
@@ -92,6 +95,10 @@ def _run_model(job: HeatmapRequest, sentences: list[str], spec: GenerateSpec,
         check_panels(job, len(sentences), *shown)
     report(f"loading the model and generating {spec.max_new} tokens per sentence")
     loaded = load_lm(opened, job.source.device, job.source.dtype)
+    budget = job.limits.memory_budget
+    if streams(loaded, rows, spec, budget):  # long: bounded memory, two passes
+        return run_streamed(loaded, sentences, rows, spec, job.selection.layer, max_tokens,
+                            budget, job.outputs.export)
     return run_generation(loaded, sentences, rows, spec, job.selection.layer)
 
 
@@ -126,7 +133,14 @@ def focus(run: AttentionRun, generation: Generation, head: int | None) -> list[F
     """Per generated token, the TOP_K tokens its row attends to most: in the last cross layer
     shown (an encoder-decoder: over the source), else the last decoder layer shown."""
     layer = _focus_layer(run)
-    if layer is None or layer.weights is None:
+    return [] if layer is None else focus_in(run, layer, generation, head)
+
+
+def focus_in(run: AttentionRun, layer: LayerAttention, generation: Generation,
+             head: int | None, top: int = TOP_K) -> list[Focus]:
+    """Per generated token, the `top` keys its row in `layer` attends to most (one head, or the
+    mean over heads); nothing for a streamed layer."""
+    if layer.weights is None:
         return []
     out = []
     for b, generated in enumerate(generation.generated_tokens):
@@ -136,11 +150,27 @@ def focus(run: AttentionRun, generation: Generation, head: int | None) -> list[F
             row = first + j
             maps = layer.weights[b, :, row, :len(keys)]  # (H, S)
             weights = maps.mean(0) if head is None else maps[head]
-            values, positions = weights.topk(min(TOP_K, len(keys)))
+            values, positions = weights.topk(min(top, len(keys)))
             out.append(Focus(b, row, token, layer.display_label, head,
                              [(int(p), keys[int(p)], float(v))
                               for v, p in zip(values, positions, strict=True)]))
     return out
+
+
+def ranked_focus(run: AttentionRun, generation: Generation, rankings: list[HeadRanking],
+                 top: int = 2) -> list[tuple[list[str], list[Focus]]]:
+    """The heads `rank_heads` puts first, one per head type (a head first in several types
+    once, with all of them), each with its focus per generated token; only heads of layers
+    whose rows include the generated tokens (a decoder's, not an encoder's)."""
+    picked: dict[tuple[int, int], list[str]] = {}
+    for ranking in rankings:
+        if ranking.heads and ranking.heads[0].score > 0:  # a pattern some head shows
+            best = ranking.heads[0]
+            picked.setdefault((best.layer, best.head), []).append(ranking.head_type)
+    layers = {layer.index: layer for layer in run.layers
+              if layer.kind != "self" or run.target is None}
+    return [(types, focus_in(run, layers[index], generation, head, top))
+            for (index, head), types in picked.items() if index in layers]
 
 
 def _focus_layer(run: AttentionRun) -> LayerAttention | None:
@@ -150,15 +180,3 @@ def _focus_layer(run: AttentionRun) -> LayerAttention | None:
             return found[-1]
     return None
 
-
-def boundary_notes(generation: Generation) -> list[str]:
-    """Per sentence, where its generated tokens start (the page's notes: pick one of those
-    rows in the head view to see each head's attention from that generated token)."""
-    notes = []
-    for b, tokens in enumerate(generation.generated_tokens, 1):
-        first = generation.prompt_lengths[b - 1]
-        rows = f"row {first}" if len(tokens) == 1 else f"rows {first}-{first + len(tokens) - 1}"
-        stack = "decoder " if generation.encoder_decoder else ""
-        notes.append(f"generated, sentence {b}: {stack}{rows} ({' '.join(tokens)}); the "
-                     f"prompt/generated boundary is above {stack}row {first}")
-    return notes

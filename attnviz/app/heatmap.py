@@ -60,6 +60,12 @@ class HeatmapResult:
             doc["overview"] = self.overview(overview).to_json()
         if ranked:
             doc["ranking"] = [r.to_json() for r in self.ranking()]
+            if self.generation is not None:  # what the first-ranked heads attend to
+                from attnviz.app.generate import ranked_focus
+
+                doc["generation"]["focus_by_rank"] = [
+                    {"types": types, "focus": [f.to_json() for f in items]} for types, items in
+                    ranked_focus(self.run, self.generation, self.ranking())]
         return doc
 
     def overview(self, shows: str = "label") -> Overview:

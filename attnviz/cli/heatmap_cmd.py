@@ -155,6 +155,13 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
         if result.run.weighting == "norm":
             terminal.print(plain("ranked on value-weighted maps (‖α·W_O v‖, rows summing to 1)"))
         print_ranking(terminal, result.ranking())
+        if result.generation is not None:  # --generate: what those heads attend to
+            from attnviz.app.generate import ranked_focus
+            from attnviz.render.generate_terminal import print_ranked_focus
+
+            terminal.print()
+            print_ranked_focus(terminal, ranked_focus(result.run, result.generation,
+                                                      result.ranking()))
     for path in files.written:
         console().print(plain(f"wrote {path}"), soft_wrap=True)  # one line, for scripts
 
@@ -174,11 +181,11 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         report(f"drawing the figure {files.figure.name}")
         figure = heatmap_figure(result.views, result.title(), scale, size, dpi,
                                 legend(result.run.weighting))
-        if result.generation is not None:  # --generate: the prompt/generated boundary
-            from attnviz.render.generate_figure import mark_boundary
+        if result.generation is not None:  # --generate: the boundary, the cross strip
+            from attnviz.render.generate_figure import mark_generation
 
-            mark_boundary(figure, result.views, result.title(), result.run, result.generation,
-                          size, dpi)
+            mark_generation(figure, result.views, result.title(), result.run,
+                            result.generation, size, dpi)
         write_figure(figure, files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
@@ -191,12 +198,9 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         from attnviz.render.html import document_from_run, render_html
 
         report(f"writing the page {files.html.name}")
-        document = document_from_run(result.run, result.head_stats, result.breakdown)
+        document = document_from_run(result.run, result.head_stats, result.breakdown,
+                                     generation=result.generation)
         document["notes"] = [with_flags(note) for note in document["notes"]]
-        if result.generation is not None:  # --generate: where the generated tokens start
-            from attnviz.app.generate import boundary_notes
-
-            document["notes"] += boundary_notes(result.generation)
         write_page(render_html(document), files.html)
 
 

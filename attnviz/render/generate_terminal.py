@@ -47,3 +47,24 @@ def print_generation(out: Console, generation: Generation, focus: list[Focus]) -
         table.add_row(str(item.sentence + 1), str(item.row), plain(item.token), plain(keys))
     out.print(table)
     out.print()
+
+
+def print_ranked_focus(out: Console, picked: list[tuple[list[str], list[Focus]]]) -> None:
+    """What the heads --rank puts first attend to from each generated token: one row per
+    generated token, one column per head (its types, layer and head above), the key each
+    head weighs most (--json lists more)."""
+    picked = [(types, items) for types, items in picked if items]
+    if not picked:
+        return
+    table = Table(title=plain("the key the heads --rank puts first weigh most from each "
+                              "generated token (their rows when fed back in)"),
+                  title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("sent", justify="right")
+    table.add_column("token")
+    for types, items in picked:
+        table.add_column(plain(f"L{items[0].layer}.{items[0].head} ({', '.join(types)})"),
+                         overflow="fold")
+    for i, first in enumerate(picked[0][1]):
+        cells = ["{}:{} {:.2f}".format(*items[i].top[0]) for _, items in picked]
+        table.add_row(str(first.sentence + 1), plain(first.token), *(plain(c) for c in cells))
+    out.print(table)

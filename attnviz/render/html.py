@@ -24,20 +24,20 @@ from importlib import resources
 from typing import Any
 
 # The document side, re-exported: callers (cli, api, tests) import the page's API from here.
-from attnviz.render.html_document import LEVELS as LEVELS
-from attnviz.render.html_document import MASKED as MASKED
+from attnviz.render.html_codes import LEVELS as LEVELS
+from attnviz.render.html_codes import MASKED as MASKED
+from attnviz.render.html_codes import dequantize as dequantize
+from attnviz.render.html_codes import quantize as quantize
 from attnviz.render.html_document import decode_map as decode_map
-from attnviz.render.html_document import dequantize as dequantize
 from attnviz.render.html_document import document_from_run as document_from_run
-from attnviz.render.html_document import quantize as quantize
 
 HTML_SUFFIXES = (".html", ".htm")
 
 
 def render_html(doc: dict[str, Any]) -> str:
     """One self-contained HTML page of a document (data and code inline, no network)."""
-    script = _asset("html_view.js")
-    style = _asset("html_view.css")
+    script = _asset("html_view.js") + "\n" + _asset("html_steps.js")
+    style = _asset("html_view.css") + "\n" + _asset("html_steps.css")
     lowered = script.lower()
     if any(bad in lowered for bad in ("</script", "<script", "<!--")):
         raise ValueError("html_view.js must not contain script or comment tags")
@@ -108,6 +108,29 @@ _PAGE = """<!DOCTYPE html>
     maximum</label>
 </div>
 <main>
+  <section id="step-view" class="view" data-title="Generation">
+    <p class="help">The text the model wrote after each prompt. Click a generated token (or
+      focus one and step with ← →; hover to preview): below, its row, the one computed when the
+      token was fed back in to write the next, over every token before it, for the chosen layer
+      and head or the mean over heads; then each head's row, and the full map with the
+      prompt/generated boundary (red) and the chosen row outlined.</p>
+    <div class="step-controls">
+      <label>layer <select id="step-layer"></select></label>
+      <label>head <select id="step-head"></select></label>
+      <button type="button" id="step-prev">← previous</button>
+      <button type="button" id="step-next">next →</button>
+    </div>
+    <div id="step-text" role="group" aria-label="prompt and generated tokens"></div>
+    <p id="step-status" class="status" aria-live="polite"></p>
+    <div id="step-row" aria-label="the chosen row's weights over its keys"></div>
+    <ol id="step-top"></ol>
+    <div id="step-figures">
+      <figure><canvas id="step-heads" width="400" height="100"></canvas>
+        <figcaption>each head's row (rows: heads; columns: keys)</figcaption></figure>
+      <figure><canvas id="step-map" width="420" height="420"></canvas>
+        <figcaption id="step-map-caption">the full map</figcaption></figure>
+    </div>
+  </section>
   <section id="head-view" class="view" data-title="Head view">
     <p class="help">Hover over a token, or click it to keep it: lines go to the tokens of the
       other column it attends to (left: queries, right: keys), one colour per head, opacity =

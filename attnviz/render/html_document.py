@@ -37,19 +37,19 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 # attnviz internals used here (the only ones): display views of a run
 from attnviz.compute.maps import downsample, select_maps
+from attnviz.render.html_codes import LEVELS, MASKED, b64, dequantize, quantize
 
 if TYPE_CHECKING:
     import numpy as np
-    from numpy.typing import ArrayLike, NDArray
+    from numpy.typing import NDArray
 
     from attnviz.compute.breakdown import QueryBreakdown
     from attnviz.compute.maps import MapView
     from attnviz.compute.results import AttentionRun
     from attnviz.compute.stats import HeadStats
+    from attnviz.sources.generate_spec import Generation
 
 FORMAT = "attnviz-html/1"
-LEVELS = 254  # codes 0..254 are weights
-MASKED = 255  # the reserved code of a masked (exactly 0) weight
 MAX_CELLS = 128  # maps larger than this per side are downsampled
 KEY_COMPONENTS = 4  # components of each k_h kept for the query view (as the terminal shows)
 _DIGITS = 6
@@ -57,10 +57,12 @@ _DIGITS = 6
 
 def document_from_run(run: AttentionRun, head_stats: list[HeadStats] | list[dict[str, Any]],
                       breakdown: QueryBreakdown | dict[str, Any] | None = None,
-                      max_cells: int = MAX_CELLS) -> dict[str, Any]:
+                      max_cells: int = MAX_CELLS, generation: Generation | None = None
+                      ) -> dict[str, Any]:
     """A JSON-able document of an AttentionRun: every head's map (full maps in
     `captured.weights` (B, H, L, S) or streamed display views in `captured.views`), the head
-    statistics (HeadStats, or their to_json() dicts) and an optional QueryBreakdown."""
+    statistics (HeadStats, or their to_json() dicts), an optional QueryBreakdown, and for a
+    `--generate` run its Generation (the step view, `attnviz.render.html_steps`)."""
     maps, vmax = _map_entries(run, max_cells)
     stats: list[dict[str, Any]] = [s if isinstance(s, dict) else s.to_json() for s in head_stats]
     fields = list(dict.fromkeys(k for s in stats for k in s))
@@ -85,7 +87,13 @@ def document_from_run(run: AttentionRun, head_stats: list[HeadStats] | list[dict
         "colormap": _viridis_hex(),
         "maps": maps,
         "query": None if breakdown is None else _query_json(breakdown, run.batch.tokens),
+        "generation": None,
     }
+    if generation is not None:
+        from attnviz.render.html_steps import boundary_notes, generation_document
+
+        doc["generation"] = generation_document(run, generation)
+        doc["notes"] += boundary_notes(generation)
     return doc
 
 
@@ -114,33 +122,10 @@ def _map_entries(run: AttentionRun, max_cells: int) -> tuple[list[dict[str, Any]
             "row_labels": list(first.row_labels), "col_labels": list(first.col_labels),
             "row_spans": _spans(first.row_spans), "col_spans": _spans(first.col_spans),
             "downsampled": bool(first.downsampled),
-            "scales": _b64(scales.astype("<f4").tobytes()),
-            "codes": _b64(codes.tobytes()),
+            "scales": b64(scales.astype("<f4").tobytes()),
+            "codes": b64(codes.tobytes()),
         })
     return maps, vmax
-
-
-def quantize(values: ArrayLike) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
-    """(codes uint8 (..., R, C), scales float32 (..., R)) of weights (..., R, C); see above."""
-    import numpy as np
-
-    values = np.asarray(values, dtype=np.float32)
-    masked = values == 0.0
-    scales = values.max(axis=-1, initial=0.0).astype(np.float32)
-    safe = np.where(scales > 0, scales, np.float32(1.0))[..., None]
-    codes = np.clip(np.rint(values / safe * LEVELS), 0, LEVELS).astype(np.uint8)
-    codes[masked] = MASKED
-    return codes, scales
-
-
-def dequantize(codes: ArrayLike, scales: ArrayLike) -> NDArray[np.float32]:
-    """float32 weights of codes and row scales, NaN where masked (what the page decodes)."""
-    import numpy as np
-
-    codes = np.asarray(codes)
-    values = codes.astype(np.float32) / LEVELS * np.asarray(scales, dtype=np.float32)[..., None]
-    values[codes == MASKED] = np.nan
-    return cast("NDArray[np.float32]", values)  # float32 / int stays float32
 
 
 def decode_map(entry: dict[str, Any]) -> NDArray[np.float32]:
@@ -151,10 +136,6 @@ def decode_map(entry: dict[str, Any]) -> NDArray[np.float32]:
     codes = np.frombuffer(base64.b64decode(entry["codes"]), dtype=np.uint8)
     scales = np.frombuffer(base64.b64decode(entry["scales"]), dtype="<f4")
     return dequantize(codes.reshape(heads, rows, cols), scales.reshape(heads, rows))
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
 def _spans(spans: tuple[tuple[int, int], ...] | None) -> list[list[int]] | None:

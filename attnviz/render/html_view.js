@@ -167,7 +167,7 @@
   // ---- state and controls ------------------------------------------------------------------
 
   const state = {
-    tab: "head-view",
+    tab: doc.generation ? "step-view" : "head-view", // a --generate run opens on its steps
     sentence: 0,
     layer: doc.layers.length ? doc.layers[0].index : 0,
     enabled: new Set(),
@@ -200,6 +200,7 @@
     const tabs = $("tabs");
     for (const section of document.querySelectorAll("section.view")) {
       if (section.id === "query-view" && !doc.query) continue;
+      if (section.id === "step-view" && !doc.generation) continue;
       const button = el("button", {
         id: "tab-" + section.id, type: "button", text: section.dataset.title,
       });
@@ -217,7 +218,7 @@
     }
     $("layer-control").hidden = state.tab !== "head-view";
     $("sentence-control").hidden = doc.sentences.length < 2 ||
-      !(state.tab === "head-view" || state.tab === "model-view");
+      !(state.tab === "head-view" || state.tab === "model-view" || state.tab === "step-view");
     $("scale-control").hidden = state.tab !== "model-view";
   }
 
@@ -691,6 +692,9 @@
         const w = weight(decoded(entry), entry.heads.indexOf(head), row, col);
         return Number.isNaN(w) ? null : w;
       },
+      // for the step view (html_steps.js, which runs next): the page's own helpers and state
+      view: { doc, state, el, fmt, shorten, headColor, colorOf, decoded, weight, mapImage,
+        layerName, mapIndex, LUT },
     };
     document.body.dataset.ready = "1";
   }

@@ -31,6 +31,11 @@ from attnviz.sources import capture as cap
 from attnviz.sources import hf_guard as guard
 from attnviz.sources.capture_eager import ACTIVE, Session
 from attnviz.sources.generate_spec import GenerateSpec
+from attnviz.sources.hf.generate_returned import (
+    add_forward_attentions,
+    add_generate_attentions,
+    add_returned,
+)
 from attnviz.sources.hf.load import (
     COMMON,
     FILES_FIX,
@@ -60,9 +65,13 @@ class Steps:
     heads: dict[str, int] = field(default_factory=dict)
     blocks: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # (B, H, rows, K)
     method: str = METHOD
+    calls: dict[str, int] = field(default_factory=dict)  # name: its call index in a forward
 
-    def add(self, name: str, kind: cap.LayerKind, weights: torch.Tensor) -> None:
+    def add(self, name: str, kind: cap.LayerKind, weights: torch.Tensor,
+            call: int | None = None) -> None:
         self.kinds.setdefault(name, kind)
+        if call is not None:
+            self.calls.setdefault(name, call)
         self.heads.setdefault(name, int(weights.shape[1]))
         self.blocks.setdefault(name, []).append(weights.detach().float().cpu())
 
@@ -130,9 +139,15 @@ def pad_right(rows: list[list[int]], filler: int, device: torch.device
     return ids, mask
 
 
-def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec) -> Steps:
+def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
+             keep: bool = True, block_bytes: int | None = None,
+             shown: set[int] | None = None) -> Steps:
     """Generate from each prompt (token ids, special tokens included) and capture every
-    attention row of every step; see the module docstring."""
+    attention row of every step; see the module docstring. With keep=False nothing is kept
+    (only `sequences`): the capture still runs every attention call through the module's own
+    eager attention, in blocks of query rows of at most `block_bytes` (long prompts in bounded
+    memory), and the last token's row is not computed. `shown` (a decoder-only model's layer
+    numbers; None: all): only those layers' rows are captured, the others run through sdpa."""
     spec.check()
     model = loaded.model
     device = input_device(model)
@@ -147,25 +162,29 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec) 
     if loaded.encoder_decoder:
         ids, mask = pad_right(prompts, filler, device)
         steps = Steps(torch.empty(0), 1)
-        with _capturing(model, steps, interface), _contained(loaded), torch.no_grad():
+        with _capturing(model, steps, interface, keep, block_bytes, shown), _contained(loaded), \
+                torch.no_grad():
             encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask,
-                                                  **({} if interface else
+                                                  **({} if interface or not keep else
                                                      {"output_attentions": True}))
-        if not interface:
-            _add_returned(steps, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
+        if not interface and keep:
+            add_returned(steps, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
         kwargs.update(attention_mask=mask, encoder_outputs=encoder_outputs)
     else:
         ids, mask = pad_left(prompts, filler, device)
         steps = Steps(torch.empty(0), ids.shape[1])
         kwargs.update(input_ids=ids, attention_mask=mask)
-    with _seeded(spec.seed), _capturing(model, steps, interface), guard.silenced(), \
-            _contained(loaded):
-        out = model.generate(**kwargs, **({} if interface else {"output_attentions": True}))
+    with _seeded(spec.seed), _capturing(model, steps, interface, keep, block_bytes, shown), \
+            guard.silenced(), _contained(loaded):
+        out = model.generate(**kwargs, **({} if interface or not keep else
+                                          {"output_attentions": True}))
     steps.sequences = out.sequences.cpu()
+    if not keep:
+        return steps
     if not interface:
         steps.method = METHOD_OUTPUT_ATTENTIONS
-        _add_generate_attentions(steps, out)
-    _last_row(loaded, steps, out, mask, kwargs.get("encoder_outputs"), interface)
+        add_generate_attentions(steps, out)
+    _last_row(loaded, steps, out, mask, kwargs.get("encoder_outputs"), interface, shown)
     return steps
 
 
@@ -209,30 +228,39 @@ def _seeded(seed: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _capturing(model: Any, steps: Steps, interface: bool) -> Iterator[None]:
+def _capturing(model: Any, steps: Steps, interface: bool, keep: bool = True,
+               block_bytes: int | None = None, shown: set[int] | None = None
+               ) -> Iterator[None]:
     """attnviz's attention function active for every forward pass inside: each call's weights
-    go to `steps` under its module's name."""
+    go to `steps` under its module's name (keep=False: nowhere; see `generate`). With `shown`,
+    calls are numbered per forward pass (a decoder-only model's layer numbers) and only those
+    are captured."""
     if not interface:
         yield
         return
     names = {id(module): name for name, module in model.named_modules()}
-    session = Session(model, names, None, None, lambda *_: None, False)
+    session = Session(model, names, shown, block_bytes, lambda *_: None, False)
 
     def sink(index: int, start: int, weights: torch.Tensor) -> None:
-        layer = session.layers[index]
-        steps.add(layer.name, layer.kind, weights)
+        if keep:
+            layer = session.layers[index]
+            steps.add(layer.name, layer.kind, weights, index)
 
     session.sink = sink
     token = ACTIVE.set(session)
+    hook = None if shown is None else model.register_forward_pre_hook(
+        lambda *_: session.layers.clear())  # each forward numbers its calls from 0
     try:
         with torch.no_grad():
             yield
     finally:
         ACTIVE.reset(token)
+        if hook is not None:
+            hook.remove()
 
 
 def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
-              encoder_outputs: Any, interface: bool) -> None:
+              encoder_outputs: Any, interface: bool, shown: set[int] | None = None) -> None:
     """The last generated token fed back once through the model's own cache: its row."""
     model = loaded.model
     sequences = out.sequences  # (B, L + T)
@@ -257,40 +285,14 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
             feed["position_ids"] = (full.cumsum(-1) - 1).clamp(min=0)[:, -1:]
     if "cache_position" in _forward_parameters(model):  # the last token's own position
         feed["cache_position"] = torch.tensor([sequences.shape[1] - 1], device=last.device)
-    with _capturing(model, steps, interface), guard.silenced(), torch.no_grad(), \
-            _contained(loaded):
+    with _capturing(model, steps, interface, True, None, shown), guard.silenced(), \
+            torch.no_grad(), _contained(loaded):
         result = model(**feed, **({} if interface else {"output_attentions": True}))
     if not interface:
-        _add_forward_attentions(steps, result)
+        add_forward_attentions(steps, result)
 
 
 def _forward_parameters(model: Any) -> set[str]:
     import inspect
 
     return set(inspect.signature(model.forward).parameters)
-
-
-# --- the output_attentions path ----------------------------------------------------------------
-
-def _add_returned(steps: Steps, maps: Any, kind: cap.LayerKind, stack: str) -> None:
-    for i, weights in enumerate(maps or ()):
-        steps.add(f"{stack}.{i}" if stack else f"attentions.{i}", kind, weights)
-
-
-def _add_generate_attentions(steps: Steps, out: Any) -> None:
-    """generate(output_attentions=True): per step, a tuple of per-layer maps."""
-    if getattr(out, "decoder_attentions", None) is not None:
-        for step, self_maps in enumerate(out.decoder_attentions):
-            _add_returned(steps, self_maps, cap.LayerKind.DECODER_SELF, "dec")
-            _add_returned(steps, out.cross_attentions[step], cap.LayerKind.CROSS, "cross")
-        return
-    for per_layer in out.attentions or ():
-        _add_returned(steps, per_layer, cap.LayerKind.SELF, "")
-
-
-def _add_forward_attentions(steps: Steps, result: Any) -> None:
-    if getattr(result, "decoder_attentions", None) is not None:
-        _add_returned(steps, result.decoder_attentions, cap.LayerKind.DECODER_SELF, "dec")
-        _add_returned(steps, result.cross_attentions, cap.LayerKind.CROSS, "cross")
-    else:
-        _add_returned(steps, result.attentions, cap.LayerKind.SELF, "")

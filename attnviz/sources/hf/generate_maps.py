@@ -20,23 +20,21 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
                    spec: GenerateSpec, layer: str | None = None
                    ) -> tuple[AttentionRun, Generation]:
     """Generate from each prompt and return the maps of the layers `layer` names."""
-    steps = generate(loaded, prompts, spec)
-    stops = eos_ids(loaded)
+    shown = _shown(loaded, layer)
+    steps = generate(loaded, prompts, spec, shown=shown)
+    record = generation_record(loaded, steps, prompts, spec)
+    generated, gen_tokens, texts = record.generated_ids, record.generated_tokens, record.texts
     width = steps.sequences.shape[1] - steps.prompt_width  # T: steps generate took
-    generated = [_until_eos(row[steps.prompt_width:].tolist(), stops)
-                 for row in steps.sequences]
     tokenizer = loaded.tokenizer
-    gen_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in generated]
-    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated]
     prompt_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in prompts]
-    layers = select(_layers(loaded, steps), layer)
+    layers = _layers(loaded, steps)  # with `shown`, only those layers were captured
+    layers = layers if shown is not None else select(layers, layer)
     if loaded.encoder_decoder:
         start = int(steps.sequences[0, 0])
         lengths = [1 + len(g) for g in generated]
         target = Batch(texts, [tokenizer.convert_ids_to_tokens([start]) + t for t in gen_tokens])
         batch = Batch(list(sentences), prompt_tokens)
         results = [_layer(layer, steps, target, lengths, width, 1) for layer in layers]
-        prompt_lengths = [1] * len(prompts)
     else:
         lengths = [len(p) + len(g) for p, g in zip(prompts, generated, strict=True)]
         batch = Batch(list(sentences), [p + g for p, g in zip(prompt_tokens, gen_tokens,
@@ -44,15 +42,43 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
         target = None
         results = [_layer(layer, steps, None, lengths, width, steps.prompt_width,
                           [len(p) for p in prompts]) for layer in layers]
-        prompt_lengths = [len(p) for p in prompts]
     run = AttentionRun(batch, results, printable(str(loaded.folder)),
                        "the model's own hidden states entering each attention module, step by "
                        "step through its own KV cache", str(input_device(loaded.model)),
                        not loaded.encoder_decoder, None,
                        [f"generation: {steps.method}"], TOLERANCE[loaded.dtype], target=target,
                        path=PATHS[loaded.path])
-    return run, Generation(prompts, generated, gen_tokens, texts, prompt_lengths, spec,
-                           steps.method, loaded.encoder_decoder)
+    return run, record
+
+
+def generation_record(loaded: LoadedModel, steps: Steps, prompts: list[list[int]],
+                      spec: GenerateSpec) -> Generation:
+    """What was generated (each sentence's ids up to its first end-of-sequence token)."""
+    stops = eos_ids(loaded)
+    generated = [_until_eos(row[steps.prompt_width:].tolist(), stops)
+                 for row in steps.sequences]
+    tokenizer = loaded.tokenizer
+    return Generation(prompts, generated,
+                      [tokenizer.convert_ids_to_tokens(ids) for ids in generated],
+                      [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated],
+                      [1 if loaded.encoder_decoder else len(p) for p in prompts], spec,
+                      steps.method, loaded.encoder_decoder)
+
+
+def _shown(loaded: LoadedModel, layer: str | None) -> set[int] | None:
+    """The layer numbers a --layer spec names in a decoder-only model (whose forward calls one
+    attention module per layer, in order), by config.json's layer count; None (capture every
+    call) for all layers, an encoder-decoder, a model off the attention interface (its maps
+    come back whole from output_attentions) or a count config.json does not give."""
+    from attnviz.core.selection import parse_layers
+    from attnviz.sources.hf.layers import LAYER_FIELDS, config_count
+
+    count = config_count(loaded.config, LAYER_FIELDS)
+    if loaded.encoder_decoder or loaded.path != cap.CapturePath.INTERFACE or not count or \
+            layer is None or layer.strip() == "all":
+        return None
+    chosen = parse_layers(layer.strip(), count)
+    return None if chosen is None else set(chosen)
 
 
 def _until_eos(ids: list[int], stops: set[int]) -> list[int]:
@@ -72,6 +98,9 @@ def _layers(loaded: LoadedModel, steps: Steps) -> list[ModelLayer]:
     for index, name in enumerate(names):
         kind = steps.kinds[name]
         stack = STACK_OF[kind] if loaded.encoder_decoder else ""
+        if name in steps.calls and not loaded.encoder_decoder:  # only some layers captured
+            index = steps.calls[name]
+            counts[stack] = index
         layers.append(ModelLayer(index, name, name, kind, stack, counts.get(stack, 0),
                                  steps.heads[name], None, 0))
         counts[stack] = counts.get(stack, 0) + 1
