@@ -540,15 +540,17 @@ def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
     import torch
     from safetensors import safe_open
 
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import run_heatmap
     from attnviz.compute.maps import select_maps
+    from attnviz.core.request import HeatmapRequest
     from attnviz.sources.generate_spec import GenerateSpec
 
     folder = str(lm_folder(kind))
 
     def job(**extra: Any) -> Any:
-        return run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
-                                      generate=GenerateSpec(N_NEW), **extra))
+        return run_heatmap(HeatmapRequest.build(
+            sentences=tuple(PROMPTS), model=folder, device="cpu", generate=GenerateSpec(N_NEW),
+            **extra))
 
     whole = job()
     streamed = job(memory_budget=2048)
@@ -570,10 +572,9 @@ def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
         if (s.layer, s.head) in stats and s.layer in {layer.index for layer in kept}:
             assert stats[(s.layer, s.head)].entropy == pytest.approx(s.entropy, abs=1e-4)
     path, reference = tmp_path / "streamed.safetensors", tmp_path / "whole.safetensors"
-    exported = job(memory_budget=2048, keep_full_maps=True, export_path=path)
+    exported = job(memory_budget=2048, keep_full_maps=True, export=path)
     assert exported.run.exported == path
-    whole_export = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
-                                          generate=GenerateSpec(N_NEW), keep_full_maps=True))
+    whole_export = job(keep_full_maps=True)
     whole_export.export(reference)
     with safe_open(str(path), "pt") as got, safe_open(str(reference), "pt") as want:
         meta = got.metadata()
@@ -594,14 +595,16 @@ def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
     run's (≤ 1e-5), and another layer's maps would not."""
     import torch
 
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import run_heatmap
+    from attnviz.core.request import HeatmapRequest
     from attnviz.sources.generate_spec import GenerateSpec
 
     folder = str(lm_folder(kind))
-    every = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu",
-                                   generate=GenerateSpec(N_NEW)))
-    one = run_heatmap(HeatmapJob(PROMPTS, model=folder, device="cpu", layer="-1",
-                                 generate=GenerateSpec(N_NEW)))
+    every = run_heatmap(HeatmapRequest.build(
+        sentences=tuple(PROMPTS), model=folder, device="cpu", generate=GenerateSpec(N_NEW)))
+    one = run_heatmap(HeatmapRequest.build(
+        sentences=tuple(PROMPTS), model=folder, device="cpu", layer="-1",
+        generate=GenerateSpec(N_NEW)))
     assert one.generation.generated_ids == every.generation.generated_ids
     assert [layer.display_label for layer in one.run.layers] == \
         [every.run.layers[-1].display_label]

@@ -32,10 +32,12 @@ def _document(result: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def bundled_generated() -> tuple[Any, dict[str, Any]]:
-    from attnviz.app.heatmap import HeatmapJob, run_heatmap
+    from attnviz.app.heatmap import run_heatmap
+    from attnviz.core.request import HeatmapRequest
     from attnviz.sources.generate_spec import GenerateSpec
 
-    result = run_heatmap(HeatmapJob(SENTENCES, device="cpu", generate=GenerateSpec(N_NEW)))
+    result = run_heatmap(HeatmapRequest.build(sentences=tuple(SENTENCES), device="cpu",
+                                              generate=GenerateSpec(N_NEW)))
     return result, _document(result)
 
 
