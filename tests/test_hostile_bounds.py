@@ -504,3 +504,66 @@ def test_index_naming_a_non_weights_shard_is_bad_data(cli, tmp_path, shard):
     assert_clean_error(cli("inspect", folder), 1, "model.safetensors.index.json names",
                        f"'{shard}' as a shard, which is not a weights file")
     assert_clean_error(cli("heatmap", "--weights", folder, "-H", "2", "a"), 1, "not a weights")
+
+
+# --- post-processor templates and decoders: other amplifiers of tokenizer.json ---------------
+
+def _template(copies: int) -> dict:
+    return {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}]
+            + [{"Sequence": {"id": "A", "type_id": 0}}] * copies,
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [101], "tokens": ["[CLS]"]}}}
+
+
+def test_a_template_repeating_the_text_is_refused_by_step():
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.tokenizer_bound import check_text_bound, steps_of
+
+    with pytest.raises(CheckpointError) as caught:
+        check_text_bound(steps_of(_template(5000), "post_processor"), 1000, "sentence 1", "m")
+    assert "post_processor TemplateProcessing alone grows it 5,000×" in caught.value.what
+    # negative control: BERT's own template ([CLS] $A [SEP]) lets a long text through
+    check_text_bound(steps_of(_template(1), "post_processor"), 65_536, "sentence 1", "m")
+
+
+def test_the_template_bound_is_an_upper_bound_of_what_tokenizers_does():
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel({"[CLS]": 101, "a": 1}, unk_token="[CLS]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A $A $A", special_tokens=[("[CLS]", 101)])
+    from attnviz.sources.tokenizer_bound import steps_of
+
+    text = "a a a a"
+    (step,) = steps_of(_template(3), "post_processor")
+    real = len(tok.encode(text).ids)
+    assert real > len(text.split()) * 2  # the template does multiply (the check could fail)
+    assert step.grow(len(text)) >= real
+
+
+class _Described:
+    """A stand-in for a fast tokenizer: what chain_of reads is its backend's description."""
+
+    def __init__(self, spec: dict) -> None:
+        import json
+
+        text = json.dumps(spec)
+        self.backend_tokenizer = type("B", (), {"to_str": lambda self: text})()
+
+
+def test_a_decoder_that_multiplies_text_is_refused(minilm):
+    import json
+
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.tokenizer_bound import chain_of
+
+    spec = json.loads((minilm / "tokenizer.json").read_text())
+    assert chain_of(_Described(spec))  # negative control: the model's own decoder passes
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * 20}
+    with pytest.raises(CheckpointError) as caught:
+        chain_of(_Described(spec))
+    assert "decoder could grow a text more than 64-fold" in caught.value.what
+    assert "decoder[0] Replace alone grows it 2×" in caught.value.what
