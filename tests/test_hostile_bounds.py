@@ -444,6 +444,56 @@ def test_a_dtype_safetensors_does_not_know_is_still_refused(cli, tmp_path):
     assert_clean_error(cli("inspect", path), 1, "unknown dtype 'Q7'")
 
 
+@pytest.mark.parametrize("dtype", ["complex64", "float8_e8m0fnu", "float8_e4m3fnuz",
+                                   "float8_e5m2fnuz"])
+def test_inspect_lists_skipped_tensors_and_shows_the_rest(cli, tmp_path, dtype):
+    """A tensor of a dtype attnviz computes nothing with is named as skipped, in the table and
+    in --json; the layer beside it is shown and split runs on it."""
+    import json
+
+    path = _with_extra(tmp_path, "extra.w", torch.zeros(4, dtype=getattr(torch, dtype)))
+    result = cli("inspect", path)
+    assert result.exit_code == 0, result.output
+    short = {"complex64": "C64", "float8_e8m0fnu": "F8_E8M0", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+             "float8_e5m2fnuz": "F8_E5M2FNUZ"}[dtype]
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("skipped:")]
+    if short.endswith("FNUZ"):  # float8 variants are read as floats: nothing skipped
+        assert skipped == []
+    else:
+        assert skipped == [f"skipped: extra.w (dtype {short}): attnviz computes nothing with it"]
+    assert "torch-mha · 1 layer" in result.stdout
+    doc = json.loads(cli("inspect", "--json", path).stdout)
+    assert doc["skipped"] == ([] if short.endswith("FNUZ") else
+                              [{"name": "extra.w", "dtype": short}])
+    assert doc["summary"]["skipped"] == len(doc["skipped"]) and len(doc["layers"]) == 1
+
+
+def test_a_layer_with_a_skipped_dtype_leaves_the_others_usable(cli, tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    state = {}
+    for name in ("l0", "l1"):
+        mha = torch.nn.MultiheadAttention(8, 2)
+        state.update({f"{name}.{k}": v.contiguous() for k, v in mha.state_dict().items()})
+    state["l1.in_proj_weight"] = torch.randn(24, 8, dtype=torch.complex64)
+    path = tmp_path / "two.safetensors"
+    save_file(state, path)
+    result = cli("inspect", "--json", path)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [layer["name"] for layer in doc["layers"]] == ["l0"]
+    assert doc["unresolved"][0]["name"] == "l1" and "dtype C64" in doc["unresolved"][0]["reason"]
+    assert doc["skipped"] == [{"name": "l1.in_proj_weight", "dtype": "C64"}]
+    assert cli("split", "--weights", path, "-H", "2", "--layer", "l0").exit_code == 0
+    for command in (["split", "--weights", path, "-H", "2"],
+                    ["heatmap", "--weights", path, "-H", "2", "a b"]):
+        assert_clean_error(cli(*command, "--layer", "l1"), 1,
+                           "'l1.in_proj_weight' has dtype C64, not a floating-point type")
+
+
 # --- config.json values the forward turns into NaN; index files naming non-weights ----------
 
 def _config_copy(source: Path, folder: Path, **changes: object) -> Path:

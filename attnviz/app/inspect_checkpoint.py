@@ -72,8 +72,22 @@ def inventory_json(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
         "unclassified": inventory.unclassified,
         "unresolved": [{"name": item.name, "family": item.family, "keys": list(item.keys),
                         "reason": item.reason, "fix": item.fix} for item in inventory.unresolved],
+        "skipped": skipped_tensors(store),
         "summary": summary(inventory, store),
     }
+
+
+def skipped_tensors(store: TensorStore) -> list[dict[str, str]]:
+    """Tensors of a dtype attnviz computes nothing with (C64, F8_E8M0, F4, …), by name: the
+    file's other tensors are read as usual, and a command refuses only one it needs."""
+    from attnviz.load.store import skipped_dtype
+
+    found = []
+    for key in store.keys():
+        dtype = store.info(key).dtype
+        if skipped_dtype(dtype):
+            found.append({"name": key, "dtype": dtype})
+    return found
 
 
 def summary(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
@@ -87,6 +101,7 @@ def summary(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
         "tensors": len(store.keys()),
         "unclassified": len(inventory.unclassified),
         "unresolved": len(inventory.unresolved),
+        "skipped": len(skipped_tensors(store)),
     }
 
 
