@@ -541,6 +541,49 @@ def test_sane_config_values_run(cli, zoo_model, tmp_path):
     assert result.exit_code == 0, result.output
 
 
+# rope_theta 1e-300 passes the up-front check (it is positive) but its inverse frequencies
+# overflow: the maps come out NaN on every path, and each names the config.json fields
+NAN_PATHS = {
+    "whole maps": ["--json", "the cat sat"],
+    "streamed": ["--json", "--max-tokens", "4000", "--memory-budget", "1MB",
+                 " ".join(["cat"] * 1500)],
+    "exported": ["--memory-budget", "1MB", "--max-tokens", "4000", "--export", "{out}",
+                 " ".join(["cat"] * 1500)],
+}
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(NAN_PATHS))
+def test_non_finite_maps_name_the_config_fields_on_every_path(cli, zoo_model, tmp_path, path):
+    out = tmp_path / "maps.safetensors"
+    args = [a.replace("{out}", str(out)) for a in NAN_PATHS[path]]
+    folder = _config_copy(zoo_model("llama"), tmp_path / "model", rope_theta=1e-300,
+                          rope_parameters__rope_theta=1e-300, max_position_embeddings=4096)
+    result = cli("heatmap", "--model", folder, *args)
+    assert_clean_error(result, 1, "non-finite attention weights",
+                       "config.json fields that could cause this:", "rope_theta (1e-300)")
+    assert not out.exists()
+    # negative control: the same path with the model's own rope_theta runs
+    sane = _config_copy(zoo_model("llama"), tmp_path / "sane", max_position_embeddings=4096)
+    result = cli("heatmap", "--model", sane, *args)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_split_verify_blames_non_finite_maps_on_the_model_not_attnviz(cli, zoo_model, tmp_path):
+    folder = _config_copy(zoo_model("llama"), tmp_path / "model", rope_theta=1e-300,
+                          rope_parameters__rope_theta=1e-300)
+    result = cli("split", "--model", folder, "--verify")  # the report, then the failure
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: the model's own attention on the verification sentences is "
+                           "not finite") and "rope_theta (1e-300)" in line
+    assert "report this" not in line
+    assert cli("split", "--model", zoo_model("llama"), "--verify").exit_code == 0
+
+
 @pytest.mark.parametrize("shard", ["config.json", "tokenizer.json", "README.md"])
 def test_index_naming_a_non_weights_shard_is_bad_data(cli, tmp_path, shard):
     import json

@@ -24,7 +24,7 @@ from attnviz.app.heatmap_sources import (
 from attnviz.app.naming import run_title
 from attnviz.app.weighting import check_weighting, weigh_run
 from attnviz.compute.inputs import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TokenLimit
-from attnviz.errors import CheckFailed, UsageError, printable
+from attnviz.errors import UsageError, printable
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
@@ -196,8 +196,15 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
                 ) -> HeatmapResult:
     """The attention maps, statistics and --query breakdown a heatmap job asks for (all limits
     and flags checked before any weight is read). `progress` hears, in words, each step as it
-    starts (the CLI shows them beside a spinner)."""
+    starts (the CLI shows them beside a spinner). A model's maps that come out non-finite, on
+    any path (whole, streamed, exported, generated), name its config.json fields too."""
+    from attnviz.sources.config_guard import naming_config
 
+    with naming_config(job.model):
+        return _run_heatmap(job, progress)
+
+
+def _run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None) -> HeatmapResult:
     if job.generate is not None:
         return _generate_job(job, job.generate, progress)
     check_applicable(job)
@@ -231,17 +238,8 @@ def run_heatmap(job: HeatmapJob, progress: Callable[[str], None] | None = None
         if job.ablate is not None:
             ablation.append(ablate_standalone(attention_run, job.ablate, job.head, report))
     report("computing head statistics")
-    try:
-        result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1,
-                           job.weighting)
-    except CheckFailed as error:
-        if job.model is None:
-            raise
-        # the model's forward computes with config.json's values too: name them beside the
-        # weights (values known to give NaN were refused before the run)
-        raise CheckFailed(error.what, fix=f"{error.fix}, or the config.json fields its forward "
-                          "computes with (rope_theta, rope_scaling, rms_norm_eps, "
-                          "layer_norm_eps)", where=error.where) from None
+    result = summarize(attention_run, job.head, job.average, job.query, job.sentence - 1,
+                       job.weighting)
     result.warnings = warnings
     result.ablation = ablation[0] if ablation else None
     return result
