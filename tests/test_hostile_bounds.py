@@ -660,3 +660,22 @@ def test_a_decoder_that_multiplies_text_is_refused(minilm):
         chain_of(_Described(spec))
     assert "decoder could grow a text more than 64-fold" in caught.value.what
     assert "decoder[0] Replace alone grows it 2×" in caught.value.what
+
+
+def test_a_wordpiece_reading_huge_words_refuses_long_texts(minilm):
+    """max_input_chars_per_word 10⁹ makes a 40,000-letter word take hours (time cubic in the
+    word's length): a long text is refused up front, naming the field."""
+    import json
+
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.tokenizer_bound import chain_of, check_text_bound
+
+    spec = json.loads((minilm / "tokenizer.json").read_text())
+    check_text_bound(chain_of(_Described(spec)), 40_000, "sentence 1", "m")  # BERT's own: 100
+    spec["model"]["max_input_chars_per_word"] = 10**9
+    steps = chain_of(_Described(spec))
+    check_text_bound(steps, 1000, "sentence 1", "m")  # short texts still pass
+    with pytest.raises(CheckpointError) as caught:
+        check_text_bound(steps, 40_000, "sentence 1", "m")
+    assert "max_input_chars_per_word 1000000000" in caught.value.what
+    assert "max_input_chars_per_word to 100" in caught.value.fix

@@ -26,6 +26,7 @@ from typing import Any
 from attnviz.errors import CheckpointError, printable
 
 MAX_NORMALIZED_CHARS = 4_000_000  # characters one text may become before tokens are cut
+MAX_WORDPIECE_WORD = 1000  # longer words are matched in time cubic in their length
 MAX_DECODER_GROWTH = 64  # a decoder may turn one character into at most this many
 MAX_DESCRIPTION_BYTES = 64 * 1024 * 1024  # a tokenizer description longer than this is not read
 
@@ -42,6 +43,20 @@ class Step:
 
     name: str
     grow: Callable[[int], int]
+    longest: int | None = None  # a longer text is refused: this step's time is superlinear
+
+
+def _wordpiece(model: object) -> list[Step]:
+    """WordPiece matches each word greedily, longest piece first: time grows with the cube of a
+    word's length, and words past `max_input_chars_per_word` become [UNK] at once. A model's
+    own limit (BERT's 100) keeps that small; a huge one makes a long word hang the process."""
+    if not isinstance(model, dict) or model.get("type") != "WordPiece":
+        return []
+    limit = model.get("max_input_chars_per_word")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= MAX_WORDPIECE_WORD:
+        return []
+    return [Step(f"model WordPiece (max_input_chars_per_word {limit})", _linear(1),
+                 MAX_WORDPIECE_WORD)]
 
 
 def _linear(factor: int, add: int = 0) -> Callable[[int], int]:
@@ -136,7 +151,8 @@ def chain_of(tokenizer: Any) -> list[Step] | None:
     _check_decoder(steps_of(spec.get("decoder"), "decoder"))
     return (steps_of(spec.get("normalizer"), "normalizer")
             + steps_of(spec.get("pre_tokenizer"), "pre_tokenizer")
-            + steps_of(spec.get("post_processor"), "post_processor"))
+            + steps_of(spec.get("post_processor"), "post_processor")
+            + _wordpiece(spec.get("model")))
 
 
 def _check_decoder(steps: list[Step]) -> None:
@@ -163,6 +179,13 @@ def check_text_bound(steps: list[Step] | None, length: int, what: str, where: st
     """Refuse a text the tokenizer's steps could grow past MAX_NORMALIZED_CHARS."""
     if not steps:
         return
+    for step in steps:
+        if step.longest is not None and length > step.longest:
+            raise CheckpointError(
+                f"{what} has {length} characters, and the model's tokenizer's {step.name} "
+                f"takes time cubic in a word's length past {step.longest} characters",
+                fix="set max_input_chars_per_word to 100 (BERT's value) in its tokenizer.json, "
+                f"or pass a text of at most {step.longest} characters", where=where)
     size, worst, worst_growth = length, None, 1.0
     for step in steps:
         grown = step.grow(size)
