@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.core.layer_detail import HeadRow, LayerDetail
-from attnviz.errors import UsageError
+from attnviz.errors import CheckpointError, UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import Inventory
 from attnviz.recognize.base import HeadHints
@@ -241,6 +241,10 @@ def inspect_checkpoint(request: InspectRequest) -> InspectResult:
     from attnviz.sources.layers import open_inventory
 
     inventory, store = open_inventory(request.path, request.hints)
+    unusable = inventory.unresolved
+    if not inventory.layers and unusable and all(item.data for item in unusable):
+        # every attention layer has a tensor attnviz cannot compute with: nothing to show
+        raise CheckpointError(unusable[0].what, fix=unusable[0].fix, where=store.source)
     doc = inventory_json(inventory, store)
     detail = None
     if request.layer is not None:
