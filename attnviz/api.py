@@ -363,11 +363,19 @@ def circuits(weights: str | Path | None = None, *, model: str | Path | None = No
     """QK and OV circuits of every head and composition between layers, of the bundled model
     (default), a checkpoint (`weights`), a Hugging Face folder (`model`) or a random
     nn.MultiheadAttention (`random=True`)."""
-    spec = RandomSpec(embed_dim or DEFAULT_EMBED_DIM, num_heads or DEFAULT_NUM_HEADS, kdim, vdim,
-                      seed=seed) if random else None
+    hints = _hints(num_heads, num_kv_heads, head_dim)
+    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
+    spec = None
+    if _flag(random, "random"):  # sizes checked as split's are: 0 is refused, never defaulted
+        spec = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
+                          _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
+                          _int(kdim, "kdim", 1, True), _int(vdim, "vdim", 1, True), seed=seed)
+        hints = HeadHints(None, hints.num_kv_heads, hints.head_dim)
+    elif embed_dim is not None or kdim is not None or vdim is not None:
+        raise UsageError("‹embed_dim›, ‹kdim› and ‹vdim› apply to a random layer only",
+                         fix="drop them, or pass random=True")
     result = run_circuits(CircuitsRequest(
-        None if weights is None else Path(weights), None if model is None else str(model),
-        None if layer is None else str(layer),
-        HeadHints(None if random else num_heads, num_kv_heads, head_dim), spec, composition,
-        device))
+        _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),
+        hints, spec, None if composition is None else _flag(composition, "composition"),
+        _str(device, "device", allow_none=False) or "cpu"))
     return _as(Circuits, result)

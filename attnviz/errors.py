@@ -93,6 +93,11 @@ class HeadCountMisuse(UsageError, HeadCountError):
     LayoutError for code that catches those."""
 
 
+class DtypeError(LayoutError):
+    """An attention tensor of a dtype attnviz computes nothing with (C64, F8_E8M0, an integer
+    type): that layer cannot be used, the file's other layers can."""
+
+
 class ConfigError(LayoutError):
     """A config.json field of the wrong type or out of range: broken whatever reads it."""
 

@@ -30,7 +30,7 @@ def test_texts_must_be_a_list_of_strings(value, message):
         attnviz.run_heatmap(value, random=True)
 
 
-@pytest.mark.parametrize("call", ["heatmap", "split"])
+@pytest.mark.parametrize("call", ["heatmap", "split", "circuits"])
 @pytest.mark.parametrize("field", ["embed_dim", "num_heads"])
 @pytest.mark.parametrize("value", [0, -3])
 def test_zero_or_negative_sizes_are_refused_not_defaulted(call, field, value):
@@ -38,6 +38,8 @@ def test_zero_or_negative_sizes_are_refused_not_defaulted(call, field, value):
     with pytest.raises(UsageError) as caught:
         if call == "heatmap":
             attnviz.run_heatmap(["the cat sat"], random=True, **kwargs)
+        elif call == "circuits":
+            attnviz.circuits(random=True, **kwargs)
         else:
             attnviz.split(**kwargs)
     text = caught.value.one_line()
@@ -70,6 +72,23 @@ def test_defaults_still_apply_when_not_given():
 def test_out_of_range_and_wrong_types(kwargs, kind):
     with pytest.raises(kind):
         attnviz.run_heatmap(["the cat sat"], random=True, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,kind", [
+    ({"model": ["a" * 1000]}, TypeError), ({"weights": b"x.pt"}, TypeError),
+    ({"layer": [1]}, TypeError), ({"device": 3}, TypeError), ({"seed": -1}, UsageError),
+    ({"random": "yes"}, TypeError), ({"embed_dim": 8}, UsageError),
+    ({"random": True, "embed_dim": 12, "num_heads": 5}, UsageError),
+])
+def test_circuits_validates_like_the_others(kwargs, kind):
+    with pytest.raises(kind):
+        attnviz.circuits(**kwargs)
+
+
+def test_circuits_defaults_and_explicit_sizes():
+    """Negative control: a valid random layer runs, with the sizes asked for."""
+    result = attnviz.circuits(random=True, embed_dim=8, num_heads=2)
+    assert result.to_json()["layers"][0]["num_heads"] == 2
 
 
 def test_numpy_integers_are_integers():

@@ -444,6 +444,56 @@ def test_a_dtype_safetensors_does_not_know_is_still_refused(cli, tmp_path):
     assert_clean_error(cli("inspect", path), 1, "unknown dtype 'Q7'")
 
 
+@pytest.mark.parametrize("dtype", ["complex64", "float8_e8m0fnu", "float8_e4m3fnuz",
+                                   "float8_e5m2fnuz"])
+def test_inspect_lists_skipped_tensors_and_shows_the_rest(cli, tmp_path, dtype):
+    """A tensor of a dtype attnviz computes nothing with is named as skipped, in the table and
+    in --json; the layer beside it is shown and split runs on it."""
+    import json
+
+    path = _with_extra(tmp_path, "extra.w", torch.zeros(4, dtype=getattr(torch, dtype)))
+    result = cli("inspect", path)
+    assert result.exit_code == 0, result.output
+    short = {"complex64": "C64", "float8_e8m0fnu": "F8_E8M0", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+             "float8_e5m2fnuz": "F8_E5M2FNUZ"}[dtype]
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("skipped:")]
+    if short.endswith("FNUZ"):  # float8 variants are read as floats: nothing skipped
+        assert skipped == []
+    else:
+        assert skipped == [f"skipped: extra.w (dtype {short}): attnviz computes nothing with it"]
+    assert "torch-mha · 1 layer" in result.stdout
+    doc = json.loads(cli("inspect", "--json", path).stdout)
+    assert doc["skipped"] == ([] if short.endswith("FNUZ") else
+                              [{"name": "extra.w", "dtype": short}])
+    assert doc["summary"]["skipped"] == len(doc["skipped"]) and len(doc["layers"]) == 1
+
+
+def test_a_layer_with_a_skipped_dtype_leaves_the_others_usable(cli, tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    state = {}
+    for name in ("l0", "l1"):
+        mha = torch.nn.MultiheadAttention(8, 2)
+        state.update({f"{name}.{k}": v.contiguous() for k, v in mha.state_dict().items()})
+    state["l1.in_proj_weight"] = torch.randn(24, 8, dtype=torch.complex64)
+    path = tmp_path / "two.safetensors"
+    save_file(state, path)
+    result = cli("inspect", "--json", path)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [layer["name"] for layer in doc["layers"]] == ["l0"]
+    assert doc["unresolved"][0]["name"] == "l1" and "dtype C64" in doc["unresolved"][0]["reason"]
+    assert doc["skipped"] == [{"name": "l1.in_proj_weight", "dtype": "C64"}]
+    assert cli("split", "--weights", path, "-H", "2", "--layer", "l0").exit_code == 0
+    for command in (["split", "--weights", path, "-H", "2"],
+                    ["heatmap", "--weights", path, "-H", "2", "a b"]):
+        assert_clean_error(cli(*command, "--layer", "l1"), 1,
+                           "'l1.in_proj_weight' has dtype C64, not a floating-point type")
+
+
 # --- config.json values the forward turns into NaN; index files naming non-weights ----------
 
 def _config_copy(source: Path, folder: Path, **changes: object) -> Path:
@@ -491,6 +541,49 @@ def test_sane_config_values_run(cli, zoo_model, tmp_path):
     assert result.exit_code == 0, result.output
 
 
+# rope_theta 1e-300 passes the up-front check (it is positive) but its inverse frequencies
+# overflow: the maps come out NaN on every path, and each names the config.json fields
+NAN_PATHS = {
+    "whole maps": ["--json", "the cat sat"],
+    "streamed": ["--json", "--max-tokens", "4000", "--memory-budget", "1MB",
+                 " ".join(["cat"] * 1500)],
+    "exported": ["--memory-budget", "1MB", "--max-tokens", "4000", "--export", "{out}",
+                 " ".join(["cat"] * 1500)],
+}
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(NAN_PATHS))
+def test_non_finite_maps_name_the_config_fields_on_every_path(cli, zoo_model, tmp_path, path):
+    out = tmp_path / "maps.safetensors"
+    args = [a.replace("{out}", str(out)) for a in NAN_PATHS[path]]
+    folder = _config_copy(zoo_model("llama"), tmp_path / "model", rope_theta=1e-300,
+                          rope_parameters__rope_theta=1e-300, max_position_embeddings=4096)
+    result = cli("heatmap", "--model", folder, *args)
+    assert_clean_error(result, 1, "non-finite attention weights",
+                       "config.json fields that could cause this:", "rope_theta (1e-300)")
+    assert not out.exists()
+    # negative control: the same path with the model's own rope_theta runs
+    sane = _config_copy(zoo_model("llama"), tmp_path / "sane", max_position_embeddings=4096)
+    result = cli("heatmap", "--model", sane, *args)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_split_verify_blames_non_finite_maps_on_the_model_not_attnviz(cli, zoo_model, tmp_path):
+    folder = _config_copy(zoo_model("llama"), tmp_path / "model", rope_theta=1e-300,
+                          rope_parameters__rope_theta=1e-300)
+    result = cli("split", "--model", folder, "--verify")  # the report, then the failure
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: the model's own attention on the verification sentences is "
+                           "not finite") and "rope_theta (1e-300)" in line
+    assert "report this" not in line
+    assert cli("split", "--model", zoo_model("llama"), "--verify").exit_code == 0
+
+
 @pytest.mark.parametrize("shard", ["config.json", "tokenizer.json", "README.md"])
 def test_index_naming_a_non_weights_shard_is_bad_data(cli, tmp_path, shard):
     import json
@@ -504,3 +597,85 @@ def test_index_naming_a_non_weights_shard_is_bad_data(cli, tmp_path, shard):
     assert_clean_error(cli("inspect", folder), 1, "model.safetensors.index.json names",
                        f"'{shard}' as a shard, which is not a weights file")
     assert_clean_error(cli("heatmap", "--weights", folder, "-H", "2", "a"), 1, "not a weights")
+
+
+# --- post-processor templates and decoders: other amplifiers of tokenizer.json ---------------
+
+def _template(copies: int) -> dict:
+    return {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}]
+            + [{"Sequence": {"id": "A", "type_id": 0}}] * copies,
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [101], "tokens": ["[CLS]"]}}}
+
+
+def test_a_template_repeating_the_text_is_refused_by_step():
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.tokenizer_bound import check_text_bound, steps_of
+
+    with pytest.raises(CheckpointError) as caught:
+        check_text_bound(steps_of(_template(5000), "post_processor"), 1000, "sentence 1", "m")
+    assert "post_processor TemplateProcessing alone grows it 5,000×" in caught.value.what
+    # negative control: BERT's own template ([CLS] $A [SEP]) lets a long text through
+    check_text_bound(steps_of(_template(1), "post_processor"), 65_536, "sentence 1", "m")
+
+
+def test_the_template_bound_is_an_upper_bound_of_what_tokenizers_does():
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel({"[CLS]": 101, "a": 1}, unk_token="[CLS]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A $A $A", special_tokens=[("[CLS]", 101)])
+    from attnviz.sources.tokenizer_bound import steps_of
+
+    text = "a a a a"
+    (step,) = steps_of(_template(3), "post_processor")
+    real = len(tok.encode(text).ids)
+    assert real > len(text.split()) * 2  # the template does multiply (the check could fail)
+    assert step.grow(len(text)) >= real
+
+
+class _Described:
+    """A stand-in for a fast tokenizer: what chain_of reads is its backend's description."""
+
+    def __init__(self, spec: dict) -> None:
+        import json
+
+        text = json.dumps(spec)
+        self.backend_tokenizer = type("B", (), {"to_str": lambda self: text})()
+
+
+def test_a_decoder_that_multiplies_text_is_refused(minilm):
+    import json
+
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.tokenizer_bound import chain_of
+
+    spec = json.loads((minilm / "tokenizer.json").read_text())
+    assert chain_of(_Described(spec))  # negative control: the model's own decoder passes
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * 20}
+    with pytest.raises(CheckpointError) as caught:
+        chain_of(_Described(spec))
+    assert "decoder could grow a text more than 64-fold" in caught.value.what
+    assert "decoder[0] Replace alone grows it 2×" in caught.value.what
+
+
+def test_a_wordpiece_reading_huge_words_refuses_long_texts(minilm):
+    """max_input_chars_per_word 10⁹ makes a 40,000-letter word take hours (time cubic in the
+    word's length): a long text is refused up front, naming the field."""
+    import json
+
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.tokenizer_bound import chain_of, check_text_bound
+
+    spec = json.loads((minilm / "tokenizer.json").read_text())
+    check_text_bound(chain_of(_Described(spec)), 40_000, "sentence 1", "m")  # BERT's own: 100
+    spec["model"]["max_input_chars_per_word"] = 10**9
+    steps = chain_of(_Described(spec))
+    check_text_bound(steps, 1000, "sentence 1", "m")  # short texts still pass
+    with pytest.raises(CheckpointError) as caught:
+        check_text_bound(steps, 40_000, "sentence 1", "m")
+    assert "max_input_chars_per_word 1000000000" in caught.value.what
+    assert "max_input_chars_per_word to 100" in caught.value.fix

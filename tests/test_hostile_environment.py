@@ -166,6 +166,39 @@ def test_longest_legal_output_name(cli, tmp_path, suffix):
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
+LONG_OUTPUTS = {
+    "split figure": (["split", "-E", "8", "-H", "2", "--out"], ".svg"),
+    "circuits figure": (["circuits", "--random", "-E", "8", "-H", "2", "--out"], ".pdf"),
+    "heatmap page": (["heatmap", "--random", "-E", "8", "-H", "2", "a b", "--html"], ".html"),
+    "generated maps": (["heatmap", "--generate", "2", "a b", "--out"], ".png"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LONG_OUTPUTS))
+def test_longest_legal_name_for_every_output_kind(cli, tmp_path, kind):
+    args, suffix = LONG_OUTPUTS[kind]
+    name = "é" * 100 + "n" * (255 - 200 - len(suffix)) + suffix  # 255 bytes, 2-byte letters
+    result = cli(*args, tmp_path / name)
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_the_ablation_figure_beside_a_longest_legal_name(cli, tmp_path):
+    """--ablate writes NAME.ablation.png beside NAME.png: its stem is shortened to fit."""
+    name = "é" * 120 + "n" * 11 + ".png"
+    assert len(name.encode()) == 255
+    result = cli("heatmap", "--ablate", "--out", tmp_path / name, "a b")
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2 and name in names
+    other = next(n for n in names if n != name)
+    assert other.endswith(".ablation.png") and len(other.encode()) <= 255
+    short = tmp_path / "short"  # negative control: a short name keeps its whole stem
+    short.mkdir()
+    assert cli("heatmap", "--ablate", "--out", short / "m.png", "a b").exit_code == 0
+    assert sorted(p.name for p in short.iterdir()) == ["m.ablation.png", "m.png"]
+
+
 def test_huge_layer_numbers_in_names(cli, tmp_path):
     from safetensors.torch import save_file
 

@@ -18,7 +18,7 @@ from attnviz.app.naming import run_title
 from attnviz.app.source_layers import run_on_batch
 from attnviz.app.weighting import check_weighting, weigh_run
 from attnviz.core.request import HeatmapRequest
-from attnviz.errors import CheckFailed, UsageError, option, printable
+from attnviz.errors import UsageError, option, printable
 
 if TYPE_CHECKING:
     from attnviz.compute.ablation_measures import AblationReport
@@ -168,7 +168,16 @@ def run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None 
                 ) -> HeatmapResult:
     """The attention maps, statistics and --query breakdown a request asks for (all limits
     and flags checked before any weight is read). `progress` hears, in words, each step as it
-    starts (the CLI shows them beside a spinner)."""
+    starts (the CLI shows them beside a spinner). A model's maps that come out non-finite, on
+    any path (whole, streamed, exported, generated), name its config.json fields too."""
+    from attnviz.sources.config_guard import naming_config
+
+    with naming_config(request.source.model):
+        return _run_heatmap(request, progress)
+
+
+def _run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None
+                 ) -> HeatmapResult:
     from attnviz.app.source_table import SOURCES
 
     report = progress or (lambda message: None)
@@ -187,17 +196,8 @@ def run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None 
                  max((layer.num_heads or 0 for layer in layers), default=0))
     report("computing head statistics")
     selection = request.selection
-    try:
-        result = summarize(ran.run, selection.head, selection.average, selection.query,
-                           selection.sentence - 1, request.measure.weighting)
-    except CheckFailed as error:
-        if request.source.model is None:
-            raise
-        # the model's forward computes with config.json's values too: name them beside the
-        # weights (values known to give NaN were refused before the run)
-        raise CheckFailed(error.what, fix=f"{error.fix}, or the config.json fields its forward "
-                          "computes with (rope_theta, rope_scaling, rms_norm_eps, "
-                          "layer_norm_eps)", where=error.where) from None
+    result = summarize(ran.run, selection.head, selection.average, selection.query,
+                       selection.sentence - 1, request.measure.weighting)
     result.warnings = checked.warnings
     result.ablation = ran.ablation
     return result

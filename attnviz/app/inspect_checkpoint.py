@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.core.layer_detail import HeadRow, LayerDetail
-from attnviz.errors import UsageError
+from attnviz.errors import CheckpointError, UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import Inventory
 from attnviz.recognize.base import HeadHints
@@ -72,8 +72,22 @@ def inventory_json(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
         "unclassified": inventory.unclassified,
         "unresolved": [{"name": item.name, "family": item.family, "keys": list(item.keys),
                         "reason": item.reason, "fix": item.fix} for item in inventory.unresolved],
+        "skipped": skipped_tensors(store),
         "summary": summary(inventory, store),
     }
+
+
+def skipped_tensors(store: TensorStore) -> list[dict[str, str]]:
+    """Tensors of a dtype attnviz computes nothing with (C64, F8_E8M0, F4, …), by name: the
+    file's other tensors are read as usual, and a command refuses only one it needs."""
+    from attnviz.load.store import skipped_dtype
+
+    found = []
+    for key in store.keys():
+        dtype = store.info(key).dtype
+        if skipped_dtype(dtype):
+            found.append({"name": key, "dtype": dtype})
+    return found
 
 
 def summary(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
@@ -87,6 +101,7 @@ def summary(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
         "tensors": len(store.keys()),
         "unclassified": len(inventory.unclassified),
         "unresolved": len(inventory.unresolved),
+        "skipped": len(skipped_tensors(store)),
     }
 
 
@@ -226,6 +241,10 @@ def inspect_checkpoint(request: InspectRequest) -> InspectResult:
     from attnviz.sources.layers import open_inventory
 
     inventory, store = open_inventory(request.path, request.hints)
+    unusable = inventory.unresolved
+    if not inventory.layers and unusable and all(item.data for item in unusable):
+        # every attention layer has a tensor attnviz cannot compute with: nothing to show
+        raise CheckpointError(unusable[0].what, fix=unusable[0].fix, where=store.source)
     doc = inventory_json(inventory, store)
     detail = None
     if request.layer is not None:

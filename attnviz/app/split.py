@@ -3,6 +3,7 @@ Hugging Face model (optionally verified against the model's own attention)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ class SplitResult:
     @property
     def failure(self) -> CheckFailed | None:
         """The check that did not hold, if any: the CLI exits 1 with it."""
+        if self.verified is not None and not math.isfinite(self.verified.max_diff):
+            return _non_finite_model(self.source)
         if self.ablation is not None and not self.ablation.passed:
             worst = self.ablation.failures[0]
             return CheckFailed(f"the ablation proof failed for {len(self.ablation.failures)} "
@@ -112,6 +115,17 @@ class SplitResult:
             else:
                 doc["verify"]["recompute"] = {"skipped": self.recompute_skipped}
         return doc
+
+
+def _non_finite_model(source: str) -> CheckFailed:
+    """The model's own maps on the verification sentences hold NaN or Inf: its weights or the
+    config.json fields its forward computes with are the cause, not attnviz's slicing."""
+    from attnviz.sources.config_guard import config_hint
+
+    hint = config_hint(source)
+    return CheckFailed("the model's own attention on the verification sentences is not finite "
+                       "(NaN or Inf)", fix="check the weights with 'attnviz inspect ‹scan›'"
+                       + (f"; or check the {hint}" if hint else ""), where=source)
 
 
 def run_split(request: SplitRequest) -> SplitResult:

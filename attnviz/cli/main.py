@@ -184,7 +184,15 @@ for _command in (split, inspect, heatmap, circuits):
 
 
 def main() -> None:
-    app()
+    """The console entry point: the commands run in a supervised child process, so that even a
+    death by signal inside a library ends as one `error:` line (cli/supervisor.py); --debug runs
+    them in this process, where faulthandler and core dumps see the crash as it is."""
+    from attnviz.cli.supervisor import supervised
+
+    if _leading_debug(sys.argv[1:]):
+        app()
+    else:
+        supervised(app)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,20 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
-    "F8_E8M0": 1, "C64": 8,
+    "F8_E8M0": 1, "C64": 8, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
 }  # fmt: skip
 # bits per element of the packed sub-byte types safetensors also writes (F4: two per byte)
 SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
-FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3"})
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3", "F8_E4M3FNUZ",
+                          "F8_E5M2FNUZ"})
+# integer and boolean tensors are ordinary buffers (position ids, masks, counters)
+PLAIN_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"})
+
+
+def skipped_dtype(dtype: str) -> bool:
+    """A dtype attnviz computes nothing with (C64, F8_E8M0, F4, a torch dtype safetensors has
+    no name for): its tensors are listed as skipped, and refused only where one is needed."""
+    return dtype not in FLOAT_DTYPES and dtype not in PLAIN_DTYPES
 
 
 @dataclass(frozen=True)
@@ -130,5 +139,11 @@ def torch_dtype_name(dtype: torch.dtype) -> str:
         torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
         torch.uint8: "U8", torch.bool: "BOOL",
     }  # fmt: skip
+    for name, short in (("complex64", "C64"), ("float8_e8m0fnu", "F8_E8M0"),
+                        ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
+                        ("float8_e4m3fnuz", "F8_E4M3FNUZ"), ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
+                        ("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64")):
+        if getattr(torch, name, None) == dtype:
+            return short
     return names.get(dtype, str(dtype).removeprefix("torch."))
 

@@ -17,7 +17,7 @@ import attnviz.recognize.conventions as conventions
 import attnviz.recognize.discovered as discovered
 import attnviz.recognize.match as match
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import UsageError, printable, quoted
+from attnviz.errors import AttnvizError, CheckpointError, UsageError, printable, quoted
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, Unresolved, natural_key
 from attnviz.recognize.discovered import Discover
@@ -103,12 +103,18 @@ def _unclassified(store: TensorStore, claimed: set[str], layer_names: list[str])
     return sorted(groups, key=natural_key)
 
 
+def _unusable(item: Unresolved, source: str) -> AttnvizError:
+    """The error for asking for an unresolved layer: bad data when its tensors are the problem
+    (a dtype), misuse otherwise (a head count the caller must give)."""
+    kind = CheckpointError if item.data else UsageError
+    return kind(item.what, fix=item.fix, where=source)
+
+
 def select_layer(inventory: Inventory, spec: str | None, source: str) -> AttentionLayer:
     """A layer by index (0, -1) or by name; the only layer when `spec` is None."""
     layers = inventory.layers
     if not layers and inventory.unresolved:
-        raise UsageError(inventory.unresolved[0].what, fix=inventory.unresolved[0].fix,
-                         where=source)
+        raise _unusable(inventory.unresolved[0], source)
     if not layers:
         raise UsageError("no attention layer recognized", fix="run 'attnviz inspect' on it to see "
                          "what it holds", where=source)
@@ -129,6 +135,6 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
             return layer
     for item in inventory.unresolved:
         if item.name == spec.rstrip("."):
-            raise UsageError(item.what, fix=item.fix, where=source)
+            raise _unusable(item, source)
     raise UsageError(f"no attention layer named {quoted(spec)}",
                      fix="see 'attnviz inspect' for the names", where=source)

@@ -9,7 +9,7 @@ from typing import Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.core.request import HeadHints as HeadHints  # the request's, shared
-from attnviz.errors import LayoutError, printable, quoted
+from attnviz.errors import DtypeError, LayoutError, printable, quoted
 from attnviz.load.checkpoint import FLOAT_DTYPES, TensorStore
 
 
@@ -24,11 +24,12 @@ class Unresolved:
     keys: tuple[str, ...]  # the tensors it would claim
     reason: str  # what cannot be located, and why
     fix: str  # how to supply what is missing
+    data: bool = False  # the file's data is the problem (a dtype), not a missing fact
 
     @property
     def what(self) -> str:
         """The error text when this layer is asked for: its name and the reason."""
-        return f"{printable(self.name)}: {self.reason}"
+        return f"{printable(self.name)}: {self.reason}" if self.name else self.reason
 
 
 def prefixes_with(keys: Iterable[str], suffix: str) -> list[str]:
@@ -64,7 +65,7 @@ def ref(store: TensorStore, key: str, *, transposed: bool = False,
                           "zero-sized dimension", fix="the checkpoint is damaged or not a model",
                           where=store.source)
     if info.dtype not in FLOAT_DTYPES:
-        raise LayoutError(f"attention tensor {quoted(key)} has dtype {info.dtype}, not a "
+        raise DtypeError(f"attention tensor {quoted(key)} has dtype {info.dtype}, not a "
                           "floating-point type", fix="the checkpoint is not a float model",
                           where=store.source)
     expected_dims = 1 if key.endswith("bias") and not flatten else None

@@ -9,7 +9,7 @@ from typing import Any
 
 import attnviz.recognize.model_types as mt
 from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import HeadCountError, printable
+from attnviz.errors import DtypeError, HeadCountError, printable
 from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import (
@@ -129,6 +129,10 @@ def build(store: TensorStore, row: Convention, prefix: str,
     Head counts the caller gave that do not fit the weights are misuse, not bad data."""
     try:
         return _build(store, row, prefix, hints)
+    except DtypeError as error:  # this layer cannot be used; the file's others can
+        return Unresolved(prefix.removesuffix("."), row.label,
+                          tuple(sorted(keys_of(store, row, prefix))), error.what,
+                          "attnviz computes with floating-point attention weights only", True)
     except HeadCountError as error:
         given = next((name for name in ("num_heads", "head_dim", "num_kv_heads")
                       if getattr(hints, name) is not None), None)

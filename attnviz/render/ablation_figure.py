@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,9 +19,16 @@ TITLES = {"hidden_change": "hidden change ‖h′−h‖/‖h‖", "loss_change"
           "repeat_loss_change": "loss change on repeated tokens"}
 
 
+NAME_BYTES = 255  # the longest file name Linux and macOS file systems take
+
+
 def figure_path(figure: Path) -> Path:
-    """out.png → out.ablation.png, beside the maps' figure."""
-    return figure.with_name(f"{figure.stem}.ablation{figure.suffix}")
+    """out.png → out.ablation.png, beside the maps' figure; the stem is shortened when a legal
+    name of the maps' figure would otherwise give one too long for the file system."""
+    stem, tail = figure.stem, f".ablation{figure.suffix}"
+    while stem and len(os.fsencode(stem + tail)) > NAME_BYTES:
+        stem = stem[:-1]
+    return figure.with_name(stem + tail)
 
 
 def _grid(report: AblationReport, field: str) -> tuple[np.ndarray, list[str], int]:

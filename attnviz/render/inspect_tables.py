@@ -118,11 +118,28 @@ def print_inventory(console: Console, doc: dict[str, Any], non_finite: dict[str,
     for prefix in doc["unclassified"]:
         console.print(Text(f"unclassified: {printable(prefix)} looks like attention but matches "
                            "no known layout", style="yellow"))
+    print_skipped(console, doc.get("skipped") or [])
     if non_finite is None and not data_read:
         console.print(Text("tensor data not read (headers only); --scan checks every attention "
                            "tensor for NaN/Inf, --layer L shows per-head slices", style="dim"))
     elif non_finite is not None:
         print_non_finite(console, non_finite)
+
+
+SKIPPED_SHOWN = 10  # skipped tensors named one per line; the rest are counted
+
+
+def print_skipped(console: Console, skipped: list[dict[str, str]]) -> None:
+    """Tensors of a dtype attnviz computes nothing with: named, the first few one per line."""
+    for item in skipped[:SKIPPED_SHOWN]:
+        console.print(Text(f"skipped: {printable(item['name'])} (dtype "
+                           f"{printable(item['dtype'], 24)}): attnviz computes nothing with it",
+                           style="yellow"))
+    rest = skipped[SKIPPED_SHOWN:]
+    if rest:
+        dtypes = ", ".join(sorted({printable(item["dtype"], 24) for item in rest}))
+        console.print(Text(f"skipped: {len(rest)} more tensors of dtype {dtypes} (--json "
+                           "names them all)", style="yellow"))
 
 
 def print_non_finite(console: Console, counts: dict[str, int]) -> None:

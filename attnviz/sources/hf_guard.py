@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from attnviz.core import crash_note
 from attnviz.errors import (
     AttnvizError,
     CheckpointError,
@@ -137,28 +138,38 @@ def silenced(stderr: bool = False) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _stderr_dropped() -> Iterator[None]:
-    """File descriptor 2 into a thrown-away temporary file; a crash inside (SIGABRT, SIGSEGV)
-    still says so on the real stderr."""
+    """File descriptor 2 into a thrown-away file. Under the command line's supervisor that is
+    the file it shares (the parent quotes its last line if the process dies of a signal inside);
+    from the Python API a temporary file, with faulthandler saying so on the real stderr."""
+    shared = crash_note.shared_sink()
     try:
-        sink = tempfile.TemporaryFile()
+        sink = None if shared is not None else tempfile.TemporaryFile()
+        target = sink.fileno() if sink is not None else int(shared or 0)
+        if sink is None:  # the supervisor's file: only this step's words in it
+            os.ftruncate(target, 0)
+            os.lseek(target, 0, os.SEEK_SET)
         saved_fd = os.dup(2)
-        os.dup2(sink.fileno(), 2)
+        os.dup2(target, 2)
     except OSError:  # no file descriptor 2 to redirect: Python-level silence only
         yield
         return
     try:
-        with _fatal_signals_to(saved_fd):
+        with contextlib.ExitStack() as stack:
+            if sink is not None:
+                stack.enter_context(_fatal_signals_to(saved_fd))
             yield
     finally:
         os.dup2(saved_fd, 2)
         os.close(saved_fd)
-        sink.close()
+        if sink is not None:
+            sink.close()
 
 
 @contextlib.contextmanager
 def _fatal_signals_to(fd: int) -> Iterator[None]:
-    """While fd 2 is silenced: a fatal signal (an allocator abort in Rust) is reported by
-    faulthandler on the real stderr, `fd`, instead of the process dying without a word."""
+    """While fd 2 is silenced and no supervisor watches (the Python API): a fatal signal (an
+    allocator abort in Rust) is reported by faulthandler on the real stderr, `fd`, instead of
+    the process dying without a word."""
     import faulthandler
 
     was_enabled = faulthandler.is_enabled()
@@ -181,8 +192,14 @@ class contained(contextlib.AbstractContextManager):  # noqa: N801 - used as `wit
 
     def __init__(self, what: str, fix: str, where: str) -> None:
         self.what, self.fix, self.where = what, fix, where
+        self._note = crash_note.doing(what, fix, where)
+
+    def __enter__(self) -> contained:
+        self._note.__enter__()  # what a supervising parent reports if the process dies here
+        return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        self._note.__exit__(None, None, None)
         if exc is None or isinstance(exc, (AttnvizError, *NOT_FATAL)):
             return
         text = str(exc).strip()

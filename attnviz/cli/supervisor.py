@@ -1,0 +1,122 @@
+"""The console entry point runs attnviz in a child process and waits for it, so that a death by
+signal inside third-party code (a Rust allocator abort in a tokenizer, a segfault in a C
+extension, the kernel's out-of-memory killer) still ends as one `error:` line and exit 1, never
+a silent death or a multi-line crash report.
+
+The child is a fork: nothing is imported twice and start-up costs about a millisecond. It
+records what it is doing inside libraries (core/crash_note.py); when it dies of a signal, the
+parent names that step, the signal and the library's last line on stderr. Signals sent to the
+parent alone (`kill PID`, `timeout`) are passed on to the child; those the terminal sends to the
+whole process group (Ctrl-C) reach the child directly. The child dies with the parent
+(PR_SET_PDEATHSIG), so no orphan goes on writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from attnviz.core import crash_note
+from attnviz.errors import ExitCode, one_line, printable, printable_path
+
+# Signals the parent passes on to the child when someone sent them to the parent's pid.
+_PASSED_ON = tuple(getattr(signal, name) for name in
+                   ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+                   if hasattr(signal, name))
+# A child that dies of one of these was stopped by someone (the terminal, `kill`): the parent
+# dies the same way, as an unsupervised process would, and says nothing more.
+_STOPPING = {signal.SIGINT, signal.SIGTERM, signal.SIGPIPE,
+             *(getattr(signal, n) for n in ("SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+               if hasattr(signal, n))}
+_DISABLE = "ATTNVIZ_NO_SUPERVISOR"  # set (to anything) to run in one process, e.g. to debug
+
+
+def supervised(work: Callable[[], object]) -> None:
+    """Run `work` in a child process; exit with its status, or with one error line when it
+    dies of a signal. Where fork is missing (Windows) or disabled, `work` runs here."""
+    if not hasattr(os, "fork") or not hasattr(signal, "pthread_sigmask") \
+            or os.environ.get(_DISABLE):
+        work()
+        return
+    crash_note.share()
+    watched = {*_PASSED_ON, signal.SIGCHLD}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    try:
+        pid = os.fork()
+    except OSError:  # no memory or process slots for a second process: run here
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        work()
+        return
+    if pid == 0:
+        _die_with_parent()
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        work()
+        return
+    status = _wait(pid, watched)
+    _exit_like(status)
+
+
+def _die_with_parent() -> None:
+    """The child gets SIGTERM (its files' cleanup runs) if the parent is killed outright."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _wait(pid: int, watched: set[int]) -> int:
+    """Wait for the child, passing on the signals sent to this process by another one."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return status
+        info = signal.sigwaitinfo(watched)
+        if info.si_signo != signal.SIGCHLD and info.si_code <= 0:  # from kill(), not the tty
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, info.si_signo)
+
+
+def _exit_like(status: int) -> None:
+    """Leave with the child's exit code; after a death by signal, as described above."""
+    if os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else int(signal.SIGKILL)
+    if sig in _STOPPING:
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    with contextlib.suppress(OSError):
+        os.write(2, (death_message(sig) + "\n").encode("utf-8", "replace"))
+    os._exit(int(ExitCode.DATA))
+
+
+def death_message(sig: int) -> str:
+    """One line for a child that died of `sig`: the step it was in, the library's last words."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    note = crash_note.read() or {}
+    words = crash_note.last_words() if note else ""
+    said = f"; the library's last words: {printable(words, 160)}" if words else ""
+    if sig == signal.SIGKILL:
+        cause = ("was killed (SIGKILL), most likely by the system for using too much memory"
+                 f"{said}")
+        fix = note.get("fix") or ("lower --memory-budget, or pass fewer or shorter sentences, "
+                                  "fewer layers (--layer) or heads (--head)")
+    else:
+        cause = f"died of {name} inside third-party code{said}"
+        fix = note.get("fix") or "rerun with --debug, and please report it"
+    what = note.get("what") or "attnviz"
+    where = note.get("where")
+    place = f" ({printable_path(where)})" if where else ""
+    return "error: " + one_line(f"{what}: the process {cause}{place} — {fix}")
