@@ -244,6 +244,19 @@ with torch.no_grad():
     out = model(**tokenizer(text, return_tensors="pt"),
                 output_attentions=implementation == "eager")
 print(0 if out.attentions is None else len(out.attentions))
+""", "baseline_forward.py": """\
+import sys
+import torch
+import transformers
+folder, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+transformers.utils.logging.disable_progress_bar()
+text = open(sys.argv[3]).read()
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+model = transformers.AutoModel.from_pretrained(folder, attn_implementation="sdpa", dtype=dtype,
+                                               local_files_only=True).eval()
+with torch.no_grad():
+    out = model(**tokenizer(text, return_tensors="pt"))
+print(tuple(out.last_hidden_state.shape))
 """, "baseline_mha.py": """\
 import sys
 import torch
@@ -598,6 +611,57 @@ def write_model_tokenizer(folder: Path, words: list[str]) -> None:
                                          ).save_pretrained(folder)
 
 
+BIG_TOKENS = 1000  # target 10's text: the issue's 1,000 tokens
+BIG_EXTRA_MB = 1024  # target 10b/10d: ours may take the bare run's peak + 1 GB
+BIG_CACHE = Path(os.environ.get("ATTNVIZ_BENCH_CACHE",
+                                Path.home() / ".cache" / "attnviz-bench")).expanduser()
+
+
+def big_model(layers: int) -> Path:
+    """The 1B-class LLaMA folder (TinyLlama's shape, bf16, random attention weights), written
+    once per layer count into BIG_CACHE and reused by later runs (GBs; minutes to write)."""
+    folder = BIG_CACHE / f"llama-{layers}x{E}-bf16"
+    if (folder / "tokenizer.json").is_file():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    write_llama(folder, layers)
+    write_model_tokenizer(folder, [f"w{i}" for i in range(VOCAB - 4)])
+    return folder
+
+
+def real_size_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """The default `heatmap --model` overview of every layer of a 1B-class model on 1,000
+    tokens against a bare transformers forward with sdpa, each in bfloat16 (`--dtype auto`,
+    the checkpoint's own, as transformers 5 loads it) and in float32."""
+    folder = big_model(sizes.layers)
+    text = workdir / "big.txt"
+    text.write_text(" ".join(f"w{i}" for i in range(BIG_TOKENS)) + "\n")
+    base = str(workdir / "baseline_forward.py")
+    ours = [ATTNVIZ, "heatmap", "--model", str(folder), "-f", str(text), "--max-tokens",
+            str(BIG_TOKENS + 10)]
+    rows = []
+    for dtype, flag, letters in (("bfloat16", "auto", "ab"), ("float32", "float32", "cd")):
+        m = measure({"bare": [PY, base, str(folder), dtype, str(text)],
+                     "ours": [*ours, "--dtype", flag]}, repeats, False)
+        what = f"{sizes.layers}-layer LLaMA-1B shape, {dtype}, {BIG_TOKENS} tokens"
+        rows.append(compare(f"10{letters[0]} real-size model time ({what})", m["ours"],
+                            f"`heatmap --model DIR -f TEXT --dtype {flag}` (overview)",
+                            m["bare"], "load + one forward with sdpa", "s", 1.3))
+        rows.append(_within(f"10{letters[1]} real-size model memory ({what})", m["ours"],
+                            m["bare"], BIG_EXTRA_MB))
+    return rows
+
+
+def _within(target: str, ours: Run, base: Run, extra_mb: float) -> Row:
+    """Peak memory ≤ the baseline's + extra_mb (the ratio column shows ours / base)."""
+    shown = "the same run", ours.show("MB"), "the same bare forward", base.show("MB")
+    limit = f"≤ base + {extra_mb:.0f} MB"
+    if ours.error or base.error:
+        return Row(target, *shown, None, limit, False, ours.error or base.error)
+    return Row(target, *shown, ours.peak_mb / base.peak_mb, limit,
+               ours.peak_mb <= base.peak_mb + extra_mb, f"{ours.peak_mb - base.peak_mb:+.0f} MB")
+
+
 def zipf_words(count: int, seed: int = 0) -> str:
     """Seeded words from a 2000-word Zipf vocabulary: text-like repeats (duplicate and
     induction pairs) at any length."""
@@ -940,8 +1004,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=(
         "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
         "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
-    parser.add_argument("--only", type=int, action="append", choices=range(1, 10),
-                        help="run only this target group (1-9; repeatable)")
+    parser.add_argument("--only", type=int, action="append", choices=range(1, 11),
+                        help="run only this target group (1-10; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
     parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
     args = parser.parse_args()
@@ -975,7 +1039,9 @@ def main() -> int:
                             "6c long --export memory", "6d long-input figure")),
              (circuits_targets, ("7a circuits time", "7b circuits memory")),
              (head_targets, ("8a --ablate time", "8b --weighting norm time")),
-             (generate_targets, ("9a --generate, all layers", "9b --generate, one layer")))
+             (generate_targets, ("9a --generate, all layers", "9b --generate, one layer")),
+             (real_size_targets, ("10a real-size model time, bf16", "10b … memory, bf16",
+                                  "10c real-size model time, fp32", "10d … memory, fp32")))
     try:
         for name, text in SCRIPTS.items():
             (workdir / name).write_text(text)

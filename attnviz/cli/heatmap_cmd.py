@@ -70,7 +70,7 @@ from attnviz.cli.options import (
     strict_json,
     with_flags,
 )
-from attnviz.cli.paths import inputs_read
+from attnviz.cli.paths import inputs_read, preload_matplotlib
 from attnviz.cli.progress import progress
 
 if TYPE_CHECKING:
@@ -113,6 +113,8 @@ def heatmap(
                         "--overview": overview not in (None, "off")})
     files = output_files(out, export, html, lambda: inputs_read(
         weights, model, file, not (random or weights or model)), ablate or ablate_mean)
+    if files.figure is not None:
+        preload_matplotlib()
     shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
                          average, sentence, scale)
     writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)

@@ -47,3 +47,20 @@ def write_page(page: str, path: Path) -> None:
     from attnviz.app.outputs import write_output
 
     write_output(path, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+
+
+def preload_matplotlib() -> None:
+    """Import matplotlib's figure machinery in a background thread while the attention runs
+    (torch's kernels release the GIL): a figure's first ~0.6 s are imports. The import lock
+    makes the drawing thread wait for a half-done import, never see one."""
+    import threading
+
+    def load() -> None:
+        try:
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.colorbar  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+        except Exception:  # noqa: BLE001 - the drawing thread imports again and reports it
+            pass
+
+    threading.Thread(target=load, name="attnviz-preload", daemon=True).start()

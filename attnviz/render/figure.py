@@ -249,8 +249,12 @@ def _axis_ticks(ax: Axes, grid: Grid) -> None:
     ax.set_yticks(y_pos, y_text)
     last = grid.rows_keys[-1]
     x_pos, x_text = [], []
-    for c in range(len(grid.heads)):
-        cells = grid.first(last).values.shape[1]
+    cells = grid.first(last).values.shape[1]
+    # Every token fits: each panel names its keys. Else (index ticks of a long input) only the
+    # first panel does, as for the rows above: every head of a row has the same keys, and tick
+    # labels are most of a long map's drawing time.
+    labelled = len(grid.heads) if len(grid.ticks[last][1]) == cells else 1
+    for c in range(labelled):
         for i, text in grid.ticks[last][1]:
             x_pos.append(grid.centre(c * (grid.pixels + grid.gap), i, cells))
             x_text.append(text)
