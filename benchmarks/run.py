@@ -422,18 +422,12 @@ def write_model(folder: Path, config: object, words: list[str]) -> None:
     """A random-weight transformers model and a WordLevel tokenizer over `words`."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
     model = transformers.AutoModel.from_config(config)
     model.save_pretrained(folder)
-    vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<s>", "</s>", *sorted(set(words))])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
-                                         pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-                                         ).save_pretrained(folder)
+    write_model_tokenizer(folder, words)
 
 
 def model_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
