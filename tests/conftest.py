@@ -92,6 +92,35 @@ def cli():
     return invoke
 
 
+def doubling_normalizer(steps: int = 30) -> dict:
+    """A tokenizer.json normalizer that doubles every 'a' `steps` times (2^30: 10⁹ letters)."""
+    return {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * steps}
+
+
+def model_with_normalizer(model: Path, folder: Path, normalizer: dict | None,
+                          keep_own: bool = True) -> Path:
+    """`folder`: the model's files linked, its tokenizer.json loaded as it is (transformers
+    rebuilds BERT's own normalizer otherwise) with `normalizer` run before its own, or instead
+    of it (keep_own=False)."""
+    import json
+
+    folder.mkdir()
+    for item in model.iterdir():
+        if item.name not in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / item.name).symlink_to(item)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    spec = json.loads((model / "tokenizer.json").read_text())
+    if normalizer is not None:
+        spec["normalizer"] = {"type": "Sequence",
+                              "normalizers": [normalizer, spec["normalizer"]]} if keep_own \
+            else normalizer
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    return folder
+
+
 def assert_clean_error(result, code: int, *fragments: str) -> None:
     """One `error: …` line on stderr, the right exit code, no traceback, nothing on stdout."""
     assert result.exit_code == code, (result.exit_code, result.output)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from conftest import assert_clean_error, doubling_normalizer, model_with_normalizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,11 +153,6 @@ def test_max_sentences_is_honoured_with_model(cli, minilm):
 
 # --- the tokenizer's normalizers: bounded before any text reaches Rust ----------------------
 
-def _doubling(steps: int = 30) -> dict:
-    return {"type": "Sequence", "normalizers": [
-        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * steps}
-
-
 def _steps(normalizer: dict, pre_tokenizer: dict | None = None):
     from attnviz.sources.tokenizer_bound import steps_of
 
@@ -173,11 +168,12 @@ def _precompiled(longest: int) -> dict:
 
 
 AMPLIFIERS = {
-    "replace doubling": _doubling(),
+    "replace doubling": doubling_normalizer(),
     "regex replace on the empty match": {"type": "Replace", "pattern": {"Regex": ""},
                                          "content": "z" * 5000},
     "precompiled map": _precompiled(100_000),
-    "nested sequences": {"type": "Sequence", "normalizers": [_doubling(10), _doubling(15)]},
+    "nested sequences": {"type": "Sequence",
+                         "normalizers": [doubling_normalizer(10), doubling_normalizer(15)]},
 }
 
 
@@ -221,25 +217,6 @@ def test_the_bound_is_an_upper_bound_of_what_tokenizers_does():
         assert step.grow(len(text)) >= grown, spec
 
 
-def _model_copy(minilm: Path, folder: Path, normalizer: dict | None) -> Path:
-    import json
-
-    folder.mkdir()
-    for item in minilm.iterdir():
-        if item.name not in ("tokenizer.json", "tokenizer_config.json"):
-            (folder / item.name).symlink_to(item)
-    # tokenizer.json taken as it is (transformers rebuilds BERT's own normalizer otherwise)
-    config = json.loads((minilm / "tokenizer_config.json").read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    spec = json.loads((minilm / "tokenizer.json").read_text())
-    if normalizer is not None:
-        spec["normalizer"] = {"type": "Sequence",
-                              "normalizers": [normalizer, spec["normalizer"]]}
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    return folder
-
-
 def _capped(args: list[str], cap: int = 4 << 30) -> subprocess.CompletedProcess:
     import resource
 
@@ -256,13 +233,13 @@ def _capped(args: list[str], cap: int = 4 << 30) -> subprocess.CompletedProcess:
 def test_amplifying_tokenizer_json_is_one_error_line(minilm, tmp_path):
     """The issue's 1.9 KB tokenizer.json (one letter → 10⁹ characters), under a 4 GB cap: one
     error line naming the step, exit 1; the same folder with the model's own normalizer runs."""
-    hostile = _model_copy(minilm, tmp_path / "hostile", _doubling())
+    hostile = model_with_normalizer(minilm, tmp_path / "hostile", doubling_normalizer())
     done = _capped(["heatmap", "--model", str(hostile), "--json", "a cat"])
     lines = done.stderr.decode().strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: the model's tokenizer could grow sentence 1")
     assert "normalizer[0][0] Replace alone grows it 2×" in lines[0]
-    control = _model_copy(minilm, tmp_path / "control", None)
+    control = model_with_normalizer(minilm, tmp_path / "control", None)
     ok = _capped(["heatmap", "--model", str(control), "--json", "--layer", "0", "a cat"])
     assert ok.returncode == 0, ok.stderr
 

@@ -7,7 +7,6 @@ supervisor is not one line) so the check can fail.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import doubling_normalizer, model_with_normalizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,21 +105,6 @@ def test_help_runs_supervised():
 
 # --- a real Rust abort inside the tokenizer -------------------------------------------------
 
-def _doubling_model(minilm: Path, folder: Path) -> Path:
-    folder.mkdir()
-    for item in minilm.iterdir():
-        if item.name not in ("tokenizer.json", "tokenizer_config.json"):
-            (folder / item.name).symlink_to(item)
-    config = json.loads((minilm / "tokenizer_config.json").read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    spec = json.loads((minilm / "tokenizer.json").read_text())
-    spec["normalizer"] = {"type": "Sequence", "normalizers": [
-        {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * 30}
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    return folder
-
-
 # The static bound (tokenizer_bound) refuses this tokenizer.json before Rust sees the text; it
 # is lifted here, as if the file used an amplifier the bound does not know, so that the Rust
 # library really runs out of memory (under a 4 GB address-space cap) and aborts.
@@ -136,7 +121,8 @@ main()
 @pytest.mark.hf
 @pytest.mark.slow
 def test_a_rust_abort_in_the_tokenizer_is_one_error_line(minilm, tmp_path):
-    folder = _doubling_model(minilm, tmp_path / "hostile")
+    folder = model_with_normalizer(minilm, tmp_path / "hostile", doubling_normalizer(),
+                                   keep_own=False)
     done = python(ABORTS.format(folder=str(folder)), cap=4 << 30)
     lines = done.stderr.decode().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
