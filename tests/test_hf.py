@@ -157,6 +157,27 @@ def test_query_on_a_bfloat16_model_uses_its_tolerance(zoo_model):
     assert breakdown.max_diff <= result.tolerance
 
 
+def test_dtype_auto_loads_the_checkpoints_own_dtype(cli, zoo_model, tmp_path):
+    """`--dtype auto` on a checkpoint saved in bfloat16 runs in bfloat16 (on a CPU the shown
+    layers' eager attention then runs on float32 copies, and the header says so); the default
+    float32 and `--dtype auto` on a float32 checkpoint do not (the controls)."""
+    folder = zoo_model("llama")
+    half = tmp_path / "llama-bf16"
+    transformers.LlamaModel.from_pretrained(folder).to(torch.bfloat16).save_pretrained(half)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (folder / name).is_file():
+            shutil.copy(folder / name, half / name)
+    said = "in float32 from bfloat16 q/k/v (fast on CPU)"
+    runs = {(str(where), dtype): cli("heatmap", "--model", where, SENTENCES[0], "--dtype", dtype,
+                                     "--layer", "0", "--no-maps", "--device", "cpu")
+            for where, dtype in ((half, "auto"), (half, "float32"), (folder, "auto"))}
+    for result in runs.values():
+        assert result.exit_code == 0, result.output
+    assert said in runs[(str(half), "auto")].stdout.replace("\n", " ")
+    assert said not in runs[(str(half), "float32")].stdout.replace("\n", " ")
+    assert said not in runs[(str(folder), "auto")].stdout.replace("\n", " ")
+
+
 def test_hub_id_resolves_from_the_local_cache_only(zoo_model, tmp_path, monkeypatch):
     import huggingface_hub.constants
 
