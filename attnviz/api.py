@@ -13,7 +13,6 @@ its messages name options by their keyword (`max_tokens`), never by a command-li
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -48,12 +47,10 @@ _T = TypeVar("_T")
 
 
 def _png(figure: Figure) -> bytes:
-    from attnviz.render.figure_io import isolated_rc
+    from attnviz.render.figure_io import isolated_rc, png_bytes
 
-    buffer = io.BytesIO()
     with isolated_rc():
-        figure.savefig(buffer, format="png", dpi=figure.dpi)
-    return buffer.getvalue()
+        return png_bytes(figure)
 
 
 class Split(SplitResult):

@@ -5,6 +5,7 @@ title in its own band and named after the model, masked cells apart from zero we
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import matplotlib.text
 import numpy as np
@@ -180,3 +181,26 @@ def test_each_row_of_panels_is_titled_with_its_own_sentence():
     rows = {name: {t.get_position()[1] for t in texts if t.get_text().startswith(name + " ")}
             for name in ("s1", "s2")}
     assert len(rows["s1"]) == len(rows["s2"]) == 1 and min(rows["s1"]) < min(rows["s2"])
+
+
+def test_png_has_the_pixels_matplotlib_would_write(tmp_path):
+    """attnviz encodes PNGs itself (no per-row filter search): the pixels must be exactly the
+    ones matplotlib's own savefig writes for the same figure, and the dpi recorded; a figure
+    with one panel changed is a control the comparison must catch."""
+    from PIL import Image
+
+    from attnviz.render.figure import heatmap_figure, save_figure
+
+    run = attnviz.run_heatmap(["the cat sat on the mat", "a dog"])
+    fig = heatmap_figure(run.views, "pixels")
+    ours, theirs = tmp_path / "ours.png", tmp_path / "theirs.png"
+    save_figure(fig, ours)
+    fig.savefig(theirs, format="png", dpi=fig.dpi)
+    with Image.open(ours) as a, Image.open(theirs) as b:
+        assert a.size == b.size and a.info["dpi"] == pytest.approx(b.info["dpi"])
+        assert np.array_equal(np.asarray(a.convert("RGBA")), np.asarray(b.convert("RGBA")))
+    changed = [replace(v, values=v.values[::-1].copy()) if i == 0 else v
+               for i, v in enumerate(run.views)]
+    save_figure(heatmap_figure(changed, "pixels"), ours)
+    with Image.open(ours) as a, Image.open(theirs) as b:
+        assert not np.array_equal(np.asarray(a.convert("RGBA")), np.asarray(b.convert("RGBA")))
