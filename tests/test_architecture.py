@@ -115,3 +115,30 @@ def test_the_contract_can_fail(tmp_path):
     finally:
         for name in fake:
             del MODULES[name]
+
+
+HEAVY_AT_COLLECTION = ("matplotlib", "transformers", "tokenizers", "accelerate")
+
+
+def heavy_module_imports(source: str) -> list[str]:
+    """The heavy packages a test module imports at module level, i.e. when pytest collects it
+    (imports inside functions and fixtures run only with their tests)."""
+    found = []
+    for node in ast.parse(source).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        found += [n for n in names if n.split(".")[0] in HEAVY_AT_COLLECTION]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parent.glob("test_*.py")) +
+                         [Path(__file__).parent / "conftest.py"], ids=lambda p: p.name)
+def test_collecting_the_tests_imports_nothing_heavy(path):
+    """`pytest --collect-only` stays fast: no test module imports matplotlib or the Hugging
+    Face stack at its top (tiny_models.py and zoo.py do, and are imported inside tests)."""
+    assert heavy_module_imports(path.read_text(encoding="utf-8")) == []
+
+
+def test_the_collection_check_can_fail():
+    source = "import os\nimport matplotlib.text\ndef f():\n    import transformers\n"
+    assert heavy_module_imports(source) == ["matplotlib.text"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-import matplotlib.text
 import numpy as np
 import pytest
 from conftest import assert_clean_error, colored_runs, read_image
@@ -85,6 +84,8 @@ def test_masked_cells_are_grey_not_the_colour_of_zero(cli, tmp_path):
 def test_text_is_at_least_8_points():
     heat = attnviz.run_heatmap([THREE_THE, "a dog"], layer="all")
     fig = heat.figure()
+    import matplotlib.text
+
     sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
     assert sizes and min(sizes) >= TEXT_PT >= 8
 
