@@ -295,10 +295,10 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
     from attnviz.compute.inputs import padding_mask
     from attnviz.sources.hf.layers import cols_tokens, rows_tokens
     from attnviz.sources.hf.load import PATHS
-    from attnviz.sources.hf.run import DESCRIBED_INPUTS, run_model, streams
+    from attnviz.sources.hf.run import DESCRIBED_INPUTS, memory_plan, run_model
 
-    if plan.shown is None or not streams(plan, memory_budget) \
-            or any(layer.num_heads is None for layer in plan.shown):  # (streams: shown is set)
+    if plan.shown is None or not memory_plan(plan, memory_budget).streamed \
+            or any(layer.num_heads is None for layer in plan.shown):
         return None
     prepared = plan.prepared
     batch = prepared.batch

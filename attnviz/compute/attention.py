@@ -19,6 +19,7 @@ from attnviz.compute.forward import (
 )
 from attnviz.compute.inputs import Batch, input_vectors, padding_mask
 from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
+from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed
 from attnviz.load.checkpoint import TensorStore
@@ -54,8 +55,9 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
               budget: int | None = None, sink: layer_stream.RowSink | None = None,
               keep: bool = False) -> AttentionRun:
     """One standalone layer on a padded batch. With allow_stream, inputs stream in blocks of
-    query rows as `streaming.memory_plan` decides (maps beyond the memory budget, or larger
-    than a display and not kept: `keep` holds them whole whenever they fit), keeping the
+    query rows as the memory plan decides (`attnviz.core.memory.layer_plan`: maps beyond the
+    memory budget, or larger than a display and not kept: `keep` holds them whole whenever
+    they fit), keeping the
     (sentence, query) row of every head for --query and handing every full row to `sink`,
     which --export writes as it comes."""
     x, described = input_vectors(batch, layer.embed_dim, store, positions)
@@ -67,8 +69,8 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     pad = padding_mask(batch)
     notes = []
     extra = 1 if layer.bias_k is not None else 0
-    plan = streaming.memory_plan(batch, layer.num_heads or 0, extra, budget, device,
-                                 one_head=sink is not None, keep=keep)
+    plan = memory.layer_plan(len(batch.tokens), batch.max_len, layer.num_heads or 0, extra,
+                             budget, device.type == "cpu", one_head=sink is not None, keep=keep)
     if layer.positions not in ("none", "learned", "sinusoidal"):
         notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
                      "layer runs without them (use ‹positions› sinusoidal to add absolute "

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from attnviz.compute.inputs import DEFAULT_MAX_TOKENS
+from attnviz.core import memory
 from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import (
     CheckpointError,
@@ -142,10 +143,8 @@ def _direct_indices(spec: str | None) -> list[int] | None | bool:
 
 def _surely_small(loaded: LoadedModel, prepared: Prepared, memory_budget: int | None = None
                   ) -> bool:
-    """Whether every layer's full maps fit well within the streaming budget, by the config's
-    head and layer counts (or the attention modules counted): then nothing can stream."""
-    from attnviz.compute import streaming
-
+    """Whether no layer can stream (`attnviz.core.memory.surely_whole`), by the config's head
+    and layer counts (or the attention modules counted)."""
     config = loaded.config
     heads = config_count(config, HEAD_FIELDS)
     layers = config_count(config, LAYER_FIELDS)
@@ -156,9 +155,7 @@ def _surely_small(loaded: LoadedModel, prepared: Prepared, memory_budget: int | 
     length = prepared.batch.max_len
     if prepared.target is not None:
         length = max(length, prepared.target.max_len)
-    size = len(prepared.batch.tokens) * heads * calls * length * length * 4
-    budget = streaming.MAP_BUDGET_BYTES if memory_budget is None else memory_budget
-    return size <= budget // 2
+    return memory.surely_whole(len(prepared.batch.tokens), heads, calls, length, memory_budget)
 
 
 def attention_like(module: Any) -> bool:

@@ -10,6 +10,7 @@ import torch
 
 from attnviz.compute.inputs import find_query
 from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
+from attnviz.core import memory
 from attnviz.errors import (
     CheckpointError,
     UsageError,
@@ -30,10 +31,6 @@ from attnviz.sources.hf.layers import (
 )
 from attnviz.sources.hf.load import PATHS, TOLERANCE, LoadedModel, input_device
 
-# The most one block of one shown layer's float32 maps (B, H, rows, S) may take in eager.
-BLOCK_BUDGET_BYTES = 32 * 2**20
-
-# --- the run -----------------------------------------------------------------------------------
 
 @dataclass
 class _Setup:
@@ -43,7 +40,7 @@ class _Setup:
     keep_qk: bool | list[int]  # whose query and key the capture keeps (for --query)
     reducers: dict[int, Any]  # layer index: its MapReducer, when the maps stream
     query_row: tuple[int, int] | None  # (sentence, row) of --query, when known
-    block_bytes: int  # the most one eager block of query rows (B, H, rows, S) may take
+    planned: memory.MemoryPlan  # streamed or whole, and the eager blocks' size
 
 
 def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
@@ -98,24 +95,16 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
                         target=plan.prepared.target, path=PATHS[result.path])
 
 
-def block_bytes(memory_budget: int | None) -> int:
-    """The eager blocks' size: a quarter of a stated budget, at most BLOCK_BUDGET_BYTES."""
-    return BLOCK_BUDGET_BYTES if memory_budget is None else \
-        max(1, min(BLOCK_BUDGET_BYTES, memory_budget // 4))
-
-
-def streams(plan: Plan, memory_budget: int | None = None) -> bool:
-    """Whether the full maps of the source layers a probed plan shows exceed the memory
-    budget: then each is reduced block by block (and --export written as it goes)."""
-    from attnviz.compute import streaming
-
-    if plan.shown is None:  # not probed: the input is short
-        return False
-    source_layers = [layer for layer in plan.shown if layer.kind == cap.LayerKind.SELF]
+def memory_plan(plan: Plan, memory_budget: int | None = None) -> memory.MemoryPlan:
+    """The memory plan of a run (`attnviz.core.memory.model_plan`): the full maps of the source
+    layers a probed plan shows stream when together they exceed the budget (then each is
+    reduced block by block, and --export written as it goes). Not probed: the input is short,
+    nothing streams."""
+    shown = plan.shown or []
+    source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
     heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
-    budget = streaming.MAP_BUDGET_BYTES if memory_budget is None else memory_budget
-    return bool(source_layers) and streaming.full_maps_bytes(
-        plan.prepared.batch, heads, layers=len(source_layers)) > budget
+    return memory.model_plan(len(plan.prepared.batch.tokens), plan.prepared.batch.max_len,
+                             heads, len(source_layers), memory_budget)
 
 
 DESCRIBED_INPUTS = ("the model's own hidden states entering each attention module (token and "
@@ -129,22 +118,23 @@ def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
     from attnviz.compute import streaming
 
     shown, batch = plan.shown, plan.prepared.batch
+    planned = memory_plan(plan, memory_budget)
     if shown is None:  # short input, layers numbered by the run itself
         if query is not None:
             find_query(batch.tokens[query[0]], query[1])
         indices = plan.indices
         return _Setup(indices, query is not None and (indices is None or [max(indices)]), {},
-                      None, block_bytes(memory_budget))
+                      None, planned)
     last = shown[-1]
     query_row = None if query is None else (
         query[0], find_query(rows_tokens(plan, last)[query[0]], query[1]))
     source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
-    stream = allow_stream and streams(plan, memory_budget)
+    stream = allow_stream and planned.streamed
     reducers = {layer.index: streaming.MapReducer(
         layer.index, batch.tokens, query_row if layer is last else None)
         for layer in source_layers} if stream else {}
     return _Setup([layer.index for layer in shown], [last.index] if query is not None else False,
-                  reducers, query_row, block_bytes(memory_budget))
+                  reducers, query_row, planned)
 
 
 def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collector,
@@ -158,7 +148,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
     try:
         with guard.silenced():
             result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
-                                 setup.block_bytes, collector, keep_qk=setup.keep_qk)
+                                 setup.planned.block_bytes, collector, keep_qk=setup.keep_qk)
     except UsageError as error:
         if not error.what.startswith("no attention layer"):
             raise
