@@ -192,16 +192,20 @@ def test_maps_past_512_keys_stream_unless_read():
 @pytest.mark.parametrize(("sentences", "length", "heads", "layers"), list(itertools.product(
     (1, 3), (5, 300, 1000), (2, 32), (0, 1, 6))))
 def test_model_plan_streams_exactly_past_the_budget(sentences, length, heads, layers):
-    """The shown source layers' maps stream when together they exceed the budget: a budget of
-    exactly their bytes holds them, one byte less does not (the control)."""
+    """The shown source layers' maps are whole exactly when together they fit the budget and
+    either are kept or have at most 512 keys, as a standalone layer's: a budget of exactly
+    their bytes holds them, one byte less does not (the control)."""
     full = layers * sentences * heads * length * length * 4  # independent of full_maps_bytes
+    small = length <= 512
     if layers == 0:
         assert not memory.model_plan(sentences, length, heads, layers, 1).streamed
         return
-    assert not memory.model_plan(sentences, length, heads, layers, full).streamed
+    assert memory.model_plan(sentences, length, heads, layers, full).streamed == (not small)
+    assert not memory.model_plan(sentences, length, heads, layers, full, keep=True).streamed
     assert memory.model_plan(sentences, length, heads, layers, full - 1).streamed
+    assert memory.model_plan(sentences, length, heads, layers, full - 1, keep=True).streamed
     default = memory.model_plan(sentences, length, heads, layers)
-    assert default.streamed == (full > 256 * 2**20)
+    assert default.streamed == (full > 256 * 2**20 or not small)
     assert default.block_bytes == 32 * 2**20
 
 
@@ -242,9 +246,67 @@ def test_eager_rows_control_catches_an_off_by_one():
 @pytest.mark.parametrize(("sentences", "heads", "calls", "length"), list(itertools.product(
     (1, 2), (4, 12), (1, 6, 18), (8, 512, 1500))))
 def test_a_model_needs_no_probe_when_every_call_surely_fits(sentences, heads, calls, length):
-    """No probe when every call's maps together take at most half the budget: a budget of
-    twice their bytes suffices, two bytes less do not (the control)."""
+    """No probe when every call's maps together take at most half the budget and have at most
+    512 keys: a budget of twice their bytes suffices, two bytes less do not (the control)."""
     size = sentences * heads * calls * length * length * 4
-    assert memory.surely_whole(sentences, heads, calls, length, 2 * size)
+    small = length <= 512
+    assert memory.surely_whole(sentences, heads, calls, length, 2 * size) == small
     assert not memory.surely_whole(sentences, heads, calls, length, 2 * size - 2)
-    assert memory.surely_whole(sentences, heads, calls, length) == (size <= 128 * 2**20)
+    assert memory.surely_whole(sentences, heads, calls, length) == (size <= 128 * 2**20 and small)
+
+
+def _long_llama(zoo_model, tmp_path):
+    """The zoo's llama with room for 4,096 positions (rotary: the weights do not change)."""
+    import json
+
+    from zoo import load_tokenizer
+
+    from attnviz.sources import hf
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    source = zoo_model("llama")
+    for item in source.iterdir():
+        if item.name != "config.json":
+            (folder / item.name).symlink_to(item)
+    config = json.loads((source / "config.json").read_text())
+    config["max_position_embeddings"] = 4096
+    (folder / "config.json").write_text(json.dumps(config))
+    return hf.load_model(str(folder), tokenizer=load_tokenizer(folder))
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_path):
+    """A --model input longer than 512 tokens fits the default budget but streams, as a
+    standalone layer does (no whole-map statistics): a probe numbers the layers first, and the
+    display views and statistics equal those of the whole maps (allow_stream=False, the run
+    that keeps them). A 500-token input stays whole with no probe (the control of the
+    decision); another layer's maps do not match (the control of the comparison)."""
+    from attnviz.sources import hf
+
+    loaded = _long_llama(zoo_model, tmp_path)
+    sentences = [" ".join(["the", "cat", "sat"] * 200), "the cat sat on the mat"]
+
+    def runs(layer: str):
+        plan = hf.plan_run(loaded, sentences, layer, max_tokens=4000)
+        assert plan.shown is not None  # probed: the decision needs the layers' heads
+        assert plan.prepared.batch.max_len > memory.WHOLE_KEYS
+        return (hf.run_model(loaded, plan, allow_stream=True),
+                hf.run_model(loaded, plan, allow_stream=False))
+
+    streamed, whole = runs("0")
+    assert any("long input" in note for note in streamed.notes)
+    layer = streamed.layers[0]
+    assert layer.weights is None and ", streamed" in layer.method
+    assert whole.layers[0].weights is not None
+    worst_map, worst_stat = _mismatch(whole, layer.views, layer.stats, streaming.DISPLAY_CELLS)
+    assert worst_map <= 1e-6 and worst_stat <= 1e-4
+    other = runs("1")[0].layers[0]  # negative control: layer 1's views are not layer 0's maps
+    assert _mismatch(whole, other.views, other.stats, streaming.DISPLAY_CELLS)[0] > 1e-3
+
+    short = hf.plan_run(loaded, [" ".join(["the", "cat"] * 249)], "all", max_tokens=4000)
+    assert short.shown is None and short.prepared.batch.max_len <= memory.WHOLE_KEYS
+    kept = hf.run_model(loaded, short, allow_stream=True)
+    assert all(layer.weights is not None for layer in kept.layers)
+    assert not any("long input" in note for note in kept.notes)

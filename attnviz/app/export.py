@@ -297,7 +297,7 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
     from attnviz.sources.hf.load import PATHS
     from attnviz.sources.hf.run import DESCRIBED_INPUTS, memory_plan, run_model
 
-    if plan.shown is None or not memory_plan(plan, memory_budget).streamed \
+    if plan.shown is None or not memory_plan(plan, memory_budget, keep=True).streamed \
             or any(layer.num_heads is None for layer in plan.shown):
         return None
     prepared = plan.prepared

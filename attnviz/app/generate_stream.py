@@ -40,7 +40,7 @@ def streams(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
 
     heads = config_count(loaded.config, HEAD_FIELDS) or 1
     n = max(len(p) for p in prompts) + spec.max_new
-    return memory.model_plan(len(prompts), n, heads, 1, memory_budget).streamed
+    return memory.model_plan(len(prompts), n, heads, 1, memory_budget, keep=True).streamed
 
 
 def run_streamed(loaded: LoadedModel, sentences: list[str], prompts: list[list[int]],

@@ -105,13 +105,15 @@ def eager_rows(block_bytes: int | None, batch: int, heads: int, length: int, key
 
 
 def model_plan(sentences: int, length: int, heads: int, layers: int,
-               budget: int | None = None) -> MemoryPlan:
-    """A model run's plan: its shown source layers' maps (`layers` of them, the most heads of
-    any) stream when together they exceed the budget; either way the model's eager attention
-    runs in blocks of `eager_block_bytes`. `rows` is one eager block's rows of a source layer."""
+               budget: int | None = None, keep: bool = False) -> MemoryPlan:
+    """A model run's plan, by the same rule as a standalone layer's: its shown source layers'
+    maps (`layers` of them, the most heads of any, L = S = length) are held whole when together
+    they fit the budget and either the caller reads them (`keep`: --weighting norm) or they are
+    small (at most WHOLE_KEYS keys); else each streams. Either way the model's eager attention
+    runs in blocks of `eager_block_bytes`; `rows` is one eager block's rows of a source layer."""
     block = eager_block_bytes(budget)
-    streamed = layers > 0 and \
-        full_maps_bytes(sentences, heads, length, length, layers) > budget_bytes(budget)
+    fits = full_maps_bytes(sentences, heads, length, length, layers) <= budget_bytes(budget)
+    streamed = layers > 0 and not (fits and (keep or length <= WHOLE_KEYS))
     return MemoryPlan(streamed, eager_rows(block, sentences, max(1, heads), length, length),
                       max(1, heads), block)
 
@@ -119,6 +121,7 @@ def model_plan(sentences: int, length: int, heads: int, layers: int,
 def surely_whole(sentences: int, heads: int, calls: int, length: int,
                  budget: int | None = None) -> bool:
     """Whether every one of `calls` attention calls' full maps (at most `length` rows and keys)
-    fit well within the budget (half of it), so that none can stream: a model run then needs
-    no probe of its layers before it starts."""
-    return full_maps_bytes(sentences, heads, length, length, calls) <= budget_bytes(budget) // 2
+    fit well within the budget (half of it) and are small (at most WHOLE_KEYS keys), so that
+    none can stream: a model run then needs no probe of its layers before it starts."""
+    return length <= WHOLE_KEYS and \
+        full_maps_bytes(sentences, heads, length, length, calls) <= budget_bytes(budget) // 2

@@ -49,8 +49,9 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
               memory_budget: int | None = None, values: bool = False) -> AttentionRun:
     """The model's own attention weights (and attention inputs) of the layers the plan shows.
 
-    With allow_stream, when the full maps of the source layers shown would exceed the streaming
-    budget, each is reduced block by block to display views and statistics
+    With allow_stream, when the memory plan streams the source layers shown (`memory_plan`:
+    their full maps exceed the budget, or have more than 512 keys and the run does not read
+    them whole, as `values` does), each is reduced block by block to display views and statistics
     (`attnviz.compute.streaming.MapReducer`) and dropped, keeping only the last layer's inputs
     and, for query = (sentence, token spec), that query's row of every head of the last layer.
     Decoder and cross-attention maps (rows are target tokens) are always kept whole.
@@ -65,7 +66,7 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
                          "only models using transformers' attention interface hand out; "
                          f"{type(loaded.model).__name__} returns its maps through "
                          "output_attentions", fix="drop ‹query›", option="query")
-    setup = _setup(plan, allow_stream, query, memory_budget)
+    setup = _setup(plan, allow_stream, query, memory_budget, keep=values)
     if values:
         from attnviz.sources.value_states import check_values
 
@@ -95,16 +96,17 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
                         target=plan.prepared.target, path=PATHS[result.path])
 
 
-def memory_plan(plan: Plan, memory_budget: int | None = None) -> memory.MemoryPlan:
+def memory_plan(plan: Plan, memory_budget: int | None = None,
+                keep: bool = False) -> memory.MemoryPlan:
     """The memory plan of a run (`attnviz.core.memory.model_plan`): the full maps of the source
-    layers a probed plan shows stream when together they exceed the budget (then each is
-    reduced block by block, and --export written as it goes). Not probed: the input is short,
-    nothing streams."""
+    layers a probed plan shows stream when together they exceed the budget, or have more than
+    WHOLE_KEYS keys and are not kept (then each is reduced block by block, and --export written
+    as it goes). Not probed: the input is short, nothing streams."""
     shown = plan.shown or []
     source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
     heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
     return memory.model_plan(len(plan.prepared.batch.tokens), plan.prepared.batch.max_len,
-                             heads, len(source_layers), memory_budget)
+                             heads, len(source_layers), memory_budget, keep)
 
 
 DESCRIBED_INPUTS = ("the model's own hidden states entering each attention module (token and "
@@ -112,13 +114,13 @@ DESCRIBED_INPUTS = ("the model's own hidden states entering each attention modul
 
 
 def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
-           memory_budget: int | None = None) -> _Setup:
+           memory_budget: int | None = None, keep: bool = False) -> _Setup:
     """Which calls to show, whether they stream, and the --query row when the layers are known
     (resolved before the model runs: a typo costs nothing)."""
     from attnviz.compute import streaming
 
     shown, batch = plan.shown, plan.prepared.batch
-    planned = memory_plan(plan, memory_budget)
+    planned = memory_plan(plan, memory_budget, keep)
     if shown is None:  # short input, layers numbered by the run itself
         if query is not None:
             find_query(batch.tokens[query[0]], query[1])
