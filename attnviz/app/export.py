@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from attnviz.compute.inputs import Batch
+from attnviz.errors import option
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +114,7 @@ def check_metadata_size(metadata: dict[str, str]) -> None:
     if size > MAX_METADATA_BYTES:
         raise UsageError(f"the export's metadata (every sentence's tokens, escaped) would take "
                          f"{size / 2**20:.1f} MB, more than {MAX_METADATA_BYTES // 2**20} MB",
-                         fix="pass fewer or shorter sentences, or drop ‹export›",
+                         fix=f"pass fewer or shorter sentences, or drop {option('export')}",
                          option="export")
 
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from attnviz.compute.results import AttentionRun
 from attnviz.compute.value_norms import NORM_LEGEND, WEIGHTINGS, norm_maps, normalized_rows
-from attnviz.errors import CheckpointError, UsageError
+from attnviz.errors import CheckpointError, UsageError, option
 
 NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what head h writes from "
-        "key j into query i's output; rows normalized to sum to 1; statistics, ‹overview› and "
-        "‹rank› read these maps; ‹export› holds the raw norms as norm.{layer}")
+        "key j into query i's output; rows normalized to sum to 1; statistics, "
+        f"{option('overview')} and {option('rank')} read these maps; {option('export')} holds "
+        "the raw norms as norm.{layer}")
 
 
 def check_weighting(weighting: str) -> None:
     if weighting not in WEIGHTINGS:
-        raise UsageError(f"unknown ‹weighting› {weighting!r}", fix=f"use {' or '.join(WEIGHTINGS)}",
+        raise UsageError(f"unknown {option('weighting')} {weighting!r}",
+                         fix=f"use {' or '.join(WEIGHTINGS)}",
                          option="weighting")
 
 
@@ -25,9 +27,9 @@ def weigh_run(run: AttentionRun) -> None:
 
     for captured in run.layers:
         if captured.weights is None:
-            raise UsageError("‹weighting› norm needs every head's full map, and this input "
-                             "streams (its maps exceed the memory budget)",
-                             fix="raise ‹memory_budget›, or use shorter inputs",
+            raise UsageError(f"{option('weighting')} norm needs every head's full map, and this "
+                             "input streams (its maps exceed the memory budget)",
+                             fix=f"raise {option('memory_budget')}, or use shorter inputs",
                              option="weighting")
         if captured.value_norms is None:
             value_in = captured.value_inputs if captured.value_inputs is not None \

@@ -21,7 +21,7 @@ from attnviz.compute.inputs import Batch, input_vectors, padding_mask
 from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckFailed
+from attnviz.errors import CheckFailed, option
 from attnviz.load.checkpoint import TensorStore
 
 
@@ -73,8 +73,8 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
                              budget, device.type == "cpu", one_head=sink is not None, keep=keep)
     if layer.positions not in ("none", "learned", "sinusoidal"):
         notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
-                     "layer runs without them (use ‹positions› sinusoidal to add absolute "
-                     "positions to the inputs)")
+                     f"layer runs without them (use {option('positions')} sinusoidal to add "
+                     "absolute positions to the inputs)")
     if allow_stream and plan.streamed:
         if sink is not None:
             sink.begin(described, x)
@@ -85,7 +85,7 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
         group = "one head" if plan.heads == 1 else f"{plan.heads} heads"
         notes.append(f"long input: maps computed {group} and sentence at a time, in blocks of "
                      "query rows, and kept only at display size "
-                     f"(≤ {streaming.DISPLAY_CELLS} per side); ‹export› "
+                     f"(≤ {streaming.DISPLAY_CELLS} per side); {option('export')} "
                      + ("wrote every full map block by block" if sink is not None else
                         "writes the full maps block by block"))
         return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
@@ -119,4 +119,4 @@ def check_finite_maps(run: AttentionRun) -> None:
             if bad:
                 raise CheckFailed(f"layer {captured.index} produced {bad} non-finite attention "
                                   f"weights for sentence {b + 1}",
-                                  fix="check the weights with 'attnviz inspect ‹scan›'")
+                                  fix=f"check the weights with 'attnviz inspect {option('scan')}'")

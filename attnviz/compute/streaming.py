@@ -37,7 +37,7 @@ from attnviz.compute.row_stats import (
 from attnviz.compute.stats import StatSums, add_sums, finish_stats
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckFailed
+from attnviz.errors import CheckFailed, option
 
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
 STREAMED = "blocks of query rows of one head and sentence at a time"
@@ -218,7 +218,7 @@ class MapReducer:
             raise ValueError(f"sentence {sentence}, head {head} is missing query rows")
         if self._non_finite:
             raise CheckFailed(f"layer {self.layer_index} produced non-finite attention weights",
-                              fix="check the weights with 'attnviz inspect ‹scan›'")
+                              fix=f"check the weights with 'attnviz inspect {option('scan')}'")
         first_view: dict[int, MapView] = {}
         for view in self.views:
             first_view.setdefault(view.sentence, view)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import attnviz.recognize.model_types as mt
 from attnviz.core.layer import TensorRef
-from attnviz.errors import HeadCountError, LayoutError, printable
+from attnviz.errors import HeadCountError, LayoutError, option, printable
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, optional_ref
 from attnviz.recognize.conventions import Convention
@@ -75,7 +75,8 @@ def packed_heads(heads: HeadHints, hints: HeadHints, packing: mt.Packing,
         if columns % H:
             raise HeadCountError(f"{printable(o_weight.describe())} has {columns} columns (H·d), "
                               f"not divisible by {H} heads",
-                              fix="check the number of heads in config.json or ‹num_heads›",
+                              fix="check the number of heads in config.json or "
+                                  f"{option('num_heads')}",
                               where=source)
         d = columns // H
     return H, kv, d

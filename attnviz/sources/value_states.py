@@ -11,7 +11,7 @@ from attnviz.compute.forward import read_ref
 from attnviz.compute.results import LayerAttention
 from attnviz.compute.value_norms import state_norms
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckpointError, UsageError, printable
+from attnviz.errors import CheckpointError, UsageError, option, printable
 from attnviz.sources import capture as cap
 from attnviz.sources.hf.layers import ModelLayer, Plan, cols_tokens, model_layers, offsets
 from attnviz.sources.hf.load import LoadedModel
@@ -20,10 +20,10 @@ from attnviz.sources.hf.load import LoadedModel
 def check_values(loaded: LoadedModel) -> None:
     """Value states come from the attention interface only."""
     if loaded.path != cap.CapturePath.INTERFACE:
-        raise UsageError("‹weighting› norm needs the value states the model's attention "
+        raise UsageError(f"{option('weighting')} norm needs the value states the model's attention "
                          "receives, which only models using transformers' attention interface "
                          f"hand out; {type(loaded.model).__name__} returns its maps through "
-                         "output_attentions", fix="drop ‹weighting›", option="weighting")
+                         "output_attentions", fix=f"drop {option('weighting')}", option="weighting")
 
 
 def recognized_layers(loaded: LoadedModel, calls: list[ModelLayer]) -> dict[int, AttentionLayer]:
@@ -62,9 +62,10 @@ def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[cap.Captured
         own = described.get(layer.index)
         if own is None or call.value is None or result.weights is None:
             raise CheckpointError(f"attnviz does not recognize the W_O of layer "
-                                  f"{printable(layer.display_name)!r}, which ‹weighting› norm "
-                                  "needs", fix="drop ‹weighting›; 'attnviz inspect' shows "
-                                  "which layers attnviz recognizes")
+                                  f"{printable(layer.display_name)!r}, which {option('weighting')} "
+                                  "norm needs",
+                                  fix=f"drop {option('weighting')}; 'attnviz inspect' shows which "
+                                  "layers attnviz recognizes")
         result.value_norms = _norms(loaded, plan, layer, own, call.value,
                                     result.weights.shape[-1])
 

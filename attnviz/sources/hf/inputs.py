@@ -18,6 +18,7 @@ from attnviz.compute.inputs import (
 from attnviz.errors import (
     CheckpointError,
     UsageError,
+    option,
     printable,
     printable_path,
 )
@@ -62,13 +63,13 @@ def encode(model: OpenedModel | LoadedModel, sentences: list[str],
     that applies checked at once: run before the weights load, so a too-long input costs
     nothing."""
     if targets is not None and not model.encoder_decoder:
-        raise UsageError("‹target› applies to encoder-decoder models only",
-                         fix="drop ‹target›", option="target")
+        raise UsageError(f"{option('target')} applies to encoder-decoder models only",
+                         fix=f"drop {option('target')}", option="target")
     if targets is not None and len(targets) != len(sentences):
-        raise UsageError(f"{len(targets)} ‹target› texts for {len(sentences)} sentences",
-                         fix="give one ‹target› per sentence, in order", option="target")
+        raise UsageError(f"{len(targets)} {option('target')} texts for {len(sentences)} sentences",
+                         fix=f"give one {option('target')} per sentence, in order", option="target")
     rows = _encode(model, sentences, max_tokens)
-    target_rows = None if targets is None else _encode(model, targets, max_tokens, "‹target›",
+    target_rows = None if targets is None else _encode(model, targets, max_tokens, option("target"),
                                                         target=True)
     return Encoded(rows, target_rows)
 
@@ -102,7 +103,8 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
             what: str = "sentence", target: bool = False) -> list[dict[str, list]]:
     """Each text tokenized alone, special tokens included; limits checked before any run."""
     if not sentences:
-        raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
+        raise UsageError("no sentence given",
+                         fix=f"pass one or more sentences, or {option('file')} FILE")
     model_limit = model.position_limit
     where = printable_path(model.folder)
     with guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",

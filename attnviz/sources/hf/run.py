@@ -14,6 +14,7 @@ from attnviz.core import memory
 from attnviz.errors import (
     CheckpointError,
     UsageError,
+    option,
     printable,
     printable_path,
 )
@@ -62,10 +63,10 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
     blocks of query rows then take at most a quarter of it (and never more than 32 MB).
     """
     if query is not None and loaded.path != cap.CapturePath.INTERFACE:
-        raise UsageError("‹query› needs the q and k the model's attention receives, which "
-                         "only models using transformers' attention interface hand out; "
+        raise UsageError(f"{option('query')} needs the q and k the model's attention receives, "
+                         "which only models using transformers' attention interface hand out; "
                          f"{type(loaded.model).__name__} returns its maps through "
-                         "output_attentions", fix="drop ‹query›", option="query")
+                         "output_attentions", fix=f"drop {option('query')}", option="query")
     setup = _setup(plan, allow_stream, query, memory_budget, keep=values)
     if values:
         from attnviz.sources.value_states import check_values
@@ -158,7 +159,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
         fix = f"use all, 0..{int(count) - 1}, -1 or A:B"
         if loaded.encoder_decoder:
             fix = "a bare number is an encoder layer; name the decoder's: 'dec N', 'cross N'"
-        raise UsageError(f"‹layer› {plan.spec!r} is not a layer of this model", fix=fix,
+        raise UsageError(f"{option('layer')} {plan.spec!r} is not a layer of this model", fix=fix,
                          option="layer") from None
     except (RuntimeError, ValueError, IndexError) as exc:  # the model itself failed on the input
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
@@ -181,8 +182,8 @@ def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedL
     shown = layers if indices is None else [layers[i] for i in indices]
     if any(layer.stack not in ("", "enc") for layer in shown) and plan.spec not in (None, "all"):
         encoder = sum(layer.stack == "enc" for layer in layers)
-        raise UsageError(f"‹layer› {plan.spec!r}: a bare number is an encoder layer, and the "
-                         f"encoder has {encoder}", fix=f"use 0..{encoder - 1}, or name the "
+        raise UsageError(f"{option('layer')} {plan.spec!r}: a bare number is an encoder layer, "
+                         f"and the encoder has {encoder}", fix=f"use 0..{encoder - 1}, or name the "
                          "stack: 'dec N', 'cross N'", option="layer")
     return shown
 
@@ -225,17 +226,17 @@ def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
     if streamed:
         notes.append("long input: each source layer's maps reduced to display size block by "
                      f"block, {streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); "
-                     "‹export› writes the full maps to its file block by block")
+                     f"{option('export')} writes the full maps to its file block by block")
     if loaded.max_memory is not None:
         offloaded = loaded.offloaded
         what = "the whole model" if offloaded == [""] else \
             f"{len(offloaded)} module{'s' * (len(offloaded) != 1)}"
-        notes.append(f"weights beyond ‹max_memory› {_size(loaded.max_memory)}: "
+        notes.append(f"weights beyond {option('max_memory')} {_size(loaded.max_memory)}: "
                      + (f"{what} offloaded to disk, each part loaded as the forward reached it"
                         if offloaded else "none (the model fits)"))
     if loaded.encoder_decoder and plan.prepared.target is None:
-        notes.append("encoder-decoder model: its encoder ran alone (‹target› 'text', one per "
-                     "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
+        notes.append(f"encoder-decoder model: its encoder ran alone ({option('target')} 'text', "
+                     "one per sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
     return notes
 
 

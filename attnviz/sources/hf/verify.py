@@ -14,6 +14,7 @@ from attnviz.errors import (
     CheckFailed,
     CheckpointError,
     UsageError,
+    option,
     printable,
 )
 from attnviz.sources import capture as cap
@@ -112,7 +113,8 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     reason = recompute_supported(loaded, call)
     if reason is not None:
         raise UsageError(f"the recompute proof does not apply: {reason}",
-                         fix="the ablation proof (split ‹verify›) needs no per-family math")
+                         fix=f"the ablation proof (split {option('verify')}) needs no "
+                             "per-family math")
     if run is None or all(c.index != call.index for c in run.layers):
         run = run_model(loaded, Plan(plan.prepared, plan.layers, [call]))
     captured = run.layer(call.index)
