@@ -6,6 +6,8 @@ rows and columns are real. Renderers slice; they never recompute.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from attnviz.compute import kernel, layer_stream, streaming
@@ -78,10 +80,10 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     if allow_stream and plan.streamed:
         if sink is not None:
             sink.begin(described, x)
-        streamed = layer_stream.stream_layer(layer, weights_store, batch, x, key, causal, device,
-                                          query_row, budget, sink)
-        streamed.key_inputs = None if key is x else key
-        streamed.value_inputs = None if value is x else value
+        streamed = replace(layer_stream.stream_layer(layer, weights_store, batch, x, key, causal,
+                                                     device, query_row, budget, sink),
+                           key_inputs=None if key is x else key,
+                           value_inputs=None if value is x else value)
         group = "one head" if plan.heads == 1 else f"{plan.heads} heads"
         notes.append(f"long input: maps computed {group} and sentence at a time, in blocks of "
                      "query rows, and kept only at display size "

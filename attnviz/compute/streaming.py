@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from attnviz.compute.cells import ColumnPlans, cell_sums
 from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
-from attnviz.compute.results import LayerAttention
+from attnviz.compute.results import LayerAttention, StreamedMaps
 from attnviz.compute.row_stats import (
     ROW_TERMS,
     SentencePatterns,
@@ -227,7 +227,6 @@ class MapReducer:
         stats = [s for head in sorted(self._sums)
                  for s in finish_stats(self._sums[head], self.layer_index, first_head=head)]
         rows = torch.stack([self._rows[h] for h in sorted(self._rows)]) if self._rows else None
-        return LayerAttention(self.layer_index, layer, None, inputs, method,
-                              views=self.views + means, stats=stats,
-                              query_row=self.query_row if rows is not None else None,
-                              query_weights=rows)
+        kept = StreamedMaps(self.views + means, stats,
+                            self.query_row if rows is not None else None, rows)
+        return LayerAttention(self.layer_index, layer, None, inputs, method, streamed=kept)

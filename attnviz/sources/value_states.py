@@ -5,10 +5,12 @@ attnviz recognizes for that layer give each key's â€–W_O[:, cols(h)] v_j^{g(h)}â
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from attnviz.compute.forward import read_ref
-from attnviz.compute.results import LayerAttention
+from attnviz.compute.results import LayerAttention, ValueWeighting
 from attnviz.compute.value_norms import state_norms
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, UsageError, option, printable
@@ -57,7 +59,7 @@ def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[cap.Captured
         model_layers(loaded, plan.prepared, calls)
     described = recognized_layers(loaded, numbered)
     by_index = {call.index: call for call in calls}
-    for layer, result in zip(shown, results, strict=True):
+    for i, (layer, result) in enumerate(zip(shown, results, strict=True)):
         call = by_index[layer.index]
         own = described.get(layer.index)
         if own is None or call.value is None or result.weights is None:
@@ -66,8 +68,8 @@ def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[cap.Captured
                                   "norm needs",
                                   fix=f"drop {option('weighting')}; 'attnviz inspect' shows which "
                                   "layers attnviz recognizes")
-        result.value_norms = _norms(loaded, plan, layer, own, call.value,
-                                    result.weights.shape[-1])
+        norms = _norms(loaded, plan, layer, own, call.value, result.weights.shape[-1])
+        results[i] = replace(result, weighting=ValueWeighting(norms))
 
 
 def _norms(loaded: LoadedModel, plan: Plan, layer: ModelLayer, own: AttentionLayer,

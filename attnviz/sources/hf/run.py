@@ -9,7 +9,7 @@ from typing import Any, cast
 import torch
 
 from attnviz.compute.inputs import find_query
-from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
+from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention, ModelCall
 from attnviz.core import memory
 from attnviz.errors import (
     CheckpointError,
@@ -190,33 +190,33 @@ def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedL
 
 def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: cap.CapturedLayer,
                   collector: Collector, setup: _Setup,
-                  inputs: dict[tuple[str, int], torch.Tensor], with_scores: bool) -> Any:
+                  inputs: dict[tuple[str, int], torch.Tensor],
+                  with_scores: bool) -> LayerAttention:
     """One shown layer's LayerAttention: its full maps, or its streamed reduction."""
+    from dataclasses import replace
+
     from attnviz.compute import streaming
 
     method = _method(loaded, plan.prepared, call)
     x = inputs.get((layer.name, layer.occurrence))
     if x is not None:
         x = realign_rows(x, offsets(plan, layer)[0], [len(t) for t in rows_tokens(plan, layer)])
-    common: dict[str, Any] = dict(
-        name=layer.display_name, num_heads=call.num_heads, kind=layer.kind.value,
-        label=layer.label if layer.stack else None, causal=collector.causal.get(layer.index),
-        query_tokens=None if layer.kind == cap.LayerKind.SELF else rows_tokens(plan, layer),
-        key_tokens=None if layer.kind != cap.LayerKind.DECODER_SELF
-        else cols_tokens(plan, layer))
-    scores = _scores(call, plan, layer) if with_scores else None
+    model_call = ModelCall(
+        layer.display_name, call.num_heads, layer.kind.value,
+        layer.label if layer.stack else None,
+        None if layer.kind == cap.LayerKind.SELF else rows_tokens(plan, layer),
+        None if layer.kind != cap.LayerKind.DECODER_SELF else cols_tokens(plan, layer),
+        _scores(call, plan, layer) if with_scores else None, collector.causal.get(layer.index))
     if layer.index not in setup.reducers:
         return LayerAttention(layer.index, None, collector.maps[layer.index], x, method,
-                              scores=scores, **common)
-    from dataclasses import replace
-
-    finished = replace(setup.reducers[layer.index].finish(
-        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})"), **common,
-        **({"scores": scores} if with_scores else {}))
-    if layer.stack:
-        finished.views = [_labelled(v, layer.label) for v in finished.views or []]
-        finished.stats = [_labelled_stats(s, layer.label) for s in finished.stats or []]
-    return finished
+                              call=model_call)
+    finished = setup.reducers[layer.index].finish(
+        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})")
+    kept = finished.streamed
+    if layer.stack and kept is not None:
+        kept = replace(kept, views=[_labelled(v, layer.label) for v in kept.views],
+                       stats=[_labelled_stats(s, layer.label) for s in kept.stats])
+    return replace(finished, streamed=kept, call=model_call)
 
 
 def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
