@@ -16,7 +16,7 @@ from attnviz.compute.inputs import Batch
 from attnviz.compute.positions import SCHEMES, Positions, positions_for, recompute_heads
 from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
 from attnviz.errors import CheckFailed, UsageError, option
-from attnviz.load import config as hfconfig
+from attnviz.load.config import model_type
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def _model_positions(run: AttentionRun, captured: LayerAttention,
     if not captured.method.startswith("transformers") or run.store is None \
             or captured.layer is None:
         return None
-    kind = hfconfig.model_type(run.store.config)
+    kind = model_type(run.store.config)
     if kind in SCHEMES:
         return positions_for(run.store.config, captured.layer, captured.index, length)
     if captured.layer.positions not in ("none", "learned", "sinusoidal"):

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from attnviz.errors import printable
-from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
+from attnviz.load.config import model_type
 from attnviz.recognize.discovered import ModuleFacts, Param
 from attnviz.sources.hf_guard import silenced
 
@@ -28,7 +28,7 @@ MAX_MODULES = 100_000
 
 def discover_modules(store: TensorStore) -> list[ModuleFacts] | str:
     """The attention modules of the model config.json describes, or why it cannot be built."""
-    kind = hfconfig.model_type(store.config)
+    kind = model_type(store.config)
     if kind is None:
         return "config.json names no model_type"
     try:

@@ -14,14 +14,14 @@ from attnviz.compute.results import LayerAttention, ValueWeighting
 from attnviz.compute.value_norms import state_norms
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, UsageError, option, printable
-from attnviz.sources import capture as cap
+from attnviz.sources import capture
 from attnviz.sources.hf.layers import ModelLayer, Plan, cols_tokens, model_layers, offsets
 from attnviz.sources.hf.load import LoadedModel
 
 
 def check_values(loaded: LoadedModel) -> None:
     """Value states come from the attention interface only."""
-    if loaded.path != cap.CapturePath.INTERFACE:
+    if loaded.path != capture.CapturePath.INTERFACE:
         raise UsageError(f"{option('weighting')} norm needs the value states the model's attention "
                          "receives, which only models using transformers' attention interface "
                          f"hand out; {type(loaded.model).__name__} returns its maps through "
@@ -52,7 +52,7 @@ def recognized_layers(loaded: LoadedModel, calls: list[ModelLayer]) -> dict[int,
     return found
 
 
-def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedLayer],
+def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[capture.CapturedLayer],
                        shown: list[ModelLayer], results: list[LayerAttention]) -> None:
     """Each shown layer's `value_norms` (B, H, S) from its captured value states."""
     numbered = plan.layers if plan.layers is not None else \

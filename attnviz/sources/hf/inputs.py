@@ -22,8 +22,7 @@ from attnviz.errors import (
     printable,
     printable_path,
 )
-from attnviz.sources import hf_guard as guard
-from attnviz.sources import tokenizer_bound as bound
+from attnviz.sources import hf_guard, tokenizer_bound
 from attnviz.sources.hf.load import LoadedModel, OpenedModel, input_device
 
 
@@ -107,13 +106,13 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
                          fix=f"pass one or more sentences, or {option('file')} FILE")
     model_limit = model.position_limit
     where = printable_path(model.folder)
-    with guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",
+    with hf_guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",
                          where):
-        steps = bound.chain_of(model.tokenizer)
+        steps = tokenizer_bound.chain_of(model.tokenizer)
     out = []
     for i, sentence in enumerate(sentences, 1):
         # what the normalizers can make of it, bounded before the text reaches Rust
-        bound.check_text_bound(steps, len(sentence), f"{what} {i}", where)
+        tokenizer_bound.check_text_bound(steps, len(sentence), f"{what} {i}", where)
         row = _tokenize(model, sentence, f"{what} {i}", target, where)
         n = len(row["input_ids"]) + (1 if target else 0)  # the decoder start token
         if n == 0 or not sentence.strip():
@@ -136,8 +135,9 @@ def _tokenize(model: OpenedModel | LoadedModel, text: str, what: str, target: bo
               where: str) -> dict[str, list]:
     """The tokenizer's output for one text, its ids checked against the embedding's rows."""
     # A tokenizer can fail in Rust (a panic surfaces as a BaseException): contained.
-    with guard.silenced(stderr=True), guard.contained(f"the model's tokenizer failed on {what}",
-                                        "check or replace its tokenizer files", where):
+    with hf_guard.silenced(stderr=True), \
+            hf_guard.contained(f"the model's tokenizer failed on {what}",
+                               "check or replace its tokenizer files", where):
         if target:
             row = dict(model.tokenizer(text_target=text, add_special_tokens=True))
         else:

@@ -17,8 +17,7 @@ from attnviz.errors import (
     option,
     printable,
 )
-from attnviz.sources import capture as cap
-from attnviz.sources import hf_guard as guard
+from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.inputs import Encoded, Prepared, prepare
 from attnviz.sources.hf.load import STACK_OF, LoadedModel, OpenedModel
 
@@ -30,7 +29,7 @@ class ModelLayer:
     index: int  # call order (capture's numbering)
     name: str  # the calling module's name in the runner
     display_name: str  # … in the whole model
-    kind: cap.LayerKind
+    kind: capture.LayerKind
     stack: str  # "" (single-stack model), "enc", "dec" or "cross"
     stack_index: int  # its number within the stack
     num_heads: int | None
@@ -45,8 +44,8 @@ class ModelLayer:
 def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
     """Every attention call of the forward pass, from one run on a single token (all sdpa)."""
     try:
-        with guard.silenced():
-            result = cap.capture(prepared.runner, prepared.tiny(), shown_layers=[])
+        with hf_guard.silenced():
+            result = capture.capture(prepared.runner, prepared.tiny(), shown_layers=[])
     except (RuntimeError, ValueError, IndexError) as exc:  # a model that cannot run at all
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
                               fix="check that the model runs in transformers",
@@ -59,7 +58,7 @@ def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
 
 
 def model_layers(loaded: LoadedModel, prepared: Prepared,
-                 calls: list[cap.CapturedLayer]) -> list[ModelLayer]:
+                 calls: list[capture.CapturedLayer]) -> list[ModelLayer]:
     """The attention calls of a forward pass, labelled per stack."""
     counts: Counter[str] = Counter()
     seen: Counter[tuple[str, str]] = Counter()
@@ -160,19 +159,19 @@ def _surely_small(loaded: LoadedModel, prepared: Prepared, memory_budget: int | 
 
 def attention_like(module: Any) -> bool:
     """A module that calls the attention interface, or is named like an attention module."""
-    return (cap.calls_interface(type(module))  # type: ignore[arg-type]
+    return (capture.calls_interface(type(module))  # type: ignore[arg-type]
             or "Attention" in type(module).__name__)
 
 
 def rows_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
-    if layer.kind == cap.LayerKind.SELF:
+    if layer.kind == capture.LayerKind.SELF:
         return plan.prepared.batch.tokens
     assert plan.prepared.target is not None
     return plan.prepared.target.tokens
 
 
 def cols_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
-    if layer.kind == cap.LayerKind.DECODER_SELF:
+    if layer.kind == capture.LayerKind.DECODER_SELF:
         assert plan.prepared.target is not None
         return plan.prepared.target.tokens
     return plan.prepared.batch.tokens
@@ -181,9 +180,9 @@ def cols_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
 def offsets(plan: Plan, layer: ModelLayer) -> tuple[list[int], list[int]]:
     source = plan.prepared.offsets
     target = plan.prepared.target_offsets or [0] * len(source)
-    if layer.kind == cap.LayerKind.SELF:
+    if layer.kind == capture.LayerKind.SELF:
         return source, source
-    if layer.kind == cap.LayerKind.CROSS:
+    if layer.kind == capture.LayerKind.CROSS:
         return target, source
     return target, target
 

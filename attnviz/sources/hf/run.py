@@ -18,8 +18,7 @@ from attnviz.errors import (
     printable,
     printable_path,
 )
-from attnviz.sources import capture as cap
-from attnviz.sources import hf_guard as guard
+from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.collect import Collector, ExportRows, input_hooks
 from attnviz.sources.hf.inputs import Prepared
 from attnviz.sources.hf.layers import (
@@ -62,7 +61,7 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
     memory_budget: bytes the full maps may take before they stream (default 256 MB); the eager
     blocks of query rows then take at most a quarter of it (and never more than 32 MB).
     """
-    if query is not None and loaded.path != cap.CapturePath.INTERFACE:
+    if query is not None and loaded.path != capture.CapturePath.INTERFACE:
         raise UsageError(f"{option('query')} needs the q and k the model's attention receives, "
                          "which only models using transformers' attention interface hand out; "
                          f"{type(loaded.model).__name__} returns its maps through "
@@ -90,7 +89,7 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
         from attnviz.sources.value_states import attach_value_norms
 
         attach_value_norms(loaded, plan, result.layers, shown, results)
-    causal = all(r.causal for r in results if r.kind != cap.LayerKind.CROSS.value)
+    causal = all(r.causal for r in results if r.kind != capture.LayerKind.CROSS.value)
     return AttentionRun(plan.prepared.batch, results, str(loaded.folder),  # exact: data
                         DESCRIBED_INPUTS, str(input_device(loaded.model)), causal, None,
                         _notes(loaded, plan, bool(setup.reducers)), TOLERANCE[loaded.dtype],
@@ -104,7 +103,7 @@ def memory_plan(plan: Plan, memory_budget: int | None = None,
     WHOLE_KEYS keys and are not kept (then each is reduced block by block, and --export written
     as it goes). Not probed: the input is short, nothing streams."""
     shown = plan.shown or []
-    source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
+    source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
     heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
     return memory.model_plan(len(plan.prepared.batch.tokens), plan.prepared.batch.max_len,
                              heads, len(source_layers), memory_budget, keep)
@@ -131,7 +130,7 @@ def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
     last = shown[-1]
     query_row = None if query is None else (
         query[0], find_query(rows_tokens(plan, last)[query[0]], query[1]))
-    source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
+    source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
     stream = allow_stream and planned.streamed
     reducers = {layer.index: streaming.MapReducer(
         layer.index, batch.tokens, query_row if layer is last else None)
@@ -142,15 +141,15 @@ def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
 
 def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collector,
              every_input: bool = False
-             ) -> tuple[cap.CaptureResult, dict[tuple[str, int], torch.Tensor]]:
+             ) -> tuple[capture.CaptureResult, dict[tuple[str, int], torch.Tensor]]:
     """The forward pass, with the attention modules' inputs kept (only the last layer's when
     the maps stream, unless every_input)."""
     keep = None if every_input or not setup.reducers or plan.shown is None \
         else {plan.shown[-1].index}
     handles, inputs = input_hooks(plan, keep)
     try:
-        with guard.silenced():
-            result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
+        with hf_guard.silenced():
+            result = capture.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
                                  setup.planned.block_bytes, collector, keep_qk=setup.keep_qk)
     except UsageError as error:
         if not error.what.startswith("no attention layer"):
@@ -171,7 +170,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
     return result, inputs
 
 
-def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedLayer],
+def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[capture.CapturedLayer],
                       indices: list[int] | None) -> list[ModelLayer]:
     """The shown layers of a run made without a probe, numbered from its own calls."""
     layers = model_layers(loaded, plan.prepared, calls)
@@ -188,7 +187,7 @@ def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedL
     return shown
 
 
-def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: cap.CapturedLayer,
+def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: capture.CapturedLayer,
                   collector: Collector, setup: _Setup,
                   inputs: dict[tuple[str, int], torch.Tensor],
                   with_scores: bool) -> LayerAttention:
@@ -204,8 +203,8 @@ def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: cap.
     model_call = ModelCall(
         layer.display_name, call.num_heads, layer.kind.value,
         layer.label if layer.stack else None,
-        None if layer.kind == cap.LayerKind.SELF else rows_tokens(plan, layer),
-        None if layer.kind != cap.LayerKind.DECODER_SELF else cols_tokens(plan, layer),
+        None if layer.kind == capture.LayerKind.SELF else rows_tokens(plan, layer),
+        None if layer.kind != capture.LayerKind.DECODER_SELF else cols_tokens(plan, layer),
         _scores(call, plan, layer) if with_scores else None, collector.causal.get(layer.index))
     if layer.index not in setup.reducers:
         return LayerAttention(layer.index, None, collector.maps[layer.index], x, method,
@@ -247,13 +246,13 @@ def _size(size: int) -> str:
     return f"{size} bytes"
 
 
-def _method(loaded: LoadedModel, prepared: Prepared, call: cap.CapturedLayer) -> str:
+def _method(loaded: LoadedModel, prepared: Prepared, call: capture.CapturedLayer) -> str:
     if call.computed_with == "output_attentions":
         return "output_attentions (eager)"
     module = dict(prepared.runner.named_modules()).get(call.name)
     owner = type(module).__name__ if module is not None else "its module"
-    function = cap.eager_function(module) if module is not None else None
-    where = "attnviz's generic eager" if function is cap.generic_eager else \
+    function = capture.eager_function(module) if module is not None else None
+    where = "attnviz's generic eager" if function is capture.generic_eager else \
         f"{owner}'s own eager_attention_forward"
     upcast = f", in float32 from {call.upcast_from} q/k/v (fast on CPU)" if call.upcast_from else ""
     return f"{where}, in blocks of query rows{upcast}"
@@ -271,7 +270,7 @@ def _labelled_stats(stats: Any, label: str) -> Any:
     return replace(stats, layer_label=label)
 
 
-def _scores(call: cap.CapturedLayer, plan: Plan, layer: ModelLayer) -> CapturedScores | None:
+def _scores(call: capture.CapturedLayer, plan: Plan, layer: ModelLayer) -> CapturedScores | None:
     if call.query is None or call.key is None:
         return None
     kwargs = call.score_kwargs
