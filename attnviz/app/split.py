@@ -180,12 +180,12 @@ def _model_layer(model: str, request: SplitRequest) -> tuple[Any, Any, Any]:
 
 def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, str | None]:
     """(recompute proof or None, ablation proof, why the recompute proof did not run)."""
-    from attnviz.sources import ablation as ablation_mod
     from attnviz.sources import hf
+    from attnviz.sources.ablation import ablate
 
     loaded = hf.load_model(folder)
     targets = VERIFY_TARGETS if loaded.encoder_decoder else None
-    ablation = ablation_mod.ablate(loaded, layer, VERIFY_SENTENCES, targets)
+    ablation = ablate(loaded, layer, VERIFY_SENTENCES, targets)
     plan = hf.plan_run(loaded, VERIFY_SENTENCES, None, targets, need_layers=True)
     call = hf.call_of(plan.layers, loaded.model, layer)
     skipped = hf.recompute_supported(loaded, call)
