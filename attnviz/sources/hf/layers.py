@@ -119,9 +119,11 @@ def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None
     or the run itself does."""
     prepared = prepare(loaded, sentences, targets, max_tokens, encoded)
     direct = _direct_indices(layer)
-    if not need_layers and direct is not False and not (query and targets is not None) \
-            and _surely_small(loaded, prepared, memory_budget):
-        return Plan(prepared, None, None, cast(Any, direct), layer)
+    if not need_layers and direct is not False and not (query and targets is not None):
+        sizes = _call_sizes(loaded, prepared)  # no probe when no layer can stream
+        if sizes is not None and memory.surely_whole(len(prepared.batch.tokens), *sizes,
+                                                     memory_budget):
+            return Plan(prepared, None, None, cast(Any, direct), layer)
     layers = probe(loaded, prepared)
     return Plan(prepared, layers, select(layers, layer), None, layer)
 
@@ -140,21 +142,20 @@ def _direct_indices(spec: str | None) -> list[int] | None | bool:
     return False
 
 
-def _surely_small(loaded: LoadedModel, prepared: Prepared, memory_budget: int | None = None
-                  ) -> bool:
-    """Whether no layer can stream (`attnviz.core.memory.surely_whole`), by the config's head
-    and layer counts (or the attention modules counted)."""
+def _call_sizes(loaded: LoadedModel, prepared: Prepared) -> tuple[int, int, int] | None:
+    """(heads, attention calls, longest sequence) of a run by the config's head and layer counts
+    (or the attention modules counted); None where the config does not say."""
     config = loaded.config
     heads = config_count(config, HEAD_FIELDS)
     layers = config_count(config, LAYER_FIELDS)
     modules = sum(1 for module in prepared.runner.modules() if attention_like(module))
     if not heads or not (layers or modules):
-        return False
+        return None
     calls = max(modules, layers * (3 if prepared.target is not None else 1))
     length = prepared.batch.max_len
     if prepared.target is not None:
         length = max(length, prepared.target.max_len)
-    return memory.surely_whole(len(prepared.batch.tokens), heads, calls, length, memory_budget)
+    return heads, calls, length
 
 
 def attention_like(module: Any) -> bool:
