@@ -369,7 +369,8 @@ def circuits(weights: str | Path | None = None, *, model: str | Path | None = No
                           _int(kdim, "kdim", 1, True), _int(vdim, "vdim", 1, True), seed=seed)
         hints = HeadHints(None, hints.num_kv_heads, hints.head_dim)
     elif embed_dim is not None or kdim is not None or vdim is not None:
-        raise UsageError("‹embed_dim›, ‹kdim› and ‹vdim› apply to a random layer only",
+        raise UsageError(f"{option('embed_dim')}, {option('kdim')} and {option('vdim')} apply to a "
+                         "random layer only",
                          fix="drop them, or pass random=True")
     result = run_circuits(CircuitsRequest(
         _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),

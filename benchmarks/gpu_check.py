@@ -134,7 +134,7 @@ def long_agreement(gpu: torch.device, length: int) -> int:
     the same q, k, v on the GPU."""
     import torch.nn.functional as F
 
-    from attnviz.compute import streaming
+    from attnviz.core import memory
 
     layer, store = mha_layer(1024, 16)
     words = [f"w{(i * 7919) % 1009}" for i in range(length)]  # repeats: copy statistics
@@ -156,7 +156,7 @@ def long_agreement(gpu: torch.device, length: int) -> int:
 
     sdpa_s, _ = timed(sdpa, gpu, repeats=3)
     ok = maps <= 1e-5 and stats <= 1e-5
-    rows = streaming.block_rows(None, length, gpu)
+    rows = memory.block_rows(None, length, gpu.type == "cpu")
     print(f"{f'long {length} tok, H=16':<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x "
           f"{maps:9.1e} {'ok' if ok else 'FAILED'} (stats rel Δ {stats:.1e}; {rows} rows per "
           f"block; SDPA forward on the {gpu.type}: {sdpa_s:.3f} s, attnviz "

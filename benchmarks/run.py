@@ -782,13 +782,15 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     from attnviz.compute import maps, streaming
     from attnviz.compute.inputs import make_batch
     from attnviz.compute.stats import head_stats
+    from attnviz.core import memory
     from attnviz.recognize.base import HeadHints
     from attnviz.render.figure import heatmap_figure, save_figure
 
     L, cells = sizes.structure, streaming.DISPLAY_CELLS
     batch = make_batch([zipf_words(L, seed=2)], max_tokens=40000)
     request = {"weights": layer, "hints": HeadHints(LONG_H)}
-    small = None if streaming.streams(batch, LONG_H) else 2**20  # --quick: stream anyway
+    too_large = memory.layer_plan(1, batch.max_len, LONG_H, keep=True).streamed
+    small = None if too_large else 2**20  # --quick: stream anyway
     build = heatmap_mod.HeatmapRequest.build
     blocks = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=small))
     full = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=16 * 2**30,

@@ -2,7 +2,7 @@
 cli, lower layers never import higher ones, app (the use cases, and the one place that writes
 files) and render (which only draws) never import each other, nothing imports in a cycle, and the
 header-only layers never import torch or matplotlib at module level (so `--help` and `inspect`
-stay instant)."""
+stay instant); and no module takes another's private names."""
 
 from __future__ import annotations
 
@@ -142,3 +142,40 @@ def test_collecting_the_tests_imports_nothing_heavy(path):
 def test_the_collection_check_can_fail():
     source = "import os\nimport matplotlib.text\ndef f():\n    import transformers\n"
     assert heavy_module_imports(source) == ["matplotlib.text"]
+
+
+def private_imports(source: str) -> list[str]:
+    """Private names (`_x`, not dunders) a module takes from another attnviz module, by import
+    or as an attribute of an imported attnviz module."""
+    tree = ast.parse(source)
+    found, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnviz"):
+            for alias in node.names:
+                modules.add(alias.asname or alias.name)
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name.split(".")[0] for a in node.names
+                           if a.name.startswith("attnviz"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in modules and node.attr.startswith("_") \
+                and not node.attr.startswith("__"):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_names_cross_modules():
+    """A name another module needs is public in the module that owns it."""
+    offenders = {module: found for module, path in MODULES.items()
+                 if (found := private_imports(path.read_text()))}
+    assert offenders == {}
+
+
+def test_the_private_name_scan_can_fail():
+    """Negative control: both forms are seen; public names and dunders are not."""
+    source = ("from attnviz.sources.capture import _Session, Session, __version__\n"
+              "from attnviz.compute import cells\n"
+              "cells._device_sums(1)\ncells.cell_sums(1)\n")
+    assert private_imports(source) == ["attnviz.sources.capture._Session", "cells._device_sums"]

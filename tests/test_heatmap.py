@@ -16,6 +16,7 @@ from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import hashed_vector, make_batch
 from attnviz.compute.stats import head_stats
+from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.load.checkpoint import DictStore
 
@@ -274,7 +275,7 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
     words = " ".join(f"w{i % 37}" for i in range(90))
     args = ["heatmap", "--random", "-H", "4", words, "a b a b", "--json", "--causal"]
     full = json_mod.loads(cli(*args).stdout)
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", 32)
     streamed = json_mod.loads(cli(*args).stdout)
     assert streamed["layers"][0]["method"].startswith("explicit per head, streamed")
@@ -299,13 +300,12 @@ def test_query_on_a_streamed_run_equals_the_full_maps(cli, monkeypatch, extra):
     the breakdown (q_h, k_h from the key inputs, scores, weights) is the full run's."""
     import json as json_mod
 
-    from attnviz.compute import streaming
 
     words = " ".join(f"w{i % 11}" for i in range(40))
     args = ["heatmap", "--random", "-E", "32", "-H", "4", *extra, "a b a", words, "--sentence",
             "2", "--query", "-3", "--json"]
     full = json_mod.loads(cli(*args).stdout)
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     result = cli(*args)
     assert result.exit_code == 0, result.output
     streamed = json_mod.loads(result.stdout)
@@ -325,7 +325,7 @@ def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
     from attnviz.compute.inputs import make_batch
     from attnviz.sources.layers import RandomSpec
 
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", 32)
     batch = make_batch([" ".join(f"w{i}" for i in range(60)), "a b c"])
     run = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
@@ -342,7 +342,6 @@ def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
     import numpy as np
 
     from attnviz.app import heatmap as heatmap_mod
-    from attnviz.compute import streaming
     from attnviz.compute.inputs import make_batch
     from attnviz.sources.layers import RandomSpec
 
@@ -351,7 +350,7 @@ def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
     request = (build(random=RandomSpec(16, 4, add_bias_kv=True), causal=True)
                if source == "bias_kv" else build(weights=SAMPLES / "llama-gqa-tiny", layer="1"))
     full = heatmap_mod.run_on_batch(batch, request).layers[0]
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     streamed = heatmap_mod.run_on_batch(batch, request).layers[0]
     assert full.weights is not None and streamed.weights is None
     H = full.layer.num_heads
@@ -419,7 +418,6 @@ def test_downsampling_keeps_rows_summing_to_one():
 def test_nan_weights_are_reported_not_drawn(cli, tmp_path, monkeypatch, streamed):
     from safetensors.torch import save_file
 
-    from attnviz.compute import streaming
 
     torch.manual_seed(0)
     state = torch.nn.MultiheadAttention(16, 4).state_dict()
@@ -427,7 +425,7 @@ def test_nan_weights_are_reported_not_drawn(cli, tmp_path, monkeypatch, streamed
     path = tmp_path / "nan.safetensors"
     save_file(state, str(path), metadata={"num_heads": "4"})
     if streamed:
-        monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+        monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     out = tmp_path / "maps.png"
     result = cli("heatmap", "--weights", path, "a b c", "--out", out)
     assert_clean_error(result, 1, "non-finite attention weights", "inspect --scan")

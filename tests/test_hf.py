@@ -21,6 +21,7 @@ from conftest import assert_clean_error, minilm_folder  # noqa: E402
 from zoo import SENTENCES, load_tokenizer  # noqa: E402
 
 from attnviz.compute import positions  # noqa: E402
+from attnviz.core import memory  # noqa: E402
 from attnviz.errors import CheckpointError, UsageError  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
 from attnviz.sources import hf  # noqa: E402
@@ -360,13 +361,12 @@ def test_cli_split_verify_fails_on_a_wrong_description(cli, zoo_model, monkeypat
 
 
 def test_cli_query_on_a_streamed_model_run(cli, zoo_model, monkeypatch):
-    from attnviz.compute import streaming
 
     folder = zoo_model("gpt2")
     args = ["heatmap", "--model", folder, *SENTENCES, "--sentence", "2", "--query", "barn",
             "--json"]
     full = json.loads(cli(*args).stdout)
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     result = cli(*args)
     assert result.exit_code == 0, result.output
     streamed = json.loads(result.stdout)

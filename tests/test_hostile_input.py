@@ -19,6 +19,7 @@ from conftest import assert_clean_error, lazy_import
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from attnviz.core import memory
 from attnviz.errors import one_line, printable
 
 # Everything a terminal could interpret: C0 and C1 controls, ESC sequences (CSI, OSC), DEL,
@@ -783,7 +784,7 @@ def test_per_stage_head_counts_do_not_break_inspect(cli, tmp_path):
 def test_streamed_runs_keep_display_maps_of_the_first_heads_only(cli, monkeypatch):
     from attnviz.compute import maps, streaming
 
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)  # stream every run
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)  # stream every run
     monkeypatch.setattr(streaming, "MAX_VIEW_HEADS", 2)
     monkeypatch.setattr(maps, "MAX_VIEW_HEADS", 2)
     kept = []

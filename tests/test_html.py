@@ -72,7 +72,7 @@ def long_streamed():
     """A 600-token sentence (and a short one) that streams: display views only."""
     words = " ".join(f"w{i % 50}" for i in range(600))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("attnviz.compute.streaming.MAP_BUDGET_BYTES", 1 << 20)
+        patch.setattr("attnviz.core.memory.MAP_BUDGET_BYTES", 1 << 20)
         attention_run = run_on_batch(
             make_batch([words, "short one"], max_tokens=1000),
             HeatmapRequest.build(random=RandomSpec(32, 4), causal=True, device="cpu",

@@ -16,6 +16,7 @@ from attnviz.compute import maps, streaming
 from attnviz.compute.forward import load_weights, per_head_forward
 from attnviz.compute.inputs import make_batch
 from attnviz.compute.stats import head_stats
+from attnviz.core import memory
 from attnviz.sources.layers import RandomSpec
 
 # three sentences of different lengths (padding), with repeated tokens (duplicate, induction)
@@ -34,7 +35,7 @@ CASES = {
 
 def _budget_for(rows: int, batch, extra: int) -> int:
     """The memory budget that gives blocks of `rows` query rows."""
-    return rows * streaming.BLOCK_BUFFERS * 4 * (batch.max_len + extra)
+    return rows * memory.BLOCK_BUFFERS * 4 * (batch.max_len + extra)
 
 
 def _runs(case: str, rows: int, **extra_request):
@@ -45,7 +46,7 @@ def _runs(case: str, rows: int, **extra_request):
     assert layer.weights is not None  # small: full maps
     extra = layer.weights.shape[-1] - batch.max_len
     budget = _budget_for(rows, batch, extra)
-    assert streaming.block_rows(budget, batch.max_len + extra, torch.device("cpu")) == rows
+    assert memory.block_rows(budget, batch.max_len + extra) == rows
     streamed = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
         **CASES[case], memory_budget=budget, **extra_request))
     assert streamed.layers[0].weights is None
@@ -191,7 +192,7 @@ def test_streamed_export_equals_the_in_memory_export(cli, tmp_path, case):
     assert result.exit_code != 0  # below the minimum budget
     batch = make_batch(TEXTS)
     monkeypatch_budget = pytest.MonkeyPatch()
-    monkeypatch_budget.setattr(streaming, "MAP_BUDGET_BYTES", _budget_for(5, batch, 1))
+    monkeypatch_budget.setattr(memory, "MAP_BUDGET_BYTES", _budget_for(5, batch, 1))
     try:
         result = cli(*common, "--export", block_path)
     finally:
@@ -220,7 +221,7 @@ def test_a_failed_streamed_export_leaves_no_file(cli, tmp_path, monkeypatch):
     state = torch.nn.MultiheadAttention(16, 2, batch_first=True).state_dict()
     state["in_proj_weight"][3, 0] = float("nan")
     save_file(state, str(tmp_path / "nan.safetensors"))
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     out = tmp_path / "maps.safetensors"
     result = cli("heatmap", "--weights", tmp_path / "nan.safetensors", "-H", "2", *TEXTS,
                  "--export", out)

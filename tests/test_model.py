@@ -22,11 +22,11 @@ from zoo import FALLBACK, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.app import heatmap as app  # noqa: E402
 from attnviz.compute.breakdown import query_breakdown  # noqa: E402
+from attnviz.core import memory  # noqa: E402
 from attnviz.errors import UsageError, with_options  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
 from attnviz.sources import ablation, hf  # noqa: E402
 from attnviz.sources import capture as cap  # noqa: E402
-from attnviz.sources.hf import run as hf_run  # noqa: E402
 
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGETS = ["the big red barn", "a cat sat far away"]  # one per sentence; T ≠ S
@@ -312,13 +312,12 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
     """Past the budget, each layer's maps are reduced block by block: the same views,
     statistics and --query row as the full maps, and only the last layer's inputs are kept."""
 
-    from attnviz.compute import streaming
     from attnviz.compute.stats import head_stats
 
     m = model(kind)
     full = run(m, SENTENCES)
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
-    monkeypatch.setattr(hf_run, "BLOCK_BUDGET_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
     streamed = run(m, SENTENCES, allow_stream=True, query=(1, "-2"))
     assert "long input" in streamed.notes[0]
     for a, b in zip(full.layers, streamed.layers, strict=True):
@@ -336,7 +335,7 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
 def test_blocks_of_query_rows_equal_whole_maps(model, monkeypatch):
     m = model("phi3")  # left padding, grouped-query
     whole = run(m, SENTENCES)
-    monkeypatch.setattr(hf_run, "BLOCK_BUDGET_BYTES", 2 * 2 * 4 * 16 * 4)  # 2 rows per block
+    monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 2 * 2 * 4 * 16 * 4)  # 2 rows per block
     blocked = run(m, SENTENCES)
     for a, b in zip(whole.layers, blocked.layers, strict=True):
         assert_same(b.weights, a.weights, 1e-6)
@@ -387,14 +386,13 @@ def test_streamed_export_equals_the_in_memory_export(model, kind, monkeypatch, t
     from safetensors import safe_open
 
     from attnviz.app import export as exporting
-    from attnviz.compute import streaming
 
     m = model(kind)
     plan = hf.plan_run(m.loaded, SENTENCES, "all", m.targets, need_layers=True)
     whole = tmp_path / "whole.safetensors"
     exporting.export(hf.run_model(m.loaded, plan), whole)
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
-    monkeypatch.setattr(hf_run, "BLOCK_BUDGET_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
     streamed = tmp_path / "streamed.safetensors"
     result = exporting.run_model_exporting(m.loaded, plan, None, streamed)
     assert result is not None and result.exported == streamed
@@ -428,6 +426,6 @@ def test_memory_budget_decides_streaming_and_block_size(model):
     budget = 4 * 2 * 4 * 16 * 4  # a quarter of it: 2 query rows per block
     plan = hf.plan_run(m.loaded, SENTENCES, "all", memory_budget=budget)
     streamed = hf.run_model(m.loaded, plan, allow_stream=True, memory_budget=budget)
-    assert hf_run.block_bytes(budget) == budget // 4 < hf_run.BLOCK_BUDGET_BYTES
+    assert memory.eager_block_bytes(budget) == budget // 4 < memory.EAGER_BLOCK_BYTES
     for a, b in zip(full.layers, streamed.layers, strict=True):
         assert_streamed_views(a, b, full.batch)

@@ -79,9 +79,9 @@ def test_panels_statistics_and_exports_use_the_real_layer_index(cli, tmp_path, m
 
 
 def test_streamed_standalone_layers_are_renumbered_too(cli, minilm, monkeypatch):
-    from attnviz.compute import streaming
+    from attnviz.core import memory
 
-    monkeypatch.setattr(streaming, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     result = cli("heatmap", "--weights", minilm, "--layer", "4", "the cat sat on the mat",
                  "--head", "1", "--json")
     doc = json.loads(result.stdout)

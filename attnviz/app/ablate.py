@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from attnviz.compute.ablation_measures import MODES, AblationReport
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def check_mode(mode: str | None) -> None:
     if mode is not None and mode not in MODES:
-        raise UsageError(f"unknown ‹ablate› {mode!r}", fix=f"use {' or '.join(MODES)}",
+        raise UsageError(f"unknown {option('ablate')} {mode!r}", fix=f"use {' or '.join(MODES)}",
                          option="ablate")
 
 
@@ -31,7 +31,8 @@ def ablate_standalone(run: AttentionRun, mode: str, head: int | None,
     heads = []
     for captured in run.layers:
         if captured.layer is None:
-            raise UsageError("‹ablate› needs the layers' weights", fix="drop ‹ablate›")
+            raise UsageError(f"{option('ablate')} needs the layers' weights",
+                             fix=f"drop {option('ablate')}")
         heads += [(captured.index, captured.display_label, captured.layer, h)
                   for h in range(captured.heads) if head is None or h == head]
     return ablate_run(run, heads, mode, torch.device(run.device), report)

@@ -6,14 +6,15 @@ from attnviz.compute.ablation_measures import AblationReport
 from attnviz.compute.overview import Overview, build_overview
 from attnviz.compute.ranking import HeadRanking, RankedHead
 from attnviz.compute.stats import HeadStats
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 
 def ablation_overview(head_stats: list[HeadStats], report: AblationReport | None) -> Overview:
     """Layers × heads, each cell the head's causal effect (the report's score)."""
     if report is None:
-        raise UsageError("‹overview› ablation shows the scorecard of ‹ablate›",
-                         fix="add ‹ablate›, or choose another ‹overview›", option="overview")
+        raise UsageError(f"{option('overview')} ablation shows the scorecard of {option('ablate')}",
+                         fix=f"add {option('ablate')}, or choose another {option('overview')}",
+                         option="overview")
 
     def effect_of(stats: HeadStats) -> float | None:
         effect = report.effect(stats.layer, stats.head)

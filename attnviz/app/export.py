@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from attnviz.compute.inputs import Batch
+from attnviz.errors import option
 
 if TYPE_CHECKING:
     import torch
@@ -113,7 +114,7 @@ def check_metadata_size(metadata: dict[str, str]) -> None:
     if size > MAX_METADATA_BYTES:
         raise UsageError(f"the export's metadata (every sentence's tokens, escaped) would take "
                          f"{size / 2**20:.1f} MB, more than {MAX_METADATA_BYTES // 2**20} MB",
-                         fix="pass fewer or shorter sentences, or drop ‹export›",
+                         fix=f"pass fewer or shorter sentences, or drop {option('export')}",
                          option="export")
 
 
@@ -295,10 +296,10 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
     from attnviz.compute.inputs import padding_mask
     from attnviz.sources.hf.layers import cols_tokens, rows_tokens
     from attnviz.sources.hf.load import PATHS
-    from attnviz.sources.hf.run import DESCRIBED_INPUTS, run_model, streams
+    from attnviz.sources.hf.run import DESCRIBED_INPUTS, memory_plan, run_model
 
-    if plan.shown is None or not streams(plan, memory_budget) \
-            or any(layer.num_heads is None for layer in plan.shown):  # (streams: shown is set)
+    if plan.shown is None or not memory_plan(plan, memory_budget, keep=True).streamed \
+            or any(layer.num_heads is None for layer in plan.shown):
         return None
     prepared = plan.prepared
     batch = prepared.batch

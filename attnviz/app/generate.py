@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from attnviz.compute.inputs import TokenLimit, length_problem
 from attnviz.core.request import HeatmapRequest
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
 if TYPE_CHECKING:
@@ -25,15 +25,16 @@ def generate_spec(generate: int | None, sample: bool, temperature: float | None,
     """--generate and its sampling options, checked; None without --generate (when the others
     are usage errors)."""
     if generate is None:
-        given = [flag for flag, value in (("‹sample›", sample), ("‹temperature›", temperature),
-                                          ("‹top_p›", top_p)) if value]
+        given = [option(name) for name, value in (("sample", sample), ("temperature", temperature),
+                                                  ("top_p", top_p)) if value]
         if given:
-            raise UsageError(f"{', '.join(given)} apply to ‹generate› only",
-                             fix="add ‹generate› N, or drop them", option="generate")
+            raise UsageError(f"{', '.join(given)} apply to {option('generate')} only",
+                             fix=f"add {option('generate')} N, or drop them", option="generate")
         return None
     if seed is not None and not sample:
-        raise UsageError("‹seed› with ‹generate› seeds sampling", fix="add ‹sample›, or drop "
-                         "‹seed› (greedy decoding draws nothing)", option="seed")
+        raise UsageError(f"{option('seed')} with {option('generate')} seeds sampling",
+                         fix=f"add {option('sample')}, or drop {option('seed')} (greedy decoding "
+                         "draws nothing)", option="seed")
     spec = GenerateSpec(generate, sample, 1.0 if temperature is None else temperature,
                         1.0 if top_p is None else top_p, seed or 0)
     spec.check()
@@ -43,19 +44,20 @@ def generate_spec(generate: int | None, sample: bool, temperature: float | None,
 def check_job(job: HeatmapRequest, spec: GenerateSpec) -> None:
     """What --generate cannot be combined with, refused before any work."""
     source = job.source
-    refused = [flag for flag, given in (
-        ("‹weights›", source.weights is not None), ("‹random›", source.random is not None),
-        ("‹target›", job.inputs.targets is not None), ("‹query›", job.selection.query is not None),
-        ("‹memory_budget›", job.limits.memory_budget is not None and source.model is None),
-        ("‹device_map›", source.device_map is not None),
-        ("‹max_memory›", source.max_memory is not None),
-        ("‹weighting› norm", job.measure.weighting != "attention"),
-        ("‹ablate›", job.measure.ablate is not None)) if given]
+    refused = [option(name) + suffix for name, suffix, given in (
+        ("weights", "", source.weights is not None), ("random", "", source.random is not None),
+        ("target", "", job.inputs.targets is not None),
+        ("query", "", job.selection.query is not None),
+        ("memory_budget", "", job.limits.memory_budget is not None and source.model is None),
+        ("device_map", "", source.device_map is not None),
+        ("max_memory", "", source.max_memory is not None),
+        ("weighting", " norm", job.measure.weighting != "attention"),
+        ("ablate", "", job.measure.ablate is not None)) if given]
     if refused:
         verb = "does" if len(refused) == 1 else "do"
-        raise UsageError(f"‹generate› runs the bundled model or ‹model›; {', '.join(refused)} "
-                         f"{verb} not apply to it", fix=f"drop {', '.join(refused)}",
-                         option="generate")
+        raise UsageError(f"{option('generate')} runs the bundled model or {option('model')}; "
+                         f"{', '.join(refused)} {verb} not apply to it",
+                         fix=f"drop {', '.join(refused)}", option="generate")
 
 
 def run_generate(job: HeatmapRequest, spec: GenerateSpec,
@@ -67,7 +69,8 @@ def run_generate(job: HeatmapRequest, spec: GenerateSpec,
     if job.source.model is not None:
         sentences = sentences_for(None)
         if not sentences:
-            raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
+            raise UsageError("no sentence given",
+                             fix=f"pass one or more sentences, or {option('file')} FILE")
         return _run_model(job, sentences, spec, report)
     return _run_bundled(job, spec, sentences_for, report)
 

@@ -35,13 +35,12 @@ def streams(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
             memory_budget: int | None) -> bool:
     """Whether one layer's full maps over the longest prompt + `spec.max_new` tokens exceed
     the budget (then the generation takes the two passes above)."""
-    from attnviz.compute import streaming
+    from attnviz.core import memory
     from attnviz.sources.hf.layers import HEAD_FIELDS, config_count
 
     heads = config_count(loaded.config, HEAD_FIELDS) or 1
     n = max(len(p) for p in prompts) + spec.max_new
-    budget = streaming.MAP_BUDGET_BYTES if memory_budget is None else memory_budget
-    return len(prompts) * heads * n * n * 4 > budget
+    return memory.model_plan(len(prompts), n, heads, 1, memory_budget, keep=True).streamed
 
 
 def run_streamed(loaded: LoadedModel, sentences: list[str], prompts: list[list[int]],
@@ -51,13 +50,15 @@ def run_streamed(loaded: LoadedModel, sentences: list[str], prompts: list[list[i
     """The two passes of the module docstring; with export_path, the maps go to that file
     block by block (with the generation's metadata)."""
     from attnviz.app.export import run_model_exporting
+    from attnviz.core import memory
     from attnviz.sources.hf.generate import generate
     from attnviz.sources.hf.generate_maps import generation_record
     from attnviz.sources.hf.inputs import Encoded
     from attnviz.sources.hf.layers import plan_run
-    from attnviz.sources.hf.run import block_bytes, run_model
+    from attnviz.sources.hf.run import run_model
 
-    steps = generate(loaded, prompts, spec, keep=False, block_bytes=block_bytes(memory_budget))
+    steps = generate(loaded, prompts, spec, keep=False,
+                     block_bytes=memory.eager_block_bytes(memory_budget))
     record = generation_record(loaded, steps, prompts, spec)
     record.method = METHOD
     targets = None

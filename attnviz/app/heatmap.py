@@ -223,8 +223,7 @@ def summarize(attention_run: AttentionRun, head: int | None, average: bool, quer
               sentence_index: int, weighting: str = "attention") -> HeatmapResult:
     """Statistics, the selected maps and the --query breakdown of a finished run (of its
     value-weighted maps with weighting "norm")."""
-    from attnviz.compute import maps
-    from attnviz.compute import stats as stats_mod
+    from attnviz.compute import maps, stats
     from attnviz.compute.attention import check_finite_maps
     from attnviz.compute.breakdown import query_breakdown
     from attnviz.compute.inputs import find_query
@@ -241,7 +240,7 @@ def summarize(attention_run: AttentionRun, head: int | None, average: bool, quer
             head_stats += captured.stats or []
             continue
         cross = captured.kind == "cross"
-        found = stats_mod.head_stats(captured.weights, captured.rows_of(batch), captured.index,
+        found = stats.head_stats(captured.weights, captured.rows_of(batch), captured.index,
                                      key_tokens=captured.columns_of(batch) if cross else None)
         if captured.label is not None:
             found = [replace(s, layer_label=captured.label) for s in found]

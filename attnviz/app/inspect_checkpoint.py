@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.core.layer_detail import HeadRow, LayerDetail
-from attnviz.errors import CheckpointError, UsageError
+from attnviz.errors import CheckpointError, UsageError, option
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import Inventory
 from attnviz.recognize.base import HeadHints
@@ -251,7 +251,8 @@ def inspect_checkpoint(request: InspectRequest) -> InspectResult:
         chosen = select_layer(inventory, request.layer, store.source)
         if not chosen.heads_known:
             raise UsageError(f"the number of heads of layer {chosen.name!r} is unknown",
-                             fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                             fix=f"pass {option('num_heads')} (and {option('num_kv_heads')} for "
+                                 "grouped-query layers)",
                              option="layer")
         detail = layer_detail(chosen, store)
         doc["layer_detail"] = {"name": chosen.name, **detail.to_json()}

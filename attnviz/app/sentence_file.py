@@ -18,7 +18,7 @@ from attnviz.compute.inputs import (
     length_problem,
 )
 from attnviz.core.words import split_words
-from attnviz.errors import AttnvizError, UsageError, printable_path
+from attnviz.errors import AttnvizError, UsageError, option, printable_path
 
 
 def max_line_bytes(max_tokens: int) -> int:
@@ -45,8 +45,9 @@ def read_sentences(path: Path, max_tokens: int = DEFAULT_MAX_TOKENS,
             if number > max_sentences:
                 given_too = f" besides the {given} given" if given else ""
                 raise UsageError(f"the sentence file holds more than {max_sentences - given} "
-                                 f"sentences{given_too}: more than ‹max_sentences› "
-                                 f"{max_sentences}", fix="raise ‹max_sentences› or pass fewer",
+                                 f"sentences{given_too}: more than {option('max_sentences')} "
+                                 f"{max_sentences}",
+                                 fix=f"raise {option('max_sentences')} or pass fewer",
                                  where=where)
             problem = length_problem(f"sentence {number} (line {line_number})",
                                      len(split_words(text)), max_tokens, limit)
@@ -88,7 +89,7 @@ def _lines(f: Any, limit: int, where: str) -> Iterator[tuple[int, str]]:
         line_number += 1
         if len(raw) > limit:
             raise UsageError(f"line {line_number} of the sentence file is longer than {limit} "
-                             "bytes", fix="one sentence per line, or raise ‹max_tokens›",
+                             "bytes", fix=f"one sentence per line, or raise {option('max_tokens')}",
                              where=where)
         try:
             text = raw.decode("utf-8").strip()

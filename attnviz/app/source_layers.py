@@ -198,13 +198,15 @@ def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLay
     """run_layer, with --export of long inputs written block by block as the maps stream (the
     file is complete, and moved into place, only when the run succeeds)."""
     from attnviz.app.outputs import atomic_output
-    from attnviz.compute import streaming
     from attnviz.compute.attention import run_layer
+    from attnviz.core import memory
 
     extra = 1 if layer.bias_k is not None else 0
     batch, export = plan.batch, request.outputs.export
     budget, positions = request.limits.memory_budget, request.source.positions
-    if export is None or not streaming.streams(batch, layer.num_heads or 0, extra, budget):
+    too_large = memory.layer_plan(len(batch.tokens), batch.max_len, layer.num_heads or 0, extra,
+                                  budget, keep=True).streamed  # even when kept whole
+    if export is None or not too_large:
         return run_layer(layer, inputs_store, batch, causal, positions, plan.device, store,
                          not request.outputs.full_maps, plan.query_row, budget,
                          keep=request.measure.weighting == "norm")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.errors import CheckFailed, UsageError
+from attnviz.errors import CheckFailed, UsageError, option
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
@@ -124,7 +124,8 @@ def _non_finite_model(source: str) -> CheckFailed:
 
     hint = config_hint(source)
     return CheckFailed("the model's own attention on the verification sentences is not finite "
-                       "(NaN or Inf)", fix="check the weights with 'attnviz inspect ‹scan›'"
+                       "(NaN or Inf)",
+                       fix=f"check the weights with 'attnviz inspect {option('scan')}'"
                        + (f"; or check the {hint}" if hint else ""), where=source)
 
 
@@ -133,9 +134,11 @@ def run_split(request: SplitRequest) -> SplitResult:
     from attnviz.compute.split import make_report
 
     if request.verify and request.model is None:
-        raise UsageError("‹verify› needs ‹model›", fix="pass a Hugging Face model folder")
+        raise UsageError(f"{option('verify')} needs {option('model')}",
+                         fix="pass a Hugging Face model folder")
     if sum(x is not None for x in (request.weights, request.model, request.random)) > 1:
-        raise UsageError("‹model›, ‹weights› and the random-init options exclude each other",
+        raise UsageError(f"{option('model')}, {option('weights')} and the random-init options "
+                         "exclude each other",
                          fix="choose one source")
     verified = ablation = skipped = None
     if request.model is not None:
@@ -149,7 +152,8 @@ def run_split(request: SplitRequest) -> SplitResult:
 
         if request.layer is not None or request.hints.num_kv_heads is not None \
                 or request.hints.head_dim is not None:
-            raise UsageError("‹layer›, ‹num_kv_heads› and ‹head_dim› need ‹weights› or ‹model›")
+            raise UsageError(f"{option('layer')}, {option('num_kv_heads')} and "
+                             f"{option('head_dim')} need {option('weights')} or {option('model')}")
         layer, store = random_mha(request.random or RandomSpec(seed=request.seed))
     report, layer_weights = make_report(layer, store, request.seed)
     return SplitResult(layer, store.source, report, layer_weights, verified,
@@ -176,12 +180,12 @@ def _model_layer(model: str, request: SplitRequest) -> tuple[Any, Any, Any]:
 
 def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, str | None]:
     """(recompute proof or None, ablation proof, why the recompute proof did not run)."""
-    from attnviz.sources import ablation as ablation_mod
     from attnviz.sources import hf
+    from attnviz.sources.ablation import ablate
 
     loaded = hf.load_model(folder)
     targets = VERIFY_TARGETS if loaded.encoder_decoder else None
-    ablation = ablation_mod.ablate(loaded, layer, VERIFY_SENTENCES, targets)
+    ablation = ablate(loaded, layer, VERIFY_SENTENCES, targets)
     plan = hf.plan_run(loaded, VERIFY_SENTENCES, None, targets, need_layers=True)
     call = hf.call_of(plan.layers, loaded.model, layer)
     skipped = hf.recompute_supported(loaded, call)

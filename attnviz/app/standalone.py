@@ -23,12 +23,12 @@ def renumber(attention_run: AttentionRun, index: int) -> None:
     `inspect` gives it in its checkpoint (`--layer 3` shows L3), not 0."""
     from dataclasses import replace
 
-    for captured in attention_run.layers:
-        captured.index = index
-        if captured.views is not None:
-            captured.views = [replace(view, layer=index) for view in captured.views]
-        if captured.stats is not None:
-            captured.stats = [replace(stat, layer=index) for stat in captured.stats]
+    for i, captured in enumerate(attention_run.layers):
+        kept = captured.streamed
+        if kept is not None:
+            kept = replace(kept, views=[replace(view, layer=index) for view in kept.views],
+                           stats=[replace(stat, layer=index) for stat in kept.stats])
+        attention_run.layers[i] = replace(captured, index=index, streamed=kept)
 
 
 def model_folder(store: TensorStore, weights: Path | None) -> Path | None:

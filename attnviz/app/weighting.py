@@ -3,18 +3,22 @@
 
 from __future__ import annotations
 
-from attnviz.compute.results import AttentionRun
+from dataclasses import replace
+
+from attnviz.compute.results import AttentionRun, ValueWeighting
 from attnviz.compute.value_norms import NORM_LEGEND, WEIGHTINGS, norm_maps, normalized_rows
-from attnviz.errors import CheckpointError, UsageError
+from attnviz.errors import CheckpointError, UsageError, option
 
 NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what head h writes from "
-        "key j into query i's output; rows normalized to sum to 1; statistics, ‹overview› and "
-        "‹rank› read these maps; ‹export› holds the raw norms as norm.{layer}")
+        "key j into query i's output; rows normalized to sum to 1; statistics, "
+        f"{option('overview')} and {option('rank')} read these maps; {option('export')} holds "
+        "the raw norms as norm.{layer}")
 
 
 def check_weighting(weighting: str) -> None:
     if weighting not in WEIGHTINGS:
-        raise UsageError(f"unknown ‹weighting› {weighting!r}", fix=f"use {' or '.join(WEIGHTINGS)}",
+        raise UsageError(f"unknown {option('weighting')} {weighting!r}",
+                         fix=f"use {' or '.join(WEIGHTINGS)}",
                          option="weighting")
 
 
@@ -23,22 +27,24 @@ def weigh_run(run: AttentionRun) -> None:
     from attnviz.compute.forward import load_weights
     from attnviz.compute.value_norms import key_norms
 
-    for captured in run.layers:
+    for i, captured in enumerate(run.layers):
         if captured.weights is None:
-            raise UsageError("‹weighting› norm needs every head's full map, and this input "
-                             "streams (its maps exceed the memory budget)",
-                             fix="raise ‹memory_budget›, or use shorter inputs",
+            raise UsageError(f"{option('weighting')} norm needs every head's full map, and this "
+                             "input streams (its maps exceed the memory budget)",
+                             fix=f"raise {option('memory_budget')}, or use shorter inputs",
                              option="weighting")
-        if captured.value_norms is None:
+        norms = captured.value_norms
+        if norms is None:
             value_in = captured.value_inputs if captured.value_inputs is not None \
                 else captured.inputs
             if captured.layer is None or run.store is None or value_in is None:
                 raise CheckpointError(f"layer {captured.display_label}'s value inputs were not "
                                       "captured", fix="report this")
             weights = load_weights(captured.layer, run.store)
-            captured.value_norms = key_norms(captured.layer, weights, value_in.float()).cpu()
-        captured.attention_weights = captured.weights
-        captured.weights = normalized_rows(norm_maps(captured.weights, captured.value_norms))
+            norms = key_norms(captured.layer, weights, value_in.float()).cpu()
+        run.layers[i] = replace(captured,
+                                weights=normalized_rows(norm_maps(captured.weights, norms)),
+                                weighting=ValueWeighting(norms, captured.weights))
     run.weighting = "norm"
     run.notes.append(NOTE)
 

@@ -105,7 +105,16 @@ def heatmap(
     from attnviz.app.heatmap import parse_memory_budget, run_heatmap
     from attnviz.app.heatmap_sources import parse_max_memory
     from attnviz.compute.scale import check_scale
-    from attnviz.core import request as rq
+    from attnviz.core.request import (
+        HeadHints,
+        HeatmapRequest,
+        Inputs,
+        Limits,
+        Measure,
+        Outputs,
+        Selection,
+        SourceSpec,
+    )
 
     check_scale(scale)
     check_figure_options(out, size, dpi)
@@ -121,18 +130,17 @@ def heatmap(
     texts = tuple(sentences or ())
     if probe is not None:
         texts = tuple(probe_sentences(probe, bool(texts) or file is not None))
-    request = rq.HeatmapRequest(  # built once; the use case and the source read it as it is
-        rq.Inputs(texts, file, tuple(target) if target else None),
-        rq.SourceSpec(weights, model,
-                      random_spec(random, embed_dim, num_heads, kdim, vdim,
-                                  None if generate else seed),
-                      rq.HeadHints(None if random else num_heads, num_kv_heads, head_dim),
-                      causal, positions, device, dtype, device_map,
-                      parse_max_memory(max_memory)),
-        rq.Selection(layer, head, average, query, sentence),
-        rq.Measure(weighting, "mean" if ablate_mean else "zero" if ablate else None, writes),
-        rq.Outputs(files.figure, files.html, files.export),
-        rq.Limits(max_tokens, max_sentences, max_panels, parse_memory_budget(memory_budget)))
+    request = HeatmapRequest(  # built once; the use case and the source read it as it is
+        Inputs(texts, file, tuple(target) if target else None),
+        SourceSpec(weights, model,
+                   random_spec(random, embed_dim, num_heads, kdim, vdim,
+                               None if generate else seed),
+                   HeadHints(None if random else num_heads, num_kv_heads, head_dim),
+                   causal, positions, device, dtype, device_map, parse_max_memory(max_memory)),
+        Selection(layer, head, average, query, sentence),
+        Measure(weighting, "mean" if ablate_mean else "zero" if ablate else None, writes),
+        Outputs(files.figure, files.html, files.export),
+        Limits(max_tokens, max_sentences, max_panels, parse_memory_budget(memory_budget)))
     with progress(not (as_json or quiet)) as report:
         result = run_heatmap(request, report)
         write_files(result, files, report, scale, size, dpi)
@@ -221,7 +229,7 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
     """Header lines, the overview, terminal maps, the statistics table and the --query
     breakdown."""
     from attnviz.compute.maps import downsample
-    from attnviz.render import maps_terminal as render
+    from attnviz.render.maps_terminal import print_maps, print_query, print_stats
 
     run = result.run
     out = console()
@@ -237,7 +245,7 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
         out.print()
     if shown.maps:
         fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
-        render.print_maps(out, fitted, run.batch.sentences, shown.scale,
+        print_maps(out, fitted, run.batch.sentences, shown.scale,
                           None if run.target is None else run.target.sentences)
     elif shown.maps_written:
         out.print(plain("maps: in the files written below (--maps prints them here too)"),
@@ -249,10 +257,10 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
         print_scorecard(out, result.ablation, result.head_stats)
     if shown.stats:
         out.print()
-        render.print_stats(out, result.head_stats)
+        print_stats(out, result.head_stats)
     if result.breakdown is not None:
         out.print()
-        render.print_query(out, result.breakdown, run.batch.tokens[shown.sentence_index])
+        print_query(out, result.breakdown, run.batch.tokens[shown.sentence_index])
 
 
 MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview

@@ -6,6 +6,8 @@ rows and columns are real. Renderers slice; they never recompute.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from attnviz.compute import kernel, layer_stream, streaming
@@ -19,8 +21,9 @@ from attnviz.compute.forward import (
 )
 from attnviz.compute.inputs import Batch, input_vectors, padding_mask
 from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
+from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckFailed
+from attnviz.errors import CheckFailed, option
 from attnviz.load.checkpoint import TensorStore
 
 
@@ -54,8 +57,9 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
               budget: int | None = None, sink: layer_stream.RowSink | None = None,
               keep: bool = False) -> AttentionRun:
     """One standalone layer on a padded batch. With allow_stream, inputs stream in blocks of
-    query rows as `streaming.memory_plan` decides (maps beyond the memory budget, or larger
-    than a display and not kept: `keep` holds them whole whenever they fit), keeping the
+    query rows as the memory plan decides (`attnviz.core.memory.layer_plan`: maps beyond the
+    memory budget, or larger than a display and not kept: `keep` holds them whole whenever
+    they fit), keeping the
     (sentence, query) row of every head for --query and handing every full row to `sink`,
     which --export writes as it comes."""
     x, described = input_vectors(batch, layer.embed_dim, store, positions)
@@ -67,23 +71,23 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     pad = padding_mask(batch)
     notes = []
     extra = 1 if layer.bias_k is not None else 0
-    plan = streaming.memory_plan(batch, layer.num_heads or 0, extra, budget, device,
-                                 one_head=sink is not None, keep=keep)
+    plan = memory.layer_plan(len(batch.tokens), batch.max_len, layer.num_heads or 0, extra,
+                             budget, device.type == "cpu", one_head=sink is not None, keep=keep)
     if layer.positions not in ("none", "learned", "sinusoidal"):
         notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
-                     "layer runs without them (use ‹positions› sinusoidal to add absolute "
-                     "positions to the inputs)")
+                     f"layer runs without them (use {option('positions')} sinusoidal to add "
+                     "absolute positions to the inputs)")
     if allow_stream and plan.streamed:
         if sink is not None:
             sink.begin(described, x)
-        streamed = layer_stream.stream_layer(layer, weights_store, batch, x, key, causal, device,
-                                          query_row, budget, sink)
-        streamed.key_inputs = None if key is x else key
-        streamed.value_inputs = None if value is x else value
+        streamed = replace(layer_stream.stream_layer(layer, weights_store, batch, x, key, causal,
+                                                     device, query_row, budget, sink),
+                           key_inputs=None if key is x else key,
+                           value_inputs=None if value is x else value)
         group = "one head" if plan.heads == 1 else f"{plan.heads} heads"
         notes.append(f"long input: maps computed {group} and sentence at a time, in blocks of "
                      "query rows, and kept only at display size "
-                     f"(≤ {streaming.DISPLAY_CELLS} per side); ‹export› "
+                     f"(≤ {streaming.DISPLAY_CELLS} per side); {option('export')} "
                      + ("wrote every full map block by block" if sink is not None else
                         "writes the full maps block by block"))
         return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
@@ -117,4 +121,4 @@ def check_finite_maps(run: AttentionRun) -> None:
             if bad:
                 raise CheckFailed(f"layer {captured.index} produced {bad} non-finite attention "
                                   f"weights for sentence {b + 1}",
-                                  fix="check the weights with 'attnviz inspect ‹scan›'")
+                                  fix=f"check the weights with 'attnviz inspect {option('scan')}'")

@@ -15,8 +15,8 @@ from attnviz.compute.forward import load_weights, per_head_forward
 from attnviz.compute.inputs import Batch
 from attnviz.compute.positions import SCHEMES, Positions, positions_for, recompute_heads
 from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
-from attnviz.errors import CheckFailed, UsageError
-from attnviz.load import config as hfconfig
+from attnviz.errors import CheckFailed, UsageError, option
+from attnviz.load.config import model_type
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,9 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
         return captured_breakdown(run, captured, sentence, query)
     layer = captured.layer
     if layer is None or run.store is None:
-        raise UsageError("‹query› needs the q and k the model's attention receives, and this "
-                         "run did not keep them", fix="drop ‹query›", option="query")
+        raise UsageError(f"{option('query')} needs the q and k the model's attention receives, "
+                         "and this run did not keep them", fix=f"drop {option('query')}",
+                         option="query")
     n = run.batch.lengths[sentence]
     assert captured.inputs is not None  # the last layer always keeps its inputs
     x = captured.inputs[sentence : sentence + 1, :n]
@@ -168,7 +169,7 @@ def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
     if captured.weights is None:
         if captured.query_row != (sentence, query) or captured.query_weights is None:
             raise UsageError("this streamed run kept no weights for that query",
-                             fix="pass ‹query› to the run that streams")
+                             fix=f"pass {option('query')} to the run that streams")
         return captured.query_weights
     columns = captured.columns_of(batch)
     width = max(len(t) for t in columns)
@@ -186,11 +187,11 @@ def _model_positions(run: AttentionRun, captured: LayerAttention,
     if not captured.method.startswith("transformers") or run.store is None \
             or captured.layer is None:
         return None
-    kind = hfconfig.model_type(run.store.config)
+    kind = model_type(run.store.config)
     if kind in SCHEMES:
         return positions_for(run.store.config, captured.layer, captured.index, length)
     if captured.layer.positions not in ("none", "learned", "sinusoidal"):
-        raise UsageError(f"‹query› does not recompute {captured.layer.positions} positions of "
-                         f"model_type {kind!r}",
+        raise UsageError(f"{option('query')} does not recompute {captured.layer.positions} "
+                         f"positions of model_type {kind!r}",
                          fix=f"supported: {', '.join(sorted(SCHEMES))}", option="query")
     return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -23,14 +23,15 @@ def resolve_device(spec: str) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("CUDA is not available on this machine (or this torch build)",
-                             fix="use ‹device› cpu or auto", option="device")
+                             fix=f"use {option('device')} cpu or auto", option="device")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"there is no GPU {device.index}; this machine has "
                              f"{torch.cuda.device_count()}", fix="choose another index",
                              option="device")
     elif device.type == "mps":
         if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise UsageError("MPS is not available on this machine", fix="use ‹device› cpu",
+            raise UsageError("MPS is not available on this machine",
+                             fix=f"use {option('device')} cpu",
                              option="device")
     elif device.type != "cpu":
         raise UsageError(f"unsupported device {spec!r}", fix="use auto, cpu, cuda, cuda:N or mps",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from attnviz.core.request import DEFAULT_MAX_SENTENCES as DEFAULT_MAX_SENTENCES
 from attnviz.core.request import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
 from attnviz.core.words import split_words, token_hash
-from attnviz.errors import UsageError, printable_path
+from attnviz.errors import UsageError, option, printable_path
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.jsonfile import parse_json
 from attnviz.load.paths import read_capped
@@ -64,19 +64,19 @@ def length_problem(label: str, count: int, max_tokens: int | None,
     fix is enough (`whom` is what the fix shortens); None when it fits."""
     over_flag = max_tokens is not None and count > max_tokens
     over_source = limit is not None and count > limit.tokens
-    flag = f"‹max_tokens› {max_tokens}"
+    flag = f"{option('max_tokens')} {max_tokens}"
     if limit is None or not over_source:
         if not over_flag:
             return None
-        fix = f"raise ‹max_tokens› or shorten {whom}" if limit is None else (
-            f"raise ‹max_tokens› (to at most {limit.tokens}: {limit.holder} knows no more "
-            f"positions) or shorten {whom}")
+        fix = f"raise {option('max_tokens')} or shorten {whom}" if limit is None else (
+            f"raise {option('max_tokens')} (to at most {limit.tokens}: {limit.holder} knows "
+            f"no more positions) or shorten {whom}")
         return (f"{label} has {count} tokens, more than {flag} (attention costs O(L²) per "
                 "head)", fix)
     source = f"the {limit.tokens} positions {limit.holder} knows"
     both = f"{flag} and {source}" if over_flag else source
     fix = f"shorten {whom} to at most {limit.tokens} tokens" + (
-        " (raising ‹max_tokens› cannot help)" if over_flag else "")
+        f" (raising {option('max_tokens')} cannot help)" if over_flag else "")
     return f"{label} has {count} tokens, more than {both}", fix
 
 
@@ -87,7 +87,8 @@ def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
     each sentence's length against --max-tokens and the source's own `limit`, all passed
     limits named in one error."""
     if not sentences:
-        raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
+        raise UsageError("no sentence given",
+                         fix=f"pass one or more sentences, or {option('file')} FILE")
     tokens = []
     for i, sentence in enumerate(sentences, 1):
         words = split_words(sentence)
@@ -96,8 +97,9 @@ def make_batch(sentences: list[str], max_tokens: int = DEFAULT_MAX_TOKENS,
         tokens.append(words)
     problems = []
     if len(sentences) > max_sentences:
-        problems.append((f"{len(sentences)} sentences exceed ‹max_sentences› {max_sentences}",
-                         "raise ‹max_sentences› or pass fewer"))
+        problems.append((f"{len(sentences)} sentences exceed {option('max_sentences')} "
+                         f"{max_sentences}",
+                         f"raise {option('max_sentences')} or pass fewer"))
     over = [i for i, words in enumerate(tokens)
             if length_problem("", len(words), max_tokens, limit) is not None]
     if over:

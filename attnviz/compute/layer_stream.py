@@ -1,7 +1,7 @@
 """A standalone layer on long inputs: the kernel's block form (`kernel.block_softmax`) run one
-sentence at a time, in blocks of query rows of one or more heads sized by the memory budget
-(`streaming.memory_plan`), each block reduced at once by a `MapReducer` (and handed whole to a
-`RowSink` for --export).
+sentence at a time, in blocks of query rows of one or more heads sized by the memory plan
+(`attnviz.core.memory.layer_plan`), each block reduced at once by a `MapReducer` (and handed
+whole to a `RowSink` for --export).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from attnviz.compute import kernel
 from attnviz.compute.forward import LayerWeights, load_weights
 from attnviz.compute.inputs import Batch
 from attnviz.compute.results import LayerAttention
-from attnviz.compute.streaming import MapReducer, memory_plan
+from attnviz.compute.streaming import MapReducer
+from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import merge_ranges
 from attnviz.load.checkpoint import TensorStore
@@ -40,14 +41,15 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
     With query_row = (sentence, query), that row of every head is kept too, for --query.
 
     Each sentence runs alone over its real keys: that equals its rows of the padded batch,
-    whose key padding mask only removes the padded keys. Blocks hold `memory_plan`'s rows of
+    whose key padding mask only removes the padded keys. Blocks hold the memory plan's rows of
     as many heads as the budget allows. A sink also gets every row of the padded batch (padded
     queries included) in (sentence, head, row) order, for --export (one head per block).
     """
     weights = load_weights(layer, store, device=str(device))
     extra = 1 if weights.bias_k is not None else 0
     heads = layer.num_heads or 0
-    plan = memory_plan(batch, heads, extra, budget, device, one_head=sink is not None)
+    plan = memory.layer_plan(len(batch.tokens), batch.max_len, heads, extra, budget,
+                             device.type == "cpu", one_head=sink is not None)
     reducer = MapReducer(0, batch.tokens, query_row, extra)
     size = plan.heads * plan.rows * (batch.max_len + extra)
     buffers = torch.empty(size, device=device), torch.empty(size, device=device)

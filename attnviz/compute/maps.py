@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 # MapView lives with the results that hold it (LayerAttention.views); imported from here too
 from attnviz.compute.results import AttentionRun, LayerAttention, MapView
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
     import numpy as np
@@ -68,7 +68,8 @@ def _check_kept(captured: LayerAttention, head: int | None, average: bool) -> No
     if head is not None and not average and head >= MAX_VIEW_HEADS:
         raise UsageError(f"a long input is streamed, and only the maps of heads "
                          f"0..{MAX_VIEW_HEADS - 1} are kept for display; head {head} is not",
-                         fix="shorten the input, or pass ‹export› FILE for every full map",
+                         fix=f"shorten the input, or pass {option('export')} FILE for every "
+                             "full map",
                          option="head")
 
 

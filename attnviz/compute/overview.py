@@ -18,7 +18,7 @@ from typing import Any
 
 from attnviz.compute.ranking import HEAD_TYPES
 from attnviz.compute.stats import LABEL_THRESHOLD, HeadStats
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 BROAD = "broad"
 OTHER = "other"
@@ -91,7 +91,7 @@ class Overview:
 
 def check_choice(shows: str) -> None:
     if shows not in CHOICES:
-        raise UsageError(f"unknown ‹overview› {shows!r}", fix=f"use {', '.join(CHOICES)}",
+        raise UsageError(f"unknown {option('overview')} {shows!r}", fix=f"use {', '.join(CHOICES)}",
                          option="overview")
 
 

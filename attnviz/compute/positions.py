@@ -20,14 +20,14 @@ from attnviz.compute import kernel
 from attnviz.compute.forward import LayerWeights
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import LayoutError, UsageError, printable
-from attnviz.load import config as hfconfig
-from attnviz.recognize import model_types as mt
+from attnviz.load.config import model_type, number
+from attnviz.recognize import model_types
 
 # model_type → where positions enter attention, for the types whose positions attnviz recomputes
 # (split --verify, heatmap --query). Read from the one model-type table; causal masking and the
 # scale come from the layer.
 SCHEMES = {kind: "rope" if entry.positions == "rope" else "none"
-           for kind, entry in mt.MODEL_TYPES.items() if entry.verify}
+           for kind, entry in model_types.MODEL_TYPES.items() if entry.verify}
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -43,7 +43,7 @@ class Positions:
 def positions_for(config: dict[str, Any], layer: AttentionLayer, index: int,
                   length: int) -> Positions:
     """The position scheme of layer `index` of a model with this config.json."""
-    kind = hfconfig.model_type(config)
+    kind = model_type(config)
     if kind not in SCHEMES:
         raise UsageError(f"verification does not support model_type {kind!r}",
                          fix=f"supported: {', '.join(sorted(SCHEMES))}")
@@ -59,15 +59,15 @@ def positions_for(config: dict[str, Any], layer: AttentionLayer, index: int,
 def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, int], str]:
     """((cos, sin, rotated dims), description) for positions 0..length-1."""
-    entry = mt.lookup(kind) or mt.GENERIC
-    dims = int(head_dim * mt.rotary_fraction(entry, config, head_dim))
+    entry = model_types.lookup(kind) or model_types.GENERIC
+    dims = int(head_dim * model_types.rotary_fraction(entry, config, head_dim))
     # transformers 5 writes rope_parameters; 4.x wrote rope_theta (rotary_emb_base for NeoX) and
     # an optional rope_scaling dict.
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     params = params if isinstance(params, dict) else {}
-    theta = next((value for value in (hfconfig.number(params, "rope_theta", None),
-                                      hfconfig.number(config, "rope_theta", None),
-                                      hfconfig.number(config, "rotary_emb_base", None))
+    theta = next((value for value in (number(params, "rope_theta", None),
+                                      number(config, "rope_theta", None),
+                                      number(config, "rotary_emb_base", None))
                   if value is not None), 10000.0)
     rope_type = params.get("rope_type") or params.get("type") or "default"
     inv_freq = 1.0 / theta ** (torch.arange(0, dims, 2, dtype=torch.int64).float() / dims)
@@ -87,7 +87,7 @@ def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
 
 def _required(params: dict[str, Any], name: str) -> float:
     """A positive number the rope parameters must hold."""
-    value = hfconfig.number(params, name, None)
+    value = number(params, name, None)
     if value is None:
         raise LayoutError(f"config.json's rope parameters lack {name!r}", fix="fix config.json")
     return value
@@ -120,7 +120,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: int)
 def sliding_window(config: dict[str, Any], kind: str | None, index: int) -> int | None:
     """The sliding window of layer `index`, or None for full attention (the model-type table's
     rule: always, opt-in with use_sliding_window, or per layer_types)."""
-    return mt.sliding_window(config, kind, index)
+    return model_types.sliding_window(config, kind, index)
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,49 @@ class MapView:
         return f"{self.label if self.label is not None else f'L{self.layer}'} · {head}"
 
 
-@dataclass
+@dataclass(frozen=True)
+class StreamedMaps:
+    """What a streamed layer keeps instead of its full maps (attnviz.compute.streaming): display
+    views, summable statistics and, for --query, that query's row of every head."""
+
+    views: list[MapView]
+    stats: list[HeadStats]
+    query_row: tuple[int, int] | None = None  # (sentence, query) of query_weights
+    query_weights: torch.Tensor | None = None  # (H, S) the query's row of every head
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A layer captured from a model's forward pass (attnviz.sources.hf): the module's name and
+    head count as the pass reported them, what kind of attention it is (self, decoder-self,
+    cross), its label ("3", "enc 0", "cross 1"), and the query's and key's tokens where they are
+    not the batch's (decoder rows are target tokens)."""
+
+    name: str
+    num_heads: int | None
+    kind: str = "self"
+    label: str | None = None
+    query_tokens: list[list[str]] | None = None
+    key_tokens: list[list[str]] | None = None
+    scores: CapturedScores | None = None  # for --query: what its attention received
+    causal: bool | None = None  # observed on the maps (None: not known)
+
+
+@dataclass(frozen=True)
+class ValueWeighting:
+    """--weighting norm (attnviz.compute.value_norms): per key ‖W_O^h v_j‖, and the attention
+    maps themselves once `LayerAttention.weights` holds the normalized value-weighted maps."""
+
+    value_norms: torch.Tensor  # (B, H, S)
+    attention_weights: torch.Tensor | None = None  # (B, H, L, S); None: not yet weighted
+
+
+@dataclass(frozen=True)
 class LayerAttention:
+    """One shown layer's attention: its full maps (`weights`), or, when streamed, what
+    `streamed` keeps; with `call` for a layer captured from a model and `weighting` for
+    --weighting norm. Frozen: a changed layer is a new one (`dataclasses.replace`)."""
+
     index: int  # position of the layer in the model (0 for a standalone layer)
     layer: AttentionLayer | None  # attnviz's description; None for a layer captured from a model
     weights: torch.Tensor | None  # (B, H, L, S) float32 on the CPU; None when streamed
@@ -74,29 +115,65 @@ class LayerAttention:
     method: str  # which computation produced the weights
     key_inputs: torch.Tensor | None = None  # (B, S, kdim) when kdim ≠ E, else None (= inputs)
     value_inputs: torch.Tensor | None = None
-    # Streamed long inputs keep only display-sized maps and statistics (see
-    # attnviz.compute.streaming), and for --query that query's row of every head: (H, S) for
-    # (sentence, query) = query_row.
-    views: list[MapView] | None = None
-    stats: list[HeadStats] | None = None
-    query_row: tuple[int, int] | None = None
-    query_weights: torch.Tensor | None = None
-    # Layers captured from a model (attnviz.sources.hf): the module's name and head count as the
-    # forward pass reported them, what kind of attention it is (self, decoder-self, cross), its
-    # label ("3", "enc 0", "cross 1"), and the query's and key's tokens where they are not the
-    # batch's (decoder rows are target tokens).
-    name: str | None = None
-    num_heads: int | None = None
-    kind: str = "self"
-    label: str | None = None
-    query_tokens: list[list[str]] | None = None
-    key_tokens: list[list[str]] | None = None
-    scores: CapturedScores | None = None  # for --query on a model: what its attention received
-    causal: bool | None = None  # observed on the maps (None: not known)
-    # --weighting norm (attnviz.compute.value_norms): per key ‖W_O^h v_j‖ (B, H, S), and the
-    # attention maps themselves, kept when `weights` holds the normalized value-weighted maps
-    value_norms: torch.Tensor | None = None
-    attention_weights: torch.Tensor | None = None
+    streamed: StreamedMaps | None = None
+    call: ModelCall | None = None
+    weighting: ValueWeighting | None = None
+
+    @property
+    def views(self) -> list[MapView] | None:
+        return None if self.streamed is None else self.streamed.views
+
+    @property
+    def stats(self) -> list[HeadStats] | None:
+        return None if self.streamed is None else self.streamed.stats
+
+    @property
+    def query_row(self) -> tuple[int, int] | None:
+        return None if self.streamed is None else self.streamed.query_row
+
+    @property
+    def query_weights(self) -> torch.Tensor | None:
+        return None if self.streamed is None else self.streamed.query_weights
+
+    @property
+    def name(self) -> str | None:
+        return None if self.call is None else self.call.name
+
+    @property
+    def num_heads(self) -> int | None:
+        return None if self.call is None else self.call.num_heads
+
+    @property
+    def kind(self) -> str:
+        return "self" if self.call is None else self.call.kind
+
+    @property
+    def label(self) -> str | None:
+        return None if self.call is None else self.call.label
+
+    @property
+    def query_tokens(self) -> list[list[str]] | None:
+        return None if self.call is None else self.call.query_tokens
+
+    @property
+    def key_tokens(self) -> list[list[str]] | None:
+        return None if self.call is None else self.call.key_tokens
+
+    @property
+    def scores(self) -> CapturedScores | None:
+        return None if self.call is None else self.call.scores
+
+    @property
+    def causal(self) -> bool | None:
+        return None if self.call is None else self.call.causal
+
+    @property
+    def value_norms(self) -> torch.Tensor | None:
+        return None if self.weighting is None else self.weighting.value_norms
+
+    @property
+    def attention_weights(self) -> torch.Tensor | None:
+        return None if self.weighting is None else self.weighting.attention_weights
 
     @property
     def heads(self) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 SCALES = ("max", "fixed", "log")
 DEFAULT_SCALE = "max"
@@ -62,7 +62,7 @@ class Scale:
 
 def check_scale(kind: str) -> None:
     if kind not in SCALES:
-        raise UsageError(f"unknown ‹scale› {kind!r}", fix=f"use {', '.join(SCALES)}",
+        raise UsageError(f"unknown {option('scale')} {kind!r}", fix=f"use {', '.join(SCALES)}",
                          option="scale")
 
 

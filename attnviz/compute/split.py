@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import CheckFailed, UsageError
+from attnviz.errors import CheckFailed, UsageError, option
 
 # The proof passes when max |Δ| <= PROOF_TOLERANCE × max(1, max |reference|), for the output and
 # for the weights alike: float32 accumulates ~1e-6 relative error over a few hundred products.
@@ -197,7 +197,7 @@ def check_finite(weights: Any) -> None:
         bad = (~torch.isfinite(tensor)).sum().item()
         if bad:
             raise CheckFailed(f"{name} holds {bad} non-finite values (NaN or Inf)",
-                              fix="see 'attnviz inspect ‹layer›' for counts per tensor")
+                              fix=f"see 'attnviz inspect {option('layer')}' for counts per tensor")
 
 
 def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[SplitReport, Any]:
@@ -207,7 +207,8 @@ def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[Split
     if not layer.heads_known:
         raise UsageError(f"the number of heads of layer {layer.name or '(top level)'!r} is "
                          "unknown: it is not stored in the weights",
-                         fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                         fix=f"pass {option('num_heads')} (and {option('num_kv_heads')} for "
+                             "grouped-query layers)",
                          option="num_heads")
     weights = load_weights(layer, store)
     check_finite(weights)

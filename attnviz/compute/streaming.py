@@ -4,9 +4,9 @@ head's full L × S map ever exists.
 
 Each block is exact: softmax is per row, and a block's rows see their full key range, so each
 row's max and normalizer come from the whole row. Memory: O(heads · rows · S) for one block of
-one sentence (rows and heads follow a memory budget: `memory_plan`), plus O(B · H · c²) for the
-c × c display maps and O(L) per head for the statistics' row terms, against O(B · H · L · S) for
-the full maps.
+one sentence (rows and heads follow the memory plan: `attnviz.core.memory`), plus O(B · H · c²)
+for the c × c display maps and O(L) per head for the statistics' row terms, against
+O(B · H · L · S) for the full maps.
 Time: the same O(H · B · L · S · d) work as the full maps, through matmuls into preallocated
 buffers and in-place elementwise passes.
 
@@ -25,9 +25,8 @@ import torch
 from numpy.typing import NDArray
 
 from attnviz.compute.cells import ColumnPlans, cell_sums
-from attnviz.compute.inputs import Batch
 from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
-from attnviz.compute.results import LayerAttention
+from attnviz.compute.results import LayerAttention, StreamedMaps
 from attnviz.compute.row_stats import (
     ROW_TERMS,
     SentencePatterns,
@@ -36,84 +35,12 @@ from attnviz.compute.row_stats import (
     zeros,
 )
 from attnviz.compute.stats import StatSums, add_sums, finish_stats
+from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckFailed
+from attnviz.errors import CheckFailed, option
 
-MAP_BUDGET_BYTES = 256 * 2**20  # default memory budget: beyond it, maps stream in blocks
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
-# Maps of at most this many keys are held whole when they fit the budget (torch's own forward
-# computes them; a display shows them cell for cell); larger ones stream unless kept (blocks
-# cost less than torch's forward plus statistics over the full maps).
-WHOLE_KEYS = 512
 STREAMED = "blocks of query rows of one head and sentence at a time"
-# A block holds its scores, its weights and the temporaries of one elementwise pass over it:
-# about this many float32 copies of its rows.
-BLOCK_BUFFERS = 3
-# On a CPU, blocks beyond this many entries (heads × rows × keys; 64 MiB per buffer) stop
-# paying, while smaller ones multiply the operations, each of which waits at its OpenMP
-# barrier (costly when other processes share the cores); rows beyond CPU_BLOCK_ROWS grow the
-# r × r keys beside a block. GPUs take what the budget allows.
-CPU_BLOCK_ENTRIES = 2**24
-CPU_BLOCK_ROWS = 256
-MAX_BLOCK_ROWS = 2048  # GPUs: the r × r keys beside a block stay small
-
-
-def full_maps_bytes(batch: Batch, num_heads: int, extra_keys: int = 0, layers: int = 1) -> int:
-    return layers * len(batch.tokens) * num_heads * batch.max_len * (batch.max_len + extra_keys) * 4
-
-
-def streams(batch: Batch, num_heads: int, extra_keys: int = 0,
-            budget: int | None = None) -> bool:
-    """Whether a layer's full maps exceed the memory budget, so that they stream in blocks."""
-    limit = MAP_BUDGET_BYTES if budget is None else budget
-    return full_maps_bytes(batch, num_heads, extra_keys) > limit
-
-
-def block_rows(budget: int | None, keys: int, device: torch.device) -> int:
-    """Query rows per block: as many as the budget holds, capped (see CPU_BLOCK_ENTRIES)."""
-    limit = MAP_BUDGET_BYTES if budget is None else budget
-    rows = limit // (BLOCK_BUFFERS * 4 * max(1, keys))
-    cap = min(CPU_BLOCK_ROWS, CPU_BLOCK_ENTRIES // max(1, keys)) if device.type == "cpu" \
-        else MAX_BLOCK_ROWS
-    return max(1, min(rows, cap))
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How a standalone layer's maps are computed within a memory budget: whole, or streamed
-    in blocks of `rows` query rows of `heads` heads of one sentence (both ≥ 1)."""
-
-    streamed: bool  # False: the full maps (B, H, L, S) fit the budget and are kept
-    rows: int  # query rows per block
-    heads: int  # heads per block: the block's buffers are heads × rows × (S + extra) floats
-
-    def describe(self) -> str:
-        """What one block holds, in words."""
-        what = "one head" if self.heads == 1 else f"{self.heads} heads"
-        return f"blocks of query rows of {what} of one sentence at a time"
-
-
-def memory_plan(batch: Batch, num_heads: int, extra_keys: int = 0, budget: int | None = None,
-                device: torch.device | None = None, one_head: bool = False,
-                keep: bool = False) -> MemoryPlan:
-    """The one decision for a standalone layer. Whole maps when they fit the budget and either
-    the caller reads them (`keep`: --weighting norm, a short --export) or they are small (at
-    most WHOLE_KEYS keys); else blocks of `block_rows` query rows, of as many heads as the
-    budget holds (on a CPU also ≤ CPU_BLOCK_ENTRIES entries, whose passes stay in cache).
-    Blocks cost less than torch's forward plus statistics over the full maps (no values, no
-    output, no logarithm per entry), so larger maps stream. one_head: blocks of one head (a
-    --export file takes its rows in (sentence, head, row) order)."""
-    device = device or torch.device("cpu")
-    keys = max(1, batch.max_len + extra_keys)
-    rows = block_rows(budget, keys, device)
-    if not streams(batch, num_heads, extra_keys, budget) and (keep or keys <= WHOLE_KEYS):
-        return MemoryPlan(False, rows, max(1, num_heads))
-    limit = MAP_BUDGET_BYTES if budget is None else budget
-    heads = limit // (BLOCK_BUFFERS * 4 * rows * keys)
-    if device.type == "cpu":
-        heads = min(heads, CPU_BLOCK_ENTRIES // (rows * keys))
-    heads = 1 if one_head else max(1, min(heads, num_heads))
-    return MemoryPlan(True, rows, heads)
 
 
 def _accumulate(cells: torch.Tensor, low: int, high: int, columns: slice | torch.Tensor,
@@ -176,7 +103,8 @@ class MapReducer:
         bias_k column); scores, when given, the pre-softmax scores it came from."""
         if self.extra_keys is None:
             self.extra_keys = attn.shape[-1] - len(self.tokens[sentence])
-        step = block_rows(None, attn.shape[-1], attn.device)  # bounded temporaries, as streamed
+        # bounded temporaries, as streamed
+        step = memory.block_rows(None, attn.shape[-1], attn.device.type == "cpu")
         for start in range(0, attn.shape[1], step):
             stop = start + step
             self.add_rows(sentence, first_head, start, attn[:, start:stop],
@@ -290,7 +218,7 @@ class MapReducer:
             raise ValueError(f"sentence {sentence}, head {head} is missing query rows")
         if self._non_finite:
             raise CheckFailed(f"layer {self.layer_index} produced non-finite attention weights",
-                              fix="check the weights with 'attnviz inspect ‹scan›'")
+                              fix=f"check the weights with 'attnviz inspect {option('scan')}'")
         first_view: dict[int, MapView] = {}
         for view in self.views:
             first_view.setdefault(view.sentence, view)
@@ -299,7 +227,6 @@ class MapReducer:
         stats = [s for head in sorted(self._sums)
                  for s in finish_stats(self._sums[head], self.layer_index, first_head=head)]
         rows = torch.stack([self._rows[h] for h in sorted(self._rows)]) if self._rows else None
-        return LayerAttention(self.layer_index, layer, None, inputs, method,
-                              views=self.views + means, stats=stats,
-                              query_row=self.query_row if rows is not None else None,
-                              query_weights=rows)
+        kept = StreamedMaps(self.views + means, stats,
+                            self.query_row if rows is not None else None, rows)
+        return LayerAttention(self.layer_index, layer, None, inputs, method, streamed=kept)

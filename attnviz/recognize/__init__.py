@@ -17,7 +17,7 @@ import attnviz.recognize.conventions as conventions
 import attnviz.recognize.discovered as discovered
 import attnviz.recognize.match as match
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import AttnvizError, CheckpointError, UsageError, printable, quoted
+from attnviz.errors import AttnvizError, CheckpointError, UsageError, option, printable, quoted
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, Unresolved, natural_key
 from attnviz.recognize.discovered import Discover
@@ -121,7 +121,8 @@ def select_layer(inventory: Inventory, spec: str | None, source: str) -> Attenti
     if spec is None:
         if len(layers) > 1:
             raise UsageError(f"the checkpoint has {len(layers)} attention layers",
-                             fix="choose one with ‹layer› INDEX or ‹layer› NAME "
+                             fix=f"choose one with {option('layer')} INDEX or "
+                                 f"{option('layer')} NAME "
                              "(see 'attnviz inspect')", where=source)
         return layers[0]
     if re.fullmatch(r"-?[0-9]+", spec):

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import attnviz.recognize.match as match
-import attnviz.recognize.model_types as mt
+import attnviz.recognize.model_types as model_types
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import LayoutError, printable
-from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
+from attnviz.load.config import model_type, tower_config
 from attnviz.recognize.base import HeadHints, Unresolved, finish, optional_ref, ref
 
 
@@ -62,7 +62,7 @@ BUILT = "found by building the model from config.json on the meta device"
 def wanted(store: TensorStore, layers: list[AttentionLayer], unclassified: list[str]) -> bool:
     """Whether building the model could add anything: config.json names a model_type and some
     attention tensors are unclaimed, or a layer read with config.json lacks its head count."""
-    if hfconfig.model_type(store.config) is None:
+    if model_type(store.config) is None:
         return False
     return bool(unclassified) or any(not layer.heads_known and layer.family not in
                                      ("torch-mha", "timm") for layer in layers)
@@ -199,9 +199,10 @@ def _projection_problem(by_part: dict[str, list[Param]],
 def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
            hints: HeadHints) -> AttentionLayer | Unresolved:
     name = prefix.rstrip(".")
-    kind, tower = mt.base_type(hfconfig.model_type(store.config))
-    entry = mt.lookup(kind)
-    family = mt.family_of(kind) if entry is not None and kind is not None else kind or "unknown"
+    kind, tower = model_types.base_type(model_type(store.config))
+    entry = model_types.lookup(kind)
+    family = model_types.family_of(kind) if entry is not None and kind is not None \
+        else kind or "unknown"
     keys = tuple(sorted(prefix + p.name for p in fact.params if prefix + p.name in store))
     projections = [p for p in fact.params if _looks_projected(p)]
 
@@ -218,9 +219,9 @@ def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
                       transposed=by_part[part][0].transposed) for part in "qkvo"}
     biases = {part: optional_ref(store, prefix + by_part[part][0].name.removesuffix("weight")
                                  + "bias") for part in "qkvo"}
-    config = hfconfig.tower_config(store.config, prefix)[1]
+    config = tower_config(store.config, prefix)[1]
     role = match.role_of(prefix)
-    found = mt.config_heads(entry or mt.GENERIC, config, role)
+    found = model_types.config_heads(entry or model_types.GENERIC, config, role)
     heads = HeadHints(hints.num_heads or fact.num_heads or found.num_heads,
                       hints.num_kv_heads or fact.num_kv_heads or found.num_kv_heads,
                       hints.head_dim or fact.head_dim or found.head_dim)
@@ -240,5 +241,5 @@ def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
     notes = [] if entry is not None else [
         f"model_type {printable(kind or '')!r} is not known to attnviz: positions, causal "
         "masking and scale are shown as none, not causal, 1/√d"]
-    ctx = match.Context(prefix, config, kind, tower, entry or mt.GENERIC, family, role, ())
+    ctx = match.Context(prefix, config, kind, tower, entry or model_types.GENERIC, family, role, ())
     return match.describe(layer, store, ctx, None, tuple(notes))

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import attnviz.recognize.model_types as mt
+import attnviz.recognize.model_types as model_types
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.errors import DtypeError, HeadCountError, printable
-from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
+from attnviz.load.config import model_type, tower_config
 from attnviz.recognize.base import (
     HeadHints,
     Unresolved,
@@ -43,7 +43,7 @@ class Context:
     config: dict[str, Any]  # the layer's own (tower) config, {} when the format has none
     kind: str | None  # model_type, tower suffix removed
     tower: str | None
-    entry: mt.ModelType  # the model_type's row, the one the convention assumes, or GENERIC
+    entry: model_types.ModelType  # the model_type's row, the one the convention assumes, or GENERIC
     family: str
     role: str  # encoder, decoder, cross or self
     notes: tuple[str, ...]  # about how the facts were chosen
@@ -67,15 +67,15 @@ def role_of(prefix: str) -> str:
 
 def context(store: TensorStore, row: Convention, prefix: str) -> Context | None:
     """The model-type facts for `row` at `prefix`; None when the row does not apply there."""
-    tower, config = hfconfig.tower_config(store.config, prefix) if row.config else (None, {})
-    kind, tower = mt.base_type(hfconfig.model_type(config) or hfconfig.model_type(store.config),
+    tower, config = tower_config(store.config, prefix) if row.config else (None, {})
+    kind, tower = model_types.base_type(model_type(config) or model_type(store.config),
                                tower) if row.config else (None, None)
     if (row.only and kind not in row.only) or kind in row.never:
         return None
-    entry, notes = mt.lookup(kind), []
-    family = mt.family_of(kind) if entry is not None and kind is not None else row.label
+    entry, notes = model_types.lookup(kind), []
+    family = model_types.family_of(kind) if entry is not None and kind is not None else row.label
     if entry is None:
-        entry = mt.MODEL_TYPES[row.assume] if row.assume else mt.GENERIC
+        entry = model_types.MODEL_TYPES[row.assume] if row.assume else model_types.GENERIC
         if row.config and row.packing is None and kind is None and row.assume:
             notes.append(f"no config.json: {family} layout assumed from the key names")
         elif row.config and row.assume is None and kind is None:
@@ -115,7 +115,8 @@ def keys_of(store: TensorStore, row: Convention, prefix: str) -> set[str]:
 def head_hints(store: TensorStore, row: Convention, ctx: Context,
                hints: HeadHints) -> tuple[HeadHints, tuple[str, ...]]:
     """Head counts by precedence: command line, then config.json, then safetensors metadata."""
-    found = mt.config_heads(ctx.entry, ctx.config, ctx.role) if row.config else mt.Heads()
+    found = model_types.config_heads(ctx.entry, ctx.config, ctx.role) if row.config \
+        else model_types.Heads()
     return HeadHints(
         hints.num_heads or found.num_heads or metadata_int(store, "num_heads"),
         hints.num_kv_heads or found.num_kv_heads or metadata_int(store, "num_kv_heads"),
@@ -181,7 +182,7 @@ def _build(store: TensorStore, row: Convention, prefix: str,
 
 
 def _fused_heads(store: TensorStore, row: Convention, prefix: str, ctx: Context, name: str,
-                 packing: mt.Packing | None, heads: HeadHints, hints: HeadHints,
+                 packing: model_types.Packing | None, heads: HeadHints, hints: HeadHints,
                  o_weight: TensorRef
                  ) -> tuple[HeadHints, tuple[int, int, int] | None, str] | Unresolved:
     """For a tensor `name` that fuses q, k and v: (head hints, the head counts its packing
@@ -214,7 +215,7 @@ def describe(layer: AttentionLayer, store: TensorStore, ctx: Context, row: Conve
     """Positions, causal masking, scale and notes, from the model type's row."""
     entry, config, prefix = ctx.entry, ctx.config, ctx.prefix
     found = list(notes)
-    positions = mt.positions_of(entry, config, ctx.role, layer.head_dim)
+    positions = model_types.positions_of(entry, config, ctx.role, layer.head_dim)
     if row is not None:
         for key, meaning in row.positions_keys:
             if any(k == key or k.endswith("." + key) for k in store.keys()):
@@ -227,9 +228,9 @@ def describe(layer: AttentionLayer, store: TensorStore, ctx: Context, row: Conve
                          "embedding enters q·kᵀ (distance_embedding.weight)")
     if ctx.role != "cross" and any(_holds(store, layer, prefix, key) for key in RELATIVE_KEYS):
         positions = "relative bias"
-    scale, scale_notes = mt.scale_of(entry, config, layer.head_dim, ctx.index)
+    scale, scale_notes = model_types.scale_of(entry, config, layer.head_dim, ctx.index)
     found += scale_notes
-    found += mt.extra_notes(entry, config)
+    found += model_types.extra_notes(entry, config)
     found += _norm_notes(store, layer, prefix)
     if row is not None and ctx.role != "cross":
         found += [note for key, note in row.missing_notes if prefix + key not in store]
@@ -238,7 +239,7 @@ def describe(layer: AttentionLayer, store: TensorStore, ctx: Context, row: Conve
                      ("; no position bias" if entry.positions == "relative bias" else ""))
     if row is not None and row.no_heads_note and not layer.heads_known:
         found.append(row.no_heads_note)
-    return replace(layer, positions=positions, causal=mt.is_causal(entry, config, ctx.role,
+    return replace(layer, positions=positions, causal=model_types.is_causal(entry, config, ctx.role,
                                                                     ctx.tower),
                    scale=scale, notes=(*layer.notes, *found))
 

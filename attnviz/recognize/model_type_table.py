@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from attnviz.load import config as hfconfig
+from attnviz.load.config import flag
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class ModelType:
         for rule in self.packing:
             if isinstance(rule, Packing):
                 return rule
-            if hfconfig.flag(config, rule.flag, rule.default):
+            if flag(config, rule.flag, rule.default):
                 return rule.then
         return None
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import attnviz.recognize.model_types as mt
+import attnviz.recognize.model_types as model_types
 from attnviz.core.layer import TensorRef
-from attnviz.errors import HeadCountError, LayoutError, printable
+from attnviz.errors import HeadCountError, LayoutError, option, printable
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, optional_ref
 from attnviz.recognize.conventions import Convention
@@ -19,15 +19,15 @@ from attnviz.recognize.packing import split_packed
 class Splitter:
     """What splitting a fused tensor (or bias) into its q/k/v parts needs."""
 
-    packing: mt.Packing | None
+    packing: model_types.Packing | None
     shape_heads: tuple[int, int, int] | None
     storage: str
     row: Convention
     source: str
 
     def __call__(self, whole: TensorRef, held: str, square: int | None) -> dict[str, TensorRef]:
-        return _split(whole, held, self.packing or mt.THIRDS, self.shape_heads, self.storage,
-                      self.row, self.source, square)
+        return _split(whole, held, self.packing or model_types.THIRDS, self.shape_heads,
+                      self.storage, self.row, self.source, square)
 
 
 def weight_parts(weights: dict[str, TensorRef], row: Convention,
@@ -62,7 +62,7 @@ def bias_parts(store: TensorStore, row: Convention, prefix: str,
     return biases
 
 
-def packed_heads(heads: HeadHints, hints: HeadHints, packing: mt.Packing,
+def packed_heads(heads: HeadHints, hints: HeadHints, packing: model_types.Packing,
                   o_weight: TensorRef, source: str) -> tuple[int, int, int]:
     """(H, H_kv, d) for a head-dependent packing. H_kv: the command line, else the packing's
     rule (all heads, one, or config.json's count); d: given, else W_o's H·d columns / H."""
@@ -75,13 +75,14 @@ def packed_heads(heads: HeadHints, hints: HeadHints, packing: mt.Packing,
         if columns % H:
             raise HeadCountError(f"{printable(o_weight.describe())} has {columns} columns (H·d), "
                               f"not divisible by {H} heads",
-                              fix="check the number of heads in config.json or ‹num_heads›",
+                              fix="check the number of heads in config.json or "
+                                  f"{option('num_heads')}",
                               where=source)
         d = columns // H
     return H, kv, d
 
 
-def _split(whole: TensorRef, held: str, packing: mt.Packing,
+def _split(whole: TensorRef, held: str, packing: model_types.Packing,
            shape_heads: tuple[int, int, int] | None, storage: str, row: Convention, source: str,
            square: int | None) -> dict[str, TensorRef]:
     try:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from attnviz.core import memory
 from attnviz.errors import CheckpointError, UsageError
 from attnviz.sources.capture_eager import (
     ACTIVE,
@@ -37,7 +38,6 @@ from attnviz.sources.capture_eager import (
     calls_interface,
     eager_function,
     generic_eager,
-    rows_per_block,
 )
 from attnviz.sources.capture_types import (
     NAME,
@@ -172,7 +172,7 @@ def _capture_output_attentions(model: Any, inputs: dict, shown: set[int] | None,
         layers.append(CapturedLayer(index, name, kind, show, "output_attentions", heads, None,
                                     length, keys))
         if show:
-            rows = rows_per_block(budget, batch, heads, length, keys)
+            rows = memory.eager_rows(budget, batch, heads, length, keys)
             for start in range(0, length, rows):
                 sink(index, start, weights[:, :, start:start + rows])
     return CaptureResult(CapturePath.OUTPUT_ATTENTIONS, layers, outputs)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from attnviz.core import memory
 from attnviz.errors import CheckpointError
 from attnviz.sources.capture_types import (
     CROSS_PARTS,
@@ -94,7 +95,7 @@ class Session:
         """The module's own eager attention, `rows` query rows at a time; key/value stay whole."""
         eager = eager_function(module)
         batch, heads, length, _ = query.shape  # (B, H, L, d)
-        rows = rows_per_block(self.budget, batch, heads, length, key.shape[2])
+        rows = memory.eager_rows(self.budget, batch, heads, length, key.shape[2])
         outputs = []
         for start in range(0, length, rows):
             stop = min(length, start + rows)
@@ -182,13 +183,6 @@ def _encoder_prefix(model: Any, names: dict[int, str]) -> str | None:
     encoder = get_encoder() if callable(get_encoder) else None
     name = names.get(id(encoder)) if encoder is not None else None
     return None if not name else name + "."
-
-
-def rows_per_block(budget: int | None, batch: int, heads: int, length: int, keys: int) -> int:
-    if budget is None:
-        return length
-    per_row = batch * heads * keys * 4  # float32: eager's softmax runs in float32 at least
-    return max(1, min(length, budget // per_row))
 
 
 def _upcast(query: torch.Tensor) -> bool:

@@ -10,15 +10,14 @@ counts its attributes hold); `attnviz.recognize.discovered` matches them to the 
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from attnviz.errors import printable
-from attnviz.load import config as hfconfig
 from attnviz.load.checkpoint import TensorStore
+from attnviz.load.config import model_type
 from attnviz.recognize.discovered import ModuleFacts, Param
+from attnviz.sources.hf_guard import silenced
 
 HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
 KV_ATTRS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "n_kv_heads")
@@ -29,7 +28,7 @@ MAX_MODULES = 100_000
 
 def discover_modules(store: TensorStore) -> list[ModuleFacts] | str:
     """The attention modules of the model config.json describes, or why it cannot be built."""
-    kind = hfconfig.model_type(store.config)
+    kind = model_type(store.config)
     if kind is None:
         return "config.json names no model_type"
     try:
@@ -39,7 +38,7 @@ def discover_modules(store: TensorStore) -> list[ModuleFacts] | str:
         return "transformers is not installed"
     fields = {k: v for k, v in store.config.items() if k != "model_type"}
     try:
-        with _quiet(transformers):
+        with silenced():
             config = transformers.AutoConfig.for_model(kind, **fields)
             with torch.device("meta"):
                 model = transformers.AutoModel.from_config(config, trust_remote_code=False)
@@ -99,17 +98,3 @@ def _attribute(modules: list[Any], names: tuple[str, ...], config_name: str) -> 
         if type(value) is int and value > 0:
             return value
     return None
-
-
-@contextlib.contextmanager
-def _quiet(transformers: Any) -> Iterator[None]:
-    """No warnings or log lines while a model is built only to be looked at."""
-    logging = transformers.utils.logging
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.set_verbosity(level)

@@ -30,6 +30,7 @@ from attnviz.errors import (
     CheckpointError,
     Interrupted,
     UsageError,
+    option,
     printable,
     printable_path,
     quoted,
@@ -243,8 +244,8 @@ def text_runner(meta: Any, config: Any) -> str | None:
     takes = " and ".join(other) or ", ".join(sorted(accepts)[:4]) or "no known inputs"
     raise UsageError(f"model_type {quoted(str(kind))} takes {takes}, not text, and has no text "
                      "tower attnviz can run alone",
-                     fix="‹model› needs a text model: one whose forward takes input_ids (token ids "
-                     "from its tokenizer)", option="model")
+                     fix=f"{option('model')} needs a text model: one whose forward takes "
+                         "input_ids (token ids from its tokenizer)", option="model")
 
 
 def _key_for(name: str, keys: set[str], prefix: str) -> str | None:

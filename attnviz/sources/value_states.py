@@ -5,25 +5,27 @@ attnviz recognizes for that layer give each key's ‖W_O[:, cols(h)] v_j^{g(h)}�
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from attnviz.compute.forward import read_ref
-from attnviz.compute.results import LayerAttention
+from attnviz.compute.results import LayerAttention, ValueWeighting
 from attnviz.compute.value_norms import state_norms
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckpointError, UsageError, printable
-from attnviz.sources import capture as cap
+from attnviz.errors import CheckpointError, UsageError, option, printable
+from attnviz.sources import capture
 from attnviz.sources.hf.layers import ModelLayer, Plan, cols_tokens, model_layers, offsets
 from attnviz.sources.hf.load import LoadedModel
 
 
 def check_values(loaded: LoadedModel) -> None:
     """Value states come from the attention interface only."""
-    if loaded.path != cap.CapturePath.INTERFACE:
-        raise UsageError("‹weighting› norm needs the value states the model's attention "
+    if loaded.path != capture.CapturePath.INTERFACE:
+        raise UsageError(f"{option('weighting')} norm needs the value states the model's attention "
                          "receives, which only models using transformers' attention interface "
                          f"hand out; {type(loaded.model).__name__} returns its maps through "
-                         "output_attentions", fix="drop ‹weighting›", option="weighting")
+                         "output_attentions", fix=f"drop {option('weighting')}", option="weighting")
 
 
 def recognized_layers(loaded: LoadedModel, calls: list[ModelLayer]) -> dict[int, AttentionLayer]:
@@ -50,23 +52,24 @@ def recognized_layers(loaded: LoadedModel, calls: list[ModelLayer]) -> dict[int,
     return found
 
 
-def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedLayer],
+def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[capture.CapturedLayer],
                        shown: list[ModelLayer], results: list[LayerAttention]) -> None:
     """Each shown layer's `value_norms` (B, H, S) from its captured value states."""
     numbered = plan.layers if plan.layers is not None else \
         model_layers(loaded, plan.prepared, calls)
     described = recognized_layers(loaded, numbered)
     by_index = {call.index: call for call in calls}
-    for layer, result in zip(shown, results, strict=True):
+    for i, (layer, result) in enumerate(zip(shown, results, strict=True)):
         call = by_index[layer.index]
         own = described.get(layer.index)
         if own is None or call.value is None or result.weights is None:
             raise CheckpointError(f"attnviz does not recognize the W_O of layer "
-                                  f"{printable(layer.display_name)!r}, which ‹weighting› norm "
-                                  "needs", fix="drop ‹weighting›; 'attnviz inspect' shows "
-                                  "which layers attnviz recognizes")
-        result.value_norms = _norms(loaded, plan, layer, own, call.value,
-                                    result.weights.shape[-1])
+                                  f"{printable(layer.display_name)!r}, which {option('weighting')} "
+                                  "norm needs",
+                                  fix=f"drop {option('weighting')}; 'attnviz inspect' shows which "
+                                  "layers attnviz recognizes")
+        norms = _norms(loaded, plan, layer, own, call.value, result.weights.shape[-1])
+        results[i] = replace(result, weighting=ValueWeighting(norms))
 
 
 def _norms(loaded: LoadedModel, plan: Plan, layer: ModelLayer, own: AttentionLayer,

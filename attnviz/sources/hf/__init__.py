@@ -39,7 +39,7 @@ from attnviz.sources.hf.load import (
     require_transformers,
     resolve_folder,
 )
-from attnviz.sources.hf.run import BLOCK_BUDGET_BYTES, run_model
+from attnviz.sources.hf.run import run_model
 from attnviz.sources.hf.verify import (
     VerifyResult,
     call_of,
@@ -49,7 +49,7 @@ from attnviz.sources.hf.verify import (
     verify_layer,
 )
 
-__all__ = ["BLOCK_BUDGET_BYTES", "DTYPES", "PATHS", "STACK_OF", "TOLERANCE", "Encoded",
+__all__ = ["DTYPES", "PATHS", "STACK_OF", "TOLERANCE", "Encoded",
            "LoadedModel", "ModelLayer", "OpenedModel", "encode", "load_weights",
            "open_model", "Plan", "Prepared", "VerifyResult", "call_of", "load_model",
            "model_layers", "module_of", "parameter_of", "plan_run", "prepare", "probe",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from attnviz.compute.inputs import Batch
-from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.compute.results import AttentionRun, LayerAttention, ModelCall
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture as cap
 from attnviz.sources.generate_spec import GenerateSpec, Generation
@@ -166,10 +166,9 @@ def _result(layer: ModelLayer, maps: torch.Tensor, method: str,
             target_tokens: list[list[str]] | None) -> LayerAttention:
     decoder = layer.kind != cap.LayerKind.SELF
     decoder_only = target_tokens is None  # a decoder-only model's self-attention is causal
-    return LayerAttention(
-        layer.index, None, maps, None, method, name=layer.display_name,
-        num_heads=layer.num_heads, kind=layer.kind.value,
+    return LayerAttention(layer.index, None, maps, None, method, call=ModelCall(
+        layer.display_name, layer.num_heads, layer.kind.value,
         label=layer.label if layer.stack else None,
         causal=decoder_only or layer.kind == cap.LayerKind.DECODER_SELF,
         query_tokens=target_tokens if decoder else None,
-        key_tokens=target_tokens if layer.kind == cap.LayerKind.DECODER_SELF else None)
+        key_tokens=target_tokens if layer.kind == cap.LayerKind.DECODER_SELF else None))

@@ -18,11 +18,11 @@ from attnviz.compute.inputs import (
 from attnviz.errors import (
     CheckpointError,
     UsageError,
+    option,
     printable,
     printable_path,
 )
-from attnviz.sources import hf_guard as guard
-from attnviz.sources import tokenizer_bound as bound
+from attnviz.sources import hf_guard, tokenizer_bound
 from attnviz.sources.hf.load import LoadedModel, OpenedModel, input_device
 
 
@@ -62,13 +62,13 @@ def encode(model: OpenedModel | LoadedModel, sentences: list[str],
     that applies checked at once: run before the weights load, so a too-long input costs
     nothing."""
     if targets is not None and not model.encoder_decoder:
-        raise UsageError("‹target› applies to encoder-decoder models only",
-                         fix="drop ‹target›", option="target")
+        raise UsageError(f"{option('target')} applies to encoder-decoder models only",
+                         fix=f"drop {option('target')}", option="target")
     if targets is not None and len(targets) != len(sentences):
-        raise UsageError(f"{len(targets)} ‹target› texts for {len(sentences)} sentences",
-                         fix="give one ‹target› per sentence, in order", option="target")
+        raise UsageError(f"{len(targets)} {option('target')} texts for {len(sentences)} sentences",
+                         fix=f"give one {option('target')} per sentence, in order", option="target")
     rows = _encode(model, sentences, max_tokens)
-    target_rows = None if targets is None else _encode(model, targets, max_tokens, "‹target›",
+    target_rows = None if targets is None else _encode(model, targets, max_tokens, option("target"),
                                                         target=True)
     return Encoded(rows, target_rows)
 
@@ -102,16 +102,17 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
             what: str = "sentence", target: bool = False) -> list[dict[str, list]]:
     """Each text tokenized alone, special tokens included; limits checked before any run."""
     if not sentences:
-        raise UsageError("no sentence given", fix="pass one or more sentences, or ‹file› FILE")
+        raise UsageError("no sentence given",
+                         fix=f"pass one or more sentences, or {option('file')} FILE")
     model_limit = model.position_limit
     where = printable_path(model.folder)
-    with guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",
+    with hf_guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",
                          where):
-        steps = bound.chain_of(model.tokenizer)
+        steps = tokenizer_bound.chain_of(model.tokenizer)
     out = []
     for i, sentence in enumerate(sentences, 1):
         # what the normalizers can make of it, bounded before the text reaches Rust
-        bound.check_text_bound(steps, len(sentence), f"{what} {i}", where)
+        tokenizer_bound.check_text_bound(steps, len(sentence), f"{what} {i}", where)
         row = _tokenize(model, sentence, f"{what} {i}", target, where)
         n = len(row["input_ids"]) + (1 if target else 0)  # the decoder start token
         if n == 0 or not sentence.strip():
@@ -134,8 +135,9 @@ def _tokenize(model: OpenedModel | LoadedModel, text: str, what: str, target: bo
               where: str) -> dict[str, list]:
     """The tokenizer's output for one text, its ids checked against the embedding's rows."""
     # A tokenizer can fail in Rust (a panic surfaces as a BaseException): contained.
-    with guard.silenced(stderr=True), guard.contained(f"the model's tokenizer failed on {what}",
-                                        "check or replace its tokenizer files", where):
+    with hf_guard.silenced(stderr=True), \
+            hf_guard.contained(f"the model's tokenizer failed on {what}",
+                               "check or replace its tokenizer files", where):
         if target:
             row = dict(model.tokenizer(text_target=text, add_special_tokens=True))
         else:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from attnviz.compute.inputs import DEFAULT_MAX_TOKENS
+from attnviz.core import memory
 from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import (
     CheckpointError,
@@ -16,8 +17,7 @@ from attnviz.errors import (
     option,
     printable,
 )
-from attnviz.sources import capture as cap
-from attnviz.sources import hf_guard as guard
+from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.inputs import Encoded, Prepared, prepare
 from attnviz.sources.hf.load import STACK_OF, LoadedModel, OpenedModel
 
@@ -29,7 +29,7 @@ class ModelLayer:
     index: int  # call order (capture's numbering)
     name: str  # the calling module's name in the runner
     display_name: str  # … in the whole model
-    kind: cap.LayerKind
+    kind: capture.LayerKind
     stack: str  # "" (single-stack model), "enc", "dec" or "cross"
     stack_index: int  # its number within the stack
     num_heads: int | None
@@ -44,8 +44,8 @@ class ModelLayer:
 def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
     """Every attention call of the forward pass, from one run on a single token (all sdpa)."""
     try:
-        with guard.silenced():
-            result = cap.capture(prepared.runner, prepared.tiny(), shown_layers=[])
+        with hf_guard.silenced():
+            result = capture.capture(prepared.runner, prepared.tiny(), shown_layers=[])
     except (RuntimeError, ValueError, IndexError) as exc:  # a model that cannot run at all
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
                               fix="check that the model runs in transformers",
@@ -58,7 +58,7 @@ def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
 
 
 def model_layers(loaded: LoadedModel, prepared: Prepared,
-                 calls: list[cap.CapturedLayer]) -> list[ModelLayer]:
+                 calls: list[capture.CapturedLayer]) -> list[ModelLayer]:
     """The attention calls of a forward pass, labelled per stack."""
     counts: Counter[str] = Counter()
     seen: Counter[tuple[str, str]] = Counter()
@@ -119,9 +119,11 @@ def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None
     or the run itself does."""
     prepared = prepare(loaded, sentences, targets, max_tokens, encoded)
     direct = _direct_indices(layer)
-    if not need_layers and direct is not False and not (query and targets is not None) \
-            and _surely_small(loaded, prepared, memory_budget):
-        return Plan(prepared, None, None, cast(Any, direct), layer)
+    if not need_layers and direct is not False and not (query and targets is not None):
+        sizes = _call_sizes(loaded, prepared)  # no probe when no layer can stream
+        if sizes is not None and memory.surely_whole(len(prepared.batch.tokens), *sizes,
+                                                     memory_budget):
+            return Plan(prepared, None, None, cast(Any, direct), layer)
     layers = probe(loaded, prepared)
     return Plan(prepared, layers, select(layers, layer), None, layer)
 
@@ -140,42 +142,37 @@ def _direct_indices(spec: str | None) -> list[int] | None | bool:
     return False
 
 
-def _surely_small(loaded: LoadedModel, prepared: Prepared, memory_budget: int | None = None
-                  ) -> bool:
-    """Whether every layer's full maps fit well within the streaming budget, by the config's
-    head and layer counts (or the attention modules counted): then nothing can stream."""
-    from attnviz.compute import streaming
-
+def _call_sizes(loaded: LoadedModel, prepared: Prepared) -> tuple[int, int, int] | None:
+    """(heads, attention calls, longest sequence) of a run by the config's head and layer counts
+    (or the attention modules counted); None where the config does not say."""
     config = loaded.config
     heads = config_count(config, HEAD_FIELDS)
     layers = config_count(config, LAYER_FIELDS)
     modules = sum(1 for module in prepared.runner.modules() if attention_like(module))
     if not heads or not (layers or modules):
-        return False
+        return None
     calls = max(modules, layers * (3 if prepared.target is not None else 1))
     length = prepared.batch.max_len
     if prepared.target is not None:
         length = max(length, prepared.target.max_len)
-    size = len(prepared.batch.tokens) * heads * calls * length * length * 4
-    budget = streaming.MAP_BUDGET_BYTES if memory_budget is None else memory_budget
-    return size <= budget // 2
+    return heads, calls, length
 
 
 def attention_like(module: Any) -> bool:
     """A module that calls the attention interface, or is named like an attention module."""
-    return (cap.calls_interface(type(module))  # type: ignore[arg-type]
+    return (capture.calls_interface(type(module))  # type: ignore[arg-type]
             or "Attention" in type(module).__name__)
 
 
 def rows_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
-    if layer.kind == cap.LayerKind.SELF:
+    if layer.kind == capture.LayerKind.SELF:
         return plan.prepared.batch.tokens
     assert plan.prepared.target is not None
     return plan.prepared.target.tokens
 
 
 def cols_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
-    if layer.kind == cap.LayerKind.DECODER_SELF:
+    if layer.kind == capture.LayerKind.DECODER_SELF:
         assert plan.prepared.target is not None
         return plan.prepared.target.tokens
     return plan.prepared.batch.tokens
@@ -184,9 +181,9 @@ def cols_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
 def offsets(plan: Plan, layer: ModelLayer) -> tuple[list[int], list[int]]:
     source = plan.prepared.offsets
     target = plan.prepared.target_offsets or [0] * len(source)
-    if layer.kind == cap.LayerKind.SELF:
+    if layer.kind == capture.LayerKind.SELF:
         return source, source
-    if layer.kind == cap.LayerKind.CROSS:
+    if layer.kind == capture.LayerKind.CROSS:
         return target, source
     return target, target
 

@@ -27,20 +27,19 @@ from attnviz.errors import (
 )
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
 from attnviz.recognize import find_layers
-from attnviz.sources import capture as cap
-from attnviz.sources import hf_guard as guard
+from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.versions import check_versions, install_hint
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")  # auto: the checkpoint's own
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
 TOLERANCE = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
-STACK_OF = {cap.LayerKind.SELF: "enc", cap.LayerKind.DECODER_SELF: "dec",
-            cap.LayerKind.CROSS: "cross"}
+STACK_OF = {capture.LayerKind.SELF: "enc", capture.LayerKind.DECODER_SELF: "dec",
+            capture.LayerKind.CROSS: "cross"}
 PATHS = {
-    cap.CapturePath.INTERFACE: (
+    capture.CapturePath.INTERFACE: (
         "transformers attention interface: attnviz's attention function runs the layers shown "
         "through their module's own eager attention, the others through sdpa"),
-    cap.CapturePath.OUTPUT_ATTENTIONS: (
+    capture.CapturePath.OUTPUT_ATTENTIONS: (
         "output_attentions (eager): this model's modeling file does not use the attention "
         "interface, so the maps are the ones it returns when asked"),
 }
@@ -80,7 +79,7 @@ class LoadedModel:
     folder: Path  # the local model folder (or hub-cache snapshot) the weights came from
     config: Any  # the transformers config object
     dtype: str
-    path: cap.CapturePath  # how its maps are captured
+    path: capture.CapturePath  # how its maps are captured
     _store: TensorStore | None = field(default=None, repr=False)
     tower: str | None = None  # a multi-tower model (CLIP): the attribute of its text tower
     position_limit: int | None = None  # the most tokens its position embedding can number
@@ -205,7 +204,7 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
     folder = resolve_folder(spec)
     where = printable_path(folder)
     store = open_checkpoint(folder)  # headers only
-    guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
+    hf_guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
     # config.json's fields read in attnviz's words (a list where a count belongs, 'yes' for a
     # flag) before transformers' own validation answers in its; the run does not use the result,
     # so a layout attnviz's tables read differently from the model (ConvBERT's head_ratio) is
@@ -218,20 +217,20 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
         pass
     import transformers
 
-    with guard.silenced(stderr=True):  # transformers' reports and warnings are attnviz's to word
-        with guard.contained("transformers cannot read the model's config.json", FILES_FIX,
+    with hf_guard.silenced(stderr=True):  # transformers' reports and warnings are attnviz's to word
+        with hf_guard.contained("transformers cannot read the model's config.json", FILES_FIX,
                              where):
             config = transformers.AutoConfig.from_pretrained(folder, **COMMON)
-            meta = guard.meta_model(transformers, config)  # shapes only, on the meta device
-        tower = guard.text_runner(meta, config)
+            meta = hf_guard.meta_model(transformers, config)  # shapes only, on the meta device
+        tower = hf_guard.text_runner(meta, config)
         if tokenizer is None:
-            guard.check_tokenizer_files(folder)
-        guard.check_sizes(meta, store, where)
+            hf_guard.check_tokenizer_files(folder)
+        hf_guard.check_sizes(meta, store, where)
         rows = int(token_embedding(meta, tower, folder).num_embeddings)
         limit = position_limit(meta, config)
         del meta
         if tokenizer is None:
-            with guard.contained("the model's tokenizer cannot be loaded",
+            with hf_guard.contained("the model's tokenizer cannot be loaded",
                                  "check or replace its tokenizer files", where):
                 tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **COMMON)
     return OpenedModel(folder, config, tokenizer, store, tower, rows, limit)
@@ -266,8 +265,8 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
     dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"  # renamed in transformers 5
     placement, offload = _placement(device, device_map, max_memory)
     try:
-        with guard.silenced(stderr=True), \
-                guard.contained("transformers cannot load the model", FILES_FIX, where):
+        with hf_guard.silenced(stderr=True), \
+                hf_guard.contained("transformers cannot load the model", FILES_FIX, where):
             model, info = transformers.AutoModel.from_pretrained(
                 folder, attn_implementation="eager", output_loading_info=True,
                 **{dtype_key: dtype if dtype == "auto" else getattr(torch, dtype)}, **placement,
@@ -288,7 +287,7 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
                               "compare maps in", fix=f"pass {option('dtype')} float32", where=where)
     runner = getattr(model, opened.tower) if opened.tower is not None else model
     runner_params = {id(p) for p in runner.parameters()}
-    guard.check_loaded(info, {name for name, p in model.named_parameters()
+    hf_guard.check_loaded(info, {name for name, p in model.named_parameters()
                               if id(p) in runner_params}, where)
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
                        capture_path(model), _store=opened.store, tower=opened.tower,
@@ -311,14 +310,14 @@ def _placement(device: str, device_map: str | None,
     return {"device_map": "auto", "max_memory": limits, "offload_folder": offload.name}, offload
 
 
-def capture_path(model: Any) -> cap.CapturePath:
+def capture_path(model: Any) -> capture.CapturePath:
     """Register attnviz's attention function, and route `model` through it where its attention
     modules use transformers' interface; else its maps come from output_attentions."""
-    cap.register()
-    if cap.uses_interface(model):
-        model.set_attn_implementation(cap.NAME)
-        return cap.CapturePath.INTERFACE
-    return cap.CapturePath.OUTPUT_ATTENTIONS
+    capture.register()
+    if capture.uses_interface(model):
+        model.set_attn_implementation(capture.NAME)
+        return capture.CapturePath.INTERFACE
+    return capture.CapturePath.OUTPUT_ATTENTIONS
 
 
 def transformers_major() -> int:

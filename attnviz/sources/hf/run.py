@@ -9,15 +9,16 @@ from typing import Any, cast
 import torch
 
 from attnviz.compute.inputs import find_query
-from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
+from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention, ModelCall
+from attnviz.core import memory
 from attnviz.errors import (
     CheckpointError,
     UsageError,
+    option,
     printable,
     printable_path,
 )
-from attnviz.sources import capture as cap
-from attnviz.sources import hf_guard as guard
+from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.collect import Collector, ExportRows, input_hooks
 from attnviz.sources.hf.inputs import Prepared
 from attnviz.sources.hf.layers import (
@@ -30,10 +31,6 @@ from attnviz.sources.hf.layers import (
 )
 from attnviz.sources.hf.load import PATHS, TOLERANCE, LoadedModel, input_device
 
-# The most one block of one shown layer's float32 maps (B, H, rows, S) may take in eager.
-BLOCK_BUDGET_BYTES = 32 * 2**20
-
-# --- the run -----------------------------------------------------------------------------------
 
 @dataclass
 class _Setup:
@@ -43,7 +40,7 @@ class _Setup:
     keep_qk: bool | list[int]  # whose query and key the capture keeps (for --query)
     reducers: dict[int, Any]  # layer index: its MapReducer, when the maps stream
     query_row: tuple[int, int] | None  # (sentence, row) of --query, when known
-    block_bytes: int  # the most one eager block of query rows (B, H, rows, S) may take
+    planned: memory.MemoryPlan  # streamed or whole, and the eager blocks' size
 
 
 def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
@@ -52,8 +49,9 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
               memory_budget: int | None = None, values: bool = False) -> AttentionRun:
     """The model's own attention weights (and attention inputs) of the layers the plan shows.
 
-    With allow_stream, when the full maps of the source layers shown would exceed the streaming
-    budget, each is reduced block by block to display views and statistics
+    With allow_stream, when the memory plan streams the source layers shown (`memory_plan`:
+    their full maps exceed the budget, or have more than 512 keys and the run does not read
+    them whole, as `values` does), each is reduced block by block to display views and statistics
     (`attnviz.compute.streaming.MapReducer`) and dropped, keeping only the last layer's inputs
     and, for query = (sentence, token spec), that query's row of every head of the last layer.
     Decoder and cross-attention maps (rows are target tokens) are always kept whole.
@@ -63,12 +61,12 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
     memory_budget: bytes the full maps may take before they stream (default 256 MB); the eager
     blocks of query rows then take at most a quarter of it (and never more than 32 MB).
     """
-    if query is not None and loaded.path != cap.CapturePath.INTERFACE:
-        raise UsageError("‹query› needs the q and k the model's attention receives, which "
-                         "only models using transformers' attention interface hand out; "
+    if query is not None and loaded.path != capture.CapturePath.INTERFACE:
+        raise UsageError(f"{option('query')} needs the q and k the model's attention receives, "
+                         "which only models using transformers' attention interface hand out; "
                          f"{type(loaded.model).__name__} returns its maps through "
-                         "output_attentions", fix="drop ‹query›", option="query")
-    setup = _setup(plan, allow_stream, query, memory_budget)
+                         "output_attentions", fix=f"drop {option('query')}", option="query")
+    setup = _setup(plan, allow_stream, query, memory_budget, keep=values)
     if values:
         from attnviz.sources.value_states import check_values
 
@@ -91,31 +89,24 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
         from attnviz.sources.value_states import attach_value_norms
 
         attach_value_norms(loaded, plan, result.layers, shown, results)
-    causal = all(r.causal for r in results if r.kind != cap.LayerKind.CROSS.value)
+    causal = all(r.causal for r in results if r.kind != capture.LayerKind.CROSS.value)
     return AttentionRun(plan.prepared.batch, results, str(loaded.folder),  # exact: data
                         DESCRIBED_INPUTS, str(input_device(loaded.model)), causal, None,
                         _notes(loaded, plan, bool(setup.reducers)), TOLERANCE[loaded.dtype],
                         target=plan.prepared.target, path=PATHS[result.path])
 
 
-def block_bytes(memory_budget: int | None) -> int:
-    """The eager blocks' size: a quarter of a stated budget, at most BLOCK_BUDGET_BYTES."""
-    return BLOCK_BUDGET_BYTES if memory_budget is None else \
-        max(1, min(BLOCK_BUDGET_BYTES, memory_budget // 4))
-
-
-def streams(plan: Plan, memory_budget: int | None = None) -> bool:
-    """Whether the full maps of the source layers a probed plan shows exceed the memory
-    budget: then each is reduced block by block (and --export written as it goes)."""
-    from attnviz.compute import streaming
-
-    if plan.shown is None:  # not probed: the input is short
-        return False
-    source_layers = [layer for layer in plan.shown if layer.kind == cap.LayerKind.SELF]
+def memory_plan(plan: Plan, memory_budget: int | None = None,
+                keep: bool = False) -> memory.MemoryPlan:
+    """The memory plan of a run (`attnviz.core.memory.model_plan`): the full maps of the source
+    layers a probed plan shows stream when together they exceed the budget, or have more than
+    WHOLE_KEYS keys and are not kept (then each is reduced block by block, and --export written
+    as it goes). Not probed: the input is short, nothing streams."""
+    shown = plan.shown or []
+    source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
     heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
-    budget = streaming.MAP_BUDGET_BYTES if memory_budget is None else memory_budget
-    return bool(source_layers) and streaming.full_maps_bytes(
-        plan.prepared.batch, heads, layers=len(source_layers)) > budget
+    return memory.model_plan(len(plan.prepared.batch.tokens), plan.prepared.batch.max_len,
+                             heads, len(source_layers), memory_budget, keep)
 
 
 DESCRIBED_INPUTS = ("the model's own hidden states entering each attention module (token and "
@@ -123,42 +114,43 @@ DESCRIBED_INPUTS = ("the model's own hidden states entering each attention modul
 
 
 def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
-           memory_budget: int | None = None) -> _Setup:
+           memory_budget: int | None = None, keep: bool = False) -> _Setup:
     """Which calls to show, whether they stream, and the --query row when the layers are known
     (resolved before the model runs: a typo costs nothing)."""
     from attnviz.compute import streaming
 
     shown, batch = plan.shown, plan.prepared.batch
+    planned = memory_plan(plan, memory_budget, keep)
     if shown is None:  # short input, layers numbered by the run itself
         if query is not None:
             find_query(batch.tokens[query[0]], query[1])
         indices = plan.indices
         return _Setup(indices, query is not None and (indices is None or [max(indices)]), {},
-                      None, block_bytes(memory_budget))
+                      None, planned)
     last = shown[-1]
     query_row = None if query is None else (
         query[0], find_query(rows_tokens(plan, last)[query[0]], query[1]))
-    source_layers = [layer for layer in shown if layer.kind == cap.LayerKind.SELF]
-    stream = allow_stream and streams(plan, memory_budget)
+    source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
+    stream = allow_stream and planned.streamed
     reducers = {layer.index: streaming.MapReducer(
         layer.index, batch.tokens, query_row if layer is last else None)
         for layer in source_layers} if stream else {}
     return _Setup([layer.index for layer in shown], [last.index] if query is not None else False,
-                  reducers, query_row, block_bytes(memory_budget))
+                  reducers, query_row, planned)
 
 
 def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collector,
              every_input: bool = False
-             ) -> tuple[cap.CaptureResult, dict[tuple[str, int], torch.Tensor]]:
+             ) -> tuple[capture.CaptureResult, dict[tuple[str, int], torch.Tensor]]:
     """The forward pass, with the attention modules' inputs kept (only the last layer's when
     the maps stream, unless every_input)."""
     keep = None if every_input or not setup.reducers or plan.shown is None \
         else {plan.shown[-1].index}
     handles, inputs = input_hooks(plan, keep)
     try:
-        with guard.silenced():
-            result = cap.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
-                                 setup.block_bytes, collector, keep_qk=setup.keep_qk)
+        with hf_guard.silenced():
+            result = capture.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
+                                 setup.planned.block_bytes, collector, keep_qk=setup.keep_qk)
     except UsageError as error:
         if not error.what.startswith("no attention layer"):
             raise
@@ -166,7 +158,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
         fix = f"use all, 0..{int(count) - 1}, -1 or A:B"
         if loaded.encoder_decoder:
             fix = "a bare number is an encoder layer; name the decoder's: 'dec N', 'cross N'"
-        raise UsageError(f"‹layer› {plan.spec!r} is not a layer of this model", fix=fix,
+        raise UsageError(f"{option('layer')} {plan.spec!r} is not a layer of this model", fix=fix,
                          option="layer") from None
     except (RuntimeError, ValueError, IndexError) as exc:  # the model itself failed on the input
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",
@@ -178,7 +170,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
     return result, inputs
 
 
-def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedLayer],
+def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[capture.CapturedLayer],
                       indices: list[int] | None) -> list[ModelLayer]:
     """The shown layers of a run made without a probe, numbered from its own calls."""
     layers = model_layers(loaded, plan.prepared, calls)
@@ -189,41 +181,41 @@ def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[cap.CapturedL
     shown = layers if indices is None else [layers[i] for i in indices]
     if any(layer.stack not in ("", "enc") for layer in shown) and plan.spec not in (None, "all"):
         encoder = sum(layer.stack == "enc" for layer in layers)
-        raise UsageError(f"‹layer› {plan.spec!r}: a bare number is an encoder layer, and the "
-                         f"encoder has {encoder}", fix=f"use 0..{encoder - 1}, or name the "
+        raise UsageError(f"{option('layer')} {plan.spec!r}: a bare number is an encoder layer, "
+                         f"and the encoder has {encoder}", fix=f"use 0..{encoder - 1}, or name the "
                          "stack: 'dec N', 'cross N'", option="layer")
     return shown
 
 
-def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: cap.CapturedLayer,
+def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: capture.CapturedLayer,
                   collector: Collector, setup: _Setup,
-                  inputs: dict[tuple[str, int], torch.Tensor], with_scores: bool) -> Any:
+                  inputs: dict[tuple[str, int], torch.Tensor],
+                  with_scores: bool) -> LayerAttention:
     """One shown layer's LayerAttention: its full maps, or its streamed reduction."""
+    from dataclasses import replace
+
     from attnviz.compute import streaming
 
     method = _method(loaded, plan.prepared, call)
     x = inputs.get((layer.name, layer.occurrence))
     if x is not None:
         x = realign_rows(x, offsets(plan, layer)[0], [len(t) for t in rows_tokens(plan, layer)])
-    common: dict[str, Any] = dict(
-        name=layer.display_name, num_heads=call.num_heads, kind=layer.kind.value,
-        label=layer.label if layer.stack else None, causal=collector.causal.get(layer.index),
-        query_tokens=None if layer.kind == cap.LayerKind.SELF else rows_tokens(plan, layer),
-        key_tokens=None if layer.kind != cap.LayerKind.DECODER_SELF
-        else cols_tokens(plan, layer))
-    scores = _scores(call, plan, layer) if with_scores else None
+    model_call = ModelCall(
+        layer.display_name, call.num_heads, layer.kind.value,
+        layer.label if layer.stack else None,
+        None if layer.kind == capture.LayerKind.SELF else rows_tokens(plan, layer),
+        None if layer.kind != capture.LayerKind.DECODER_SELF else cols_tokens(plan, layer),
+        _scores(call, plan, layer) if with_scores else None, collector.causal.get(layer.index))
     if layer.index not in setup.reducers:
         return LayerAttention(layer.index, None, collector.maps[layer.index], x, method,
-                              scores=scores, **common)
-    from dataclasses import replace
-
-    finished = replace(setup.reducers[layer.index].finish(
-        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})"), **common,
-        **({"scores": scores} if with_scores else {}))
-    if layer.stack:
-        finished.views = [_labelled(v, layer.label) for v in finished.views or []]
-        finished.stats = [_labelled_stats(s, layer.label) for s in finished.stats or []]
-    return finished
+                              call=model_call)
+    finished = setup.reducers[layer.index].finish(
+        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})")
+    kept = finished.streamed
+    if layer.stack and kept is not None:
+        kept = replace(kept, views=[_labelled(v, layer.label) for v in kept.views],
+                       stats=[_labelled_stats(s, layer.label) for s in kept.stats])
+    return replace(finished, streamed=kept, call=model_call)
 
 
 def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
@@ -233,17 +225,17 @@ def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
     if streamed:
         notes.append("long input: each source layer's maps reduced to display size block by "
                      f"block, {streaming.STREAMED} (≤ {streaming.DISPLAY_CELLS} per side); "
-                     "‹export› writes the full maps to its file block by block")
+                     f"{option('export')} writes the full maps to its file block by block")
     if loaded.max_memory is not None:
         offloaded = loaded.offloaded
         what = "the whole model" if offloaded == [""] else \
             f"{len(offloaded)} module{'s' * (len(offloaded) != 1)}"
-        notes.append(f"weights beyond ‹max_memory› {_size(loaded.max_memory)}: "
+        notes.append(f"weights beyond {option('max_memory')} {_size(loaded.max_memory)}: "
                      + (f"{what} offloaded to disk, each part loaded as the forward reached it"
                         if offloaded else "none (the model fits)"))
     if loaded.encoder_decoder and plan.prepared.target is None:
-        notes.append("encoder-decoder model: its encoder ran alone (‹target› 'text', one per "
-                     "sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
+        notes.append(f"encoder-decoder model: its encoder ran alone ({option('target')} 'text', "
+                     "one per sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
     return notes
 
 
@@ -254,13 +246,13 @@ def _size(size: int) -> str:
     return f"{size} bytes"
 
 
-def _method(loaded: LoadedModel, prepared: Prepared, call: cap.CapturedLayer) -> str:
+def _method(loaded: LoadedModel, prepared: Prepared, call: capture.CapturedLayer) -> str:
     if call.computed_with == "output_attentions":
         return "output_attentions (eager)"
     module = dict(prepared.runner.named_modules()).get(call.name)
     owner = type(module).__name__ if module is not None else "its module"
-    function = cap.eager_function(module) if module is not None else None
-    where = "attnviz's generic eager" if function is cap.generic_eager else \
+    function = capture.eager_function(module) if module is not None else None
+    where = "attnviz's generic eager" if function is capture.generic_eager else \
         f"{owner}'s own eager_attention_forward"
     upcast = f", in float32 from {call.upcast_from} q/k/v (fast on CPU)" if call.upcast_from else ""
     return f"{where}, in blocks of query rows{upcast}"
@@ -278,7 +270,7 @@ def _labelled_stats(stats: Any, label: str) -> Any:
     return replace(stats, layer_label=label)
 
 
-def _scores(call: cap.CapturedLayer, plan: Plan, layer: ModelLayer) -> CapturedScores | None:
+def _scores(call: capture.CapturedLayer, plan: Plan, layer: ModelLayer) -> CapturedScores | None:
     if call.query is None or call.key is None:
         return None
     kwargs = call.score_kwargs

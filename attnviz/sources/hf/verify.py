@@ -14,9 +14,10 @@ from attnviz.errors import (
     CheckFailed,
     CheckpointError,
     UsageError,
+    option,
     printable,
 )
-from attnviz.sources import capture as cap
+from attnviz.sources import capture
 from attnviz.sources.hf.layers import ModelLayer, Plan, plan_run
 from attnviz.sources.hf.load import TOLERANCE, LoadedModel
 from attnviz.sources.hf.run import run_model
@@ -84,13 +85,13 @@ class VerifyResult:
 def recompute_supported(loaded: LoadedModel, call: ModelLayer) -> str | None:
     """Why the recompute proof cannot run on this layer, or None when it can."""
     from attnviz.compute.positions import SCHEMES
-    from attnviz.load import config as hfconfig
+    from attnviz.load.config import model_type
 
-    kind = hfconfig.model_type(loaded.store.config)
+    kind = model_type(loaded.store.config)
     if kind not in SCHEMES:
         return (f"attnviz does not recompute the positions of model_type {kind!r} (supported: "
                 f"{', '.join(sorted(SCHEMES))})")
-    if call.kind != cap.LayerKind.SELF:
+    if call.kind != capture.LayerKind.SELF:
         return "the recompute proof covers self-attention over the source only"
     return None
 
@@ -112,7 +113,8 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     reason = recompute_supported(loaded, call)
     if reason is not None:
         raise UsageError(f"the recompute proof does not apply: {reason}",
-                         fix="the ablation proof (split ‹verify›) needs no per-family math")
+                         fix=f"the ablation proof (split {option('verify')}) needs no "
+                             "per-family math")
     if run is None or all(c.index != call.index for c in run.layers):
         run = run_model(loaded, Plan(plan.prepared, plan.layers, [call]))
     captured = run.layer(call.index)

@@ -15,7 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 # The oldest releases `--model` works with (= pyproject.toml's `hf` extra).
 FLOORS = {"transformers": "4.54.0", "tokenizers": "0.21.0"}
@@ -62,5 +62,6 @@ def check_versions(installed: dict[str, str] | None = None) -> None:
         except importlib.metadata.PackageNotFoundError:
             continue  # not installed at all: require_transformers says which extra to install
         if release(have) < release(floor):
-            raise UsageError(f"‹model› needs {name} >= {floor}, but {name} {have} is installed",
+            raise UsageError(f"{option('model')} needs {name} >= {floor}, but {name} {have} is "
+                             "installed",
                              fix=f"pip install -U '{name}>={floor}'")
