@@ -27,10 +27,12 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_canvas_cap_refuses_before_drawing(cli, tmp_path, monkeypatch):
     """--size 20 and --dpi 600 are each in range; together 8 panels would be ~98,000 px wide."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     drawn = []
     monkeypatch.setattr(Figure, "savefig", lambda *a, **k: drawn.append(a))
+    monkeypatch.setattr(FigureCanvasAgg, "draw", lambda *a, **k: drawn.append(a))  # PNGs
     out = tmp_path / "m.png"
     result = cli("heatmap", "--random", "the cat sat", "--out", out, "--size", "20",
                  "--dpi", "600")
