@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from attnviz.errors import UsageError, printable
+from attnviz.errors import UsageError, option, printable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -53,7 +53,8 @@ def check_canvas(width: float, height: float, dpi: float) -> None:
             f"the figure would be {width * dpi:,.0f} × {height * dpi:,.0f} pixels "
             f"({width:.1f} × {height:.1f} in at {dpi:g} dpi), more than the "
             f"{MAX_CANVAS_PIXELS:,} pixels attnviz draws",
-            fix="lower ‹dpi› or ‹size›, or show fewer panels (‹head›, ‹layer›, ‹average›)")
+            fix=f"lower {option('dpi')} or {option('size')}, or show fewer panels "
+                f"({option('head')}, {option('layer')}, {option('average')})")
 
 
 def new_figure(width: float, height: float, constrained: bool = True,
