@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from attnviz.errors import CheckpointError, printable, printable_path
-from attnviz.sources import capture as cap
-from attnviz.sources import hf_guard as guard
+from attnviz.sources import capture, hf_guard
 from attnviz.sources.capture_eager import ACTIVE, Session
 from attnviz.sources.generate_spec import GenerateSpec
 from attnviz.sources.hf.generate_returned import (
@@ -61,13 +60,13 @@ class Steps:
 
     sequences: torch.Tensor  # (B, L + T) decoder-only, (B, 1 + T) encoder-decoder
     prompt_width: int  # L: the padded prompt's width (1 for an encoder-decoder: start token)
-    kinds: dict[str, cap.LayerKind] = field(default_factory=dict)  # module name: kind, in order
+    kinds: dict[str, capture.LayerKind] = field(default_factory=dict)  # module name: kind, in order
     heads: dict[str, int] = field(default_factory=dict)
     blocks: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # (B, H, rows, K)
     method: str = METHOD
     calls: dict[str, int] = field(default_factory=dict)  # name: its call index in a forward
 
-    def add(self, name: str, kind: cap.LayerKind, weights: torch.Tensor,
+    def add(self, name: str, kind: capture.LayerKind, weights: torch.Tensor,
             call: int | None = None) -> None:
         self.kinds.setdefault(name, kind)
         if call is not None:
@@ -94,8 +93,9 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
                               fix="use a decoder (…ForCausalLM) or an encoder-decoder "
                               "(…ForConditionalGeneration)", where=where)
     dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"
-    with guard.silenced(stderr=True), guard.contained("transformers cannot load the model with a "
-                                        "language-model head", FILES_FIX, where):
+    with hf_guard.silenced(stderr=True), \
+            hf_guard.contained("transformers cannot load the model with a language-model head",
+                               FILES_FIX, where):
         model, info = auto.from_pretrained(folder, attn_implementation="eager",
                                            output_loading_info=True,
                                            **{dtype_key: getattr(torch, dtype)}, **COMMON)
@@ -107,7 +107,7 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
                               "it is a base model without a language-model head, which cannot "
                               "generate", fix="use a checkpoint saved with its head "
                               "(…ForCausalLM, …ForConditionalGeneration)", where=where)
-    guard.check_loaded(info, set(), where)
+    hf_guard.check_loaded(info, set(), where)
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
                        capture_path(model), _store=opened.store,
                        position_limit=opened.position_limit)
@@ -158,7 +158,7 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
         kwargs.update(temperature=spec.temperature, top_p=spec.top_p, top_k=0)
     else:  # the model's generation_config may ask for sampling: greedy overrides it
         kwargs.update(temperature=None, top_p=None, top_k=None)
-    interface = loaded.path == cap.CapturePath.INTERFACE
+    interface = loaded.path == capture.CapturePath.INTERFACE
     if loaded.encoder_decoder:
         ids, mask = pad_right(prompts, filler, device)
         steps = Steps(torch.empty(0), 1)
@@ -168,14 +168,14 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
                                                   **({} if interface or not keep else
                                                      {"output_attentions": True}))
         if not interface and keep:
-            add_returned(steps, encoder_outputs.attentions, cap.LayerKind.SELF, "enc")
+            add_returned(steps, encoder_outputs.attentions, capture.LayerKind.SELF, "enc")
         kwargs.update(attention_mask=mask, encoder_outputs=encoder_outputs)
     else:
         ids, mask = pad_left(prompts, filler, device)
         steps = Steps(torch.empty(0), ids.shape[1])
         kwargs.update(input_ids=ids, attention_mask=mask)
     with _seeded(spec.seed), _capturing(model, steps, interface, keep, block_bytes, shown), \
-            guard.silenced(), _contained(loaded):
+            hf_guard.silenced(), _contained(loaded):
         out = model.generate(**kwargs, **({} if interface or not keep else
                                           {"output_attentions": True}))
     steps.sequences = out.sequences.cpu()
@@ -285,7 +285,7 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
             feed["position_ids"] = (full.cumsum(-1) - 1).clamp(min=0)[:, -1:]
     if "cache_position" in _forward_parameters(model):  # the last token's own position
         feed["cache_position"] = torch.tensor([sequences.shape[1] - 1], device=last.device)
-    with _capturing(model, steps, interface, True, None, shown), guard.silenced(), \
+    with _capturing(model, steps, interface, True, None, shown), hf_guard.silenced(), \
             torch.no_grad(), _contained(loaded):
         result = model(**feed, **({} if interface else {"output_attentions": True}))
     if not interface:

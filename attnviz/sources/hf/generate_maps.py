@@ -9,7 +9,7 @@ import torch
 from attnviz.compute.inputs import Batch
 from attnviz.compute.results import AttentionRun, LayerAttention, ModelCall
 from attnviz.errors import CheckpointError, printable
-from attnviz.sources import capture as cap
+from attnviz.sources import capture
 from attnviz.sources.generate_spec import GenerateSpec, Generation
 from attnviz.sources.hf.generate import METHOD_OUTPUT_ATTENTIONS, Steps, eos_ids, generate
 from attnviz.sources.hf.layers import ModelLayer, select
@@ -74,7 +74,7 @@ def _shown(loaded: LoadedModel, layer: str | None) -> set[int] | None:
     from attnviz.sources.hf.layers import LAYER_FIELDS, config_count
 
     count = config_count(loaded.config, LAYER_FIELDS)
-    if loaded.encoder_decoder or loaded.path != cap.CapturePath.INTERFACE or not count or \
+    if loaded.encoder_decoder or loaded.path != capture.CapturePath.INTERFACE or not count or \
             layer is None or layer.strip() == "all":
         return None
     chosen = parse_layers(layer.strip(), count)
@@ -91,7 +91,8 @@ def _until_eos(ids: list[int], stops: set[int]) -> list[int]:
 def _layers(loaded: LoadedModel, steps: Steps) -> list[ModelLayer]:
     """The attention modules in call order, numbered per stack as `heatmap --model` numbers
     them (a bare number; 'enc N', 'dec N', 'cross N' for encoder-decoders)."""
-    order = {cap.LayerKind.SELF: 0, cap.LayerKind.DECODER_SELF: 1, cap.LayerKind.CROSS: 1}
+    kinds = capture.LayerKind
+    order = {kinds.SELF: 0, kinds.DECODER_SELF: 1, kinds.CROSS: 1}
     names = sorted(steps.kinds, key=lambda n: order[steps.kinds[n]])  # stable: call order
     counts: dict[str, int] = {}
     layers = []
@@ -112,14 +113,14 @@ def _layer(layer: ModelLayer, steps: Steps, target: Batch | None, row_lengths: l
            ) -> LayerAttention:
     """One layer's maps (B, H, rows, cols), each sentence's real tokens at 0..n-1."""
     blocks = steps.blocks[layer.name]
-    if layer.kind == cap.LayerKind.SELF and target is not None:  # an encoder: one forward
+    if layer.kind == capture.LayerKind.SELF and target is not None:  # an encoder: one forward
         maps = torch.cat(blocks, dim=2)  # (B, H, S, S), right-padded already
         return _result(layer, maps, "the module's own eager attention (encoder, once)",
                        target.tokens)
     full = _join(layer, blocks, prompt_width, width)  # (B, H, P, P|S)
     offsets = [0] * len(row_lengths) if prompt_lengths is None else \
         [prompt_width - n for n in prompt_lengths]
-    cross = layer.kind == cap.LayerKind.CROSS
+    cross = layer.kind == capture.LayerKind.CROSS
     heads = full.shape[1]
     out = torch.zeros(full.shape[0], heads, max(row_lengths),
                       full.shape[3] if cross else max(row_lengths))
@@ -149,13 +150,13 @@ def _join(layer: ModelLayer, blocks: list[torch.Tensor], prompt_width: int, widt
     first = blocks[0]  # (B, H, L, L) prefill; (B, H, 1, S) cross
     batch, heads = first.shape[:2]
     total = prompt_width + width
-    keys = first.shape[3] if layer.kind == cap.LayerKind.CROSS else total
+    keys = first.shape[3] if layer.kind == capture.LayerKind.CROSS else total
     full = torch.zeros(batch, heads, total, keys)
     full[:, :, :prompt_width, :first.shape[3]] = first
     for step, block in enumerate(blocks[1:], 1):  # (B, H, 1, K)
         row = prompt_width + step - 1
         k = block.shape[3]
-        if layer.kind == cap.LayerKind.CROSS:
+        if layer.kind == capture.LayerKind.CROSS:
             full[:, :, row, :k] = block[:, :, 0]
         else:
             full[:, :, row, row + 1 - k:row + 1] = block[:, :, 0]
@@ -164,11 +165,11 @@ def _join(layer: ModelLayer, blocks: list[torch.Tensor], prompt_width: int, widt
 
 def _result(layer: ModelLayer, maps: torch.Tensor, method: str,
             target_tokens: list[list[str]] | None) -> LayerAttention:
-    decoder = layer.kind != cap.LayerKind.SELF
+    decoder = layer.kind != capture.LayerKind.SELF
     decoder_only = target_tokens is None  # a decoder-only model's self-attention is causal
     return LayerAttention(layer.index, None, maps, None, method, call=ModelCall(
         layer.display_name, layer.num_heads, layer.kind.value,
         label=layer.label if layer.stack else None,
-        causal=decoder_only or layer.kind == cap.LayerKind.DECODER_SELF,
+        causal=decoder_only or layer.kind == capture.LayerKind.DECODER_SELF,
         query_tokens=target_tokens if decoder else None,
-        key_tokens=target_tokens if layer.kind == cap.LayerKind.DECODER_SELF else None))
+        key_tokens=target_tokens if layer.kind == capture.LayerKind.DECODER_SELF else None))
