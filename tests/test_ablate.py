@@ -312,6 +312,69 @@ def test_hf_causal_lm_scorecard_equals_editing_the_weights(kind, cls, tmp_path):
 
 @pytest.mark.hf
 @pytest.mark.slow
+def test_hf_mean_ablation_over_several_forwards_equals_a_mean_hook(tmp_path, monkeypatch):
+    """`mean` on a LLaMA with two sentences of different lengths (padded in attnviz's batch),
+    three copies per forward (the unablated run and two heads, then three heads at a time):
+    each head's hidden and loss changes equal running transformers' model one sentence at a
+    time, its head's W_O input replaced by the mean over both sentences' tokens of the
+    unablated run; the next head's (the control) differ."""
+    import transformers
+
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
+    from attnviz.sources import hf_ablation
+
+    monkeypatch.setattr(hf_ablation, "MAX_COPIES", 3)
+    folder = _lm_folder(tmp_path, "llama", "LlamaForCausalLM")
+    sentences = ["the cat sat on the mat", "a dog ran"]
+    report = run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), model=str(folder),
+                                              ablate="mean", device="cpu")).ablation
+    assert report.copies_per_forward == 3 and len(report.effects) == 8
+    model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    ids_list = [torch.tensor([tok(s)["input_ids"]]) for s in sentences]
+    d = model.config.hidden_size // model.config.num_attention_heads
+
+    def run_all(layer=None, edit=None):
+        hidden, losses = [], []
+        module = model.model.layers[layer or 0].self_attn.o_proj
+        handle = module.register_forward_pre_hook(edit) if edit else None
+        with torch.no_grad():
+            for ids in ids_list:
+                out = model(ids, output_hidden_states=True)
+                hidden.append(out.hidden_states[-1][0])
+                losses.append(torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:],
+                                                                reduction="none"))
+        if handle:
+            handle.remove()
+        return hidden, torch.cat(losses).mean()
+
+    base_h, base_loss = run_all()
+
+    def removed(layer, head):
+        seen = []
+        run_all(layer, lambda m, args: seen.append(args[0][0]))
+        mean = torch.cat(seen).mean(0)
+        cols = slice(head * d, (head + 1) * d)
+
+        def replace(m, args):
+            x = args[0].clone()
+            x[..., cols] = mean[cols]
+            return (x,)
+        hidden, loss = run_all(layer, replace)
+        change = torch.cat([(h - b).norm(dim=-1) / b.norm(dim=-1)
+                            for h, b in zip(hidden, base_h, strict=True)]).mean()
+        return float(change), float(loss - base_loss)
+
+    for effect in report.effects:  # mean-ablation effects are small: absolute tolerances too
+        hidden, loss = removed(effect.layer, effect.head)
+        assert effect.hidden_change == pytest.approx(hidden, rel=1e-3, abs=1e-6)
+        assert effect.loss_change == pytest.approx(loss, abs=1e-5)
+        wrong, _ = removed(effect.layer, (effect.head + 1) % 4)
+        assert effect.hidden_change != pytest.approx(wrong, rel=1e-2)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
 def test_hf_base_model_has_hidden_changes_only(zoo_model):
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 

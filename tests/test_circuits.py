@@ -503,3 +503,89 @@ def test_large_factors_float32_gram_refined():
     plain = (deficient.T @ deficient).double()
     values = torch.linalg.eigvalsh((plain + plain.T) / 2).clamp_min(0).sqrt().flip(0)
     assert circuits.spectrum(values).rank > 20
+
+
+def test_cholesky_roots_serve_only_well_conditioned_heads():
+    """A float32 Gram with no eigenvalue below REFINE_SHARE of its largest takes its Cholesky
+    factor (proven by the factorization of G − REFINE_SHARE ‖G‖_F I): same singular values as
+    the float64 SVD of the factor. A head with an eigenvalue below that share (the control)
+    is left to the refined eigendecomposition, where its small singular values are exact."""
+    from attnviz.compute import circuits_factors as factors
+
+    E, d = 4096, 32
+    gen = torch.Generator().manual_seed(6)
+    full = torch.randn(E, d, generator=gen)
+    basis = torch.linalg.qr(torch.randn(E, d, generator=gen, dtype=torch.float64))[0]
+    steep = (basis * torch.logspace(0, -2, d, dtype=torch.float64)).float()  # λ down to 1e-4
+    stack = torch.stack([full, steep])
+    roots, done = factors._cholesky_roots(factors._grams(stack, torch.float32))
+    assert done.tolist() == [True, False]
+    want = torch.linalg.svdvals(full.double())
+    assert float((torch.linalg.svdvals(roots[0]) - want).abs().max()) <= RTOL * float(want[0])
+    both = factors.factor_roots(stack)  # the steep head through the refined path
+    for F, root in zip(stack, both, strict=True):
+        want = torch.linalg.svdvals(F.double())
+        assert float((torch.linalg.svdvals(root) - want).abs().max()) <= 1e-6 * float(want[0])
+
+
+def write_bf16_llama(folder, layers, E, H, Hkv, d, seed):
+    """A LLaMA-layout folder of random bfloat16 attention weights and randomized RMSNorm
+    scales (as benchmarks/run.py writes target 7's), returning them as float64."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"self_attn.q_proj.weight": (H * d, E), "self_attn.k_proj.weight": (Hkv * d, E),
+              "self_attn.v_proj.weight": (Hkv * d, E), "self_attn.o_proj.weight": (E, H * d),
+              "input_layernorm.weight": (E,)}
+    tensors = {f"model.layers.{i}.{k}": (torch.randn(s, generator=gen) * 0.02 if len(s) == 2
+                                         else 1 + 0.5 * torch.randn(s, generator=gen)
+                                         ).to(torch.bfloat16)
+               for i in range(layers) for k, s in shapes.items()}
+    folder.mkdir()
+    save_file(tensors, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": E,
+        "num_attention_heads": H, "num_key_value_heads": Hkv, "num_hidden_layers": layers,
+        "intermediate_size": 4 * E, "vocab_size": 100}))
+    return {k: v.double() for k, v in tensors.items()}
+
+
+def test_large_bf16_checkpoint_matches_dense(tmp_path, monkeypatch):
+    """Heads past EXACT_FACTOR_NUMEL (lowered here, so a small model takes the large models'
+    path), stored in bfloat16: converted a few heads at a time with γ folded in by one
+    multiplication, float32 Grams and copying blocks, Cholesky roots, two layers computed at
+    once on two threads, then composition from the kept weights: every number equals the
+    dense float64 computation, in layer order; without γ (the control) they do not."""
+    from attnviz.compute import circuits_factors
+
+    E, H, Hkv, d = 96, 4, 2, 32
+    monkeypatch.setattr(circuits_factors, "EXACT_FACTOR_NUMEL", E * d - 1)
+    monkeypatch.setattr(circuits_factors, "EXACT_GRAM_NUMEL", E * d - 1)
+    served = []
+    cholesky = circuits_factors._cholesky_roots
+
+    def counted(gram):
+        roots, done = cholesky(gram)
+        served.append(int(done.sum()))
+        return roots, done
+    monkeypatch.setattr(circuits_factors, "_cholesky_roots", counted)
+    w = write_bf16_llama(tmp_path / "m", 2, E, H, Hkv, d, seed=4)
+    doc = run_json(model=str(tmp_path / "m"), composition=True)
+    assert [layer["label"] for layer in doc["layers"]] == ["0", "1"]
+
+    def reference(fold):
+        found = {}
+        for i in range(2):
+            p = f"model.layers.{i}."
+            W = [w[p + f"self_attn.{n}_proj.weight"] for n in "qkvo"]
+            found[str(i)] = dense_layer(*W, H, Hkv, d,
+                                        w[p + "input_layernorm.weight"] if fold else None)
+        return found
+
+    ref = reference(True)
+    assert head_errors(doc, ref) <= RTOL
+    assert len(doc["composition"]) == 3 * H * H
+    assert composition_errors(doc, ref) <= RTOL
+    assert head_errors(doc, reference(False)) > 1e-2
+    # every factor of both layers, 4 chunks each (the baselines come after): random heads
+    assert sum(served[:8]) == 2 * (2 * H + 2 * Hkv)

@@ -4,6 +4,8 @@ or a random nn.MultiheadAttention. Request in, result out; the math is compute/c
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 # composition keeps every chosen layer's weights (float32): on by default up to this many bytes
 COMPOSITION_AUTO_BYTES = 1 << 30
+LAYERS_AT_ONCE = 2  # layers computed at once, each on its own thread
 @dataclass(frozen=True)
 class CircuitsRequest:
     """Exactly one source: the bundled model (nothing given), `weights`, `model` or `random`."""
@@ -53,16 +56,44 @@ def run_circuits(request: CircuitsRequest) -> CircuitsResult:
     check_heads(chosen)
     compose_on, skipped = _composition_wanted(request.composition, chosen)
     results, factors, notes = [], [], []
-    for c in chosen:
-        gamma = norm_scale(store, c.layer)
-        layer_result, layer_factors = _one_layer(store, c, gamma, device, compose_on)
+    for c, (layer_result, layer_factors) in zip(chosen, _each_layer(store, chosen, device,
+                                                                    compose_on), strict=True):
         results.append(layer_result)
         if compose_on:  # the d × d factors (10 MB a layer at E = 4096) only for composition
             factors.append(layer_factors)
-        notes += _layer_notes(store, c, gamma)
+        notes += _layer_notes(store, c, norm_scale(store, c.layer))
     grids = _compose_all(chosen, factors) if compose_on else []
     notes += _position_notes(chosen)
     return CircuitsResult(store.source, results, grids, notes, skipped)
+
+
+def _each_layer(store: TensorStore, chosen: list[ChosenLayer], device: torch.device,
+                keep: bool) -> Iterator[tuple[LayerCircuits, LayerFactors]]:
+    """Each chosen layer's circuits, in order; two layers at once on two threads where the CPU
+    has two cores or more, each with half of them per operation (so never more than two
+    layers' weights are held). One thread per operation on two cores: between the many small
+    products of a layer, torch's idle threads spin, and on a busy machine that spinning cost
+    more CPU time than the second thread gave."""
+    import os
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from attnviz.compute.circuits import op_threads
+
+    def one(c: ChosenLayer) -> tuple[LayerCircuits, LayerFactors]:
+        return _one_layer(store, c, norm_scale(store, c.layer), device, keep)
+
+    cores = os.cpu_count() or 1
+    if cores < 2 or len(chosen) < 2:
+        yield from map(one, chosen)
+        return
+    with op_threads(cores // 2), ThreadPoolExecutor(LAYERS_AT_ONCE) as pool:
+        pending: deque[Future[tuple[LayerCircuits, LayerFactors]]] = deque()
+        for c in chosen:
+            if len(pending) == LAYERS_AT_ONCE:
+                yield pending.popleft().result()
+            pending.append(pool.submit(one, c))
+        while pending:
+            yield pending.popleft().result()
 
 
 def _composition_wanted(asked: bool | None, chosen: list[ChosenLayer]) -> tuple[bool, str | None]:
@@ -82,28 +113,27 @@ def _composition_wanted(asked: bool | None, chosen: list[ChosenLayer]) -> tuple[
 
 def _one_layer(store: TensorStore, c: ChosenLayer, gamma: NormScale | None,
                device: torch.device, keep: bool) -> tuple[LayerCircuits, LayerFactors]:
-    import torch
 
-    from attnviz.compute.circuits import fold_scale, layer_circuits
+    from attnviz.compute.circuits import StoredWeight, layer_circuits
     from attnviz.compute.forward import read_ref
 
     layer = c.layer
     scale = None
     if gamma is not None:
-        scale = store.read(gamma.key).float().to(device) + gamma.offset
+        scale = store.read(gamma.key).float() + gamma.offset
     refs = {"q": layer.q_weight, "k": layer.k_weight, "v": layer.v_weight, "o": layer.o_weight}
 
-    def read(name: str) -> torch.Tensor:
-        W = read_ref(store, refs[name]).to(device=device, dtype=torch.float32)
+    def read(name: str) -> StoredWeight:
+        """As stored; γ folded into W_Q, and into W_K, W_V but for cross-attention's."""
         folds = name == "q" or (name in "kv" and c.stack != "cross")
-        return fold_scale(W, scale) if folds and scale is not None else W
+        return StoredWeight(read_ref(store, refs[name]), scale if folds else None)
 
     biases = {name: read_ref(store, ref).double() if ref is not None else None
               for name, ref in (("q", layer.q_bias), ("k", layer.k_bias), ("v", layer.v_bias))}
     assert layer.num_heads is not None and layer.num_kv_heads is not None
     assert layer.head_dim is not None
     factors, heads = layer_circuits(read, (layer.num_heads, layer.num_kv_heads, layer.head_dim),
-                                    biases, keep)
+                                    biases, keep, device)
     out_bias = None
     if layer.o_bias is not None:
         out_bias = float(read_ref(store, layer.o_bias).double().norm())

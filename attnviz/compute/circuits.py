@@ -16,11 +16,23 @@ a pair of layers one product of their weights and d × d work per pair of heads.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from attnviz.compute.circuits_factors import (  # noqa: F401 - re-exported
+    EXACT_FACTOR_NUMEL,
+    EXACT_GRAM_NUMEL,
+    REFINE_SHARE,
+    StoredWeight,
+    factor_roots,
+    gram_dtype,
+    op_threads,
+    output_roots,
+    row_roots,
+    small_algebra,
+)
 
 RANK_RTOL = 1e-4  # a singular value counts towards the rank above this share of the largest
 EFFECTIVE_SHARE = 0.9  # effective rank: singular values holding this share of the squared norm
@@ -98,105 +110,6 @@ class LayerFactors:
         return torch.arange(self.num_heads) // (self.num_heads // self.num_kv_heads)
 
 
-def _heads_of(W: torch.Tensor, heads: int, d: int) -> torch.Tensor:
-    """(heads·d, n) rows → (heads, n, d): each head's block, transposed to an n × d factor."""
-    return W.reshape(heads, d, W.shape[1]).transpose(1, 2)
-
-
-def _columns_of(W_o: torch.Tensor, heads: int, d: int) -> torch.Tensor:
-    """W_O (E, H·d) → (H, E, d): each head's columns."""
-    return W_o.reshape(W_o.shape[0], heads, d).permute(1, 0, 2)
-
-
-# Grams of factors with up to this many elements per tensor accumulate in float64 (exact to
-# float64 rounding for float32/bf16 weights); larger ones in float32 (≈ 1e-6 relative), where
-# a float64 product would cost 2-3× the time on a CPU.
-EXACT_GRAM_NUMEL = 1 << 21
-# Each head's factor of up to this many elements gets a float64 Gram; larger ones a float32 Gram
-# refined in float64 where its eigenvalues are small (`_refined`): as exact, 3-5× faster.
-EXACT_FACTOR_NUMEL = 1 << 16
-HEAD_CHUNK = 4  # heads per batched product: bounds the temporary copies to 4 heads' factors
-
-
-@contextlib.contextmanager
-def small_algebra() -> Iterator[None]:
-    """One thread for batches of d × d factorizations: LAPACK gains nothing from threads on
-    128 × 128 matrices, and on a busy machine their spinning made them 50-100× slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def gram_dtype(W: torch.Tensor) -> torch.dtype:
-    return torch.float64 if W.numel() <= EXACT_GRAM_NUMEL else torch.float32
-
-
-def factor_roots(factors: torch.Tensor) -> torch.Tensor:
-    """(n, E, d) factors F → (n, d, d) float64 T with TᵀT = FᵀF.
-
-    Every number of a circuit depends on its factors only through FᵀF (‖F X‖_F = ‖T X‖_F, and
-    F = Q T with Q orthonormal on F's column space), so T plays the role of the R factor of
-    F's QR factorization, from one product of F with itself instead of a Householder QR
-    (20× slower for E × d on a CPU). T = Λ^½ Pᵀ from FᵀF = P Λ Pᵀ, so rank-deficient F is fine.
-    Large factors take a float32 Gram, refined where it is not exact enough (`_refined`).
-    """
-    if not len(factors) or factors[0].numel() <= EXACT_FACTOR_NUMEL:
-        gram = _grams(factors, torch.float64)
-        with small_algebra():
-            values, vectors = torch.linalg.eigh(gram)  # ascending
-    else:
-        values, vectors = _refined(factors)
-    return values.clamp_min(0).sqrt()[:, :, None] * vectors.transpose(1, 2)
-
-
-def _grams(factors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(n, d, d) float64 FᵀF, accumulated in `dtype`, symmetrized."""
-    if factors.dtype == dtype:  # one batched product over the views: no copy of the weights
-        gram = (factors.transpose(1, 2) @ factors).double().cpu()
-    else:
-        grams = []
-        for start in range(0, factors.shape[0], HEAD_CHUNK):
-            chunk = factors[start:start + HEAD_CHUNK].to(dtype)  # (c, E, d)
-            grams.append((chunk.transpose(1, 2) @ chunk).double().cpu())  # (c, d, d)
-        gram = torch.cat(grams)
-    return (gram + gram.transpose(1, 2)) / 2
-
-
-# Eigenvalues of a float32 Gram below this share of the largest are recomputed in float64.
-REFINE_SHARE = 1e-2
-
-
-def _refined(factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(eigenvalues ascending, eigenvectors) of FᵀF, float64, for large float32 factors.
-
-    A float32 Gram sums E products per entry: its error, ~1e-6 of the largest eigenvalue, would
-    give a rank-deficient F singular values of ~1e-3 of its largest, above RANK_RTOL. So the
-    float32 Gram only finds the eigenvectors P; then Y = F P (float32, each entry a sum of d
-    products, accurate to ~1e-7 of F's row) has the columns of the small eigenvalues, and
-    their products with every column, summed in float64: E · d · k float64 work for the k
-    small ones (none for a well-conditioned head), instead of E · d² for all of them.
-    """
-    gram = _grams(factors, torch.float32)
-    with small_algebra():
-        values, vectors = torch.linalg.eigh(gram)
-    small = values < REFINE_SHARE * values[:, -1:]  # (n, d)
-    for i in torch.nonzero(small.any(dim=1)).flatten().tolist():
-        P = vectors[i]
-        Y = factors[i] @ P.to(factors.dtype)  # (E, d) float32
-        G = (Y.T @ Y).double().cpu()
-        Y64 = Y.double()
-        cross = (Y64.T @ Y64[:, small[i]]).cpu()  # (d, k), float64 sums
-        G[:, small[i]] = cross
-        G[small[i], :] = cross.T
-        with small_algebra():
-            values[i], rotation = torch.linalg.eigh((G + G.T) / 2)
-        vectors[i] = P @ rotation
-    return values, vectors
-
-
 def spectrum(singular_values: torch.Tensor) -> Spectrum:
     """A circuit's summary from all of its singular values (descending)."""
     s = singular_values.double()
@@ -213,61 +126,88 @@ def spectrum(singular_values: torch.Tensor) -> Spectrum:
                     min(effective, rank))
 
 
-WeightReader = Callable[[str], torch.Tensor]  # "q", "k", "v", "o" → the folded float32 weight
+def spectra(singular_values: torch.Tensor) -> list[Spectrum]:
+    """`spectrum` of each row of (n, d) singular values (descending), computed for all at once."""
+    s = singular_values.double()
+    squares = s.square()
+    total = squares.sum(dim=1)  # (n,)
+    largest = s[:, 0] if s.shape[1] else torch.zeros(len(s), dtype=s.dtype)
+    rank = torch.where(largest > 0, (s > RANK_RTOL * largest[:, None]).sum(dim=1), 0)
+    share = torch.cumsum(squares, 1) / torch.where(total > 0, total, 1.0)[:, None]
+    effective = torch.where(total > 0, (share < EFFECTIVE_SHARE - 1e-12).sum(dim=1) + 1, 0)
+    return [Spectrum(tuple(values), norm ** 0.5, r, min(e, r)) for values, norm, r, e in
+            zip(s.tolist(), total.tolist(), rank.tolist(), effective.tolist(), strict=True)]
+
+
+WeightReader = Callable[[str], StoredWeight]  # "q", "k", "v", "o" → the weight and its γ
 
 
 def layer_circuits(read: WeightReader, heads: tuple[int, int, int],
                    biases: dict[str, torch.Tensor | None] | None = None,
-                   keep: bool = False) -> tuple[LayerFactors, list[HeadCircuit]]:
+                   keep: bool = False, device: torch.device | str = "cpu",
+                   ) -> tuple[LayerFactors, list[HeadCircuit]]:
     """Every head's QK and OV circuit of one layer, and the factors composition reuses.
 
-    `read` is asked for W_Q, W_K, W_V and W_O one at a time, so at most W_V and one other
-    weight are held (all four with `keep`, for composition)."""
+    `read` is asked for W_Q, W_K, W_V and W_O one at a time, each converted to float32 (γ
+    folded) a few heads at a time, so beside the stored weights at most W_V and a chunk are
+    held as float32 (all four weights with `keep`, for composition)."""
     H, Hkv, d = heads
     kv = torch.arange(H) // (H // Hkv)
-    W_q: torch.Tensor | None = read("q")
-    assert W_q is not None
-    widths_q = W_q.shape[1]
-    T_q = factor_roots(_heads_of(W_q, H, d))  # (H, d, d)
-    W_q = W_q if keep else None  # dropped at once unless composition needs it
-    W_k: torch.Tensor | None = read("k")
-    assert W_k is not None
-    kdim = W_k.shape[1]
-    T_k = factor_roots(_heads_of(W_k, Hkv, d))  # (H_kv, d, d)
-    W_k = W_k if keep else None
-    W_v = read("v")
-    T_v = factor_roots(_heads_of(W_v, Hkv, d))
-    W_o = read("o")
-    T_o = factor_roots(_columns_of(W_o, H, d))
-    copying = _copying(W_v, W_o, kv, d) if W_v.shape[1] == W_o.shape[0] else None
-    with small_algebra():
-        qk_sv = torch.linalg.svdvals(T_q @ T_k[kv].transpose(1, 2))  # (H, d)
-        ov_sv = torch.linalg.svdvals(T_o @ T_v[kv].transpose(1, 2))
-    circuits = [HeadCircuit(h, int(kv[h]), spectrum(qk_sv[h]), spectrum(ov_sv[h]),
-                            None if copying is None else float(copying[h]),
+    kept: dict[str, torch.Tensor] = {}
+
+    def stored(name: str) -> StoredWeight:
+        W = read(name)
+        if keep or name == "v":  # W_V meets every W_O chunk (copying); composition keeps all
+            kept[name] = W.as_float(device=device)
+            return StoredWeight(kept[name])
+        return W
+
+    W_q = stored("q")
+    widths_q = W_q.tensor.shape[1]
+    T_q = row_roots(W_q, H, d, device)  # (H, d, d)
+    del W_q
+    W_k = stored("k")
+    kdim = W_k.tensor.shape[1]
+    T_k = row_roots(W_k, Hkv, d, device)  # (H_kv, d, d)
+    del W_k
+    W_v = stored("v").tensor
+    T_v = row_roots(StoredWeight(W_v), Hkv, d, device)
+    W_o = stored("o")
+    out_width = W_o.tensor.shape[0]
+    T_o, blocks = output_roots(W_o, W_v if W_v.shape[1] == out_width else None, H, Hkv, d,
+                               device)
+    del W_o
+    qk_sv = core_singular_values(T_q @ T_k[kv].transpose(1, 2))  # (H, d)
+    ov_sv = core_singular_values(T_o @ T_v[kv].transpose(1, 2))
+    copying = None if blocks is None else _copying(blocks)
+    qk, ov = spectra(qk_sv), spectra(ov_sv)
+    circuits = [HeadCircuit(h, int(kv[h]), qk[h], ov[h],
+                            None if copying is None else copying[h],
                             _bias_norms(biases or {}, h, int(kv[h]), d)) for h in range(H)]
-    kept = None
-    if keep and W_q is not None and W_k is not None:
-        kept = CircuitWeights(W_q, W_k, W_v, W_o, H, Hkv, d)
+    weights = CircuitWeights(kept["q"], kept["k"], kept["v"], kept["o"], H, Hkv, d) if keep \
+        else None
     factors = LayerFactors(H, Hkv, d, T_q, T_k, T_v, T_o, qk_sv.norm(dim=1), ov_sv.norm(dim=1),
                            tuple(c.qk.rank for c in circuits), tuple(c.ov.rank for c in circuits),
-                           (W_o.shape[0], widths_q, kdim, W_v.shape[1]), kept)
+                           (out_width, widths_q, kdim, W_v.shape[1]), weights)
     return factors, circuits
 
 
-def _copying(W_v: torch.Tensor, W_o: torch.Tensor, kv: torch.Tensor, d: int) -> torch.Tensor:
-    """(H,) Σ Re λ / Σ |λ| over the eigenvalues of W_V^g W_O[:, cols(h)] (d × d), which are
-    the nonzero eigenvalues of W_OV^h."""
-    dtype = gram_dtype(W_o)  # float32 for large weights: a ratio of sums, no rank
-    V = W_v.reshape(-1, d, W_v.shape[1]).to(dtype)  # (H_kv, d, E)
-    group = len(kv) // V.shape[0]  # query heads per key/value head, adjacent (kv = h // group)
-    cols = W_o.to(dtype).reshape(W_o.shape[0], V.shape[0], group * d).permute(1, 0, 2)
-    # (H_kv, d, group·d): each key/value head's W_V against its group's W_O columns at once
-    blocks = (V @ cols).cpu().reshape(V.shape[0], d, group, d).permute(0, 2, 1, 3)
+def core_singular_values(cores: torch.Tensor) -> torch.Tensor:
+    """(n, d) singular values, descending, of (n, d, d) float64 cores C: the square roots of
+    the eigenvalues of C Cᵀ, 20 % faster than an SVD; each within √ε ≈ 1.5e-8 of the largest
+    (RANK_RTOL is 1e-4)."""
     with small_algebra():
-        eig = torch.linalg.eigvals(blocks.reshape(len(kv), d, d))  # (H, d)
+        values = torch.linalg.eigvalsh(cores @ cores.transpose(1, 2))  # ascending
+    return values.clamp_min(0).sqrt().flip(1)
+
+
+def _copying(blocks: torch.Tensor) -> list[float]:
+    """Per head Σ Re λ / Σ |λ| over the eigenvalues of its (d × d) W_V^g W_O[:, cols(h)], which
+    are the nonzero eigenvalues of W_OV^h."""
+    with small_algebra():
+        eig = torch.linalg.eigvals(blocks)  # (H, d)
     size = eig.abs().sum(dim=1)
-    return torch.where(size > 0, eig.real.sum(dim=1) / size.clamp_min(1e-300), 0.0)
+    return torch.where(size > 0, eig.real.sum(dim=1) / size.clamp_min(1e-300), 0.0).tolist()
 
 
 def _bias_norms(biases: dict[str, torch.Tensor | None], h: int, g: int,

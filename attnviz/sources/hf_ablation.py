@@ -117,45 +117,73 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
         notes.append("encoder-decoder model without ‹target›: its encoder's hidden states only")
     modules = _o_modules(model if runner is not plan.prepared.runner else loaded.model,
                          loaded, shown)
-    run = _Runner(runner, plan.prepared.feed, modules)
     real = _real(plan, decoder and kind != "masked")
+    run = _Runner(runner, plan.prepared.feed, modules, real)
     ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
+    B = real.shape[0]
+    width = max(layer.embed_dim or 1 for _, layer in modules.values())
+    per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES // max(1, B * real.shape[1] * width * 4 * 8)))
+    effects: list[HeadEffect] = []
     with torch.no_grad(), guard.silenced():
-        base_hidden, base_logits, means = run.base(real)
+        # the unablated run is copy 0 of the first forward: the means of `mean` come from it,
+        # layer by layer, before the same layer's ablated copies need them
+        first = heads[:per - 1]
+        report(f"ablating heads 1-{len(first)} of {len(heads)}" if first else
+               "running the model unablated")
+        means: dict[int, torch.Tensor] = {}
+        hidden, logits = run.ablated(first, mode, means, with_base=True)
+        base_hidden, base_logits = hidden[:B], None if logits is None else logits[:B]
         base_loss = base_repeat = None
         if kind == "causal" and base_logits is not None and ids is not None:
             base_loss, base_repeat = next_token_losses(base_logits, ids.cpu(), real)
-        B, L, E = base_hidden.shape
-        per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES // max(1, B * L * E * 4 * 8)))
-        effects = []
-        for start in range(0, len(heads), per):
+        scored = _Scored(kind, base_hidden, base_logits, base_loss, base_repeat, ids, real)
+        effects += scored.effects(first, hidden[B:], None if logits is None else logits[B:])
+        for start in range(len(first), len(heads), per):
             chunk = heads[start:start + per]
             report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
             hidden, logits = run.ablated(chunk, mode, means)
-            for c, (index, label, head) in enumerate(chunk):
-                part = slice(c * B, (c + 1) * B)
-                loss = repeat = None
-                if kind == "causal" and logits is not None and base_loss is not None \
-                        and ids is not None:
-                    loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real)
-                    loss = loss_c - base_loss
-                    repeat = None if repeat_c is None or base_repeat is None \
-                        else repeat_c - base_repeat
-                elif kind is not None and logits is not None and base_logits is not None:
-                    loss = kl_divergence(base_logits, logits[part], real)
-                effects.append(HeadEffect(index, label, head,
-                                          hidden_change(base_hidden, hidden[part], real),
-                                          loss, repeat))
+            effects += scored.effects(chunk, hidden, logits)
     loss_kind = CAUSAL_LOSS if kind == "causal" else None if kind is None else KL
     return AblationReport(mode, loss_kind, effects, base_loss, base_repeat, per, notes)
+
+
+class _Scored:
+    """Each ablated copy's measures against the unablated run."""
+
+    def __init__(self, kind: str | None, base_hidden: torch.Tensor,
+                 base_logits: torch.Tensor | None, base_loss: float | None,
+                 base_repeat: float | None, ids: torch.Tensor | None,
+                 real: torch.Tensor) -> None:
+        self.kind, self.base_hidden, self.base_logits = kind, base_hidden, base_logits
+        self.base_loss, self.base_repeat, self.ids, self.real = base_loss, base_repeat, ids, real
+
+    def effects(self, chunk: list[tuple[int, str, int]], hidden: torch.Tensor,
+                logits: torch.Tensor | None) -> list[HeadEffect]:
+        B, real, ids = self.base_hidden.shape[0], self.real, self.ids
+        found = []
+        for c, (index, label, head) in enumerate(chunk):
+            part = slice(c * B, (c + 1) * B)
+            loss = repeat = None
+            if self.kind == "causal" and logits is not None and self.base_loss is not None \
+                    and ids is not None:
+                loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real)
+                loss = loss_c - self.base_loss
+                repeat = None if repeat_c is None or self.base_repeat is None \
+                    else repeat_c - self.base_repeat
+            elif self.kind is not None and logits is not None and self.base_logits is not None:
+                loss = kl_divergence(self.base_logits, logits[part], real)
+            found.append(HeadEffect(index, label, head,
+                                    hidden_change(self.base_hidden, hidden[part], real),
+                                    loss, repeat))
+        return found
 
 
 class _Runner:
     """The model's forward on copies of the feed, with W_O-input edits by pre-hooks."""
 
     def __init__(self, model: Any, feed: dict[str, torch.Tensor],
-                 modules: dict[int, tuple[Any, AttentionLayer]]) -> None:
-        self.model, self.feed, self.modules = model, feed, modules
+                 modules: dict[int, tuple[Any, AttentionLayer]], real: torch.Tensor) -> None:
+        self.model, self.feed, self.modules, self.real = model, feed, modules, real
 
     def _forward(self, copies: int, edit: Callable[[int, torch.Tensor], torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -176,30 +204,27 @@ class _Runner:
                 handle.remove()
         return _final_hidden(outputs).float().cpu(), _logits(outputs)
 
-    def base(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                dict[int, torch.Tensor]]:
-        means: dict[int, torch.Tensor] = {}
-
-        def record(index: int, x: torch.Tensor) -> torch.Tensor:
-            if x.shape[:2] == real.shape:
-                means[index] = x[real.to(x.device)].mean(0)
-            return x
-        hidden, logits = self._forward(1, record)
-        return hidden, logits, means
-
     def ablated(self, chunk: list[tuple[int, str, int]], mode: str,
-                means: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                means: dict[int, torch.Tensor], with_base: bool = False,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward of a copy per head of `chunk`, each with its head removed, after an
+        unablated copy 0 `with_base`, which fills `means` (each layer's mean W_O input over
+        the real tokens) as the forward reaches each layer."""
         B = next(iter(self.feed.values())).shape[0]
+        offset = B if with_base else 0
 
         def edit(index: int, x: torch.Tensor) -> torch.Tensor:
+            if with_base and x.shape[1] == self.real.shape[1]:
+                means[index] = x[:B][self.real.to(x.device)].mean(0)
             x = x.clone()
             for c, (call, _, head) in enumerate(chunk):
                 if call != index:
                     continue
                 cols = slice(*self.modules[index][1].o_cols(head))
-                x[c * B:(c + 1) * B, ..., cols] = 0.0 if mode == "zero" else means[index][cols]
+                rows = slice(offset + c * B, offset + (c + 1) * B)
+                x[rows, ..., cols] = 0.0 if mode == "zero" else means[index][cols]
             return x
-        return self._forward(len(chunk), edit)
+        return self._forward(len(chunk) + int(with_base), edit)
 
 
 def _accepts_cache(model: Any) -> bool:
