@@ -522,13 +522,14 @@ def test_sane_config_values_run(cli, zoo_model, tmp_path):
 
 
 # rope_theta 1e-300 passes the up-front check (it is positive) but its inverse frequencies
-# overflow: the maps come out NaN on every path, and each names the config.json fields
+# overflow: the maps come out NaN on every path, and each names the config.json fields.
+# 600 tokens: past the 512 keys held whole and the 512 cells a display shows, and 11 MB of
+# maps against a 1 MB budget, so both long paths stream (in ~20 blocks a layer, not ~150).
+LONG = " ".join(["cat"] * 600)
 NAN_PATHS = {
     "whole maps": ["--json", "the cat sat"],
-    "streamed": ["--json", "--max-tokens", "4000", "--memory-budget", "1MB",
-                 " ".join(["cat"] * 1500)],
-    "exported": ["--memory-budget", "1MB", "--max-tokens", "4000", "--export", "{out}",
-                 " ".join(["cat"] * 1500)],
+    "streamed": ["--json", "--max-tokens", "4000", "--memory-budget", "1MB", LONG],
+    "exported": ["--memory-budget", "1MB", "--max-tokens", "4000", "--export", "{out}", LONG],
 }
 
 
