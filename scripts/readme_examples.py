@@ -136,7 +136,11 @@ ENV = {"COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
 # The modules nearly every example imports: a server process imports them once and forks one
 # child per example (`python -m attnviz` run with runpy, as the interpreter does), which saves
 # seconds of imports per example and keeps examples as independent as separate processes.
-PRELOAD = ("attnviz.cli.main", "torch", "matplotlib.pyplot", "transformers")
+# transformers' modeling base (modeling_utils, generation: ~3 s) is what every `--model`
+# example imports before its own modeling file.
+PRELOAD = ("attnviz.cli.main", "torch", "matplotlib.pyplot", "transformers",
+           "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
+           "attnviz.app.heatmap", "attnviz.sources.hf.load")
 
 
 def run(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -177,6 +181,9 @@ def serve() -> None:
     code (children time out after 600 s, as subprocess runs do)."""
     import importlib
 
+    # `python -m attnviz` in the checkout finds the checkout's attnviz first (sys.path[0] is the
+    # working directory), not this script's folder, nor an installed or editable copy elsewhere
+    sys.path[0] = str(ROOT)
     for module in PRELOAD:
         try:
             importlib.import_module(module)
@@ -251,32 +258,41 @@ def _ran(command: str) -> tuple[int, str, str]:
     return _RUNS[command]
 
 
+_IDLE: list[Forks] = []  # fork servers between runs: started once per process, for every call
+
+
+def close_servers() -> None:
+    """End the fork servers (they also end when this process does: their stdin closes)."""
+    while _IDLE:
+        _IDLE.pop().close()
+
+
 def _run_all(commands: list[str]) -> None:
     """Run the commands not run yet, two at a time (each in a process of its own, forked from
-    a server per worker where the system can fork)."""
+    a server per worker where the system can fork; the servers are kept for the next call)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
     pending = [c for c in dict.fromkeys(commands) if c not in _RUNS]
     if not pending:
         return
-    local, servers = threading.local(), []
+    lock = threading.Lock()
 
     def ran(command: str) -> tuple[int, str, str]:
         if not hasattr(os, "fork"):
             return _ran_uncached(command, run)
-        if not hasattr(local, "forks"):
-            local.forks = Forks()
-            servers.append(local.forks)
-        return _ran_uncached(command, local.forks.run)
+        with lock:
+            forks = _IDLE.pop() if _IDLE else None
+        forks = forks or Forks()
+        try:
+            return _ran_uncached(command, forks.run)
+        finally:
+            with lock:
+                _IDLE.append(forks)
 
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for command, outcome in zip(pending, pool.map(ran, pending), strict=True):
-                _RUNS[command] = outcome
-    finally:
-        for server in servers:
-            server.close()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for command, outcome in zip(pending, pool.map(ran, pending), strict=True):
+            _RUNS[command] = outcome
 
 
 def _ran_uncached(command: str, runner: Callable[[list[str]], subprocess.CompletedProcess[str]]
@@ -327,7 +343,16 @@ def write() -> None:
 def check(only: list[Path] | None = None) -> list[str]:
     """Problems found in the documents (`only` those): failing examples and output blocks that
     differ from the real output."""
-    return [problem for document in (only or documents()) for problem in check_one(document)]
+    chosen = only or documents()
+    _run_all([command for document in chosen for command in _commands(document)])
+    return [problem for document in chosen for problem in check_one(document)]
+
+
+def _commands(document: Path) -> list[str]:
+    """The commands a check of `document` runs: its runnable examples, its output blocks'."""
+    text = document.read_text()
+    return [e.text for e in examples(text) if not e.needs_gpu] + \
+        [command for _, command, _, _ in output_blocks(text, _shown_name(document))]
 
 
 def check_one(document: Path) -> list[str]:
@@ -365,6 +390,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         write()
     problems = check()
+    close_servers()
     print("\n".join(problems) or "every example of the README and docs/*.md runs and prints "
           "what the document shows")
     sys.exit(1 if problems else 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,25 @@ def cli():
         return runner.invoke(app, [str(a) for a in args], **kwargs)
 
     return invoke
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Wait for a started process as `subprocess.run` does (killed past `timeout`)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def side_by_side(*procs: subprocess.Popen, timeout: float = 600
+                 ) -> list[subprocess.CompletedProcess]:
+    """Wait for processes started together (independent runs, e.g. a run and its negative
+    control): one interpreter start-up of wall time instead of one each. Started with Popen from
+    this thread, so that their preexec_fn never runs beside another thread."""
+    return [finish(proc, timeout) for proc in procs]
 
 
 def doubling_normalizer(steps: int = 30) -> dict:

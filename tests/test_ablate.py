@@ -203,6 +203,7 @@ def test_standalone_layer_hidden_change(tmp_path):
             assert effect.loss_change is None
 
 
+@pytest.mark.slow
 def test_cli_scorecard_json_and_figure(cli, tmp_path):
     out = tmp_path / "maps.png"
     result = cli("heatmap", "--probe", "induction", "--ablate", "--json", "--out", out)

@@ -166,6 +166,7 @@ def test_offloaded_model_gives_transformers_own_maps(cli, wide_vocab_llama, tmp_
     assert whole.exit_code == 0 and "none (the model fits)" in whole.stdout, whole.output
 
 
+@pytest.mark.hf  # the fixture builds a LLaMA with transformers
 def test_offload_without_accelerate_is_one_line(cli, monkeypatch, wide_vocab_llama):
     import importlib.util
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error, doubling_normalizer, model_with_normalizer
+from conftest import assert_clean_error, doubling_normalizer, model_with_normalizer, side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,12 +67,11 @@ def test_canvas_cap_in_the_api():
 HOSTILE_RC = "savefig.dpi: 3000\nsavefig.bbox: tight\nfigure.figsize: 50, 50\nfigure.dpi: 400\n"
 
 
-def _run_out(cwd: Path, out: Path, env: dict[str, str] | None = None) -> None:
+def _start_out(cwd: Path, out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     full = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", **(env or {})}
-    done = subprocess.run([sys.executable, "-m", "attnviz", "heatmap", "--random", "the cat sat",
-                           "--out", str(out)], cwd=cwd, env=full, capture_output=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
+    return subprocess.Popen([sys.executable, "-m", "attnviz", "heatmap", "--random",
+                             "the cat sat", "--out", str(out)], cwd=cwd, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 @pytest.mark.slow
@@ -83,9 +82,11 @@ def test_matplotlibrc_in_cwd_and_mplconfigdir_change_nothing(tmp_path):
         folder.mkdir()
     (hostile / "matplotlibrc").write_text(HOSTILE_RC)
     (config / "matplotlibrc").write_text(HOSTILE_RC)
-    _run_out(plain, plain / "a.png")
-    _run_out(hostile, hostile / "b.png")
-    _run_out(plain, plain / "c.png", {"MPLCONFIGDIR": str(config)})
+    for done in side_by_side(_start_out(plain, plain / "a.png"),
+                             _start_out(hostile, hostile / "b.png"),
+                             _start_out(plain, plain / "c.png", {"MPLCONFIGDIR": str(config)}),
+                             timeout=300):
+        assert done.returncode == 0, done.stderr
     reference = (plain / "a.png").read_bytes()
     assert (hostile / "b.png").read_bytes() == reference
     assert (plain / "c.png").read_bytes() == reference
@@ -219,15 +220,16 @@ def test_the_bound_is_an_upper_bound_of_what_tokenizers_does():
         assert step.grow(len(text)) >= grown, spec
 
 
-def _capped(args: list[str], cap: int = 4 << 30) -> subprocess.CompletedProcess:
+def _capped(args: list[str], cap: int = 4 << 30) -> subprocess.Popen:
+    """`python -m attnviz ARGS` started under an address-space cap (`side_by_side` waits)."""
     import resource
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     full = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    return subprocess.run([sys.executable, "-m", "attnviz", *args], env=full, cwd=ROOT,
-                          capture_output=True, timeout=600, preexec_fn=limit)
+    return subprocess.Popen([sys.executable, "-m", "attnviz", *args], env=full, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit)
 
 
 @pytest.mark.hf
@@ -236,13 +238,14 @@ def test_amplifying_tokenizer_json_is_one_error_line(minilm, tmp_path):
     """The issue's 1.9 KB tokenizer.json (one letter → 10⁹ characters), under a 4 GB cap: one
     error line naming the step, exit 1; the same folder with the model's own normalizer runs."""
     hostile = model_with_normalizer(minilm, tmp_path / "hostile", doubling_normalizer())
-    done = _capped(["heatmap", "--model", str(hostile), "--json", "a cat"])
+    control = model_with_normalizer(minilm, tmp_path / "control", None)
+    done, ok = side_by_side(
+        _capped(["heatmap", "--model", str(hostile), "--json", "a cat"]),
+        _capped(["heatmap", "--model", str(control), "--json", "--layer", "0", "a cat"]))
     lines = done.stderr.decode().strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: the model's tokenizer could grow sentence 1")
     assert "normalizer[0][0] Replace alone grows it 2×" in lines[0]
-    control = model_with_normalizer(minilm, tmp_path / "control", None)
-    ok = _capped(["heatmap", "--model", str(control), "--json", "--layer", "0", "a cat"])
     assert ok.returncode == 0, ok.stderr
 
 
@@ -521,13 +524,14 @@ def test_sane_config_values_run(cli, zoo_model, tmp_path):
 
 
 # rope_theta 1e-300 passes the up-front check (it is positive) but its inverse frequencies
-# overflow: the maps come out NaN on every path, and each names the config.json fields
+# overflow: the maps come out NaN on every path, and each names the config.json fields.
+# 600 tokens: past the 512 keys held whole and the 512 cells a display shows, and 11 MB of
+# maps against a 1 MB budget, so both long paths stream (in ~20 blocks a layer, not ~150).
+LONG = " ".join(["cat"] * 600)
 NAN_PATHS = {
     "whole maps": ["--json", "the cat sat"],
-    "streamed": ["--json", "--max-tokens", "4000", "--memory-budget", "1MB",
-                 " ".join(["cat"] * 1500)],
-    "exported": ["--memory-budget", "1MB", "--max-tokens", "4000", "--export", "{out}",
-                 " ".join(["cat"] * 1500)],
+    "streamed": ["--json", "--max-tokens", "4000", "--memory-budget", "1MB", LONG],
+    "exported": ["--memory-budget", "1MB", "--max-tokens", "4000", "--export", "{out}", LONG],
 }
 
 

@@ -14,20 +14,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from conftest import assert_clean_error, finish, side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(args: list[str | bytes | Path], env: dict[str, str] | None = None,
         clean_env: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    return finish(start(args, env, clean_env, **kwargs), timeout=120)
+
+
+def start(args: list[str | bytes | Path], env: dict[str, str] | None = None,
+          clean_env: bool = False, **kwargs) -> subprocess.Popen:
+    """`python -m attnviz ARGS` started (`run` waits for it; `side_by_side` for several)."""
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")} if clean_env else dict(os.environ)
     full_env = {**base, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", **(env or {})}
     argv = [os.fsencode(sys.executable), b"-m", b"attnviz",
             *(a if isinstance(a, bytes) else os.fsencode(str(a)) for a in args)]
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
-    return subprocess.run(argv, env=full_env, timeout=120, cwd=ROOT, **kwargs)
+    return subprocess.Popen(argv, env=full_env, cwd=ROOT, **kwargs)
 
 
 def _closed(fd: int) -> dict:
@@ -43,25 +49,27 @@ SPLIT = ["split", "-E", "8", "-H", "2"]
 @pytest.mark.slow
 def test_closed_stdout_writes_the_file_and_says_so(tmp_path):
     png = tmp_path / "s.png"
-    done = run([*SPLIT, "--png", png], stdout=None, **_closed(1))
+    done, control = side_by_side(  # the negative control: stdout open
+        start([*SPLIT, "--png", png], stdout=None, **_closed(1)),
+        start([*SPLIT, "--png", tmp_path / "c.png"]), timeout=120)
     lines = done.stderr.decode().strip().splitlines()
     assert done.returncode == 1, done.stderr
     assert lines == ["error: cannot write to stdout: it is closed — files the command writes "
                      "were written; run it with stdout open to see the rest"]
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
-    control = run([*SPLIT, "--png", tmp_path / "c.png"])  # negative control: stdout open
     assert control.returncode == 0 and control.stderr == b"" and b"proof" in control.stdout
 
 
 @pytest.mark.slow
 def test_closed_stderr_keeps_exit_codes_and_files_clean(tmp_path):
-    ok = run(SPLIT, stderr=None, **_closed(2))
+    png, good_png = tmp_path / "s.png", tmp_path / "good.png"
+    ok, bad, good = side_by_side(
+        start(SPLIT, stderr=None, **_closed(2)),
+        start([*SPLIT, "-H", "3", "--png", png], stderr=None, **_closed(2)),
+        start([*SPLIT, "--png", good_png], stderr=None, **_closed(2)), timeout=120)
     assert ok.returncode == 0 and b"proof" in ok.stdout
-    png = tmp_path / "s.png"
-    bad = run([*SPLIT, "-H", "3", "--png", png], stderr=None, **_closed(2))
     assert bad.returncode == 2 and not png.exists()  # the error line went nowhere, not into a file
-    good = run([*SPLIT, "--png", png], stderr=None, **_closed(2))
-    assert good.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG"
+    assert good.returncode == 0 and good_png.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow
@@ -77,13 +85,14 @@ C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
 
 @pytest.mark.slow
 def test_c_locale_draws_in_ascii_with_a_note():
-    done = run(SPLIT, env=C_LOCALE, clean_env=True)
+    done, utf8 = side_by_side(
+        start(SPLIT, env=C_LOCALE, clean_env=True),
+        start(SPLIT, env={**C_LOCALE, "LC_ALL": "C.UTF-8"}, clean_env=True), timeout=120)
     assert done.returncode == 0, done.stderr
     notes = done.stderr.decode().strip().splitlines()
     assert len(notes) == 1 and notes[0].startswith("note: stdout's encoding")
     text = done.stdout.decode("ascii")  # strictly ASCII
     assert "ok equal to float32 round-off" in text and "max |d output|" in text
-    utf8 = run(SPLIT, env={**C_LOCALE, "LC_ALL": "C.UTF-8"}, clean_env=True)
     assert utf8.returncode == 0 and utf8.stderr == b""
     assert "✓ equal to float32 round-off" in utf8.stdout.decode()
 
@@ -106,11 +115,11 @@ def test_unusable_columns_fall_back_to_80(tmp_path, command, columns):
     save_file({k: v.contiguous() for k, v in torch.nn.MultiheadAttention(8, 2).state_dict()
                .items()}, mha)
     args = [str(mha) if a == "{mha}" else a for a in command]
-    done = run(args, env={"COLUMNS": columns})
+    done, control = side_by_side(start(args, env={"COLUMNS": columns}),
+                                 start(args, env={"COLUMNS": "80"}), timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.decode().startswith(f"note: COLUMNS={columns} is not a usable")
     assert max(len(line) for line in done.stdout.decode().splitlines()) <= 80
-    control = run(args, env={"COLUMNS": "80"})
     assert control.returncode == 0 and control.stderr == b""
 
 
@@ -132,15 +141,17 @@ def test_non_utf8_path_works(tmp_path):
 
 @pytest.mark.slow
 def test_non_utf8_sentence_is_one_line_not_blamed_on_stdout(tmp_path):
-    for extra in ([], ["--json"]):
-        done = run(["heatmap", "--random", *extra, b"ok", b"caf\xe9 au lait"])
+    *runs, control = side_by_side(
+        *(start(["heatmap", "--random", *extra, b"ok", b"caf\xe9 au lait"])
+          for extra in ([], ["--json"])),
+        start(["heatmap", "--random", "--json", "ok", "café au lait".encode()]), timeout=120)
+    for done in runs:
         assert done.returncode == 2
         lines = done.stderr.decode().strip().splitlines()
         assert lines == ["error: sentence 2 is not UTF-8 text: byte 0xe9 at character 4 "
                          "(caf\\udce9 au lait) — pass UTF-8 text (convert it with iconv -f "
                          "latin1 -t utf-8)"], lines
         assert done.stdout == b""
-    control = run(["heatmap", "--random", "--json", "ok", "café au lait".encode()])
     assert control.returncode == 0, control.stderr
 
 

@@ -628,6 +628,7 @@ HEADER_SIZE_CASES = {
 }
 
 
+@pytest.mark.slow  # `capped` runs every case in one capped interpreter: seconds
 @pytest.mark.parametrize("name", sorted(HEADER_SIZE_CASES))
 def test_work_sized_by_headers_stays_under_a_memory_cap(capped, name):
     folder, results, before = capped

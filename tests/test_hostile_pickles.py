@@ -232,6 +232,7 @@ def test_split_proof_no_longer_passes_on_foreign_data(cli, tmp_path):
     assert sorted(tmp_path.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_deep_pickle_is_a_clean_error(tmp_path):
     """A dict nested 100,000 deep under "model" keys: no RecursionError, one clear refusal."""
     blob = b"\x80\x02" + b"}q\x00(X\x05\x00\x00\x00model" * 100_000 + b"}" + b"u" * 100_000 + b"."

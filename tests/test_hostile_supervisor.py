@@ -15,13 +15,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import doubling_normalizer, model_with_normalizer
+from conftest import doubling_normalizer, finish, model_with_normalizer, side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def python(script: str, env: dict[str, str] | None = None, cap: int | None = None,
            timeout: int = 300) -> subprocess.CompletedProcess:
+    return finish(start(script, env, cap), timeout)
+
+
+def start(script: str, env: dict[str, str] | None = None,
+          cap: int | None = None) -> subprocess.Popen:
+    """`python -c SCRIPT` started, under an address-space cap of `cap` bytes if given."""
     import resource
 
     def limit() -> None:
@@ -31,8 +37,8 @@ def python(script: str, env: dict[str, str] | None = None, cap: int | None = Non
     full = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", **(env or {})}
     full.pop("ATTNVIZ_NO_SUPERVISOR", None)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-c", script], env=full, cwd=ROOT,
-                          capture_output=True, timeout=timeout, preexec_fn=limit)
+    return subprocess.Popen([sys.executable, "-c", script], env=full, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit)
 
 
 DIES = """
@@ -107,7 +113,9 @@ def test_help_runs_supervised():
 
 # The static bound (tokenizer_bound) refuses this tokenizer.json before Rust sees the text; it
 # is lifted here, as if the file used an amplifier the bound does not know, so that the Rust
-# library really runs out of memory (under a 4 GB address-space cap) and aborts.
+# library really runs out of memory (under a 2 GB address-space cap, ~0.8 GB of it taken by
+# the interpreter, torch and transformers; the lower the cap, the sooner the abort) and aborts.
+ABORT_CAP = 2 << 30
 ABORTS = """
 import sys
 import attnviz.sources.tokenizer_bound as bound
@@ -123,7 +131,11 @@ main()
 def test_a_rust_abort_in_the_tokenizer_is_one_error_line(minilm, tmp_path):
     folder = model_with_normalizer(minilm, tmp_path / "hostile", doubling_normalizer(),
                                    keep_own=False)
-    done = python(ABORTS.format(folder=str(folder)), cap=4 << 30)
+    # the run and its negative control (without the supervisor) side by side
+    done, bare = side_by_side(
+        start(ABORTS.format(folder=str(folder)), cap=ABORT_CAP),
+        start(ABORTS.format(folder=str(folder)), cap=ABORT_CAP,
+              env={"ATTNVIZ_NO_SUPERVISOR": "1"}), timeout=300)
     lines = done.stderr.decode().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
     assert lines[0].startswith("error: the model's tokenizer failed on sentence 1: the process "
@@ -133,7 +145,5 @@ def test_a_rust_abort_in_the_tokenizer_is_one_error_line(minilm, tmp_path):
     assert done.stdout == b""
     # negative control: without the supervisor the same run dies of the signal, and what
     # reaches stderr is faulthandler's report, not one line
-    bare = python(ABORTS.format(folder=str(folder)), cap=4 << 30,
-                  env={"ATTNVIZ_NO_SUPERVISOR": "1"})
     assert bare.returncode == -signal.SIGABRT
     assert len(bare.stderr.decode().splitlines()) > 1

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.hf
 lazy_import("transformers")
 
 import zoo  # noqa: E402
-from conftest import assert_clean_error  # noqa: E402
+from conftest import assert_clean_error, finish  # noqa: E402
 from zoo import _BERTLIKE, _SEQ2SEQ, EOS, PAD, POSITIONS, VOCAB, Kind, _config  # noqa: E402
 
 EXTRA = {
@@ -50,11 +50,16 @@ def extra_model(tmp_path, monkeypatch):
 ])
 def test_models_without_full_maps_are_refused_cleanly(cli, extra_model, kind, fragment):
     folder = extra_model(kind)
-    assert_clean_error(cli("heatmap", "--model", folder, zoo.SENTENCES[0]), 1, fragment)
     # in a process of its own: transformers' log handler writes to the real stderr (Mamba's
-    # forward reports its missing fast kernels there), which CliRunner does not capture
-    run = subprocess.run([sys.executable, "-m", "attnviz", "heatmap", "--model", str(folder),
-                          zoo.SENTENCES[0]], capture_output=True, text=True, timeout=300)
+    # forward reports its missing fast kernels there), which CliRunner does not capture; it
+    # runs while the in-process run below does
+    started = subprocess.Popen([sys.executable, "-m", "attnviz", "heatmap", "--model",
+                                str(folder), zoo.SENTENCES[0]], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert_clean_error(cli("heatmap", "--model", folder, zoo.SENTENCES[0]), 1, fragment)
+    finally:
+        run = finish(started, timeout=300)
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: "), run.stderr
 

@@ -17,15 +17,20 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BUNDLED, ROOT
+from conftest import BUNDLED, ROOT, finish, side_by_side
 
 SENTENCE = "the cat sat on the mat the cat sat"
 
 
 def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return finish(_start(args, cwd, **env))
+
+
+def _start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
+    """The process `_run` waits for, started (`side_by_side` waits for several)."""
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**clean, "MPLBACKEND": "Agg", "COLUMNS": "100", **env})
+    return subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**clean, "MPLBACKEND": "Agg", "COLUMNS": "100", **env})
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +60,18 @@ def installed(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_installed_wheel_runs_the_main_job_on_its_bundled_model(installed, tmp_path, cli):
-    where = _run([str(installed / "python"), "-c", "import attnviz; print(attnviz.__file__)"],
-                 cwd=tmp_path)
+    # the headline command, as typed, then with every data output (side by side)
+    where, main, result = side_by_side(
+        _start([str(installed / "python"), "-c", "import attnviz; print(attnviz.__file__)"],
+               cwd=tmp_path),
+        _start([str(installed / "attnviz"), "heatmap", SENTENCE], cwd=tmp_path),
+        _start([str(installed / "attnviz"), "heatmap", SENTENCE, "--json",
+                "--html", "view.html", "--out", "maps.png"], cwd=tmp_path))
     package = Path(where.stdout.strip()).parent
     assert package.parent.name == "site-packages" and ROOT not in package.parents, where
 
-    # the headline command, as typed, then with every data output
-    main = _run([str(installed / "attnviz"), "heatmap", SENTENCE], cwd=tmp_path)
     assert main.returncode == 0 and main.stderr == "", main.stderr
     assert "is missing" not in main.stdout and "layer 1" in main.stdout
-    result = _run([str(installed / "attnviz"), "heatmap", SENTENCE, "--json",
-                   "--html", "view.html", "--out", "maps.png"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["source"] == str(package / "data" / "induction.safetensors")  # exact, its own copy
@@ -109,17 +115,19 @@ def test_the_wheel_comparison_can_fail() -> None:
 
 @pytest.mark.slow
 def test_installed_wheel_splits_inspects_and_displays(installed, tmp_path):
-    split = _run([str(installed / "attnviz"), "split", "-E", "16", "-H", "4"], cwd=tmp_path)
-    assert split.returncode == 0 and "equal to float32 round-off" in split.stdout, split.stderr
+    split, notebook = (_start([str(installed / "attnviz"), "split", "-E", "16", "-H", "4"],
+                              cwd=tmp_path),
+                       _start([str(installed / "python"), "-c",
+                               "import attnviz; h = attnviz.run_heatmap(['the cat sat']); "
+                               "print(len(h._repr_html_()), len(h._repr_png_()))"], cwd=tmp_path))
     bundled = _run([str(installed / "python"), "-c", "from attnviz.sources.bundled import "
                     "BUNDLED; print(BUNDLED)"], cwd=tmp_path).stdout.strip()
     inspected = _run([str(installed / "attnviz"), "inspect", bundled, "--json"], cwd=tmp_path)
+    split, notebook = side_by_side(split, notebook)
+    assert split.returncode == 0 and "equal to float32 round-off" in split.stdout, split.stderr
     assert inspected.returncode == 0, inspected.stderr
     assert [layer["name"] for layer in json.loads(inspected.stdout)["layers"]] \
         == ["layers.0.self_attn", "layers.1.self_attn"]
-    notebook = _run([str(installed / "python"), "-c",
-                     "import attnviz; h = attnviz.run_heatmap(['the cat sat']); "
-                     "print(len(h._repr_html_()), len(h._repr_png_()))"], cwd=tmp_path)
     assert notebook.returncode == 0, notebook.stderr
     html_chars, png_bytes = map(int, notebook.stdout.split())
     assert html_chars > 10_000 and png_bytes > 1000
