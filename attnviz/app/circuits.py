@@ -18,6 +18,7 @@ from attnviz.compute.circuits_result import (  # noqa: F401 - the use case's res
     CompositionGrid,
     LayerCircuits,
 )
+from attnviz.errors import option
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
@@ -107,7 +108,7 @@ def _composition_wanted(asked: bool | None, chosen: list[ChosenLayer]) -> tuple[
     if asked is None and size > COMPOSITION_AUTO_BYTES:
         return False, (f"the {len(chosen)} layers' weights ({size / 2**30:.1f} GiB as float32) "
                        f"are more than composition holds by default: choose fewer with "
-                       f"‹layer›, or ask for it with ‹composition›")
+                       f"{option('layer')}, or ask for it with {option('composition')}")
     return True, None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnviz.core.selection import parse_stack_layers
-from attnviz.errors import UsageError, quoted
+from attnviz.errors import UsageError, option, quoted
 from attnviz.recognize.base import HeadHints
 from attnviz.recognize.match import role_of
 from attnviz.sources.layers import RandomSpec
@@ -51,7 +51,8 @@ def open_source(weights: Path | None, model: str | None, random: RandomSpec | No
     from attnviz.sources.layers import open_inventory, random_mha
 
     if sum(x is not None for x in (weights, model, random)) > 1:
-        raise UsageError("‹model›, ‹weights› and the random-init options exclude each other",
+        raise UsageError(f"{option('model')}, {option('weights')} and the random-init options "
+                         "exclude each other",
                          fix="choose one source")
     if random is not None:
         layer, store = random_mha(random)
@@ -111,7 +112,8 @@ def check_heads(chosen: list[ChosenLayer]) -> None:
     for c in chosen:
         if not c.layer.heads_known:
             raise UsageError(f"the number of heads of layer {quoted(c.layer.name)} is unknown",
-                             fix="pass ‹num_heads› (and ‹num_kv_heads› for grouped-query layers)",
+                             fix=f"pass {option('num_heads')} (and {option('num_kv_heads')} for "
+                             "grouped-query layers)",
                              option="num_heads")
 
 

@@ -28,9 +28,7 @@ import torch
 
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.errors import CheckpointError, printable
-from attnviz.sources import capture as cap
-from attnviz.sources import hf
-from attnviz.sources import hf_guard as guard
+from attnviz.sources import capture, hf, hf_guard
 from attnviz.sources.ablation_result import (
     CHANGED_FACTOR,
     UNCHANGED,
@@ -38,9 +36,7 @@ from attnviz.sources.ablation_result import (
     AblationResult,
     HeadCheck,
 )
-from attnviz.sources.hf import collect as hf_collect
-from attnviz.sources.hf import layers as hf_layers
-from attnviz.sources.hf import run as hf_run
+from attnviz.sources.hf import collect, layers, run
 
 
 class _Stop(Exception):
@@ -55,10 +51,10 @@ class _Observer:
                  o_module: Any) -> None:
         self.loaded, self.call, self.o_module = loaded, call, o_module
         self.plan = hf.Plan(plan.prepared, plan.layers, [call])
-        self.early = loaded.path == cap.CapturePath.INTERFACE
+        self.early = loaded.path == capture.CapturePath.INTERFACE
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        collector = hf_collect.Collector(self.plan, {})
+        collector = collect.Collector(self.plan, {})
         seen: list[torch.Tensor | None] = []
 
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
@@ -70,8 +66,8 @@ class _Observer:
         handle = self.o_module.register_forward_pre_hook(hook, with_kwargs=True)
         prepared = self.plan.prepared
         try:
-            with guard.silenced():
-                cap.capture(prepared.runner, prepared.feed, [self.call.index], None, collector)
+            with hf_guard.silenced():
+                capture.capture(prepared.runner, prepared.feed, [self.call.index], None, collector)
         except _Stop:
             pass
         finally:
@@ -82,12 +78,12 @@ class _Observer:
                                   fix="report this model to attnviz")
         o_input = seen[self.call.occurrence] if len(seen) > self.call.occurrence else None
         if o_input is not None:
-            offsets, _ = hf_layers.offsets(self.plan, self.call)
-            lengths = [len(t) for t in hf_layers.rows_tokens(self.plan, self.call)]
+            offsets, _ = layers.offsets(self.plan, self.call)
+            lengths = [len(t) for t in layers.rows_tokens(self.plan, self.call)]
             if o_input.ndim != 3 or o_input.shape[0] != len(lengths):
                 o_input = None
             else:
-                o_input = hf_run.realign_rows(o_input, offsets, lengths)
+                o_input = run.realign_rows(o_input, offsets, lengths)
         return maps, o_input
 
 

@@ -26,8 +26,8 @@ from attnviz.compute.ablation_measures import (
     next_token_losses,
 )
 from attnviz.core.layer import AttentionLayer
-from attnviz.errors import CheckpointError, printable
-from attnviz.sources import hf_guard as guard
+from attnviz.errors import CheckpointError, option, printable
+from attnviz.sources import hf_guard
 from attnviz.sources.hf.layers import ModelLayer, Plan
 from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, input_device
 from attnviz.sources.value_states import recognized_layers
@@ -60,8 +60,8 @@ def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str]]:
     import transformers
 
     where = printable(str(loaded.folder))
-    with guard.silenced(stderr=True), \
-            guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
+    with hf_guard.silenced(stderr=True), \
+            hf_guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
         model, info = getattr(transformers, arch).from_pretrained(
             loaded.folder, attn_implementation="eager", output_loading_info=True,
             dtype=getattr(torch, loaded.dtype), **COMMON)
@@ -84,8 +84,8 @@ def _o_modules(model: Any, loaded: LoadedModel, shown: list[ModelLayer]
         if layer is None:
             raise CheckpointError(f"attnviz does not recognize the W_O of layer "
                                   f"{printable(call.display_name)!r}, which the scorecard "
-                                  "needs", fix="drop ‹ablate›; 'attnviz inspect' shows which "
-                                  "layers attnviz recognizes")
+                                  "needs", fix=f"drop {option('ablate')}; 'attnviz inspect' "
+                                  "shows which layers attnviz recognizes")
         name, _ = parameter_of(model, layer.o_weight.key)
         found[call.index] = (module_of(model, name)[1], layer)
     return found
@@ -114,7 +114,8 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
     decoder = plan.prepared.target is not None
     if kind == "seq2seq" and not decoder:
         runner, kind = model.get_encoder(), None
-        notes.append("encoder-decoder model without ‹target›: its encoder's hidden states only")
+        notes.append(f"encoder-decoder model without {option('target')}: its encoder's hidden "
+                     "states only")
     modules = _o_modules(model if runner is not plan.prepared.runner else loaded.model,
                          loaded, shown)
     real = _real(plan, decoder and kind != "masked")
@@ -124,7 +125,7 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
     width = max(layer.embed_dim or 1 for _, layer in modules.values())
     per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES // max(1, B * real.shape[1] * width * 4 * 8)))
     effects: list[HeadEffect] = []
-    with torch.no_grad(), guard.silenced():
+    with torch.no_grad(), hf_guard.silenced():
         # the unablated run is copy 0 of the first forward: the means of `mean` come from it,
         # layer by layer, before the same layer's ablated copies need them
         first = heads[:per - 1]
