@@ -181,3 +181,32 @@ def test_the_cli_shows_a_note_with_flags_and_the_api_with_keywords(cli):
     page = attnviz.run_heatmap(["a b c"], random=True, weighting="norm").html()
     assert "statistics, overview and rank read these maps; export holds" in page
     assert "\u2039" not in page and "--rank" not in page
+
+
+def typed_markers(source: str) -> list[str]:
+    """String constants (docstrings aside) holding a hand-typed ‹name› marker: every library
+    message refers to an option through errors.option(name), the one spelling the CLI maps."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and "\u2039" in node.value and id(node) not in docstrings]
+
+
+def test_the_marker_scan_finds_typed_markers():
+    """Negative control: a typed marker is seen; errors.option() and a docstring are not."""
+    typed = "drop \u2039ablate\u203a"
+    assert typed_markers(f'raise UsageError("{typed}")') == [typed]
+    assert typed_markers('raise UsageError(f"drop {option(\'ablate\')}")') == []
+    assert typed_markers('def f():\n    """the \u2039max_tokens\u203a marker"""\n') == []
+
+
+def test_library_messages_use_errors_option_for_every_option_name():
+    offenders = [f"{path.relative_to(PACKAGE)}: {text}"
+                 for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.name != "errors.py"  # where option() writes the marker
+                 for text in typed_markers(path.read_text())]
+    assert offenders == []
