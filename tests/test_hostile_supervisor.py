@@ -72,6 +72,42 @@ def test_exit_codes_and_output_pass_through():
     assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
 
 
+LEAVES = """
+import atexit, sys, threading, time
+from pathlib import Path
+from attnviz.cli.supervisor import supervised
+out = Path(sys.argv[1])
+def work():
+    atexit.register(lambda: (out / "atexit").write_text("ran"))
+    def late():
+        time.sleep(0.3)
+        (out / "thread").write_text("done")
+    threading.Thread(target=late).start()
+    sys.stdout.write("x" * 200_000)  # more than a pipe holds: flushed before the exit
+    sys.exit({status})
+supervised(work)
+"""
+
+
+@pytest.mark.parametrize("status", ["0", "4", "'a message as the status'"])
+def test_the_child_leaves_fast_but_completely(tmp_path, status):
+    """The supervised child skips the interpreter's teardown after its work: its exit handlers
+    still run, a thread still running is waited for, its output is all written and its status
+    is the process's; a message as the status takes Python's own way out (printed, exit 1)."""
+    script = LEAVES.format(status=status)
+    full = {**os.environ, "PYTHONPATH": str(ROOT)}
+    full.pop("ATTNVIZ_NO_SUPERVISOR", None)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=full,
+                          capture_output=True, timeout=120)
+    expected = {"0": 0, "4": 4}.get(status, 1)
+    assert done.returncode == expected, done.stderr
+    assert done.stdout == b"x" * 200_000
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "thread").read_text() == "done"
+    if expected == 1:
+        assert done.stderr.decode().strip() == "a message as the status"
+
+
 def test_a_signal_sent_to_the_parent_reaches_the_child(tmp_path):
     """`kill PID` / `timeout` signal the process they started: the child gets it and the
     parent ends the way an unsupervised process would (killed by SIGTERM), saying nothing."""

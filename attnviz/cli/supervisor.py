@@ -53,10 +53,40 @@ def supervised(work: Callable[[], object]) -> None:
     if pid == 0:
         _die_with_parent()
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        work()
+        _run_and_leave(work)
         return
     status = _wait(pid, watched)
     _exit_like(status)
+
+
+def _run_and_leave(work: Callable[[], object]) -> None:
+    """The child runs `work` and, once it has exited with a status, leaves without the
+    interpreter's teardown: with torch loaded, unloading every module and freeing every object
+    costs 0.3–0.6 s that nothing needs (the parent only reads the status). Exit handlers still
+    run (temporary folders, logging), other threads are waited for, and the standard streams are
+    flushed first; anything unusual (an exception, a message as the status, a stream that cannot
+    be flushed) takes Python's own way out."""
+    import atexit
+    import threading
+
+    try:
+        work()
+        code = 0
+    except SystemExit as done:
+        if done.code is not None and not isinstance(done.code, int):
+            raise
+        code = done.code or 0
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        raise SystemExit(code) from None
+    os._exit(code)
 
 
 def _die_with_parent() -> None:
