@@ -209,3 +209,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("hf") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+
+
+# The hostile-input tests' capped run (every header-sized case in one interpreter under an
+# address-space cap, seconds): a session fixture here, so their modules share one run.
+from hostile import capped  # noqa: E402, F401
