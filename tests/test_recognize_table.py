@@ -130,8 +130,9 @@ def test_one_model_type_table_for_recognize_and_positions() -> None:
     layered = {"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]}
     assert [positions.sliding_window(layered, "gemma2", i) for i in (0, 1)] == [None, 4]
     neox = mt.MODEL_TYPES["gpt_neox"]
-    assert mt.rotary_fraction(neox, {}, 8) == 0.25  # GPTNeoXConfig's default rotary_pct
-    assert mt.rotary_fraction(neox, {"rope_parameters": {"partial_rotary_factor": 0.5}}, 8) == 0.5
+    assert mt.layer_rotary_fraction(neox, {}, 8) == 0.25  # GPTNeoXConfig's default rotary_pct
+    half = {"rope_parameters": {"partial_rotary_factor": 0.5}}
+    assert mt.layer_rotary_fraction(neox, half, 8) == 0.5
 
 
 def test_every_convention_names_a_known_model_type_row() -> None:

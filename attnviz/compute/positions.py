@@ -60,7 +60,7 @@ def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, int], str]:
     """((cos, sin, rotated dims), description) for positions 0..length-1."""
     entry = model_types.lookup(kind) or model_types.GENERIC
-    dims = int(head_dim * model_types.rotary_fraction(entry, config, head_dim))
+    dims = int(head_dim * model_types.layer_rotary_fraction(entry, config, head_dim))
     # transformers 5 writes rope_parameters; 4.x wrote rope_theta (rotary_emb_base for NeoX) and
     # an optional rope_scaling dict.
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnviz.errors import ConfigError, LayoutError, printable
-from attnviz.load import config as hfconfig
+from attnviz.load.config import TOWERS, count, flag, number, rope_label, rotary_fraction
 from attnviz.recognize.model_type_table import CODEGEN as CODEGEN
 from attnviz.recognize.model_type_table import GENERIC as GENERIC
 from attnviz.recognize.model_type_table import MODEL_TYPES as MODEL_TYPES
@@ -70,9 +70,9 @@ def _count(config: dict[str, Any], names: tuple[str, ...], notes: list[str]) -> 
             notes.append(f"config.json's {name} is a list ({printable(repr(value), 60)}), one per "
                          "stage, not this layer's count")
             continue
-        count = hfconfig.count(config, name, limit=MAX_HEADS)
-        if count is not None:
-            return count
+        found = count(config, name, limit=MAX_HEADS)
+        if found is not None:
+            return found
     return None
 
 
@@ -83,14 +83,14 @@ def check_config(config: dict[str, Any]) -> None:
     keys = {key for entry in (*MODEL_TYPES.values(), GENERIC)
             for key in (*entry.heads, *entry.kv_heads, *entry.head_dim)}
     keys |= {key for names in ROLE_HEADS.values() for key in names}
-    for nested in [config, *(config.get(key) for _, key in hfconfig.TOWERS)]:
+    for nested in [config, *(config.get(key) for _, key in TOWERS)]:
         if not isinstance(nested, dict):
             continue
         for key in sorted(keys):
             value = nested.get(key)
             items = value if isinstance(value, list) else [value]
             for item in items:
-                hfconfig.count({key: item}, key, limit=MAX_HEADS * 1024)
+                count({key: item}, key, limit=MAX_HEADS * 1024)
 
 
 def positions_of(entry: ModelType, config: dict[str, Any], role: str,
@@ -100,20 +100,20 @@ def positions_of(entry: ModelType, config: dict[str, Any], role: str,
         return "none"  # T5: cross-attention has no relative bias
     if role == "encoder" and entry.encoder_positions:
         return entry.encoder_positions
-    if entry.alibi_flag and hfconfig.flag(config, entry.alibi_flag, False):
+    if entry.alibi_flag and flag(config, entry.alibi_flag, False):
         return "alibi"
     if entry.positions != "rope":
         return entry.positions
-    return hfconfig.rope_label(rotary_fraction(entry, config, head_dim))
+    return rope_label(layer_rotary_fraction(entry, config, head_dim))
 
 
-def rotary_fraction(entry: ModelType, config: dict[str, Any], head_dim: int | None) -> float:
+def layer_rotary_fraction(entry: ModelType, config: dict[str, Any], head_dim: int | None) -> float:
     """The share of each head's dims RoPE rotates (GPT-J/CodeGen: rotary_dim / d)."""
     if entry.rotary_dim is not None and head_dim:
         key, default = entry.rotary_dim
-        dims = hfconfig.count(config, key, limit=MAX_HEADS * 1024)
+        dims = count(config, key, limit=MAX_HEADS * 1024)
         return min(1.0, (dims if dims is not None else default) / head_dim)
-    fraction = hfconfig.rotary_fraction(config, *entry.rotary, default=entry.rotary_default)
+    fraction = rotary_fraction(config, *entry.rotary, default=entry.rotary_default)
     if fraction > 1.0:
         raise ConfigError(f"config.json gives a rotary fraction of {fraction:g}, above 1",
                           fix="fix config.json")
@@ -129,7 +129,7 @@ def is_causal(entry: ModelType, config: dict[str, Any], role: str, tower: str | 
     if rule == "decoder":
         return role == "decoder"
     if rule in ("is_decoder", "causal"):  # a config flag of that name
-        return hfconfig.flag(config, rule, False)
+        return flag(config, rule, False)
     if rule == "text":
         return tower == "text"
     return False
@@ -144,9 +144,9 @@ def scale_of(entry: ModelType, config: dict[str, Any], head_dim: int | None,
     if isinstance(rule, float):
         return rule, ()
     if isinstance(rule, ConfigScale):
-        return hfconfig.number(config, rule.key, rule.default) ** rule.power, ()
+        return number(config, rule.key, rule.default) ** rule.power, ()
     if rule == "deberta":
-        if not hfconfig.flag(config, "relative_attention", False) or not head_dim:
+        if not flag(config, "relative_attention", False) or not head_dim:
             return None, ()
         kinds = config.get("pos_att_type") or []
         kinds = [kinds] if isinstance(kinds, str) else kinds
@@ -154,9 +154,9 @@ def scale_of(entry: ModelType, config: dict[str, Any], head_dim: int | None,
             else 1
         return (head_dim * factor) ** -0.5, ()
     # "gpt2": GPT2Attention's optional scalings, none at all or an extra 1/(layer_idx + 1)
-    if not hfconfig.flag(config, "scale_attn_weights", True):
+    if not flag(config, "scale_attn_weights", True):
         return 1.0, ("scale_attn_weights is false: q·kᵀ is not divided by √d",)
-    if hfconfig.flag(config, "scale_attn_by_inverse_layer_idx", False) and index is not None:
+    if flag(config, "scale_attn_by_inverse_layer_idx", False) and index is not None:
         if head_dim is None:
             return None, (f"scores are also divided by layer_idx + 1 = {index + 1}",)
         return 1.0 / (math.sqrt(head_dim) * (index + 1)), ()
@@ -164,8 +164,8 @@ def scale_of(entry: ModelType, config: dict[str, Any], head_dim: int | None,
 
 
 def window_note(entry: ModelType, config: dict[str, Any]) -> str | None:
-    window = hfconfig.count(config, "sliding_window")
-    if not entry.window or window is None or not hfconfig.flag(config, "use_sliding_window", True):
+    window = count(config, "sliding_window")
+    if not entry.window or window is None or not flag(config, "use_sliding_window", True):
         return None
     return f"sliding-window attention over {window} keys on some or all layers"
 
@@ -176,7 +176,7 @@ def extra_notes(entry: ModelType, config: dict[str, Any]) -> tuple[str, ...]:
     notes = list(entry.notes)
     if entry.softcap:
         try:
-            cap = hfconfig.number(config, entry.softcap, None)
+            cap = number(config, entry.softcap, None)
         except LayoutError as exc:
             notes.append(f"{exc.what} (ignored here)")
         else:
@@ -194,7 +194,7 @@ def extra_notes(entry: ModelType, config: dict[str, Any]) -> tuple[str, ...]:
 def sliding_window(config: dict[str, Any], kind: str | None, index: int) -> int | None:
     """The sliding window of layer `index` of a model of this type, or None for full attention."""
     entry = lookup(kind)
-    window = hfconfig.count(config, "sliding_window")
+    window = count(config, "sliding_window")
     if entry is None or not entry.window or window is None:
         return None
     types = config.get("layer_types")  # transformers 5 writes the per-layer choice out
@@ -203,8 +203,8 @@ def sliding_window(config: dict[str, Any], kind: str | None, index: int) -> int 
     if entry.window == "always":
         return window
     if entry.window == "opt-in":  # Qwen2: with use_sliding_window, from max_window_layers on
-        start = hfconfig.count(config, "max_window_layers", minimum=0)
+        start = count(config, "max_window_layers", minimum=0)
         start = 28 if start is None else start  # Qwen2Config's default
-        return window if hfconfig.flag(config, "use_sliding_window", False) and index >= start \
+        return window if flag(config, "use_sliding_window", False) and index >= start \
             else None
     return None
