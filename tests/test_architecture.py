@@ -179,3 +179,48 @@ def test_the_private_name_scan_can_fail():
               "from attnviz.compute import cells\n"
               "cells._device_sums(1)\ncells.cell_sums(1)\n")
     assert private_imports(source) == ["attnviz.sources.capture._Session", "cells._device_sums"]
+
+
+CONVENTIONAL_ALIASES = {"numpy": "np", "torch.nn.functional": "F",
+                        "torch._weights_only_unpickler": "wo"}
+
+
+def module_aliases(source: str, is_module) -> list[str]:
+    """Imports that give a module another name (`from attnviz.sources import layers as
+    sources`): a reader then meets one module under two names. Function and class aliases, and
+    the community's conventional `np` / `F`, are not counted. `is_module(dotted)` says whether
+    a dotted name is a module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name} as {a.asname}" for a in node.names
+                      if a.asname and a.asname != a.name.rsplit(".", 1)[-1]
+                      and CONVENTIONAL_ALIASES.get(a.name) != a.asname]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [f"from {node.module} import {a.name} as {a.asname}" for a in node.names
+                      if a.asname and a.asname != a.name
+                      and CONVENTIONAL_ALIASES.get(f"{node.module}.{a.name}") != a.asname
+                      and is_module(f"{node.module}.{a.name}")]
+    return found
+
+
+def _is_attnviz_module(dotted: str) -> bool:
+    parts = dotted.split(".")
+    if parts[0] != "attnviz":
+        return False
+    base = PACKAGE.parent.joinpath(*parts)
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=module_name)
+def test_no_module_goes_by_another_name(path):
+    assert module_aliases(path.read_text(), _is_attnviz_module) == []
+
+
+def test_the_alias_check_can_fail():
+    source = ("import numpy as np\nimport attnviz.sources.bundled as tinymodel\n"
+              "from attnviz.sources import layers as sources\n"
+              "from attnviz.render.safe import safe_text as plain\n")
+    assert module_aliases(source, _is_attnviz_module) == [
+        "import attnviz.sources.bundled as tinymodel",
+        "from attnviz.sources import layers as sources"]
