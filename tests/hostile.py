@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import assert_clean_error
-from hypothesis import strategies as st
 
 # Everything a terminal could interpret: C0 and C1 controls, ESC sequences (CSI, OSC), DEL,
 # bidi overrides and isolates; and rich markup / emoji codes that must stay literal.
@@ -21,9 +20,6 @@ CONTROLS = ["\x1b[31m", "\x1b[2J", "\x1b]0;pwned\x07", "\x07", "\x00", "\x08", "
             "\x9b31m", "\x85", "\x90", "\u202e", "\u202a", "\u2066", "\u2069", "\u200f",
             "\u2028", "\ufeff"]
 MARKUP = ["[bold]", "[/]", "[red on white]", ":smile:", "$\\frac{", "[link=x]y[/link]"]
-HOSTILE = st.lists(st.sampled_from(CONTROLS + MARKUP) | st.text(max_size=4), min_size=1,
-                   max_size=5).map("".join)
-
 
 def assert_no_control(*texts: str) -> None:
     """No character a terminal interprets: only printable text and newlines."""

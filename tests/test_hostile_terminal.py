@@ -15,7 +15,6 @@ import pytest
 import torch
 from hostile import (
     CONTROLS,
-    HOSTILE,
     MARKUP,
     assert_error,
     assert_no_control,
@@ -26,11 +25,17 @@ from hostile import (
     write_named,
 )
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnviz.errors import one_line, printable
 
 # ------------------------------------------------------------------------------------------
 # 2. Nothing reaches the terminal as a control sequence
+
+# random text built from what a terminal interprets and markup that must stay literal
+HOSTILE = st.lists(st.sampled_from(CONTROLS + MARKUP) | st.text(max_size=4), min_size=1,
+                   max_size=5).map("".join)
+
 
 
 @pytest.mark.parametrize("text", CONTROLS + MARKUP + ["\ud800", "a\nb", "x" * 5000])
