@@ -1,6 +1,10 @@
 """Helpers of the hostile-input tests (tests/test_hostile_*.py): what a terminal must never
 receive, hand-written safetensors files, fresh interpreters under resource limits, and the
 capped run of every header-sized case (`capped`, a session fixture, registered in conftest.py).
+
+Every case of those modules asserts the exit code, the one-line message fragment that proves
+the right check fired, no traceback, no control character in stdout or stderr, inputs unchanged
+and no leftover files.
 """
 
 from __future__ import annotations

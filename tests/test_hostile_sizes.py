@@ -2,9 +2,7 @@
 1.6 GB address-space cap, counts must be plain integers, divisors and head counts cost what
 the data holds, not what a header says.
 
-Every case asserts the exit code, the one-line message fragment that proves the right check
-fired, no traceback, no control character in stdout or stderr, inputs unchanged and no leftover
-files."""
+The contract every case asserts is in tests/hostile.py."""
 
 from __future__ import annotations
 
