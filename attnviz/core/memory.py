@@ -61,6 +61,12 @@ def full_maps_bytes(sentences: int, heads: int, length: int, keys: int, layers: 
     return layers * sentences * heads * length * keys * 4
 
 
+def held_whole(maps_bytes: int, keys: int, budget: int | None, keep: bool) -> bool:
+    """The one rule for both kinds of run: full maps are held whole when they fit the budget
+    and either the caller reads them (`keep`) or they are small (at most WHOLE_KEYS keys)."""
+    return maps_bytes <= budget_bytes(budget) and (keep or keys <= WHOLE_KEYS)
+
+
 def block_rows(budget: int | None, keys: int, on_cpu: bool = True) -> int:
     """Standalone query rows per block: as many as the budget holds for one head, capped (see
     CPU_BLOCK_ENTRIES)."""
@@ -81,8 +87,8 @@ def layer_plan(sentences: int, length: int, heads: int, extra_keys: int = 0,
     takes its rows in (sentence, head, row) order)."""
     keys = max(1, length + extra_keys)
     rows = block_rows(budget, keys, on_cpu)
-    fits = full_maps_bytes(sentences, heads, length, length + extra_keys) <= budget_bytes(budget)
-    if fits and (keep or keys <= WHOLE_KEYS):
+    if held_whole(full_maps_bytes(sentences, heads, length, length + extra_keys), keys, budget,
+                  keep):
         return MemoryPlan(False, rows, max(1, heads))
     most = budget_bytes(budget) // (BLOCK_BUFFERS * 4 * rows * keys)
     if on_cpu:
@@ -112,8 +118,8 @@ def model_plan(sentences: int, length: int, heads: int, layers: int,
     small (at most WHOLE_KEYS keys); else each streams. Either way the model's eager attention
     runs in blocks of `eager_block_bytes`; `rows` is one eager block's rows of a source layer."""
     block = eager_block_bytes(budget)
-    fits = full_maps_bytes(sentences, heads, length, length, layers) <= budget_bytes(budget)
-    streamed = layers > 0 and not (fits and (keep or length <= WHOLE_KEYS))
+    streamed = layers > 0 and not held_whole(
+        full_maps_bytes(sentences, heads, length, length, layers), length, budget, keep)
     return MemoryPlan(streamed, eager_rows(block, sentences, max(1, heads), length, length),
                       max(1, heads), block)
 
