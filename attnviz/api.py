@@ -81,8 +81,8 @@ class Heatmap(HeatmapResult):
         if self.generation is not None:  # the prompt/generated boundary, the cross strip
             from attnviz.render.generate_figure import mark_generation
 
-            mark_generation(figure, self.views, self.title(), self.run, self.generation, size,
-                            dpi)
+            mark_generation(figure, self.views, self.title(), self.run, self.generation,
+                            (size, dpi))
         return figure
 
     def ablation_figure(self) -> Figure:

@@ -24,7 +24,7 @@ import torch
 from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch
-from attnviz.compute.layer_stream import stream_layer
+from attnviz.compute.layer_stream import LayerRun, stream_layer
 from attnviz.core.layer import AttentionLayer, TensorRef
 from attnviz.load.checkpoint import DictStore
 from attnviz.recognize import find_layers
@@ -84,7 +84,7 @@ def main() -> int:
             weights = load_weights(layer, store, device=str(device))
             xd, padd = x.to(device), pad.to(device)
             def step(lay=layer, w=weights, xd=xd, padd=padd):
-                return layer_attention(lay, w, xd, xd, xd, padd, True)
+                return layer_attention(lay, w, (xd, xd, xd), padd, True)
 
             seconds, (_, attn, _) = timed(step, device)
             results[device.type] = (seconds, attn.float().cpu())
@@ -120,7 +120,8 @@ def streamed_agreement(gpu: torch.device, length: int) -> int:
                                      for n in (length, length // 2)])
     x = torch.randn(2, length, 1024, generator=torch.Generator().manual_seed(2))
     cpu_s, gpu_s, diff, stats = streamed_on_both(
-        gpu, lambda device: stream_layer(layer, store, batch, x, x, True, device), 3,
+        gpu, lambda device: stream_layer(layer, store, batch, (x, x), LayerRun(device, True)),
+        3,
         ("entropy", "max_weight", "distance", "previous", "first"))
     ok = diff <= 1e-4 and stats <= 1e-4
     print(f"{'streamed GQA, 2 sents':<22} {cpu_s:8.3f} {gpu_s:8.3f} {cpu_s / gpu_s:8.1f}x "
@@ -141,7 +142,8 @@ def long_agreement(gpu: torch.device, length: int) -> int:
     batch = Batch(["long"], [words])
     x = torch.randn(1, length, 1024, generator=torch.Generator().manual_seed(3))
     cpu_s, gpu_s, maps, stats = streamed_on_both(
-        gpu, lambda device: stream_layer(layer, store, batch, x, x, False, device), 1,
+        gpu, lambda device: stream_layer(layer, store, batch, (x, x), LayerRun(device, False)),
+        1,
         ("entropy", "max_weight", "distance", "first", "previous", "self", "duplicate",
          "induction"))
     weights = load_weights(layer, store, device=str(gpu))

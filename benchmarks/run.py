@@ -789,7 +789,7 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     L, cells = sizes.structure, streaming.DISPLAY_CELLS
     batch = make_batch([zipf_words(L, seed=2)], max_tokens=40000)
     request = {"weights": layer, "hints": HeadHints(LONG_H)}
-    too_large = memory.layer_plan(1, batch.max_len, LONG_H, keep=True).streamed
+    too_large = memory.layer_plan(memory.MapsShape(1, batch.max_len, LONG_H), keep=True).streamed
     small = None if too_large else 2**20  # --quick: stream anyway
     build = heatmap_mod.HeatmapRequest.build
     blocks = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=small))

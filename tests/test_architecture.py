@@ -224,3 +224,55 @@ def test_the_alias_check_can_fail():
     assert module_aliases(source, _is_attnviz_module) == [
         "import attnviz.sources.bundled as tinymodel",
         "from attnviz.sources import layers as sources"]
+
+
+# The main path passes one request and small frozen "how to run" objects down (issue 20), not
+# their fields one by one. Exempt: the CLI (Typer needs one parameter per option), the API's
+# keyword-only entry points, and signatures that mirror another library's protocol.
+MOST_PARAMETERS = 6
+MIRRORS = {
+    # transformers' attention interface: (module, query, key, value, attention_mask, ...)
+    "attnviz.sources.capture_eager.attend", "attnviz.sources.capture_eager.attention_function",
+    "attnviz.sources.capture_eager.generic_eager",
+    # torch's MultiheadAttention.forward: (query, key, value, key_padding_mask, attn_mask)
+    "attnviz.compute.forward.per_head_forward", "attnviz.compute.forward.reshaped_forward",
+}
+# Off the heatmap path (split, inspect and circuits), still over the limit: the next to go.
+NOT_YET = {
+    "attnviz.recognize.match._fused_heads", "attnviz.recognize.parts._split",
+    "attnviz.recognize.packing.split_packed", "attnviz.sources.hf.verify.verify_layer",
+    "attnviz.compute.circuits.random_score",
+}
+
+
+def many_parameters(source: str, module: str, most: int = MOST_PARAMETERS) -> list[str]:
+    """Functions (methods without self/cls) of `source` taking more than `most` parameters."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs
+                     if p.arg not in ("self", "cls")]
+            count = len(names) + (a.vararg is not None) + (a.kwarg is not None)
+            if count > most:
+                found.append(f"{module}.{node.name}")
+    return found
+
+
+def test_no_function_on_the_main_path_takes_more_than_six_parameters():
+    offenders = sorted(name for module, path in MODULES.items()
+                       if not module.startswith(("attnviz.cli", "attnviz.api"))
+                       for name in many_parameters(path.read_text(), module)
+                       if name not in MIRRORS | NOT_YET)
+    assert offenders == []
+    still = {name for module, path in MODULES.items()
+             for name in many_parameters(path.read_text(), module)}
+    assert NOT_YET <= still, f"fixed, so drop from NOT_YET: {sorted(NOT_YET - still)}"
+
+
+def test_the_parameter_count_can_fail():
+    """Negative control: seven parameters are seen, self is not counted, *args and **kw are."""
+    source = ("def f(a, b, c, d, e, g, h): pass\n"
+              "class C:\n    def m(self, a, b, c, d, e, g): pass\n"
+              "def v(a, b, c, d, e, *args, **kw): pass\n")
+    assert many_parameters(source, "m") == ["m.f", "m.v"]

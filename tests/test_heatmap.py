@@ -102,7 +102,7 @@ def test_gqa_and_non_square_layers_agree_with_sdpa(H, H_kv, d, causal):
     batch = make_batch(SENTENCES)
     x = torch.randn(3, batch.max_len, 32, generator=torch.Generator().manual_seed(1))
     pad = torch.arange(batch.max_len)[None] >= torch.tensor(batch.lengths)[:, None]
-    out, attn, method = layer_attention(layer, load_weights(layer, store), x, x, x, pad, causal)
+    out, attn, method = layer_attention(layer, load_weights(layer, store), (x, x, x), pad, causal)
     assert method.startswith("explicit per head")
     B, L = x.shape[:2]
     q = (x @ t["q.weight"].T + t["q.bias"]).view(B, L, H, d).transpose(1, 2)

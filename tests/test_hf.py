@@ -50,7 +50,7 @@ def loaded(zoo_model):
 
 def run(model: hf.LoadedModel, sentences: list[str], layer: str | None = None,
         **kwargs) -> object:
-    return hf.run_model(model, hf.plan_run(model, sentences, layer), **kwargs)
+    return hf.run_model(model, hf.plan_run(model, sentences, layer, hf.ModelRun(**kwargs)))
 
 
 def test_minilm_maps_equal_output_attentions(loaded):
@@ -139,7 +139,7 @@ def test_recompute_proof_says_where_it_does_not_apply(loaded):
     with pytest.raises(UsageError, match="does not recompute the positions of model_type 'opt'"):
         hf.verify_layer(model, layer, SENTENCES)
     t5 = loaded("t5")
-    plan = hf.plan_run(t5, SENTENCES, need_layers=True)
+    plan = hf.plan_run(t5, SENTENCES, None, hf.ModelRun(need_layers=True))
     call = hf.call_of(plan.layers, t5.model, find_layers(t5.store).layers[-1])
     assert call.label == "enc 1"
     assert "model_type 't5'" in hf.recompute_supported(t5, call)
@@ -198,7 +198,7 @@ def test_usage_errors(loaded, monkeypatch):
     with pytest.raises(UsageError, match="not a layer of this model"):
         run(model, SENTENCES, "2")
     with pytest.raises(UsageError, match="more than max_tokens 5"):
-        hf.plan_run(model, SENTENCES, None, None, 5)
+        hf.plan_run(model, hf.RunInputs(SENTENCES, None, 5))
     with pytest.raises(UsageError, match="no sentence"):
         hf.plan_run(model, [])
     with pytest.raises(UsageError, match="unknown dtype"):

@@ -22,8 +22,8 @@ CPU = torch.device("cpu")
 
 def _plan(batch, heads: int, extra: int = 0, budget: int | None = None, device=CPU, **options):
     """The standalone plan of a batch on a device."""
-    return memory.layer_plan(len(batch.tokens), batch.max_len, heads, extra, budget,
-                             device.type == "cpu", **options)
+    return memory.layer_plan(memory.MapsShape(len(batch.tokens), batch.max_len, heads, extra),
+                             budget, on_cpu=device.type == "cpu", **options)
 
 
 def _batch(length: int, sentences: int = 1):
@@ -152,11 +152,11 @@ def test_cell_sums_on_host_and_device_paths_equal_a_direct_sum(n, row_start, r, 
     for i in range(r):
         for c, key in enumerate(key_of):
             expected[:, int(row_index[row_start + i]) - low, int(col_index[key])] += attn[:, i, c]
-    host, columns = cells.cell_sums(grid, (row_index, col_index), attn, row_start, keys, n, low,
-                                    high, {})
+    span = cells.BlockSpan(row_start, keys, n, low, high)
+    host, columns = cells.cell_sums(grid, (row_index, col_index), attn, span, {})
     got = torch.zeros_like(expected)
     got[:, :, columns] = host
-    device = cells._device_sums(grid, (row_index, col_index), attn, row_start, keys, n, low, high)
+    device = cells._device_sums(grid, (row_index, col_index), attn, span)
     for result in (got, device):
         torch.testing.assert_close(result, expected, atol=1e-5, rtol=0)
     wrong = expected.clone()
@@ -289,11 +289,11 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
     sentences = [" ".join(["the", "cat", "sat"] * 200), "the cat sat on the mat"]
 
     def runs(layer: str):
-        plan = hf.plan_run(loaded, sentences, layer, max_tokens=4000)
+        plan = hf.plan_run(loaded, hf.RunInputs(sentences, max_tokens=4000), layer)
         assert plan.shown is not None  # probed: the decision needs the layers' heads
         assert plan.prepared.batch.max_len > memory.WHOLE_KEYS
-        return (hf.run_model(loaded, plan, allow_stream=True),
-                hf.run_model(loaded, plan, allow_stream=False))
+        return (hf.run_model(loaded, plan, hf.ModelRun(allow_stream=True)),
+                hf.run_model(loaded, plan, hf.ModelRun()))
 
     streamed, whole = runs("0")
     assert any("long input" in note for note in streamed.notes)
@@ -305,8 +305,9 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
     other = runs("1")[0].layers[0]  # negative control: layer 1's views are not layer 0's maps
     assert _mismatch(whole, other.views, other.stats, streaming.DISPLAY_CELLS)[0] > 1e-3
 
-    short = hf.plan_run(loaded, [" ".join(["the", "cat"] * 249)], "all", max_tokens=4000)
+    short = hf.plan_run(loaded, hf.RunInputs([" ".join(["the", "cat"] * 249)], max_tokens=4000),
+                        "all")
     assert short.shown is None and short.prepared.batch.max_len <= memory.WHOLE_KEYS
-    kept = hf.run_model(loaded, short, allow_stream=True)
+    kept = hf.run_model(loaded, short, hf.ModelRun(allow_stream=True))
     assert all(layer.weights is not None for layer in kept.layers)
     assert not any("long input" in note for note in kept.notes)

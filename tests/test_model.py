@@ -91,7 +91,9 @@ def alone(m: Model, sentence: str, target: str | None = None) -> dict[str, Any]:
 
 def run(m: Model, sentences: list[str], layer: str | None = None,
         targets: list[str] | None = None, **kwargs: Any) -> Any:
-    return hf.run_model(m.loaded, hf.plan_run(m.loaded, sentences, layer, targets), **kwargs)
+    """As the app runs a model: the plan and the run read one ModelRun (kwargs: its fields)."""
+    plan = hf.plan_run(m.loaded, hf.RunInputs(sentences, targets), layer, hf.ModelRun(**kwargs))
+    return hf.run_model(m.loaded, plan)
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL) -> None:
@@ -175,8 +177,9 @@ def test_probed_run_equals_a_run_that_numbers_its_own_layers(model, kind):
     calls; BLOOM: output_attentions)."""
     m = model(kind)
     for spec in (None, "1", "0:2"):
-        direct = hf.plan_run(m.loaded, SENTENCES, spec, m.targets)
-        probed = hf.plan_run(m.loaded, SENTENCES, spec, m.targets, need_layers=True)
+        text = hf.RunInputs(SENTENCES, m.targets)
+        direct = hf.plan_run(m.loaded, text, spec)
+        probed = hf.plan_run(m.loaded, text, spec, hf.ModelRun(need_layers=True))
         assert direct.layers is None and probed.layers is not None
         a, b = hf.run_model(m.loaded, direct), hf.run_model(m.loaded, probed)
         assert [(c.index, c.label, c.kind, c.display_name, c.heads) for c in a.layers] == \
@@ -388,13 +391,14 @@ def test_streamed_export_equals_the_in_memory_export(model, kind, monkeypatch, t
     from attnviz.app import export as exporting
 
     m = model(kind)
-    plan = hf.plan_run(m.loaded, SENTENCES, "all", m.targets, need_layers=True)
+    plan = hf.plan_run(m.loaded, hf.RunInputs(SENTENCES, m.targets), "all",
+                       hf.ModelRun(need_layers=True))
     whole = tmp_path / "whole.safetensors"
     exporting.export(hf.run_model(m.loaded, plan), whole)
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
     streamed = tmp_path / "streamed.safetensors"
-    result = exporting.run_model_exporting(m.loaded, plan, None, streamed)
+    result = exporting.run_model_exporting(m.loaded, plan, streamed)
     assert result is not None and result.exported == streamed
     assert all(layer.weights is None for layer in result.layers if layer.kind == "self")
     with safe_open(whole, "pt") as a, safe_open(streamed, "pt") as b:
@@ -411,8 +415,8 @@ def test_short_inputs_export_after_the_run(model, tmp_path):
     from attnviz.app import export as exporting
 
     m = model("gpt2")
-    plan = hf.plan_run(m.loaded, SENTENCES, "all", None, need_layers=True)
-    assert exporting.run_model_exporting(m.loaded, plan, None, tmp_path / "x.safetensors") is None
+    plan = hf.plan_run(m.loaded, SENTENCES, "all", hf.ModelRun(need_layers=True))
+    assert exporting.run_model_exporting(m.loaded, plan, tmp_path / "x.safetensors") is None
     assert not (tmp_path / "x.safetensors").exists()
 
 
@@ -424,8 +428,8 @@ def test_memory_budget_decides_streaming_and_block_size(model):
     full = run(m, SENTENCES, "all")
     assert all(layer.weights is not None for layer in full.layers)  # the default budget: whole
     budget = 4 * 2 * 4 * 16 * 4  # a quarter of it: 2 query rows per block
-    plan = hf.plan_run(m.loaded, SENTENCES, "all", memory_budget=budget)
-    streamed = hf.run_model(m.loaded, plan, allow_stream=True, memory_budget=budget)
+    plan = hf.plan_run(m.loaded, SENTENCES, "all", hf.ModelRun(memory_budget=budget))
+    streamed = hf.run_model(m.loaded, plan, hf.ModelRun(allow_stream=True, memory_budget=budget))
     assert memory.eager_block_bytes(budget) == budget // 4 < memory.EAGER_BLOCK_BYTES
     for a, b in zip(full.layers, streamed.layers, strict=True):
         assert_streamed_views(a, b, full.batch)

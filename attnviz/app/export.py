@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
     from attnviz.compute.results import AttentionRun, LayerAttention
+    from attnviz.core.layer import AttentionLayer
     from attnviz.sources.hf.layers import Plan
     from attnviz.sources.hf.load import LoadedModel
 
@@ -126,9 +127,10 @@ class StreamedExport:
     keys (and at keys a causal block never computed), then the bias_k column; padded queries'
     rows are computed like any other (as torch does)."""
 
-    def __init__(self, file: BinaryIO, batch: Batch, num_heads: int, extra_keys: int, source: str,
+    def __init__(self, file: BinaryIO, batch: Batch, layer: AttentionLayer, source: str,
                  causal: bool, index: int = 0) -> None:
-        self.file, self.batch, self.heads = file, batch, num_heads
+        extra_keys = 1 if layer.bias_k is not None else 0
+        self.file, self.batch, self.heads = file, batch, layer.num_heads or 0
         self.maps_key, self.inputs_key = f"attn.{index}", f"inputs.{index}"  # as `export` names
         self.source, self.causal = source, causal
         self.width = batch.max_len + extra_keys
@@ -283,13 +285,15 @@ class ModelExport:
         os.pwrite(self.file.fileno(), struct.pack("<Q", self.room) + header, 0)
 
 
-def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] | None,
-                        path: Path, memory_budget: int | None = None,
+def run_model_exporting(loaded: LoadedModel, plan: Plan, path: Path,
                         extra_metadata: dict[str, str] | None = None) -> AttentionRun | None:
     """A long `--model` run whose --export is written block by block as the model computes
     (ModelExport), the display maps and statistics reduced at once; None when the run does
-    not stream (a short input: `export` writes its full maps after the run).
-    extra_metadata: more metadata fields (--generate's)."""
+    not stream (a short input: `export` writes its full maps after the run). The plan's `how`
+    gives the --query and the memory budget. extra_metadata: more metadata fields
+    (--generate's)."""
+    from dataclasses import replace
+
     import torch
 
     from attnviz.app.outputs import atomic_output, check_free_space
@@ -298,7 +302,7 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
     from attnviz.sources.hf.load import PATHS
     from attnviz.sources.hf.run import DESCRIBED_INPUTS, memory_plan, run_model
 
-    if plan.shown is None or not memory_plan(plan, memory_budget, keep=True).streamed \
+    if plan.shown is None or not memory_plan(plan, plan.how.memory_budget, keep=True).streamed \
             or any(layer.num_heads is None for layer in plan.shown):
         return None
     prepared = plan.prepared
@@ -322,8 +326,8 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, query: tuple[int, str] 
     with atomic_output(path) as tmp, open(tmp, "w+b") as file:
         writer = ModelExport(file, layers, small, metadata)
         check_free_space(path, writer.size)
-        run = run_model(loaded, plan, True, query, export_rows=writer.rows,
-                        memory_budget=memory_budget)
+        run = run_model(loaded, plan, replace(plan.how, allow_stream=True, values=False),
+                        writer.rows)
         writer.metadata["causal"] = str(run.causal).lower()
         writer.finish({keys_for(c.kind, c.display_label)[1]: c.inputs for c in run.layers
                        if c.inputs is not None})

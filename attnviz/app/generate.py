@@ -100,8 +100,7 @@ def _run_model(job: HeatmapRequest, sentences: list[str], spec: GenerateSpec,
     loaded = load_lm(opened, job.source.device, job.source.dtype)
     budget = job.limits.memory_budget
     if streams(loaded, rows, spec, budget):  # long: bounded memory, two passes
-        return run_streamed(loaded, sentences, rows, spec, job.selection.layer, max_tokens,
-                            budget, job.outputs.export)
+        return run_streamed(loaded, job, sentences, rows, spec)
     return run_generation(loaded, sentences, rows, spec, job.selection.layer)
 
 

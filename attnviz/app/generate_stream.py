@@ -16,12 +16,13 @@ only its encoder's maps stream.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from attnviz.errors import CheckpointError, printable
 
 if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun
+    from attnviz.core.request import HeatmapRequest
     from attnviz.sources.generate_spec import GenerateSpec, Generation
     from attnviz.sources.hf.load import LoadedModel
 
@@ -43,19 +44,22 @@ def streams(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
     return memory.model_plan(len(prompts), n, heads, 1, memory_budget, keep=True).streamed
 
 
-def run_streamed(loaded: LoadedModel, sentences: list[str], prompts: list[list[int]],
-                 spec: GenerateSpec, layer: str | None, max_tokens: int,
-                 memory_budget: int | None, export_path: Any = None
+def run_streamed(loaded: LoadedModel, request: HeatmapRequest, sentences: list[str],
+                 prompts: list[list[int]], spec: GenerateSpec
                  ) -> tuple[AttentionRun, Generation]:
-    """The two passes of the module docstring; with export_path, the maps go to that file
-    block by block (with the generation's metadata)."""
+    """The two passes of the module docstring, for the request's layers, token limit and
+    memory budget; with its --export, the maps go to that file block by block (with the
+    generation's metadata)."""
     from attnviz.app.export import run_model_exporting
     from attnviz.core import memory
     from attnviz.sources.hf.generate import generate
     from attnviz.sources.hf.generate_maps import generation_record
     from attnviz.sources.hf.inputs import Encoded
-    from attnviz.sources.hf.layers import plan_run
+    from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run
     from attnviz.sources.hf.run import run_model
+
+    layer, max_tokens = request.selection.layer, request.limits.max_tokens
+    memory_budget, export_path = request.limits.memory_budget, request.outputs.export
 
     steps = generate(loaded, prompts, spec, keep=False,
                      block_bytes=memory.eager_block_bytes(memory_budget))
@@ -76,13 +80,12 @@ def run_streamed(loaded: LoadedModel, sentences: list[str], prompts: list[list[i
     else:
         encoded = Encoded([{"input_ids": p + g} for p, g in zip(prompts, record.generated_ids,
                                                                  strict=True)])
-    plan = plan_run(loaded, sentences, layer, targets, max_tokens, encoded=encoded,
-                    memory_budget=memory_budget)
+    plan = plan_run(loaded, RunInputs(sentences, targets, max_tokens, encoded), layer,
+                    ModelRun(export_path is None, memory_budget=memory_budget))
     run = None
     if export_path is not None:
-        run = run_model_exporting(loaded, plan, None, export_path, memory_budget,
-                                  extra_metadata=record.export_metadata())
+        run = run_model_exporting(loaded, plan, export_path, record.export_metadata())
     if run is None:
-        run = run_model(loaded, plan, export_path is None, None, memory_budget=memory_budget)
+        run = run_model(loaded, plan)
     run.notes.append(f"generation: {record.method}")
     return run, record

@@ -7,7 +7,7 @@ nn.MultiheadAttention (`RandomLayer`). Each checks a request from headers alone 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from attnviz.app.export import StreamedExport
@@ -121,7 +121,7 @@ class RandomLayer(_OnBatch):
 
         assert request.source.random is not None
         layer, store = random_mha(request.source.random)
-        return run_standalone(request, plan, layer, None, store, request.source.causal)
+        return run_standalone(request, plan, layer, store, request.source.causal)
 
 
 class CheckpointLayer(_OnBatch):
@@ -154,8 +154,8 @@ class CheckpointLayer(_OnBatch):
         if plan.layer is None:
             return _run_tiny(plan)
         assert plan.store is not None
-        attention_run = run_standalone(request, plan, plan.layer, plan.store, plan.store,
-                                       request.source.causal or plan.layer.causal, plan.index)
+        attention_run = run_standalone(request, plan, plan.layer, plan.store,
+                                       request.source.causal or plan.layer.causal)
         renumber(attention_run, plan.index)
         attention_run.notes.insert(0, synthetic_note(plan.store, request.source.weights,
                                                      plan.index))
@@ -193,28 +193,25 @@ def _run_tiny(plan: LayerPlan) -> AttentionRun:
 
 
 def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLayer,
-                   inputs_store: TensorStore | None, store: TensorStore, causal: bool,
-                   index: int = 0) -> AttentionRun:
-    """run_layer, with --export of long inputs written block by block as the maps stream (the
-    file is complete, and moved into place, only when the run succeeds)."""
+                   store: TensorStore, causal: bool) -> AttentionRun:
+    """run_layer on the plan's batch (the plan's checkpoint, if any, makes the inputs), with
+    --export of long inputs written block by block as the maps stream (the file is complete,
+    and moved into place, only when the run succeeds)."""
     from attnviz.app.outputs import atomic_output
     from attnviz.compute.attention import run_layer
-    from attnviz.core import memory
+    from attnviz.compute.layer_stream import LayerRun, plan_for
 
-    extra = 1 if layer.bias_k is not None else 0
     batch, export = plan.batch, request.outputs.export
-    budget, positions = request.limits.memory_budget, request.source.positions
-    too_large = memory.layer_plan(len(batch.tokens), batch.max_len, layer.num_heads or 0, extra,
-                                  budget, keep=True).streamed  # even when kept whole
+    run = LayerRun(plan.device, causal, request.source.positions, request.limits.memory_budget,
+                   not request.outputs.full_maps, request.measure.weighting == "norm",
+                   plan.query_row)
+    too_large = plan_for(layer, batch, replace(run, keep=True)).streamed  # even when kept whole
     if export is None or not too_large:
-        return run_layer(layer, inputs_store, batch, causal, positions, plan.device, store,
-                         not request.outputs.full_maps, plan.query_row, budget,
-                         keep=request.measure.weighting == "norm")
+        return run_layer(layer, store, batch, run, plan.store)
     with atomic_output(export) as tmp, open(tmp, "wb") as file:
-        sink = StreamedExport(file, batch, layer.num_heads or 0, extra, store.source, causal,
-                              index)
-        result = run_layer(layer, inputs_store, batch, causal, positions, plan.device, store,
-                           True, plan.query_row, budget, sink)
+        sink = StreamedExport(file, batch, layer, store.source, causal, plan.index)
+        result = run_layer(layer, store, batch, replace(run, allow_stream=True, keep=False),
+                           plan.store, sink)
         sink.close()
     result.exported = export
     return result

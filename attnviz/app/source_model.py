@@ -74,20 +74,19 @@ class HfModel:
                                  source.max_memory)
         query = None if request.selection.query is None else (
             request.selection.sentence - 1, request.selection.query)
-        plan = hf.plan_run(loaded, state.sentences, request.selection.layer, _targets(request),
-                           limits.max_tokens, need_layers=values or ablate is not None,
-                           query=query is not None, encoded=state.encoded,
-                           memory_budget=limits.memory_budget)
+        how = hf.ModelRun(not request.outputs.full_maps, query, limits.memory_budget, values,
+                          need_layers=ablate is not None)
+        text = hf.RunInputs(state.sentences, _targets(request), limits.max_tokens, state.encoded)
+        plan = hf.plan_run(loaded, text, request.selection.layer, how)
         if plan.shown is not None:  # numbered already (a long input): checked before the run
             check_panels(request, checked.sentences, len(plan.shown),
                          max(shown.num_heads or 0 for shown in plan.shown))
         export = request.outputs.export
         if export is not None and not values:
-            exported = run_model_exporting(loaded, plan, query, export, limits.memory_budget)
+            exported = run_model_exporting(loaded, plan, export)
             if exported is not None:
                 return Ran(exported)
-        attention_run = hf.run_model(loaded, plan, not request.outputs.full_maps, query,
-                                     memory_budget=limits.memory_budget, values=values)
+        attention_run = hf.run_model(loaded, plan)
         if ablate is None:
             return Ran(attention_run)
         from attnviz.app.ablate import ablate_hf

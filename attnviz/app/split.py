@@ -186,7 +186,8 @@ def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, st
     loaded = hf.load_model(folder)
     targets = VERIFY_TARGETS if loaded.encoder_decoder else None
     ablation = ablate(loaded, layer, VERIFY_SENTENCES, targets)
-    plan = hf.plan_run(loaded, VERIFY_SENTENCES, None, targets, need_layers=True)
+    plan = hf.plan_run(loaded, hf.RunInputs(VERIFY_SENTENCES, targets), None,
+                       hf.ModelRun(need_layers=True))
     call = hf.call_of(plan.layers, loaded.model, layer)
     skipped = hf.recompute_supported(loaded, call)
     verified = None

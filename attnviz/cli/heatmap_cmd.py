@@ -195,7 +195,7 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
             from attnviz.render.generate_figure import mark_generation
 
             mark_generation(figure, result.views, result.title(), result.run,
-                            result.generation, size, dpi)
+                            result.generation, (size, dpi))
         write_figure(figure, files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure

@@ -21,16 +21,17 @@ from attnviz.compute.forward import (
 )
 from attnviz.compute.inputs import Batch, input_vectors, padding_mask
 from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
-from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, option
 from attnviz.load.checkpoint import TensorStore
 
 
-def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tensor,
-                    key: torch.Tensor, value: torch.Tensor, pad: torch.Tensor,
+def layer_attention(layer: AttentionLayer, weights: LayerWeights,
+                    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], pad: torch.Tensor,
                     causal: bool) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """(output, per-head weights, method) for query inputs x (B, L, E) and key/value inputs."""
+    """(output, per-head weights, method) for inputs = (query inputs x (B, L, E), key inputs,
+    value inputs)."""
+    x, key, value = inputs
     L = x.shape[1]
     mask = kernel.causal_mask(L, device=x.device) if causal else None
     with torch.no_grad():
@@ -51,37 +52,34 @@ def layer_attention(layer: AttentionLayer, weights: LayerWeights, x: torch.Tenso
                                    f"F.scaled_dot_product_attention: max |Δ| {diff:.1e})")
 
 
-def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, causal: bool,
-              positions: str, device: torch.device, weights_store: TensorStore,
-              allow_stream: bool = True, query_row: tuple[int, int] | None = None,
-              budget: int | None = None, sink: layer_stream.RowSink | None = None,
-              keep: bool = False) -> AttentionRun:
-    """One standalone layer on a padded batch. With allow_stream, inputs stream in blocks of
+def run_layer(layer: AttentionLayer, weights_store: TensorStore, batch: Batch,
+              run: layer_stream.LayerRun, inputs_store: TensorStore | None = None,
+              sink: layer_stream.RowSink | None = None) -> AttentionRun:
+    """One standalone layer on a padded batch. With run.allow_stream, inputs stream in blocks of
     query rows as the memory plan decides (`attnviz.core.memory.layer_plan`: maps beyond the
-    memory budget, or larger than a display and not kept: `keep` holds them whole whenever
-    they fit), keeping the
-    (sentence, query) row of every head for --query and handing every full row to `sink`,
-    which --export writes as it comes."""
-    x, described = input_vectors(batch, layer.embed_dim, store, positions)
+    memory budget, or larger than a display and not kept: `run.keep` holds them whole whenever
+    they fit), keeping the (sentence, query) row of every head for --query and handing every
+    full row to `sink`, which --export writes as it comes. inputs_store: the checkpoint whose
+    embeddings make the inputs, if any (attnviz.compute.inputs)."""
+    device, causal = run.device, run.causal
+    x, described = input_vectors(batch, layer.embed_dim, inputs_store, run.positions)
     # Self-attention over the same sentence; kdim/vdim ≠ E layers get vectors of their width.
     key = x if layer.kdim == layer.embed_dim else input_vectors(batch, layer.kdim, None,
-                                                                positions)[0]
+                                                                run.positions)[0]
     value = x if layer.vdim == layer.embed_dim else input_vectors(batch, layer.vdim, None,
-                                                                  positions)[0]
+                                                                  run.positions)[0]
     pad = padding_mask(batch)
     notes = []
-    extra = 1 if layer.bias_k is not None else 0
-    plan = memory.layer_plan(len(batch.tokens), batch.max_len, layer.num_heads or 0, extra,
-                             budget, device.type == "cpu", one_head=sink is not None, keep=keep)
+    plan = layer_stream.plan_for(layer, batch, run, one_head=sink is not None)
     if layer.positions not in ("none", "learned", "sinusoidal"):
         notes.append(f"this layer uses {layer.positions} positions inside attention; a standalone "
                      f"layer runs without them (use {option('positions')} sinusoidal to add "
                      "absolute positions to the inputs)")
-    if allow_stream and plan.streamed:
+    if run.allow_stream and plan.streamed:
         if sink is not None:
             sink.begin(described, x)
-        streamed = replace(layer_stream.stream_layer(layer, weights_store, batch, x, key, causal,
-                                                     device, query_row, budget, sink),
+        streamed = replace(layer_stream.stream_layer(layer, weights_store, batch, (x, key), run,
+                                                     sink),
                            key_inputs=None if key is x else key,
                            value_inputs=None if value is x else value)
         group = "one head" if plan.heads == 1 else f"{plan.heads} heads"
@@ -95,8 +93,8 @@ def run_layer(layer: AttentionLayer, store: TensorStore | None, batch: Batch, ca
     if sink is not None:
         raise ValueError("a row sink needs a streamed run")
     weights = load_weights(layer, weights_store, device=str(device))
-    _, attn, method = layer_attention(layer, weights, x.to(device), key.to(device),
-                                      value.to(device), pad.to(device), causal)
+    _, attn, method = layer_attention(layer, weights, (x.to(device), key.to(device),
+                                                       value.to(device)), pad.to(device), causal)
     result = LayerAttention(0, layer, attn.float().cpu(), x, method,
                             None if key is x else key, None if value is x else value)
     return AttentionRun(batch, [result], weights_store.source, described, str(device), causal,

@@ -9,6 +9,7 @@ over the columns; elsewhere through torch's index_add_.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,15 +24,26 @@ if TYPE_CHECKING:
 ColumnPlans = dict[int, tuple["NDArray[np.intp]", "slice | torch.Tensor"]]
 
 
+@dataclass(frozen=True)
+class BlockSpan:
+    """Where a block of query rows lies: rows row_start.. of a sentence of n tokens, against
+    its first `keys` real keys (then the extras), filling display rows low..high."""
+
+    row_start: int
+    keys: int
+    n: int
+    low: int
+    high: int
+
+
 def cell_sums(grid: DisplayGrid, index: tuple[torch.Tensor, torch.Tensor], attn: torch.Tensor,
-              row_start: int, keys: int, n: int, low: int, high: int, plans: ColumnPlans
-              ) -> tuple[torch.Tensor, slice | torch.Tensor]:
+              span: BlockSpan, plans: ColumnPlans) -> tuple[torch.Tensor, slice | torch.Tensor]:
     """(sums (heads, high - low + 1, C'), the display columns C' they fill) for attn (heads, r,
-    keys + extra): rows row_start.. of a sentence of n tokens, whose display rows run
-    low..high; index: each query's display row and each key's display column (real keys,
-    then the extras), on attn's device."""
+    keys + extra) lying at `span`; index: each query's display row and each key's display
+    column (real keys, then the extras), on attn's device."""
     if attn.device.type != "cpu":
-        return _device_sums(grid, index, attn, row_start, keys, n, low, high), slice(None)
+        return _device_sums(grid, index, attn, span), slice(None)
+    row_start, keys, n, low, high = span.row_start, span.keys, span.n, span.low, span.high
     import numpy as np
 
     values = attn.detach().numpy()
@@ -78,9 +90,9 @@ def _column_plan(grid: DisplayGrid, keys: int, n: int
 
 
 def _device_sums(grid: DisplayGrid, index: tuple[torch.Tensor, torch.Tensor],
-                 attn: torch.Tensor, row_start: int, keys: int, n: int, low: int,
-                 high: int) -> torch.Tensor:
+                 attn: torch.Tensor, span: BlockSpan) -> torch.Tensor:
     row_index, col_index = index
+    row_start, keys, n, low, high = span.row_start, span.keys, span.n, span.low, span.high
     heads, r, _ = attn.shape
     if high - low + 1 == r:
         summed = attn

@@ -143,7 +143,7 @@ def per_head_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.
     out = torch.zeros(*query.shape[:-1], layer.embed_dim, dtype=query.dtype, device=query.device)
     mask = merged_mask(key_padding_mask, attn_mask, weights.bias_k is not None)
     for h in range(H):
-        q_h, k_h, v_h, s_h, a_h = head_attention(layer, weights, h, query, key, value, mask)
+        q_h, k_h, v_h, s_h, a_h = head_attention(layer, weights, h, (query, key, value), mask)
         q0, q1 = layer.q_rows(h)
         out = out + (a_h @ v_h) @ weights.W_o[:, q0:q1].T  # (B, L, E)
         for parts, part in zip((qs, ks, vs, scores, attns), (q_h, k_h, v_h, s_h, a_h),
@@ -155,11 +155,12 @@ def per_head_forward(layer: AttentionLayer, weights: LayerWeights, query: torch.
     return HeadParts(stack(qs), stack(ks), stack(vs), stack(scores), stack(attns), out)
 
 
-def head_attention(layer: AttentionLayer, weights: LayerWeights, head: int, query: torch.Tensor,
-                   key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, ...]:
-    """One head from its slices: (q_h, k_h, v_h, scaled scores, weights); mask from
-    `merged_mask` (True = masked)."""
+def head_attention(layer: AttentionLayer, weights: LayerWeights, head: int,
+                   inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """One head from its slices: (q_h, k_h, v_h, scaled scores, weights) for inputs = (query,
+    key, value); mask from `merged_mask` (True = masked)."""
+    query, key, value = inputs
     rows, kv_rows = layer.q_rows(head), layer.kv_rows(layer.kv_head_of(head))
     q_h = kernel.project(query, weights.W_q, weights.b_q, rows)  # (B, L, d)
     k_h = kernel.project(key, weights.W_k, weights.b_k, kv_rows)  # (B, S, d)

@@ -76,12 +76,12 @@ _block_causal_mask = functools.lru_cache(maxsize=16)(causal_mask)
 
 
 def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None,
-                  row_start: int, causal: bool, scores_buf: torch.Tensor,
-                  weights_buf: torch.Tensor
+                  row_start: int, causal: bool, buffers: tuple[torch.Tensor, torch.Tensor]
                   ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """head_weights for one block of query rows of a stack of heads, exactly, without
     allocating the block: (weights, scores, K, row max) with weights and scores (h, r, K + extra)
-    views into the two flat buffers, and each row's largest score (h, r) over the keys it sees.
+    views into the two flat buffers (scores, weights), and each row's largest score (h, r) over
+    the keys it sees.
 
     q (h, r, d), already scaled: queries row_start.. of the sentence, per head; k (h, n, d) its
     real keys for those heads; k_extra (h, extra, d) keys after them (bias_k), never masked.
@@ -91,6 +91,7 @@ def block_softmax(q: torch.Tensor, k: torch.Tensor, k_extra: torch.Tensor | None
     row); masked entries get weight 0 and a score of 0 afterwards (finite, for the entropy's
     Σ a·s).
     """
+    scores_buf, weights_buf = buffers
     h, r, n = q.shape[0], q.shape[1], k.shape[1]
     keys = min(row_start + r, n) if causal else n
     extra = 0 if k_extra is None else k_extra.shape[1]

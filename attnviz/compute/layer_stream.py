@@ -6,6 +6,7 @@ whole to a `RowSink` for --export).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -22,6 +23,33 @@ from attnviz.core.tensor_ref import merge_ranges
 from attnviz.load.checkpoint import TensorStore
 
 
+@dataclass(frozen=True)
+class LayerRun:
+    """How a standalone layer runs: what every step below the use case reads from the request,
+    resolved (the device) and reduced to what the kernel needs."""
+
+    device: torch.device
+    causal: bool = False
+    positions: str = "none"  # the inputs' position scheme (attnviz.compute.inputs)
+    budget: int | None = None  # bytes the maps may take (None: the default budget)
+    allow_stream: bool = True  # False: maps whole whatever their size (the API's choice)
+    keep: bool = False  # the caller reads the full maps: hold them whole when they fit
+    query_row: tuple[int, int] | None = None  # (sentence, query) whose row every head keeps
+
+
+def maps_shape(layer: AttentionLayer, batch: Batch) -> memory.MapsShape:
+    """The size of a layer's maps on a padded batch, for the memory plan."""
+    return memory.MapsShape(len(batch.tokens), batch.max_len, layer.num_heads or 0,
+                            1 if layer.bias_k is not None else 0)
+
+
+def plan_for(layer: AttentionLayer, batch: Batch, run: LayerRun, one_head: bool = False
+             ) -> memory.MemoryPlan:
+    """The memory plan of this layer on this batch, run this way."""
+    return memory.layer_plan(maps_shape(layer, batch), run.budget,
+                             on_cpu=run.device.type == "cpu", one_head=one_head, keep=run.keep)
+
+
 class RowSink(Protocol):
     """Where full rows go as they are computed (the streamed --export): `begin` once with the
     layer's inputs (B, L, E) and how they were made, then every block of rows in order."""
@@ -32,25 +60,26 @@ class RowSink(Protocol):
              keys: int) -> None: ...
 
 
-def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: torch.Tensor,
-                 key: torch.Tensor, causal: bool, device: torch.device,
-                 query_row: tuple[int, int] | None = None, budget: int | None = None,
+def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch,
+                 inputs: tuple[torch.Tensor, torch.Tensor], run: LayerRun,
                  sink: RowSink | None = None) -> LayerAttention:
     """Per-head maps → display views (per sentence and head, plus their mean) and statistics,
-    for query inputs x (B, L, E) and key inputs (B, S, kdim); values do not enter the maps.
-    With query_row = (sentence, query), that row of every head is kept too, for --query.
+    for inputs = (query inputs x (B, L, E), key inputs (B, S, kdim)); values do not enter the
+    maps. With run.query_row = (sentence, query), that row of every head is kept too, for
+    --query.
 
     Each sentence runs alone over its real keys: that equals its rows of the padded batch,
     whose key padding mask only removes the padded keys. Blocks hold the memory plan's rows of
     as many heads as the budget allows. A sink also gets every row of the padded batch (padded
     queries included) in (sentence, head, row) order, for --export (one head per block).
     """
+    x, key = inputs
+    device, causal = run.device, run.causal
     weights = load_weights(layer, store, device=str(device))
     extra = 1 if weights.bias_k is not None else 0
     heads = layer.num_heads or 0
-    plan = memory.layer_plan(len(batch.tokens), batch.max_len, heads, extra, budget,
-                             device.type == "cpu", one_head=sink is not None)
-    reducer = MapReducer(0, batch.tokens, query_row, extra)
+    plan = plan_for(layer, batch, replace(run, keep=False), one_head=sink is not None)
+    reducer = MapReducer(0, batch.tokens, run.query_row, extra)
     size = plan.heads * plan.rows * (batch.max_len + extra)
     buffers = torch.empty(size, device=device), torch.empty(size, device=device)
     with torch.inference_mode():
@@ -63,7 +92,7 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch, x: tor
                 q, k, k_extra = _project(layer, weights, group, xb, kb)
                 for start in range(0, length, plan.rows):
                     attn, scores, keys, top = kernel.block_softmax(
-                        q[:, start:start + plan.rows], k, k_extra, start, causal, *buffers)
+                        q[:, start:start + plan.rows], k, k_extra, start, causal, buffers)
                     if sink is not None:
                         sink.rows(b, h0, start, attn[0], keys)
                     real = min(attn.shape[1], n - start)  # padded queries are not shown

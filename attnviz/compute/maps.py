@@ -79,10 +79,9 @@ def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:
     if not grid.downsampled:
         return view
     averaged = _block_reduce(view.values, grid.row_blocks, grid.col_blocks)
-    blocked = _blocked_view(view.sentence, view.layer, view.head, averaged, grid,
-                            view.row_spans or _unit(rows), view.col_spans or _unit(cols),
-                            view.tokens or (tuple(view.row_labels), tuple(view.col_labels)))
-    return replace(blocked, label=view.label)
+    spanned = replace(view, row_spans=view.row_spans or _unit(rows),
+                      col_spans=view.col_spans or _unit(cols))
+    return replace(_blocked_view(spanned, averaged, grid), label=view.label)
 
 
 @dataclass(frozen=True)
@@ -108,24 +107,29 @@ def display_grid(rows: int, cols: int, max_rows: int, max_cols: int) -> DisplayG
     return DisplayGrid(_blocks(rows, max_rows), _blocks(cols, max_cols), True)
 
 
-def grid_view(grid: DisplayGrid, sentence: int, layer: int, head: int | None,
-              values: NDArray[np.float32], row_labels: list[str], col_labels: list[str]) -> MapView:
+def grid_view(grid: DisplayGrid, where: tuple[int, int, int | None],
+              values: NDArray[np.float32], labels: tuple[list[str], list[str]]) -> MapView:
     """The view `downsample` makes of a map, from its already reduced values (one per cell:
-    key blocks summed, query blocks averaged)."""
+    key blocks summed, query blocks averaged); where: (sentence, layer, head), labels: the full
+    map's row and column labels."""
+    sentence, layer, head = where
+    row_labels, col_labels = labels
     if not grid.downsampled:
         return MapView(sentence, layer, head, values, list(row_labels), list(col_labels), False)
-    return _blocked_view(sentence, layer, head, values, grid, _unit(len(row_labels)),
-                         _unit(len(col_labels)), (tuple(row_labels), tuple(col_labels)))
+    full = MapView(sentence, layer, head, values, list(row_labels), list(col_labels), False,
+                   _unit(len(row_labels)), _unit(len(col_labels)))
+    return _blocked_view(full, values, grid)
 
 
-def _blocked_view(sentence: int, layer: int, head: int | None,
-                  values: NDArray[np.float32], grid: DisplayGrid,
-                  row_spans: tuple[tuple[int, int], ...], col_spans: tuple[tuple[int, int], ...],
-                  tokens: tuple[tuple[str, ...], tuple[str, ...]]) -> MapView:
-    row_spans = _compose(row_spans, grid.row_blocks)
-    col_spans = _compose(col_spans, grid.col_blocks)
-    return MapView(sentence, layer, head, values, _span_labels(tokens[0], row_spans),
-                   _span_labels(tokens[1], col_spans), True, row_spans, col_spans, tokens)
+def _blocked_view(view: MapView, values: NDArray[np.float32], grid: DisplayGrid) -> MapView:
+    """view (its spans set) cut into the grid's cells, holding the reduced values."""
+    assert view.row_spans is not None and view.col_spans is not None
+    row_spans = _compose(view.row_spans, grid.row_blocks)
+    col_spans = _compose(view.col_spans, grid.col_blocks)
+    tokens = view.tokens or (tuple(view.row_labels), tuple(view.col_labels))
+    return MapView(view.sentence, view.layer, view.head, values,
+                   _span_labels(tokens[0], row_spans), _span_labels(tokens[1], col_spans), True,
+                   row_spans, col_spans, tokens)
 
 
 def _block_reduce(values: NDArray[np.float32], row_blocks: list[tuple[int, int]],

@@ -158,7 +158,7 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     term["special"].copy_(sums[..., 5])
     term["punctuation"].copy_(sums[..., 6])
     _position_terms(term, real, row_start, keys, len(patterns.token_ids))
-    _copy_terms(term, attn, sums, near, row_start, keys, patterns)
+    _copy_terms(term, attn, (sums, near), row_start, keys, patterns)
     return out
 
 
@@ -230,11 +230,13 @@ def _position_terms(term: dict[str, torch.Tensor], real: torch.Tensor, row_start
             term["last"][:, n - 1 - row_start] = 0.0
 
 
-def _copy_terms(term: dict[str, torch.Tensor], attn: torch.Tensor, sums: torch.Tensor,
-                near: torch.Tensor, row_start: int, keys: int,
+def _copy_terms(term: dict[str, torch.Tensor], attn: torch.Tensor,
+                products: tuple[torch.Tensor, torch.Tensor], row_start: int, keys: int,
                 patterns: SentencePatterns) -> None:
     """duplicate / induction: keys beside the block (dense, in `near`), common tokens left of it
-    (the block matmul's token columns, in `sums`), other tokens left of it (gathered)."""
+    (the block matmul's token columns, in `sums`), other tokens left of it (gathered);
+    products: (sums, near)."""
+    sums, near = products
     H, r, _ = attn.shape
     common = patterns.columns.shape[1] // 2
     term["duplicate"].copy_(near[2])

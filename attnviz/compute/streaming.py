@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from attnviz.compute.cells import ColumnPlans, cell_sums
+from attnviz.compute.cells import BlockSpan, ColumnPlans, cell_sums
 from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
 from attnviz.compute.results import LayerAttention, StreamedMaps
 from attnviz.compute.row_stats import (
@@ -140,7 +140,7 @@ class MapReducer:
         low, high = parts[0].rows_cpu[row_start], parts[0].rows_cpu[stop - 1]
         first = parts[0]
         cells, columns = cell_sums(first.grid, (first.row_index, first.col_index), attn,
-                                   row_start, keys, n, low, high,
+                                   BlockSpan(row_start, keys, n, low, high),
                                    self._col_plans.setdefault(sentence, {}))
         for j, part in enumerate(parts):
             head = first_head + j
@@ -202,8 +202,8 @@ class MapReducer:
         template = self._template
         if template is None or template.sentence != sentence:  # its labels, once per sentence
             labels = tokens + ["<bias_k>"] * (self.extra_keys or 0)
-            template = grid_view(part.grid, sentence, self.layer_index, head, values, tokens,
-                                 labels)
+            template = grid_view(part.grid, (sentence, self.layer_index, head), values,
+                                 (tokens, labels))
             self._template = template
         view = replace(template, head=head, values=values)
         if head < MAX_VIEW_HEADS:  # tens of thousands of heads: display views stay bounded

@@ -75,9 +75,19 @@ def block_rows(budget: int | None, keys: int, on_cpu: bool = True) -> int:
     return max(1, min(rows, cap))
 
 
-def layer_plan(sentences: int, length: int, heads: int, extra_keys: int = 0,
-               budget: int | None = None, on_cpu: bool = True, one_head: bool = False,
-               keep: bool = False) -> MemoryPlan:
+@dataclass(frozen=True)
+class MapsShape:
+    """A standalone layer's maps: B sentences padded to L tokens, H heads, and the extra keys
+    (bias_k) beyond the L real ones."""
+
+    sentences: int
+    length: int
+    heads: int
+    extra_keys: int = 0
+
+
+def layer_plan(shape: MapsShape, budget: int | None = None, *, on_cpu: bool = True,
+               one_head: bool = False, keep: bool = False) -> MemoryPlan:
     """A standalone layer's plan. Whole maps when they fit the budget and either the caller
     reads them (`keep`: --weighting norm, a short --export) or they are small (at most
     WHOLE_KEYS keys); else blocks of `block_rows` query rows, of as many heads as the budget
@@ -85,6 +95,8 @@ def layer_plan(sentences: int, length: int, heads: int, extra_keys: int = 0,
     less than torch's forward plus statistics over the full maps (no values, no output, no
     logarithm per entry), so larger maps stream. one_head: blocks of one head (a --export file
     takes its rows in (sentence, head, row) order)."""
+    sentences, length, heads, extra_keys = (shape.sentences, shape.length, shape.heads,
+                                            shape.extra_keys)
     keys = max(1, length + extra_keys)
     rows = block_rows(budget, keys, on_cpu)
     if held_whole(full_maps_bytes(sentences, heads, length, length + extra_keys), keys, budget,

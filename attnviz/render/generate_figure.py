@@ -20,23 +20,24 @@ BOUNDARY_COLOR = "#ff2d2d"
 
 
 def mark_generation(fig: Figure, views: list[MapView], title: str, run: AttentionRun,
-                    generation: Generation, size: float | None = None,
-                    dpi: int | None = None) -> tuple[int, int]:
+                    generation: Generation, layout: tuple[float | None, int | None] = (None, None)
+                    ) -> tuple[int, int]:
     """The boundary on every panel that shows generated tokens, and for an encoder-decoder the
     cross strip beside the maps (for the one head every view shows, else the mean over
-    heads); returns (lines, strips) drawn."""
+    heads); returns (lines, strips) drawn. layout: the figure's (size, dpi)."""
     heads = {view.head for view in views}
     head = next(iter(heads)) if len(heads) == 1 else None
-    lines = mark_boundary(fig, views, title, run, generation, size, dpi)
+    lines = mark_boundary(fig, views, title, run, generation, layout)
     return lines, add_cross_strip(fig, run, generation, head)
 
 
 @isolated
 def mark_boundary(fig: Figure, views: list[MapView], title: str, run: AttentionRun,
-                  generation: Generation, size: float | None = None,
-                  dpi: int | None = None) -> int:
-    """Draw the boundary on `fig` (made by `heatmap_figure` from the same views, title, size
-    and dpi); returns how many lines were drawn."""
+                  generation: Generation, layout: tuple[float | None, int | None] = (None, None)
+                  ) -> int:
+    """Draw the boundary on `fig` (made by `heatmap_figure` from the same views, title and
+    layout (size, dpi)); returns how many lines were drawn."""
+    size, dpi = layout
     grid = Grid.lay_out(views, title, size, dpi or FIGURE_DPI)
     ax = fig.axes[0]
     kinds = {layer.index: layer.kind for layer in run.layers}

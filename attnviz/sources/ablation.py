@@ -150,8 +150,9 @@ def ablate(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
     `described` replaces the description whose rows are perturbed (tests: a wrong one)."""
     used = described or layer
     heads = used.num_heads or 0
-    plan = hf.plan_run(loaded, sentences, None, targets if loaded.encoder_decoder else None,
-                       need_layers=True)
+    plan = hf.plan_run(loaded, hf.RunInputs(sentences,
+                                            targets if loaded.encoder_decoder else None),
+                       None, hf.ModelRun(need_layers=True))
     call = hf.call_of(plan.layers, loaded.model, layer)
     if call.num_heads is not None and call.num_heads != heads:
         raise CheckpointError(f"attnviz describes {heads} query heads, the model's attention "

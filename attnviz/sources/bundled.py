@@ -152,7 +152,7 @@ def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
             h = F.layer_norm(x, (x.shape[-1],), param(f"layers.{i}.ln.weight"),
                              param(f"layers.{i}.ln.bias"), eps=1e-5)
             weights = load_weights(layer, store, device=str(device))
-            out, attn, method = layer_attention(layer, weights, h, h, h, pad, causal=True)
+            out, attn, method = layer_attention(layer, weights, (h, h, h), pad, causal=True)
             if i in wanted:
                 captured.append(LayerAttention(i, layer, attn.float().cpu(), h.float().cpu(),
                                                method))

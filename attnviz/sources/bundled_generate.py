@@ -104,7 +104,7 @@ class _Model:
             for i, (layer, weights) in enumerate(zip(self.layers, self.weights, strict=True)):
                 h = F.layer_norm(x, (x.shape[-1],), self.param(f"layers.{i}.ln.weight"),
                                  self.param(f"layers.{i}.ln.bias"), eps=1e-5)
-                out, attn, method = layer_attention(layer, weights, h, h, h, pad, causal=True)
+                out, attn, method = layer_attention(layer, weights, (h, h, h), pad, causal=True)
                 if keep is not None and i in keep:
                     captured.append(LayerAttention(i, layer, attn.float().cpu(),
                                                    h.float().cpu(), method))

@@ -67,11 +67,11 @@ class Session:
                                       if kwargs.get(k) is not None}
             if _upcast(query):
                 layer.upcast_from = str(query.dtype).removeprefix("torch.")
-                output = self._blocks(index, module, query.float(), key.float(), value.float(),
+                output = self._blocks(index, module, (query.float(), key.float(), value.float()),
                                       _float(mask), args,
                                       {k: _float(v) for k, v in kwargs.items()})
                 return output.to(query.dtype), None
-            return self._blocks(index, module, query, key, value, mask, args, kwargs), None
+            return self._blocks(index, module, (query, key, value), mask, args, kwargs), None
         if fast:
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -89,10 +89,11 @@ class Session:
             return LayerKind.CROSS
         return LayerKind.DECODER_SELF
 
-    def _blocks(self, index: int, module: Any, query: torch.Tensor, key: torch.Tensor,
-                value: torch.Tensor, mask: torch.Tensor | None, args: tuple,
-                kwargs: dict) -> torch.Tensor:
+    def _blocks(self, index: int, module: Any,
+                qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                args: tuple, kwargs: dict) -> torch.Tensor:
         """The module's own eager attention, `rows` query rows at a time; key/value stay whole."""
+        query, key, value = qkv
         eager = eager_function(module)
         batch, heads, length, _ = query.shape  # (B, H, L, d)
         rows = memory.eager_rows(self.budget, batch, heads, length, key.shape[2])

@@ -44,7 +44,7 @@ def context(layer: AttentionLayer, weights: LayerWeights, query: torch.Tensor,
     """The input of W_O (N, L, W): each head's softmax(q kᵀ) v at its o_cols."""
     ctx = query.new_zeros(*query.shape[:-1], weights.W_o.shape[1])
     for h in range(layer.num_heads or 0):
-        *_, v_h, _, a_h = head_attention(layer, weights, h, query, key, value, mask)
+        *_, v_h, _, a_h = head_attention(layer, weights, h, (query, key, value), mask)
         ctx[..., slice(*layer.o_cols(h))] = a_h @ v_h  # (N, L, d)
     return ctx
 

@@ -12,6 +12,7 @@ unablated run. Heads are stacked along the batch dimension, many per forward pas
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -148,15 +149,17 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
     return AblationReport(mode, loss_kind, effects, base_loss, base_repeat, per, notes)
 
 
+@dataclass
 class _Scored:
     """Each ablated copy's measures against the unablated run."""
 
-    def __init__(self, kind: str | None, base_hidden: torch.Tensor,
-                 base_logits: torch.Tensor | None, base_loss: float | None,
-                 base_repeat: float | None, ids: torch.Tensor | None,
-                 real: torch.Tensor) -> None:
-        self.kind, self.base_hidden, self.base_logits = kind, base_hidden, base_logits
-        self.base_loss, self.base_repeat, self.ids, self.real = base_loss, base_repeat, ids, real
+    kind: str | None
+    base_hidden: torch.Tensor
+    base_logits: torch.Tensor | None
+    base_loss: float | None
+    base_repeat: float | None
+    ids: torch.Tensor | None
+    real: torch.Tensor
 
     def effects(self, chunk: list[tuple[int, str, int]], hidden: torch.Tensor,
                 logits: torch.Tensor | None) -> list[HeadEffect]:

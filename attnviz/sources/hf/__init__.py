@@ -25,7 +25,16 @@ attention calls and the run's plan), `run` (the capture), `verify` (the recomput
 """
 
 from attnviz.sources.hf.inputs import Encoded, Prepared, encode, prepare
-from attnviz.sources.hf.layers import ModelLayer, Plan, model_layers, plan_run, probe, select
+from attnviz.sources.hf.layers import (
+    ModelLayer,
+    ModelRun,
+    Plan,
+    RunInputs,
+    model_layers,
+    plan_run,
+    probe,
+    select,
+)
 from attnviz.sources.hf.load import (
     DTYPES,
     PATHS,
@@ -50,7 +59,8 @@ from attnviz.sources.hf.verify import (
 )
 
 __all__ = ["DTYPES", "PATHS", "STACK_OF", "TOLERANCE", "Encoded",
-           "LoadedModel", "ModelLayer", "OpenedModel", "encode", "load_weights",
+           "LoadedModel", "ModelLayer", "ModelRun", "OpenedModel", "RunInputs", "encode",
+           "load_weights",
            "open_model", "Plan", "Prepared", "VerifyResult", "call_of", "load_model",
            "model_layers", "module_of", "parameter_of", "plan_run", "prepare", "probe",
            "recompute_supported", "require_transformers", "resolve_folder", "run_model",

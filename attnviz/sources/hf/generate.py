@@ -184,7 +184,7 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
     if not interface:
         steps.method = METHOD_OUTPUT_ATTENTIONS
         add_generate_attentions(steps, out)
-    _last_row(loaded, steps, out, mask, kwargs.get("encoder_outputs"), interface, shown)
+    _last_row(loaded, steps, out, (mask, kwargs.get("encoder_outputs")), interface, shown)
     return steps
 
 
@@ -259,9 +259,11 @@ def _capturing(model: Any, steps: Steps, interface: bool, keep: bool = True,
             hook.remove()
 
 
-def _last_row(loaded: LoadedModel, steps: Steps, out: Any, mask: torch.Tensor,
-              encoder_outputs: Any, interface: bool, shown: set[int] | None = None) -> None:
-    """The last generated token fed back once through the model's own cache: its row."""
+def _last_row(loaded: LoadedModel, steps: Steps, out: Any, fed: tuple[torch.Tensor, Any],
+              interface: bool, shown: set[int] | None = None) -> None:
+    """The last generated token fed back once through the model's own cache: its row. fed:
+    (the attention mask generate got, its encoder outputs or None)."""
+    mask, encoder_outputs = fed
     model = loaded.model
     sequences = out.sequences  # (B, L + T)
     last = sequences[:, -1:]

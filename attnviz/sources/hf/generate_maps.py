@@ -34,13 +34,13 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
         lengths = [1 + len(g) for g in generated]
         target = Batch(texts, [tokenizer.convert_ids_to_tokens([start]) + t for t in gen_tokens])
         batch = Batch(list(sentences), prompt_tokens)
-        results = [_layer(layer, steps, target, lengths, width, 1) for layer in layers]
+        results = [_layer(layer, steps, target, lengths, (width, 1)) for layer in layers]
     else:
         lengths = [len(p) + len(g) for p, g in zip(prompts, generated, strict=True)]
         batch = Batch(list(sentences), [p + g for p, g in zip(prompt_tokens, gen_tokens,
                                                                strict=True)])
         target = None
-        results = [_layer(layer, steps, None, lengths, width, steps.prompt_width,
+        results = [_layer(layer, steps, None, lengths, (width, steps.prompt_width),
                           [len(p) for p in prompts]) for layer in layers]
     run = AttentionRun(batch, results, printable(str(loaded.folder)),
                        "the model's own hidden states entering each attention module, step by "
@@ -109,9 +109,11 @@ def _layers(loaded: LoadedModel, steps: Steps) -> list[ModelLayer]:
 
 
 def _layer(layer: ModelLayer, steps: Steps, target: Batch | None, row_lengths: list[int],
-           width: int, prompt_width: int, prompt_lengths: list[int] | None = None
+           widths: tuple[int, int], prompt_lengths: list[int] | None = None
            ) -> LayerAttention:
-    """One layer's maps (B, H, rows, cols), each sentence's real tokens at 0..n-1."""
+    """One layer's maps (B, H, rows, cols), each sentence's real tokens at 0..n-1; widths:
+    (generation steps, the padded prompt's width)."""
+    width, prompt_width = widths
     blocks = steps.blocks[layer.name]
     if layer.kind == capture.LayerKind.SELF and target is not None:  # an encoder: one forward
         maps = torch.cat(blocks, dim=2)  # (B, H, S, S), right-padded already

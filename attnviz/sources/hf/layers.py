@@ -91,6 +91,29 @@ def select(layers: list[ModelLayer], spec: str | None) -> list[ModelLayer]:
     return sorted((by_stack[pair] for pair in chosen), key=lambda layer: layer.index)
 
 
+@dataclass(frozen=True)
+class ModelRun:
+    """How a model run goes, as the request asks: read by the plan (what to number before the
+    run) and by the run itself."""
+
+    allow_stream: bool = False  # shown source layers may stream (False: full maps kept)
+    query: tuple[int, str] | None = None  # (sentence, token spec) broken down head by head
+    memory_budget: int | None = None  # bytes the full maps may take (None: the default)
+    values: bool = False  # --weighting norm: the value norms, full maps read whole
+    need_layers: bool = False  # the layers numbered before the run (the ablation reads them)
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """The text of a model run: sentences (and an encoder-decoder's decoder targets, one per
+    sentence), at most max_tokens each, or their token ids encoded already."""
+
+    sentences: list[str]
+    targets: list[str] | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    encoded: Encoded | None = None
+
+
 @dataclass
 class Plan:
     """What one heatmap run will do: its inputs, the model's layers, the ones shown.
@@ -105,27 +128,30 @@ class Plan:
     shown: list[ModelLayer] | None
     indices: list[int] | None = None
     spec: str | None = None
+    how: ModelRun = ModelRun()  # how `run_model` runs it, unless told otherwise
 
 
-def plan_run(loaded: LoadedModel, sentences: list[str], layer: str | None = None,
-             targets: list[str] | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-             need_layers: bool = False, query: bool = False,
-             encoded: Encoded | None = None, memory_budget: int | None = None) -> Plan:
+def plan_run(loaded: LoadedModel, text: RunInputs | list[str], layer: str | None = None,
+             how: ModelRun = ModelRun()) -> Plan:
     """Inputs encoded and, where the run needs them before it starts, the layers numbered by a
     1-token probe: layer forms that need the layer count or the stacks (-1, 'cross 0'), long
-    inputs (the streaming decision needs the heads), need_layers (the value norms and the
-    ablation read them), and a query on a decoder run (its rows may be target tokens). A
-    figure's panel limit needs no probe: config.json counts the layers (`expected_shown`),
-    or the run itself does."""
-    prepared = prepare(loaded, sentences, targets, max_tokens, encoded)
+    inputs (the streaming decision needs the heads), how.need_layers or how.values (the value
+    norms and the ablation read them), and a query on a decoder run (its rows may be target
+    tokens). A figure's panel limit needs no probe: config.json counts the layers
+    (`expected_shown`), or the run itself does. text: a list is its sentences alone."""
+    if not isinstance(text, RunInputs):
+        text = RunInputs(list(text))
+    prepared = prepare(loaded, text.sentences, text.targets, text.max_tokens, text.encoded)
     direct = _direct_indices(layer)
-    if not need_layers and direct is not False and not (query and targets is not None):
+    need_layers = how.need_layers or how.values
+    if not need_layers and direct is not False and \
+            not (how.query is not None and text.targets is not None):
         sizes = _call_sizes(loaded, prepared)  # no probe when no layer can stream
         if sizes is not None and memory.surely_whole(len(prepared.batch.tokens), *sizes,
-                                                     memory_budget):
-            return Plan(prepared, None, None, cast(Any, direct), layer)
+                                                     how.memory_budget):
+            return Plan(prepared, None, None, cast(Any, direct), layer, how)
     layers = probe(loaded, prepared)
-    return Plan(prepared, layers, select(layers, layer), None, layer)
+    return Plan(prepared, layers, select(layers, layer), None, layer, how)
 
 
 def _direct_indices(spec: str | None) -> list[int] | None | bool:

@@ -23,6 +23,7 @@ from attnviz.sources.hf.collect import Collector, ExportRows, input_hooks
 from attnviz.sources.hf.inputs import Prepared
 from attnviz.sources.hf.layers import (
     ModelLayer,
+    ModelRun,
     Plan,
     cols_tokens,
     model_layers,
@@ -43,30 +44,31 @@ class _Setup:
     planned: memory.MemoryPlan  # streamed or whole, and the eager blocks' size
 
 
-def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
-              query: tuple[int, str] | None = None,
-              export_rows: ExportRows | None = None,
-              memory_budget: int | None = None, values: bool = False) -> AttentionRun:
-    """The model's own attention weights (and attention inputs) of the layers the plan shows.
+def run_model(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
+              export_rows: ExportRows | None = None) -> AttentionRun:
+    """The model's own attention weights (and attention inputs) of the layers the plan shows,
+    run as `how` says (None: as planned, `plan.how`).
 
-    With allow_stream, when the memory plan streams the source layers shown (`memory_plan`:
+    With how.allow_stream, when the memory plan streams the source layers shown (`memory_plan`:
     their full maps exceed the budget, or have more than 512 keys and the run does not read
-    them whole, as `values` does), each is reduced block by block to display views and statistics
+    them whole, as how.values does), each is reduced block by block to display views and statistics
     (`attnviz.compute.streaming.MapReducer`) and dropped, keeping only the last layer's inputs
     and, for query = (sentence, token spec), that query's row of every head of the last layer.
     Decoder and cross-attention maps (rows are target tokens) are always kept whole.
     With query, the last layer's query, key and mask are kept for the breakdown.
     export_rows, when given, receives every shown layer's blocks as they arrive, realigned
     (for --export of long inputs), and the inputs of every shown layer are kept.
-    memory_budget: bytes the full maps may take before they stream (default 256 MB); the eager
-    blocks of query rows then take at most a quarter of it (and never more than 32 MB).
+    how.memory_budget: bytes the full maps may take before they stream (default 256 MB); the
+    eager blocks of query rows then take at most a quarter of it (and never more than 32 MB).
     """
+    how = how or plan.how
+    query, values = how.query, how.values
     if query is not None and loaded.path != capture.CapturePath.INTERFACE:
         raise UsageError(f"{option('query')} needs the q and k the model's attention receives, "
                          "which only models using transformers' attention interface hand out; "
                          f"{type(loaded.model).__name__} returns its maps through "
                          "output_attentions", fix=f"drop {option('query')}", option="query")
-    setup = _setup(plan, allow_stream, query, memory_budget, keep=values)
+    setup = _setup(plan, how)
     if values:
         from attnviz.sources.value_states import check_values
 
@@ -82,9 +84,9 @@ def run_model(loaded: LoadedModel, plan: Plan, allow_stream: bool = False,
             setup.query_row = query[0], find_query(rows_tokens(plan, shown[-1])[query[0]],
                                                    query[1])
     calls = {call.index: call for call in result.layers}
-    results = [_layer_result(loaded, plan, layer, calls[layer.index], collector, setup,
-                             inputs, query is not None and layer is shown[-1])
-               for layer in shown]
+    ran = _Ran(loaded, plan, collector, setup, inputs)
+    results = [_layer_result(ran, layer, calls[layer.index],
+                             query is not None and layer is shown[-1]) for layer in shown]
     if values:
         from attnviz.sources.value_states import attach_value_norms
 
@@ -113,14 +115,13 @@ DESCRIBED_INPUTS = ("the model's own hidden states entering each attention modul
                     "position embeddings, earlier layers and the block's own norm, if any)")
 
 
-def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
-           memory_budget: int | None = None, keep: bool = False) -> _Setup:
+def _setup(plan: Plan, how: ModelRun) -> _Setup:
     """Which calls to show, whether they stream, and the --query row when the layers are known
     (resolved before the model runs: a typo costs nothing)."""
     from attnviz.compute import streaming
 
-    shown, batch = plan.shown, plan.prepared.batch
-    planned = memory_plan(plan, memory_budget, keep)
+    shown, batch, query = plan.shown, plan.prepared.batch, how.query
+    planned = memory_plan(plan, how.memory_budget, keep=how.values)
     if shown is None:  # short input, layers numbered by the run itself
         if query is not None:
             find_query(batch.tokens[query[0]], query[1])
@@ -131,7 +132,7 @@ def _setup(plan: Plan, allow_stream: bool, query: tuple[int, str] | None,
     query_row = None if query is None else (
         query[0], find_query(rows_tokens(plan, last)[query[0]], query[1]))
     source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
-    stream = allow_stream and planned.streamed
+    stream = how.allow_stream and planned.streamed
     reducers = {layer.index: streaming.MapReducer(
         layer.index, batch.tokens, query_row if layer is last else None)
         for layer in source_layers} if stream else {}
@@ -187,14 +188,26 @@ def _number_after_run(loaded: LoadedModel, plan: Plan, calls: list[capture.Captu
     return shown
 
 
-def _layer_result(loaded: LoadedModel, plan: Plan, layer: ModelLayer, call: capture.CapturedLayer,
-                  collector: Collector, setup: _Setup,
-                  inputs: dict[tuple[str, int], torch.Tensor],
+@dataclass
+class _Ran:
+    """What the capture left, read by every shown layer's result."""
+
+    loaded: LoadedModel
+    plan: Plan
+    collector: Collector
+    setup: _Setup
+    inputs: dict[tuple[str, int], torch.Tensor]  # (module name, occurrence): its input
+
+
+def _layer_result(ran: _Ran, layer: ModelLayer, call: capture.CapturedLayer,
                   with_scores: bool) -> LayerAttention:
     """One shown layer's LayerAttention: its full maps, or its streamed reduction."""
     from dataclasses import replace
 
     from attnviz.compute import streaming
+
+    loaded, plan, collector, setup, inputs = (ran.loaded, ran.plan, ran.collector, ran.setup,
+                                              ran.inputs)
 
     method = _method(loaded, plan.prepared, call)
     x = inputs.get((layer.name, layer.occurrence))

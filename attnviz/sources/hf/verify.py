@@ -18,7 +18,7 @@ from attnviz.errors import (
     printable,
 )
 from attnviz.sources import capture
-from attnviz.sources.hf.layers import ModelLayer, Plan, plan_run
+from attnviz.sources.hf.layers import ModelLayer, ModelRun, Plan, RunInputs, plan_run
 from attnviz.sources.hf.load import TOLERANCE, LoadedModel
 from attnviz.sources.hf.run import run_model
 
@@ -108,7 +108,8 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     from attnviz.compute.forward import load_weights
     from attnviz.compute.positions import positions_for, recompute_weights
 
-    plan = plan or plan_run(loaded, sentences, None, None, max_tokens, need_layers=True)
+    plan = plan or plan_run(loaded, RunInputs(sentences, max_tokens=max_tokens), None,
+                            ModelRun(need_layers=True))
     call = call_of(plan.layers, loaded.model, layer)
     reason = recompute_supported(loaded, call)
     if reason is not None:
