@@ -369,9 +369,10 @@ def test_encoder_decoder_labels_and_grammar(model):
 
 def test_cross_attention_statistics_and_views(model):
     from attnviz.app.heatmap import summarize
+    from attnviz.core.request import Selection
 
     m = model("bart")
-    result = summarize(run(m, SENTENCES, "cross 0,dec 0", TARGETS), None, False, None, 0)
+    result = summarize(run(m, SENTENCES, "cross 0,dec 0", TARGETS), Selection())
     cross = [s for s in result.head_stats if s.layer_label == "cross 0"]
     assert len(cross) == 4 and all(s.distance is None and s.previous is None for s in cross)
     assert all(0 < s.first < 1 for s in cross)

@@ -81,7 +81,8 @@ def run_streamed(loaded: LoadedModel, request: HeatmapRequest, sentences: list[s
         encoded = Encoded([{"input_ids": p + g} for p, g in zip(prompts, record.generated_ids,
                                                                  strict=True)])
     plan = plan_run(loaded, RunInputs(sentences, targets, max_tokens, encoded), layer,
-                    ModelRun(export_path is None, memory_budget=memory_budget))
+                    ModelRun(export_path is None, memory_budget=memory_budget,
+                             views=request.outputs.views))
     run = None
     if export_path is not None:
         run = run_model_exporting(loaded, plan, export_path, record.export_metadata())

@@ -17,7 +17,7 @@ from attnviz.app.heatmap_sources import check_panels, parse_memory_budget, reque
 from attnviz.app.naming import run_title
 from attnviz.app.source_layers import run_on_batch
 from attnviz.app.weighting import check_weighting, weigh_run
-from attnviz.core.request import HeatmapRequest
+from attnviz.core.request import HeatmapRequest, Selection
 from attnviz.errors import UsageError, option, printable
 
 if TYPE_CHECKING:
@@ -195,9 +195,8 @@ def _run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None
     check_panels(request, checked.sentences, len(layers),
                  max((layer.num_heads or 0 for layer in layers), default=0))
     report("computing head statistics")
-    selection = request.selection
-    result = summarize(ran.run, selection.head, selection.average, selection.query,
-                       selection.sentence - 1, request.measure.weighting)
+    result = summarize(ran.run, request.selection, request.measure.weighting,
+                       request.outputs.views)
     result.warnings = checked.warnings
     result.ablation = ran.ablation
     return result
@@ -214,19 +213,23 @@ def _generate(request: HeatmapRequest, spec: GenerateSpec,
         request, spec, lambda limit: request_sentences(request, limit), report)
     report("computing head statistics")
     head = request.selection.head
-    result = summarize(attention_run, head, request.selection.average, None, 0)
+    result = summarize(attention_run, replace(request.selection, query=None, sentence=1),
+                       views=request.outputs.views)
     result.generation, result.focus = generation, focus(attention_run, generation, head)
     return result
 
 
-def summarize(attention_run: AttentionRun, head: int | None, average: bool, query: str | None,
-              sentence_index: int, weighting: str = "attention") -> HeatmapResult:
-    """Statistics, the selected maps and the --query breakdown of a finished run (of its
-    value-weighted maps with weighting "norm")."""
+def summarize(attention_run: AttentionRun, selection: Selection, weighting: str = "attention",
+              views: bool = True) -> HeatmapResult:
+    """Statistics, the selected maps (views: False, none) and the --query breakdown of a
+    finished run (of its value-weighted maps with weighting "norm")."""
     from attnviz.compute import maps, stats
     from attnviz.compute.attention import check_finite_maps
     from attnviz.compute.breakdown import query_breakdown
     from attnviz.compute.inputs import find_query
+
+    head, average, query = selection.head, selection.average, selection.query
+    sentence_index = selection.sentence - 1
 
     for captured in attention_run.layers:
         maps.check_head(head, captured.heads)
@@ -247,7 +250,7 @@ def summarize(attention_run: AttentionRun, head: int | None, average: bool, quer
         head_stats += found
     if head is not None:  # --head shows one head: its statistics alone, as its map
         head_stats = [s for s in head_stats if s.head == head]
-    selected = maps.select_maps(attention_run, head, average)
+    selected = maps.select_maps(attention_run, head, average) if views else []
     breakdown = None
     if query is not None:
         last = attention_run.layers[-1]

@@ -204,7 +204,7 @@ def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLay
     batch, export = plan.batch, request.outputs.export
     run = LayerRun(plan.device, causal, request.source.positions, request.limits.memory_budget,
                    not request.outputs.full_maps, request.measure.weighting == "norm",
-                   plan.query_row)
+                   plan.query_row, request.outputs.views)
     too_large = plan_for(layer, batch, replace(run, keep=True)).streamed  # even when kept whole
     if export is None or not too_large:
         return run_layer(layer, store, batch, run, plan.store)

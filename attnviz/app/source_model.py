@@ -75,7 +75,7 @@ class HfModel:
         query = None if request.selection.query is None else (
             request.selection.sentence - 1, request.selection.query)
         how = hf.ModelRun(not request.outputs.full_maps, query, limits.memory_budget, values,
-                          need_layers=ablate is not None)
+                          need_layers=ablate is not None, views=request.outputs.views)
         text = hf.RunInputs(state.sentences, _targets(request), limits.max_tokens, state.encoded)
         plan = hf.plan_run(loaded, text, request.selection.layer, how)
         if plan.shown is not None:  # numbered already (a long input): checked before the run

@@ -139,7 +139,8 @@ def heatmap(
                    causal, positions, device, dtype, device_map, parse_max_memory(max_memory)),
         Selection(layer, head, average, query, sentence),
         Measure(weighting, "mean" if ablate_mean else "zero" if ablate else None, writes),
-        Outputs(files.figure, files.html, files.export),
+        Outputs(files.figure, files.html, files.export,
+                views=shown.maps or files.figure is not None or files.html is not None),
         Limits(max_tokens, max_sentences, max_panels, parse_memory_budget(memory_budget)))
     with progress(not (as_json or quiet)) as report:
         result = run_heatmap(request, report)

@@ -35,6 +35,7 @@ class LayerRun:
     allow_stream: bool = True  # False: maps whole whatever their size (the API's choice)
     keep: bool = False  # the caller reads the full maps: hold them whole when they fit
     query_row: tuple[int, int] | None = None  # (sentence, query) whose row every head keeps
+    views: bool = True  # display views kept (False: statistics alone)
 
 
 def maps_shape(layer: AttentionLayer, batch: Batch) -> memory.MapsShape:
@@ -79,7 +80,7 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch,
     extra = 1 if weights.bias_k is not None else 0
     heads = layer.num_heads or 0
     plan = plan_for(layer, batch, replace(run, keep=False), one_head=sink is not None)
-    reducer = MapReducer(0, batch.tokens, run.query_row, extra)
+    reducer = MapReducer(0, batch.tokens, run.query_row, extra, run.views)
     size = plan.heads * plan.rows * (batch.max_len + extra)
     buffers = torch.empty(size, device=device), torch.empty(size, device=device)
     with torch.inference_mode():

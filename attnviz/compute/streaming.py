@@ -62,7 +62,8 @@ class _Partial:
     rows_cpu: list[int]  # the display row of each query (host ints)
     row_index: torch.Tensor  # the same, on the device
     col_index: torch.Tensor  # the display column of each key (real keys, then extra columns)
-    cells: torch.Tensor  # (R, C) Σ over each display row's queries of their key-block sums
+    cells: torch.Tensor | None  # (R, C) Σ over each display row's queries of their key-block
+    # sums (None: no display views kept)
     terms: torch.Tensor  # (len(ROW_TERMS), n) each query's term of every statistic
     done: int = 0
     covered: list[tuple[int, int]] = field(default_factory=list)
@@ -79,8 +80,11 @@ class MapReducer:
 
     def __init__(self, layer_index: int, tokens: list[list[str]],
                  query_row: tuple[int, int] | None = None,
-                 extra_keys: int | None = None) -> None:
+                 extra_keys: int | None = None, views: bool = True) -> None:
+        """views: keep display views (False when no output shows a map: statistics alone,
+        without the per-block cell sums and about 1 MB per head of views)."""
         self.layer_index = layer_index
+        self.keep_views = views
         self.tokens = tokens
         self.query_row = query_row  # (sentence, query)
         self.extra_keys = extra_keys  # columns after the real keys (bias_k); None: from `add`
@@ -139,13 +143,15 @@ class MapReducer:
         stop = row_start + r
         low, high = parts[0].rows_cpu[row_start], parts[0].rows_cpu[stop - 1]
         first = parts[0]
-        cells, columns = cell_sums(first.grid, (first.row_index, first.col_index), attn,
-                                   BlockSpan(row_start, keys, n, low, high),
-                                   self._col_plans.setdefault(sentence, {}))
+        if self.keep_views:
+            cells, columns = cell_sums(first.grid, (first.row_index, first.col_index), attn,
+                                       BlockSpan(row_start, keys, n, low, high),
+                                       self._col_plans.setdefault(sentence, {}))
         for j, part in enumerate(parts):
             head = first_head + j
             part.terms[:, row_start:stop] = terms[:, j]
-            _accumulate(part.cells, low, high, columns, cells[j])
+            if part.cells is not None:
+                _accumulate(part.cells, low, high, columns, cells[j])
             part.done += r
             part.covered.append((row_start, stop))
             if self.query_row is not None and self.query_row[0] == sentence and \
@@ -174,7 +180,8 @@ class MapReducer:
                                    grid.col_index().to(device))}  # one sentence at a time
         grid, rows_cpu, row_index, col_index = self._layouts[key]
         part = _Partial(grid, rows_cpu, row_index, col_index,
-                        zeros((len(grid.row_blocks), len(grid.col_blocks)), device),
+                        zeros((len(grid.row_blocks), len(grid.col_blocks)), device)
+                        if self.keep_views else None,
                         zeros((len(ROW_TERMS), n), device))
         self._open[(sentence, head)] = part
         return part
@@ -191,11 +198,13 @@ class MapReducer:
         terms = part.terms.cpu().double()
         if not bool(torch.isfinite(terms[ROW_TERMS.index("total")]).all()):
             self._non_finite = True
-        counts = self._patterns[(sentence, str(part.cells.device))].counts
+        counts = self._patterns[(sentence, str(part.terms.device))].counts
         sums = {name: terms[i].sum().reshape(1) for i, name in enumerate(ROW_TERMS)
                 if name != "total"}
         self._sums[head] = add_sums(self._sums.get(head),
                                     (sums, {name: counts[name] for name in sums}))
+        if part.cells is None:
+            return
         sizes = np.array([b - a for a, b in part.grid.row_blocks], dtype=np.float32)
         values: NDArray[np.float32] = np.divide(part.cells.cpu().numpy(), sizes[:, None],
                                                 dtype=np.float32)  # new (numpy: one thread)

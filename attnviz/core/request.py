@@ -148,6 +148,10 @@ class Outputs:
     html: Path | None = None
     export: Path | None = None  # long inputs are written block by block, as the maps stream
     keep_full_maps: bool = False  # every head's full map kept in memory (the API's choice)
+    # display views kept: terminal maps, a figure, the page, the API. False (the CLI, when no
+    # output shows a map): statistics, the overview and --query alone, and a long input's
+    # blocks are not reduced to display cells
+    views: bool = True
 
     @property
     def full_maps(self) -> bool:

@@ -101,6 +101,7 @@ class ModelRun:
     memory_budget: int | None = None  # bytes the full maps may take (None: the default)
     values: bool = False  # --weighting norm: the value norms, full maps read whole
     need_layers: bool = False  # the layers numbered before the run (the ablation reads them)
+    views: bool = True  # streamed layers keep display views (False: statistics alone)
 
 
 @dataclass(frozen=True)

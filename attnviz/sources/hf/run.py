@@ -134,7 +134,7 @@ def _setup(plan: Plan, how: ModelRun) -> _Setup:
     source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
     stream = how.allow_stream and planned.streamed
     reducers = {layer.index: streaming.MapReducer(
-        layer.index, batch.tokens, query_row if layer is last else None)
+        layer.index, batch.tokens, query_row if layer is last else None, views=how.views)
         for layer in source_layers} if stream else {}
     return _Setup([layer.index for layer in shown], [last.index] if query is not None else False,
                   reducers, query_row, planned)
