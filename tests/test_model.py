@@ -344,6 +344,56 @@ def test_blocks_of_query_rows_equal_whole_maps(model, monkeypatch):
         assert_same(b.weights, a.weights, 1e-6)
 
 
+@pytest.mark.parametrize("kind", ["phi3", "llama"])
+def test_causal_blocks_run_over_the_keys_they_see(model, monkeypatch, kind):
+    """In blocks of query rows, a causal block runs the module's own eager attention over only
+    the keys its queries see (`capture_eager.keys_seen`: fewer than all for an early block),
+    and the maps equal one whole block's, which sees every key (phi3: left padding, whose
+    fully masked rows keep every key). Control: one key fewer changes the maps."""
+    from attnviz.sources import capture_eager
+
+    m = model(kind)
+    whole = run(m, SENTENCES)
+    monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 2 * 2 * 4 * 16 * 4)  # a few rows per block
+    real = capture_eager.keys_seen
+    seen: list[tuple[int, int]] = []
+
+    def recorded(mask, total, extras):
+        keys = real(mask, total, extras)
+        seen.append((keys, total))
+        return keys
+
+    monkeypatch.setattr(capture_eager, "keys_seen", recorded)
+    blocked = run(m, SENTENCES)
+    assert any(keys < total for keys, total in seen)
+    for a, b in zip(whole.layers, blocked.layers, strict=True):
+        assert_same(b.weights, a.weights, 1e-6)
+    monkeypatch.setattr(capture_eager, "keys_seen",
+                        lambda mask, total, extras: max(1, real(mask, total, extras) - 1))
+    short = run(m, SENTENCES)
+    assert max(float((a.weights - b.weights).abs().max())
+               for a, b in zip(whole.layers, short.layers, strict=True)) > 1e-3
+
+
+def test_keys_seen_shortens_only_what_it_can_prove():
+    """A causal float mask: the keys up to the block's last query; every key where a row sees
+    none (left padding), for a boolean mask, or beside a key-axis bias of three axes (ALiBi);
+    a 2-D position index does not stop it. Control: a padding-only mask keeps every key."""
+    from attnviz.sources.capture_eager import keys_seen
+
+    low = torch.finfo(torch.float32).min
+    causal = torch.triu(torch.full((6, 6), low), 1)[None, None]  # (1, 1, L, S)
+    block = causal[:, :, 1:3]  # queries 1 and 2
+    assert keys_seen(block, 6, ()) == 3
+    assert keys_seen(block, 6, (torch.arange(6)[None],)) == 3  # position_ids (1, L)
+    assert keys_seen(block, 6, (torch.zeros(2, 1, 6),)) == 6  # an ALiBi-like (B·H, 1, S)
+    assert keys_seen(block == 0, 6, ()) == 6  # a boolean mask: left alone
+    padded = block.clone()
+    padded[..., 0, :] = low  # a row that sees no key: its softmax spreads over every key
+    assert keys_seen(padded, 6, ()) == 6
+    assert keys_seen(torch.zeros(1, 1, 2, 6), 6, ()) == 6  # control: every key seen
+
+
 def test_encoder_decoder_labels_and_grammar(model):
     m = model("marian")
     result = run(m, SENTENCES, None, TARGETS)

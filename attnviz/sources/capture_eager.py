@@ -96,14 +96,23 @@ class Session:
         query, key, value = qkv
         eager = eager_function(module)
         batch, heads, length, _ = query.shape  # (B, H, L, d)
-        rows = memory.eager_rows(self.budget, batch, heads, length, key.shape[2])
+        total = key.shape[2]
+        rows = memory.eager_rows(self.budget, batch, heads, length, total)
+        narrow = getattr(self.sink, "narrow_blocks", False)
         outputs = []
         for start in range(0, length, rows):
             stop = min(length, start + rows)
+            block_mask = _query_rows(mask, start, stop, length)
             block_kwargs = {k: _query_rows(v, start, stop, length) for k, v in kwargs.items()}
+            seen = keys_seen(block_mask, total, (*args, *block_kwargs.values())) if narrow \
+                else total
+            block_key, block_value = key, value
+            if seen < total:  # a causal block: only the keys its queries see
+                block_key, block_value = key[:, :, :seen], value[:, :, :seen]
+                block_mask = _key_columns(block_mask, total, seen)
+                block_kwargs = {k: _key_columns(v, total, seen) for k, v in block_kwargs.items()}
             output, weights = eager(module, query[:, :, start:stop],  # (B, H, rows, d)
-                                    key, value, _query_rows(mask, start, stop, length), *args,
-                                    **block_kwargs)
+                                    block_key, block_value, block_mask, *args, **block_kwargs)
             if weights is None:
                 raise CheckpointError(f"the eager attention of {type(module).__name__} returned "
                                       "no weights", fix="report this model to attnviz")
@@ -111,7 +120,7 @@ class Session:
                 raise CheckpointError(f"the eager attention of {type(module).__name__} returns "
                                       "an output attnviz cannot join by query rows",
                                       fix="capture it without a block budget")
-            self.sink(index, start, weights)  # (B, H, rows, S)
+            self.sink(index, start, weights)  # (B, H, rows, S), or (…, seen) for a narrow sink
             outputs.append(output)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H, d)
 
@@ -196,6 +205,36 @@ def _upcast(query: torch.Tensor) -> bool:
 def _float(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.float()
+    return value
+
+
+def keys_seen(mask: Any, total: int, extras: Iterable[Any]) -> int:
+    """How many leading keys a block of queries sees: past the last key any of them sees, every
+    key is masked out of every row (its weight is exactly 0), so the module's own eager
+    attention over the leading keys alone gives the same weights and output, with less work (a
+    causal block skips the keys after its last query). `total` (every key) wherever that cannot
+    be shown: no 4-D floating mask over the keys, a row that sees no key (its softmax spreads
+    over every key), or another argument of three or more axes over the keys that is not a
+    per-query 4-D tensor (an ALiBi bias of shape (B·H, 1, S))."""
+    if not (isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-1] == total
+            and mask.is_floating_point()):
+        return total
+    for extra in extras:
+        if isinstance(extra, torch.Tensor) and extra.ndim >= 3 and total in extra.shape and \
+                not (extra.ndim == 4 and extra.shape[-1] == total):
+            return total
+    # transformers masks a key with the dtype's most negative value: exp() of it is 0
+    visible = mask > torch.finfo(mask.dtype).min / 2  # (B|1, H|1, rows, S)
+    if not bool(visible.any(-1).all()):
+        return total
+    columns = visible.flatten(0, 2).any(0).nonzero()
+    return int(columns.max()) + 1
+
+
+def _key_columns(value: Any, total: int, seen: int) -> Any:
+    """The first `seen` key columns of a per-query 4-D tensor over all `total` keys."""
+    if isinstance(value, torch.Tensor) and value.ndim == 4 and value.shape[-1] == total:
+        return value[..., :seen]
     return value
 
 

@@ -32,17 +32,18 @@ class _RowsToAdd:
     buffer and hands the sentence to `MapReducer.add` once its last real row is in (so one
     layer's maps of one sentence are held at a time, not all)."""
 
-    def __init__(self, reducer: MapReducer, lengths: list[int]) -> None:
+    def __init__(self, reducer: MapReducer, lengths: list[int], widths: list[int]) -> None:
         self.reducer = reducer
-        self.lengths = lengths
+        self.lengths = lengths  # each sentence's query rows
+        self.widths = widths  # … and keys
         self.buffers: dict[int, tuple[torch.Tensor, int]] = {}  # sentence: (maps, rows filled)
 
     def add_rows(self, sentence: int, first_head: int, row_start: int, attn_block: torch.Tensor,
                  scores_block: torch.Tensor | None = None) -> None:
-        heads, rows, keys = attn_block.shape
+        heads, rows, keys = attn_block.shape  # keys: fewer where a block saw fewer (zeros)
         buffer, filled = self.buffers.get(sentence) or (
-            torch.empty(heads, self.lengths[sentence], keys), 0)
-        buffer[:, row_start:row_start + rows] = attn_block
+            torch.zeros(heads, self.lengths[sentence], self.widths[sentence]), 0)
+        buffer[:, row_start:row_start + rows, :keys] = attn_block
         filled += rows
         if filled < self.lengths[sentence]:
             self.buffers[sentence] = buffer, filled
@@ -74,6 +75,10 @@ class Collector:
     """The on_block of one run: each shown layer's blocks, realigned to real tokens at once,
     into a full (B, H, n, m) map or, when streaming, into the layer's MapReducer."""
 
+    # Blocks may stop at the last key their queries see (`capture_eager.keys_seen`): every
+    # later key has weight 0, and each destination fills the rest with zeros.
+    narrow_blocks = True
+
     def __init__(self, plan: Plan, reducers: dict[int, MapReducer],
                  export_rows: ExportRows | None = None) -> None:
         self.plan = plan
@@ -94,7 +99,8 @@ class Collector:
             # into one map per sentence first (MapReducer's statistics compare positions of
             # one sequence; cross maps have their own)
             lengths = [len(t) for t in rows_tokens(plan, layer)]
-            self.feeders[index] = _RowsToAdd(reducer, lengths)
+            widths = [len(t) for t in cols_tokens(plan, layer)]
+            self.feeders[index] = _RowsToAdd(reducer, lengths, widths)
         self.maps: dict[int, torch.Tensor] = {}
         self.causal: dict[int, bool] = {}
 
@@ -125,8 +131,8 @@ class Collector:
             lo, hi = max(row_start, q0), min(row_start + count, q0 + n)
             if lo >= hi:
                 continue
-            block = weights[b, :, lo - row_start:hi - row_start, k0:k0 + m].float()  # (H, r, m)
-            if causal and bool(block.triu(lo - q0 + 1).any()):
+            block = weights[b, :, lo - row_start:hi - row_start, k0:k0 + m].float()  # (H, r, ≤ m)
+            if causal and _sees_later_keys(block, lo - q0, hi - q0):
                 causal = False
             host = block.cpu()  # one device-to-host copy, whoever takes the block
             if self.export_rows is not None:
@@ -134,9 +140,18 @@ class Collector:
             if index in self.reducers:
                 self.feeders[index].add_rows(b, 0, lo - q0, host, None)
             else:
-                self.maps[index][b, :, lo - q0:hi - q0, :m] = host
+                self.maps[index][b, :, lo - q0:hi - q0, :host.shape[-1]] = host
         self.causal[index] = causal
 
+
+
+def _sees_later_keys(block: torch.Tensor, first: int, stop: int) -> bool:
+    """Whether a block of query rows first..stop - 1 (H, r, keys) puts weight on a key after
+    its own query: the keys beside the block above the diagonal, or any key after its last
+    query (without a copy of the whole block, as triu would make)."""
+    beside = block[..., first:stop]  # (H, r, r): key first + j for query first + i
+    later = block[..., stop:]
+    return bool(beside.triu(1).any()) or (later.numel() > 0 and bool(later.any()))
 
 
 def input_hooks(plan: Plan, keep: set[int] | None
