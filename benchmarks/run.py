@@ -779,7 +779,7 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     import numpy as np
 
     from attnviz.app import heatmap as heatmap_mod
-    from attnviz.compute import maps, streaming
+    from attnviz.compute import maps, streaming, views
     from attnviz.compute.inputs import make_batch
     from attnviz.compute.stats import head_stats
     from attnviz.core import memory
@@ -797,7 +797,7 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
                                                      keep_full_maps=True))
     assert blocks.layers[0].weights is None and full.layers[0].weights is not None
     shown = {"blocks": maps.select_maps(blocks, None, False),
-             "full": [maps.downsample(v, cells, cells)
+             "full": [views.downsample(v, cells, cells)
                       for v in maps.select_maps(full, None, False)]}
     worst = max(float(abs(a.values - b.values).max())
                 for a, b in zip(shown["blocks"], shown["full"], strict=True))
@@ -806,8 +806,8 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
                for a, b in zip(reference, blocks.layers[0].stats, strict=True)
                for k in ("entropy", "max_weight", "distance", "self", "duplicate"))
     pngs = {name: workdir / f"structure-{name}.png" for name in shown}
-    for name, views in shown.items():
-        save_figure(heatmap_figure(views, "4096-token maps"), pngs[name])
+    for name, shown_views in shown.items():
+        save_figure(heatmap_figure(shown_views, "4096-token maps"), pngs[name])
     save_figure(heatmap_figure(maps.select_maps(full, None, False), "full maps"),
                 workdir / "structure-full-raw.png")
     a, b = (matplotlib.image.imread(str(p))[..., :3] for p in pngs.values())
@@ -829,7 +829,7 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnviz.compute.maps import MapView
+    from attnviz.compute.views import MapView
     from attnviz.render.figure import heatmap_figure, save_figure
 
     rng = np.random.default_rng(0)

@@ -374,7 +374,7 @@ def test_figure_downsamples_maps_larger_than_their_panel():
     (nearest-neighbour resampling by matplotlib would instead drop most cells)."""
     import numpy as np
 
-    from attnviz.compute.maps import MapView
+    from attnviz.compute.views import MapView
     from attnviz.render.figure import FIGURE_DPI, heatmap_figure, panel_inches
 
     n = 1000
@@ -394,7 +394,7 @@ def test_figure_downsamples_maps_larger_than_their_panel():
 def test_downsampling_keeps_rows_summing_to_one():
     import numpy as np
 
-    from attnviz.compute.maps import MapView, downsample
+    from attnviz.compute.views import MapView, downsample
 
     values = np.random.default_rng(0).random((100, 100)).astype(np.float32)
     values /= values.sum(1, keepdims=True)

@@ -12,7 +12,7 @@ from conftest import SAMPLES, assert_clean_error
 from safetensors import safe_open
 
 from attnviz.app import heatmap as heatmap_mod
-from attnviz.compute import maps, streaming
+from attnviz.compute import maps, streaming, views
 from attnviz.compute.forward import load_weights, per_head_forward
 from attnviz.compute.inputs import make_batch
 from attnviz.compute.stats import head_stats
@@ -57,8 +57,8 @@ def _runs(case: str, rows: int, **extra_request):
 def _mismatch(full, streamed_views, streamed_stats, cells: int) -> tuple[float, float]:
     """(largest display-map difference, largest relative statistics difference) between a
     streamed run's views/statistics and the full maps' downsampled views/statistics."""
-    views = maps.select_maps(full, None, False) + maps.select_maps(full, None, True)
-    expected = {(v.sentence, v.head): maps.downsample(v, cells, cells) for v in views}
+    selected = maps.select_maps(full, None, False) + maps.select_maps(full, None, True)
+    expected = {(v.sentence, v.head): views.downsample(v, cells, cells) for v in selected}
     assert len(streamed_views) == len(expected)
     worst_map = 0.0
     for view in streamed_views:

@@ -140,7 +140,7 @@ def test_cell_sums_on_host_and_device_paths_equal_a_direct_sum(n, row_start, r, 
     """A block of 3 heads reduced to display cells by the host (numpy) and the device (torch
     index_add_, here run on the CPU) paths equals a direct sum over each cell's entries."""
     from attnviz.compute import cells
-    from attnviz.compute.maps import display_grid
+    from attnviz.compute.views import display_grid
 
     torch.manual_seed(0)
     grid = display_grid(n, n + extra, 6, 5)

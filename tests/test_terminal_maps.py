@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from attnviz.compute.maps import MapView
 from attnviz.compute.scale import Scale, map_scale
+from attnviz.compute.views import MapView
 from attnviz.render import maps_terminal
 from attnviz.render.split_terminal import band_view
 

@@ -23,11 +23,11 @@ from attnviz.errors import UsageError, option, printable
 if TYPE_CHECKING:
     from attnviz.compute.ablation_measures import AblationReport
     from attnviz.compute.breakdown import QueryBreakdown
-    from attnviz.compute.maps import MapView
     from attnviz.compute.overview import Overview
     from attnviz.compute.ranking import HeadRanking
     from attnviz.compute.results import AttentionRun
     from attnviz.compute.stats import HeadStats
+    from attnviz.compute.views import MapView
     from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
 
 # scripts and tests reach the request and the standalone runner through this module

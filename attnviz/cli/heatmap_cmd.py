@@ -229,7 +229,7 @@ def print_warnings(warnings: list[str]) -> None:
 def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
     """Header lines, the overview, terminal maps, the statistics table and the --query
     breakdown."""
-    from attnviz.compute.maps import downsample
+    from attnviz.compute.views import downsample
     from attnviz.render.maps_terminal import print_maps, print_query, print_stats
 
     run = result.run

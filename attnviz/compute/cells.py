@@ -1,4 +1,4 @@
-"""A block of query rows reduced to display cells: what `maps.downsample` does to a full map
+"""A block of query rows reduced to display cells: what `views.downsample` does to a full map
 (key blocks summed; query blocks summed here, and divided by their query count when the map is
 finished), for every head of the block at once.
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnviz.compute.maps import DisplayGrid
+from attnviz.compute.views import DisplayGrid
 
 if TYPE_CHECKING:
     import numpy as np

@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnviz.compute.inputs import Batch
+from attnviz.compute.views import MapView
 from attnviz.core.layer import AttentionLayer
 from attnviz.load.checkpoint import TensorStore
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import numpy as np
-    from numpy.typing import NDArray
 
     from attnviz.compute.stats import HeadStats
 
@@ -41,27 +39,6 @@ class CapturedScores:
     sinks: torch.Tensor | None = None  # (H,) one extra logit per head, dropped after softmax
     query_offsets: tuple[int, ...] = ()  # per sentence: padded index of its real token 0
     key_offsets: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class MapView:
-    sentence: int
-    layer: int
-    head: int | None  # None for the average over heads
-    values: NDArray[np.float32]  # (rows, cols) numpy float32, rows = queries, cols = keys
-    row_labels: list[str]
-    col_labels: list[str]
-    downsampled: bool
-    # token index spans each displayed row/column covers, after downsampling (None: one each)
-    row_spans: tuple[tuple[int, int], ...] | None = None
-    col_spans: tuple[tuple[int, int], ...] | None = None
-    tokens: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # original (rows, cols)
-    label: str | None = None  # the layer's label when it is not its number ("enc 0", "cross 1")
-
-    @property
-    def title(self) -> str:
-        head = "mean of heads" if self.head is None else f"head {self.head}"
-        return f"{self.label if self.label is not None else f'L{self.layer}'} · {head}"
 
 
 @dataclass(frozen=True)

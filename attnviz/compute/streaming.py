@@ -25,7 +25,7 @@ import torch
 from numpy.typing import NDArray
 
 from attnviz.compute.cells import BlockSpan, ColumnPlans, cell_sums
-from attnviz.compute.maps import MAX_VIEW_HEADS, DisplayGrid, MapView, display_grid, grid_view
+from attnviz.compute.maps import MAX_VIEW_HEADS
 from attnviz.compute.results import LayerAttention, StreamedMaps
 from attnviz.compute.row_stats import (
     ROW_TERMS,
@@ -35,6 +35,7 @@ from attnviz.compute.row_stats import (
     zeros,
 )
 from attnviz.compute.stats import StatSums, add_sums, finish_stats
+from attnviz.compute.views import DisplayGrid, MapView, display_grid, grid_view
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, option

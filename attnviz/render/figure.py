@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from matplotlib.image import AxesImage
     from numpy.typing import NDArray
 
-    from attnviz.compute.maps import MapView
     from attnviz.compute.scale import Scale
+    from attnviz.compute.views import MapView
 
 # Heatmap figures. Sizes in inches; text at TEXT_PT or more, so labels read at 100 % zoom.
 TEXT_PT = 8  # tick labels, panel titles
@@ -170,7 +170,7 @@ class Grid:
     def lay_out(views: list[MapView], title: str, size: float | None, dpi: int) -> Grid:
         import textwrap
 
-        from attnviz.compute.maps import downsample
+        from attnviz.compute.views import downsample
 
         side = panel_inches(views, size)
         rows_keys = list(dict.fromkeys((v.sentence, v.layer) for v in views))

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.compute.maps import MapView
 from attnviz.compute.scale import DEFAULT_SCALE, Scale, map_scale
+from attnviz.compute.views import MapView
 from attnviz.errors import printable
 from attnviz.render.elide import MAX_MAP_PANELS, MAX_TABLE_ROWS, elided, gap_note
 
