@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from attnviz.cli.figure_worker import FigureJob, FigureWorker
 from attnviz.cli.heatmap_options import (
     Ablate,
     AblateMean,
@@ -101,9 +102,6 @@ def heatmap(
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
-    from attnviz.app.generate import generate_spec
-    from attnviz.app.heatmap import parse_memory_budget, run_heatmap
-    from attnviz.app.heatmap_sources import parse_max_memory
     from attnviz.compute.scale import check_scale
     from attnviz.core.request import (
         HeadHints,
@@ -122,8 +120,15 @@ def heatmap(
                         "--overview": overview not in (None, "off")})
     files = output_files(out, export, html, lambda: inputs_read(
         weights, model, file, not (random or weights or model)), ablate or ablate_mean)
-    if files.figure is not None:
-        preload_matplotlib()
+    worker = None
+    if files.figure is not None:  # before torch's import: see attnviz.cli.figure_worker
+        plain_figure = generate is None and not (ablate or ablate_mean)
+        worker = FigureWorker.start() if plain_figure else None
+        if worker is None:
+            preload_matplotlib()
+    from attnviz.app.generate import generate_spec
+    from attnviz.app.heatmap import parse_memory_budget, run_heatmap
+    from attnviz.app.heatmap_sources import parse_max_memory
     shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
                          average, sentence, scale)
     writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)
@@ -142,9 +147,13 @@ def heatmap(
         Outputs(files.figure, files.html, files.export,
                 views=shown.maps or files.figure is not None or files.html is not None),
         Limits(max_tokens, max_sentences, max_panels, parse_memory_budget(memory_budget)))
-    with progress(not (as_json or quiet)) as report:
-        result = run_heatmap(request, report)
-        write_files(result, files, report, scale, size, dpi)
+    try:
+        with progress(not (as_json or quiet)) as report:
+            result = run_heatmap(request, report)
+            write_files(result, files, report, (scale, size, dpi), worker)
+    finally:
+        if worker is not None:
+            worker.close()
     print_warnings(result.warnings)
     show(result, shown, files, as_json, quiet, rank, overview != "off")
 
@@ -178,9 +187,10 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
 
 
 def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str], None],
-                scale: str,
-                size: float | None, dpi: int) -> None:
-    """--export, --out and --html, each announced to the progress spinner as it starts."""
+                look: tuple[str, float | None, int], worker: FigureWorker | None = None) -> None:
+    """--export, --out and --html, each announced to the progress spinner as it starts; look:
+    the figure's (scale, size, dpi); worker: a figure worker ready to draw it."""
+    scale, size, dpi = look
     if files.export is not None:
         report(f"writing {files.export.name}")
         result.export(files.export)
@@ -190,14 +200,16 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         from attnviz.render.figure import heatmap_figure
 
         report(f"drawing the figure {files.figure.name}")
-        figure = heatmap_figure(result.views, result.title(), scale, size, dpi,
-                                legend(result.run.weighting))
-        if result.generation is not None:  # --generate: the boundary, the cross strip
-            from attnviz.render.generate_figure import mark_generation
+        job = FigureJob(result.views, result.title(), scale, size, dpi,
+                        legend(result.run.weighting), files.figure)
+        if worker is None or result.generation is not None or not worker.draw(job):
+            figure = heatmap_figure(job.views, job.title, scale, size, dpi, job.legend)
+            if result.generation is not None:  # --generate: the boundary, the cross strip
+                from attnviz.render.generate_figure import mark_generation
 
-            mark_generation(figure, result.views, result.title(), result.run,
-                            result.generation, (size, dpi))
-        write_figure(figure, files.figure)
+                mark_generation(figure, result.views, result.title(), result.run,
+                                result.generation, (size, dpi))
+            write_figure(figure, files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
 

@@ -195,17 +195,22 @@ def output_files(out: Path | None, export: Path | None, html: Path | None,
         return OutputFiles()
     reads = inputs()
     from attnviz.app.outputs import check_distinct, check_output_path
-    from attnviz.render.ablation_figure import figure_path
     from attnviz.render.figure import FIGURE_SUFFIXES
-    from attnviz.render.html import HTML_SUFFIXES
 
+    # The page's and the scorecard's modules import torch: only when asked for (a figure's
+    # worker forks before torch is imported, attnviz.cli.figure_worker).
     figure = check_output_path(out, FIGURE_SUFFIXES, reads) if out else None
-    files = OutputFiles(
-        figure,
-        check_output_path(export, (".safetensors",), reads, "export") if export else None,
-        check_output_path(html, HTML_SUFFIXES, reads, "html") if html else None,
-        check_output_path(figure_path(figure), FIGURE_SUFFIXES, reads)
-        if figure is not None and ablate else None)
+    exported = check_output_path(export, (".safetensors",), reads, "export") if export else None
+    page = ablation = None
+    if html:
+        from attnviz.render.html import HTML_SUFFIXES
+
+        page = check_output_path(html, HTML_SUFFIXES, reads, "html")
+    if figure is not None and ablate:
+        from attnviz.render.ablation_figure import figure_path
+
+        ablation = check_output_path(figure_path(figure), FIGURE_SUFFIXES, reads)
+    files = OutputFiles(figure, exported, page, ablation)
     check_distinct(files.figure, files.export, files.html, files.ablation_figure)
     return files
 

@@ -28,7 +28,7 @@ def inputs_read(weights: Path | None, model: str | None, file: Path | None,
             folder = hf.resolve_folder(model)
         folders.append(folder)
     if bundled:
-        from attnviz.sources.bundled import BUNDLED
+        from attnviz.data import BUNDLED
 
         files.append(BUNDLED)
     return read_set(files, folders)

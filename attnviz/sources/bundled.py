@@ -7,11 +7,6 @@ its attention layers are plain nn.MultiheadAttention state dicts under `layers.{
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-from importlib import resources
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
@@ -21,24 +16,13 @@ from attnviz.compute.inputs import Batch, TokenLimit, length_problem, padding_ma
 from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids
+from attnviz.data import BUNDLED as BUNDLED
 from attnviz.errors import CheckpointError, UsageError, option, quoted
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
 from attnviz.recognize import find_layers
 from attnviz.recognize.base import HeadHints, metadata_int
 
 FAMILY = "attnviz-tiny"
-_EXTRACTED = contextlib.ExitStack()  # a copy made for an install that is not plain files (a zip)
-atexit.register(_EXTRACTED.close)
-
-
-def _locate() -> Path:
-    """The bundled model's file, wherever attnviz is installed (a checkout, a wheel, another
-    prefix): package data found through importlib.resources, as a real path."""
-    resource = resources.files("attnviz.data").joinpath("induction.safetensors")
-    return Path(_EXTRACTED.enter_context(resources.as_file(resource)))
-
-
-BUNDLED = _locate()
 
 
 def is_tiny_model(store: TensorStore) -> bool:

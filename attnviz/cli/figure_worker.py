@@ -1,0 +1,134 @@
+"""`heatmap --out`'s figure drawn by a second process, forked before the run imports torch.
+
+matplotlib's import costs about half a second of one core. In the run's own process it comes
+after torch's import or competes with the run's threads, and a thread cannot overlap it with
+torch's import (both hold the GIL). A process forked at the start imports it on the other
+core while the run imports torch, then waits: the run sends the finished display views (plain
+numpy and text, `attnviz.compute.views`, no torch) over a pipe, and the worker draws and
+writes the figure through `app.outputs`' one atomic writer. The worker is an optimisation
+only: on any failure the run draws the figure itself, which reports the error as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnviz.compute.views import MapView
+
+
+@dataclass(frozen=True)
+class FigureJob:
+    """Everything `heatmap_figure` draws from, and where the figure goes."""
+
+    views: list[MapView]
+    title: str
+    scale: str
+    size: float | None
+    dpi: int
+    legend: str
+    path: Path
+
+
+class FigureWorker:
+    """The forked worker, from the run's side: `draw` once, or `close` unused."""
+
+    def __init__(self, pid: int, to_worker: int, from_worker: int) -> None:
+        self.pid, self.to_worker, self.from_worker = pid, to_worker, from_worker
+        self.open = True
+
+    @classmethod
+    def start(cls) -> FigureWorker | None:
+        """A worker, where forking is safe: Linux, and torch not imported yet (its thread pools
+        do not survive a fork; a command run in a process that imported it, as the tests' CLI
+        runner, draws in-process). ATTNVIZ_FIGURE_WORKER=0 turns it off."""
+        if sys.platform != "linux" or "torch" in sys.modules or \
+                os.environ.get("ATTNVIZ_FIGURE_WORKER") == "0":
+            return None
+        job_read, job_write = os.pipe()
+        answer_read, answer_write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the worker: never returns into the command
+            code = 1
+            try:
+                os.close(job_write)
+                os.close(answer_read)
+                _serve(job_read, answer_write)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(job_read)
+        os.close(answer_write)
+        return cls(pid, job_write, answer_read)
+
+    def draw(self, job: FigureJob) -> bool:
+        """Whether the worker drew and wrote the figure; False (nothing written) when it could
+        not, and the caller draws it itself."""
+        if not self.open:
+            return False
+        self.open = False
+        try:
+            with os.fdopen(self.to_worker, "wb") as pipe:  # closing it ends the job
+                pipe.write(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+            with os.fdopen(self.from_worker, "rb") as pipe:
+                answer = pipe.read()
+        except OSError:  # the worker is gone (killed, out of memory): draw in-process
+            answer = b""
+        finally:
+            _reap(self.pid)
+        return answer == b"ok"
+
+    def close(self) -> None:
+        """An unused worker is stopped at once (it has written nothing; it may still be
+        importing, and the run's error should not wait for that)."""
+        if self.open:
+            self.open = False
+            for fd in (self.to_worker, self.from_worker):
+                os.close(fd)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(self.pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _serve(job_read: int, answer_write: int) -> None:
+    """The worker: import the figure machinery at once, then draw the one job, if any."""
+    # Ctrl-C and the supervisor's signals are the run's to handle; the worker ends with its pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from attnviz.cli.paths import write_figure
+    from attnviz.render.figure import heatmap_figure
+    from attnviz.render.figure_io import isolated_rc, new_figure
+
+    with isolated_rc():  # the Agg canvas and its fonts, loaded before the job arrives
+        warm = new_figure(1.0, 1.0)
+        warm.text(0.5, 0.5, "attnviz")
+        warm.canvas.draw()
+    with os.fdopen(job_read, "rb") as pipe:
+        data = pipe.read()
+    if not data:  # the run ended without a figure
+        return
+    job: FigureJob = pickle.loads(data)  # noqa: S301 - our own parent's bytes, over a pipe
+    answer = b"failed"
+    try:
+        figure = heatmap_figure(job.views, job.title, job.scale, job.size, job.dpi, job.legend)
+        write_figure(figure, job.path)
+        answer = b"ok"
+    finally:
+        with os.fdopen(answer_write, "wb") as pipe:
+            pipe.write(answer)
