@@ -50,7 +50,7 @@ def loaded(zoo_model):
 
 def run(model: hf.LoadedModel, sentences: list[str], layer: str | None = None,
         **kwargs) -> object:
-    return hf.run_model(model, hf.plan_run(model, sentences, layer, hf.ModelRun(**kwargs)))
+    return hf.run_plan(model, hf.plan_run(model, sentences, layer, hf.ModelRun(**kwargs)))
 
 
 def test_minilm_maps_equal_output_attentions(loaded):

@@ -292,8 +292,8 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
         plan = hf.plan_run(loaded, hf.RunInputs(sentences, max_tokens=4000), layer)
         assert plan.shown is not None  # probed: the decision needs the layers' heads
         assert plan.prepared.batch.max_len > memory.WHOLE_KEYS
-        return (hf.run_model(loaded, plan, hf.ModelRun(allow_stream=True)),
-                hf.run_model(loaded, plan, hf.ModelRun()))
+        return (hf.run_plan(loaded, plan, hf.ModelRun(allow_stream=True)),
+                hf.run_plan(loaded, plan, hf.ModelRun()))
 
     streamed, whole = runs("0")
     assert any("long input" in note for note in streamed.notes)
@@ -308,7 +308,7 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
     short = hf.plan_run(loaded, hf.RunInputs([" ".join(["the", "cat"] * 249)], max_tokens=4000),
                         "all")
     assert short.shown is None and short.prepared.batch.max_len <= memory.WHOLE_KEYS
-    kept = hf.run_model(loaded, short, hf.ModelRun(allow_stream=True))
+    kept = hf.run_plan(loaded, short, hf.ModelRun(allow_stream=True))
     assert all(layer.weights is not None for layer in kept.layers)
     assert not any("long input" in note for note in kept.notes)
 

@@ -93,7 +93,7 @@ def run(m: Model, sentences: list[str], layer: str | None = None,
         targets: list[str] | None = None, **kwargs: Any) -> Any:
     """As the app runs a model: the plan and the run read one ModelRun (kwargs: its fields)."""
     plan = hf.plan_run(m.loaded, hf.RunInputs(sentences, targets), layer, hf.ModelRun(**kwargs))
-    return hf.run_model(m.loaded, plan)
+    return hf.run_plan(m.loaded, plan)
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL) -> None:
@@ -181,7 +181,7 @@ def test_probed_run_equals_a_run_that_numbers_its_own_layers(model, kind):
         direct = hf.plan_run(m.loaded, text, spec)
         probed = hf.plan_run(m.loaded, text, spec, hf.ModelRun(need_layers=True))
         assert direct.layers is None and probed.layers is not None
-        a, b = hf.run_model(m.loaded, direct), hf.run_model(m.loaded, probed)
+        a, b = hf.run_plan(m.loaded, direct), hf.run_plan(m.loaded, probed)
         assert [(c.index, c.label, c.kind, c.display_name, c.heads) for c in a.layers] == \
             [(c.index, c.label, c.kind, c.display_name, c.heads) for c in b.layers]
         for x, y in zip(a.layers, b.layers, strict=True):
@@ -445,7 +445,7 @@ def test_streamed_export_equals_the_in_memory_export(model, kind, monkeypatch, t
     plan = hf.plan_run(m.loaded, hf.RunInputs(SENTENCES, m.targets), "all",
                        hf.ModelRun(need_layers=True))
     whole = tmp_path / "whole.safetensors"
-    exporting.export(hf.run_model(m.loaded, plan), whole)
+    exporting.export(hf.run_plan(m.loaded, plan), whole)
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
     streamed = tmp_path / "streamed.safetensors"
@@ -480,7 +480,7 @@ def test_memory_budget_decides_streaming_and_block_size(model):
     assert all(layer.weights is not None for layer in full.layers)  # the default budget: whole
     budget = 4 * 2 * 4 * 16 * 4  # a quarter of it: 2 query rows per block
     plan = hf.plan_run(m.loaded, SENTENCES, "all", hf.ModelRun(memory_budget=budget))
-    streamed = hf.run_model(m.loaded, plan, hf.ModelRun(allow_stream=True, memory_budget=budget))
+    streamed = hf.run_plan(m.loaded, plan, hf.ModelRun(allow_stream=True, memory_budget=budget))
     assert memory.eager_block_bytes(budget) == budget // 4 < memory.EAGER_BLOCK_BYTES
     for a, b in zip(full.layers, streamed.layers, strict=True):
         assert_streamed_views(a, b, full.batch)

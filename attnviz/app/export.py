@@ -300,7 +300,7 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, path: Path,
     from attnviz.compute.inputs import padding_mask
     from attnviz.sources.hf.layers import cols_tokens, rows_tokens
     from attnviz.sources.hf.load import PATHS
-    from attnviz.sources.hf.run import DESCRIBED_INPUTS, memory_plan, run_model
+    from attnviz.sources.hf.run import DESCRIBED_INPUTS, memory_plan, run_plan
 
     if plan.shown is None or not memory_plan(plan, plan.how.memory_budget, keep=True).streamed \
             or any(layer.num_heads is None for layer in plan.shown):
@@ -326,7 +326,7 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, path: Path,
     with atomic_output(path) as tmp, open(tmp, "w+b") as file:
         writer = ModelExport(file, layers, small, metadata)
         check_free_space(path, writer.size)
-        run = run_model(loaded, plan, replace(plan.how, allow_stream=True, values=False),
+        run = run_plan(loaded, plan, replace(plan.how, allow_stream=True, values=False),
                         writer.rows)
         writer.metadata["causal"] = str(run.causal).lower()
         writer.finish({keys_for(c.kind, c.display_label)[1]: c.inputs for c in run.layers

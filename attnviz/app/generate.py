@@ -71,11 +71,11 @@ def run_generate(job: HeatmapRequest, spec: GenerateSpec,
         if not sentences:
             raise UsageError("no sentence given",
                              fix=f"pass one or more sentences, or {option('file')} FILE")
-        return _run_model(job, sentences, spec, report)
+        return _generate_with_model(job, sentences, spec, report)
     return _run_bundled(job, spec, sentences_for, report)
 
 
-def _run_model(job: HeatmapRequest, sentences: list[str], spec: GenerateSpec,
+def _generate_with_model(job: HeatmapRequest, sentences: list[str], spec: GenerateSpec,
                report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
     from attnviz.app.generate_stream import run_streamed, streams
     from attnviz.app.heatmap_sources import check_panels

@@ -56,7 +56,7 @@ def run_streamed(loaded: LoadedModel, request: HeatmapRequest, sentences: list[s
     from attnviz.sources.hf.generate_maps import generation_record
     from attnviz.sources.hf.inputs import Encoded
     from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run
-    from attnviz.sources.hf.run import run_model
+    from attnviz.sources.hf.run import run_plan
 
     layer, max_tokens = request.selection.layer, request.limits.max_tokens
     memory_budget, export_path = request.limits.memory_budget, request.outputs.export
@@ -87,6 +87,6 @@ def run_streamed(loaded: LoadedModel, request: HeatmapRequest, sentences: list[s
     if export_path is not None:
         run = run_model_exporting(loaded, plan, export_path, record.export_metadata())
     if run is None:
-        run = run_model(loaded, plan)
+        run = run_plan(loaded, plan)
     run.notes.append(f"generation: {record.method}")
     return run, record

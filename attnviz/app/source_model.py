@@ -86,7 +86,7 @@ class HfModel:
             exported = run_model_exporting(loaded, plan, export)
             if exported is not None:
                 return Ran(exported)
-        attention_run = hf.run_model(loaded, plan)
+        attention_run = hf.run_plan(loaded, plan)
         if ablate is None:
             return Ran(attention_run)
         from attnviz.app.ablate import ablate_hf

@@ -1,6 +1,6 @@
 """Real pretrained models through Hugging Face transformers: load offline, capture, verify.
 
-`run_model` runs the model's own forward pass once through `attnviz.sources.capture`: the layers
+`run_plan` runs the model's own forward pass once through `attnviz.sources.capture`: the layers
 shown go through their module's own eager attention (in blocks of query rows under a memory
 budget), the others through sdpa; models whose modeling file does not use transformers'
 attention interface return their maps through `output_attentions` instead. Nothing here depends
@@ -48,7 +48,7 @@ from attnviz.sources.hf.load import (
     require_transformers,
     resolve_folder,
 )
-from attnviz.sources.hf.run import run_model
+from attnviz.sources.hf.run import run_plan
 from attnviz.sources.hf.verify import (
     VerifyResult,
     call_of,
@@ -63,5 +63,5 @@ __all__ = ["DTYPES", "PATHS", "STACK_OF", "TOLERANCE", "Encoded",
            "load_weights",
            "open_model", "Plan", "Prepared", "VerifyResult", "call_of", "load_model",
            "model_layers", "module_of", "parameter_of", "plan_run", "prepare", "probe",
-           "recompute_supported", "require_transformers", "resolve_folder", "run_model",
+           "recompute_supported", "require_transformers", "resolve_folder", "run_plan",
            "select", "verify_layer"]

@@ -129,7 +129,7 @@ class Plan:
     shown: list[ModelLayer] | None
     indices: list[int] | None = None
     spec: str | None = None
-    how: ModelRun = ModelRun()  # how `run_model` runs it, unless told otherwise
+    how: ModelRun = ModelRun()  # how `run_plan` runs it, unless told otherwise
 
 
 def plan_run(loaded: LoadedModel, text: RunInputs | list[str], layer: str | None = None,

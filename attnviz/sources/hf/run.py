@@ -44,7 +44,7 @@ class _Setup:
     planned: memory.MemoryPlan  # streamed or whole, and the eager blocks' size
 
 
-def run_model(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
+def run_plan(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
               export_rows: ExportRows | None = None) -> AttentionRun:
     """The model's own attention weights (and attention inputs) of the layers the plan shows,
     run as `how` says (None: as planned, `plan.how`).

@@ -20,7 +20,7 @@ from attnviz.errors import (
 from attnviz.sources import capture
 from attnviz.sources.hf.layers import ModelLayer, ModelRun, Plan, RunInputs, plan_run
 from attnviz.sources.hf.load import TOLERANCE, LoadedModel
-from attnviz.sources.hf.run import run_model
+from attnviz.sources.hf.run import run_plan
 
 # --- finding attnviz's layer in the model ------------------------------------------------------
 
@@ -117,7 +117,7 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
                          fix=f"the ablation proof (split {option('verify')}) needs no "
                              "per-family math")
     if run is None or all(c.index != call.index for c in run.layers):
-        run = run_model(loaded, Plan(plan.prepared, plan.layers, [call]))
+        run = run_plan(loaded, Plan(plan.prepared, plan.layers, [call]))
     captured = run.layer(call.index)
     if captured.inputs is None or captured.weights is None:
         raise CheckFailed(f"the input of {printable(call.display_name)!r} was not captured",
