@@ -27,6 +27,24 @@ SAMPLES = ROOT / "sample_weights"
 BUNDLED = ROOT / "attnviz" / "data" / "induction.safetensors"  # package data: the default model
 
 
+def torch_loads_pickles() -> bool:
+    """Whether attnviz opens torch pickles here: it refuses them below torch 2.10 (pickles.py's
+    MIN_TORCH_FOR_PICKLES), which CI's core-floor job (torch 2.1) runs. Read from the installed
+    metadata, as the check parses torch.__version__, so collecting does not import torch."""
+    from importlib.metadata import version
+
+    from attnviz.load.pickles import MIN_TORCH_FOR_PICKLES
+
+    release = version("torch").split("+")[0].split(".")[:2]
+    return tuple(int(part) for part in release) >= MIN_TORCH_FOR_PICKLES
+
+
+# Tests that open a torch pickle: below torch 2.10 attnviz refuses it by design, and
+# test_errors.py's test_old_torch_refuses_pickles checks that refusal instead.
+needs_safe_pickles = pytest.mark.skipif(
+    not torch_loads_pickles(), reason="attnviz refuses torch pickles below torch 2.10")
+
+
 class LazyModule:
     """A module imported on first attribute access, so that collecting the tests does not pay
     for transformers (seconds) when only a few of them run."""

@@ -210,3 +210,21 @@ def test_library_messages_use_errors_option_for_every_option_name():
                  if path.name != "errors.py"  # where option() writes the marker
                  for text in typed_markers(path.read_text())]
     assert offenders == []
+
+
+@pytest.mark.parametrize("torch_version", ["2.9.1", None])  # None: the installed torch
+def test_old_torch_refuses_pickles(cli, tmp_path, monkeypatch, torch_version):
+    """Below torch 2.10 a pickle checkpoint is refused in one line naming both versions. Faked
+    on a newer torch; the installed one at CI's core-floor job (torch 2.1), where it is real."""
+    import torch
+    from conftest import assert_clean_error, torch_loads_pickles
+
+    path = tmp_path / "mha.pt"
+    torch.save(torch.nn.MultiheadAttention(8, 2).state_dict(), path)
+    if torch_version is not None:
+        monkeypatch.setattr(torch, "__version__", torch_version)
+    elif torch_loads_pickles():  # the control: a torch >= 2.10 opens the same file
+        assert cli("inspect", path, "-H", "2").exit_code == 0
+        return
+    assert_clean_error(cli("inspect", path, "-H", "2"), 1,
+                       "needs torch >= 2.10, this is 2.", "convert the checkpoint to .safetensors")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SAMPLES, assert_clean_error, colored_runs, read_image
+from conftest import SAMPLES, assert_clean_error, colored_runs, needs_safe_pickles, read_image
 from safetensors import safe_open
 
 from attnviz.compute.attention import layer_attention
@@ -95,6 +95,17 @@ def _gqa_layer(E=32, H=4, H_kv=2, d=12, seed=0):
     return layer, store, tensors
 
 
+def _sdpa_gqa(q, k, v, allowed):
+    """torch's own attention over grouped kv heads: query head h reads kv head h // (H / H_kv).
+    enable_gqa does that mapping inside torch >= 2.5; older torch (the declared floor is 2.1) gets
+    each kv head repeated beside its query heads, the same computation spelled out."""
+    if torch.__version__ >= "2.5":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
 @pytest.mark.parametrize("H,H_kv,d", [(4, 2, 12), (4, 1, 8), (6, 3, 4), (2, 2, 24)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gqa_and_non_square_layers_agree_with_sdpa(H, H_kv, d, causal):
@@ -111,7 +122,7 @@ def test_gqa_and_non_square_layers_agree_with_sdpa(H, H_kv, d, causal):
     allowed = ~pad[:, None, None, :]
     if causal:
         allowed = allowed & torch.ones(L, L, dtype=torch.bool).tril()
-    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    ctx = _sdpa_gqa(q, k, v, allowed)
     expected = ctx.transpose(1, 2).reshape(B, L, H * d) @ t["o.weight"].T
     for b, n in enumerate(batch.lengths):
         torch.testing.assert_close(out[b, :n], expected[b, :n], atol=1e-5, rtol=1e-5)
@@ -187,6 +198,7 @@ def test_json_has_tokens_and_stats(cli):
     assert {"entropy", "induction", "label"} <= set(doc["head_stats"][0])
 
 
+@needs_safe_pickles
 def test_checkpoint_layer_heatmap(cli, tmp_path):
     path = tmp_path / "enc.pt"
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from conftest import assert_clean_error, needs_safe_pickles
 from safetensors.torch import save_file
 
 
@@ -47,7 +47,7 @@ def test_inventory_json_is_exact(cli, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+@pytest.mark.parametrize("fmt", ["safetensors", pytest.param("pt", marks=needs_safe_pickles)])
 def test_head_norms_equal_torch(cli, tmp_path, dtype, fmt):
     mha, state, st, pt = _mha_files(tmp_path, dtype)
     doc = _json(cli, st if fmt == "safetensors" else pt, "-H", "4", "--layer", "0")
@@ -75,6 +75,7 @@ def test_non_finite_values_are_reported(cli, tmp_path):
     assert_clean_error(cli("split", "--weights", st), 1, "non-finite")
 
 
+@needs_safe_pickles
 def test_unknown_heads_are_listed_not_guessed(cli, tmp_path):
     path = tmp_path / "enc.pt"
     torch.save(torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32), 3,
@@ -90,6 +91,7 @@ def test_unknown_heads_are_listed_not_guessed(cli, tmp_path):
     assert_clean_error(cli("inspect", path, "--layer", "7", "-H", "2"), 2, "out of range")
 
 
+@needs_safe_pickles
 def test_wrapper_prefixes_and_nesting(cli, tmp_path):
     state = torch.nn.MultiheadAttention(8, 2).state_dict()
     path = tmp_path / "wrapped.pt"
@@ -99,6 +101,7 @@ def test_wrapper_prefixes_and_nesting(cli, tmp_path):
     assert [layer["name"] for layer in doc["layers"]] == [""]
 
 
+@needs_safe_pickles
 def test_decoder_layer_self_and_cross_attention(cli, tmp_path):
     path = tmp_path / "dec.pt"
     torch.save(torch.nn.TransformerDecoderLayer(16, 4, 32).state_dict(), path)

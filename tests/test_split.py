@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import needs_safe_pickles
 
 from attnviz.compute.forward import load_weights, per_head_forward, reshaped_forward
 from attnviz.compute.split import PROOF_TOLERANCE, make_report, prove_split, split_projections
@@ -222,6 +223,7 @@ def test_bad_arguments(cli, args, code, fragment, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@needs_safe_pickles
 def test_checkpoint_without_head_count_asks_for_it(cli, tmp_path):
     from conftest import assert_clean_error
 

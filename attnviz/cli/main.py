@@ -160,6 +160,9 @@ app = typer.Typer(
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    # typer's default, spelled out: before 0.20.1 typer kept the default's placeholder instead
+    # of "rich", so help text was not read as markup (`attnviz\\[hf]` showed its backslash).
+    rich_markup_mode="rich",
 )
 
 

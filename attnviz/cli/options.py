@@ -17,8 +17,11 @@ if TYPE_CHECKING:
 
 def _hide_flag_types() -> None:
     """--help shows a type beside each option (<path>, <int>); for an on/off flag `<bool>` only
-    suggests it takes a value, so flags show none (typer has no setting for this)."""
+    suggests it takes a value, so flags show none (typer has no setting for this). Typer before
+    display_type_rich already left a flag's BOOLEAN out of --help, so there is nothing to hide."""
     option = typer.core.TyperOption
+    if not hasattr(option, "display_type_rich"):
+        return
     shown = option.display_type_rich
 
     def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:

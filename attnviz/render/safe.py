@@ -55,6 +55,15 @@ class SafeConsole(Console):
         os.dup2(devnull, sys.stdout.fileno())
         raise SystemExit(0)
 
+    if not hasattr(Console, "on_broken_pipe"):
+        # rich < 13.8 has no on_broken_pipe hook: its BrokenPipeError reaches typer, which exits
+        # 1. The same hook, called where rich >= 13.8 calls it.
+        def _check_buffer(self) -> None:
+            try:
+                super()._check_buffer()
+            except BrokenPipeError:
+                self.on_broken_pipe()
+
     def render(self, renderable: RenderableType,
                options: ConsoleOptions | None = None) -> Iterable[Segment]:
         if self._checking:
