@@ -130,6 +130,19 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> subprocess.Completed
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int]:
+    """Patch owner.name to count its calls (one entry per call) and still do its work."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def side_by_side(*procs: subprocess.Popen, timeout: float = 600
                  ) -> list[subprocess.CompletedProcess]:
     """Wait for processes started together (independent runs, e.g. a run and its negative

@@ -10,6 +10,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import count_calls
 from test_long import CASES, TEXTS, _mismatch
 
 from attnviz.app import heatmap as heatmap_mod
@@ -313,26 +314,13 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
     assert not any("long input" in note for note in kept.notes)
 
 
-def _counting_cell_sums(monkeypatch) -> list[int]:
-    """Count the blocks reduced to display cells."""
-    calls: list[int] = []
-    real = streaming.cell_sums
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(streaming, "cell_sums", counted)
-    return calls
-
-
 def test_statistics_alone_skip_the_display_views(monkeypatch):
     """Outputs(views=False) (no output shows a map): a streamed layer reduces no block to
     display cells and keeps no view, and its statistics equal a run that keeps views; the
     run that keeps them does reduce blocks (the control of the count)."""
     from attnviz.core.request import HeatmapRequest, RandomSpec
 
-    calls = _counting_cell_sums(monkeypatch)
+    calls = count_calls(monkeypatch, streaming, "cell_sums")  # blocks reduced to cells
     batch = _batch(700, 2)
     build = HeatmapRequest.build
     spec = RandomSpec(embed_dim=32, num_heads=4)
@@ -349,7 +337,7 @@ def test_model_overview_builds_no_views_unless_an_output_shows_maps(cli, zoo_mod
     """The default `--model` overview of a long input reduces no block to display cells; the
     same run with --out does (the control), and both print the same overview."""
     folder = _long_llama(zoo_model, tmp_path).folder
-    calls = _counting_cell_sums(monkeypatch)
+    calls = count_calls(monkeypatch, streaming, "cell_sums")  # blocks reduced to cells
     words = " ".join(["the", "cat", "sat"] * 200)
     plain = cli("heatmap", "--model", str(folder), words, "--max-tokens", "4000", "--json")
     assert plain.exit_code == 0, plain.output

@@ -16,7 +16,7 @@ from attnviz.core.request import (
     RandomSpec,
     SourceSpec,
 )
-from tests.conftest import assert_clean_error
+from tests.conftest import assert_clean_error, count_calls
 
 DISTILBERT = "sample_weights/models/distilbert-tiny-model"  # 2 layers × 4 heads
 
@@ -104,15 +104,7 @@ def probes(monkeypatch):
     pytest.importorskip("transformers")
     from attnviz.sources.hf import layers
 
-    calls: list[int] = []
-    real = layers.probe
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(layers, "probe", counted)
-    return calls
+    return count_calls(monkeypatch, layers, "probe")
 
 
 @pytest.mark.hf
