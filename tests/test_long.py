@@ -151,6 +151,59 @@ def test_add_rows_takes_blocks_from_any_producer(monkeypatch, with_scores):
         assert worst_map <= 1e-6 and worst_stat <= 1e-6
 
 
+def _causal_maps(heads: int, n: int, seed: int = 0) -> torch.Tensor:
+    """Softmax rows over each query's own and earlier keys: (heads, n, n), 0 after the query."""
+    scores = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(seed))
+    return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf).softmax(-1)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 9])
+def test_reducer_measures_weight_after_each_query(rows):
+    """row_terms' `later` term is each row's weight on keys after its query, beside the block
+    and right of it (blocks cut to the keys they see, or given every key); MapReducer says a
+    causal map sees no later key, and one tiny weight above the diagonal (the control) is
+    seen."""
+    from attnviz.compute.row_stats import ROW_TERMS, row_terms, sentence_patterns
+
+    tokens = [f"t{i % 4}" for i in range(9)]
+    maps = _causal_maps(3, 9)
+    leaky = maps.clone()
+    leaky[1, 5, 7] = 1e-30
+    patterns = sentence_patterns(tuple(tokens))
+    for attn, expected in ((maps, False), (leaky, True)):
+        narrow = streaming.MapReducer(0, [tokens], extra_keys=0, views=False)
+        wide = streaming.MapReducer(0, [tokens], extra_keys=0, views=False)
+        for start in range(0, 9, rows):
+            stop = min(9, start + rows)
+            block = attn[:, start:stop]
+            later = row_terms(block, start, 9, patterns)[ROW_TERMS.index("later")]
+            own = torch.ones(stop - start, 9, dtype=torch.bool).triu(start + 1)
+            torch.testing.assert_close(later, (block * own).sum(-1), rtol=0, atol=0)
+            wide.add_rows(0, 0, start, block)
+            keys = stop if not expected else 9  # the leaky row's key 7 must stay in its block
+            narrow.add_rows(0, 0, start, block[..., :keys])
+        assert narrow.sees_later_keys is expected and wide.sees_later_keys is expected
+
+
+def test_xlogx_rows_equals_xlogy():
+    """The entropy's Σ a ln a per row equals torch.special.xlogy's on weights with exact zeros
+    and subnormals, to float32 rounding (float64 reference); a negative weight gives NaN. The
+    control: the logarithm of max(a, 1e-3) is caught by the same tolerance."""
+    from attnviz.compute.stats import xlogx_rows
+
+    maps = _causal_maps(4, 50, seed=1)
+    maps[0, 10, :3] = torch.tensor([1e-40, 1e-44, 0.0])  # subnormal weights, then an exact 0
+    reference = torch.special.xlogy(maps.double(), maps.double()).sum(-1)
+    ours = xlogx_rows(maps)
+    torch.testing.assert_close(ours.double(), reference, rtol=1e-6, atol=1e-6)
+    wrong = maps.clamp_min(1e-3).log().mul(maps).sum(-1)
+    assert float((wrong.double() - reference).abs().max()) > 1e-6
+    signed = maps.clone()
+    signed[2, 30, 0] = -0.01
+    out = xlogx_rows(signed)
+    assert bool(out[2, 30].isnan()) and int(out.isnan().sum()) == 1
+
+
 def test_add_rows_refuses_blocks_that_do_not_fit():
     reducer = streaming.MapReducer(0, [["a", "b", "c"]], extra_keys=0)
     with pytest.raises(ValueError, match="does not fit"):

@@ -335,6 +335,21 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
     assert [layer.inputs is None for layer in streamed.layers] == [True, False]
 
 
+@pytest.mark.parametrize(("kind", "causal"), [("llama", True), ("bert", False)])
+def test_streamed_run_measures_causality(model, monkeypatch, kind, causal):
+    """A streamed layer's `causal` is measured by its reducer (the weight each block puts on
+    keys after its queries), not assumed: True for a decoder, False for an encoder (whose
+    self-attention layers start out presumed causal), as on the whole maps."""
+    m = model(kind)
+    full = run(m, SENTENCES)
+    monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
+    monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
+    streamed = run(m, SENTENCES, allow_stream=True)
+    assert all(layer.weights is None for layer in streamed.layers)
+    assert [layer.causal for layer in streamed.layers] == [causal] * len(full.layers)
+    assert [layer.causal for layer in full.layers] == [causal] * len(full.layers)
+
+
 def test_blocks_of_query_rows_equal_whole_maps(model, monkeypatch):
     m = model("phi3")  # left padding, grouped-query
     whole = run(m, SENTENCES)
@@ -392,6 +407,35 @@ def test_keys_seen_shortens_only_what_it_can_prove():
     padded[..., 0, :] = low  # a row that sees no key: its softmax spreads over every key
     assert keys_seen(padded, 6, ()) == 6
     assert keys_seen(torch.zeros(1, 1, 2, 6), 6, ()) == 6  # control: every key seen
+
+
+def test_keys_seen_is_worked_out_once_per_mask_and_block(monkeypatch):
+    """A model hands every layer one mask object: its blocks' keys_seen are worked out once,
+    and again when the mask changes in place or another mask comes; arguments over the keys
+    are checked on every call, and an inference tensor (no version counter) is never
+    cached."""
+    from types import SimpleNamespace
+
+    from attnviz.sources import capture_eager
+
+    real, calls = capture_eager.keys_seen, []
+    monkeypatch.setattr(capture_eager, "keys_seen",
+                        lambda *args: calls.append(1) or real(*args))
+    session = capture_eager.Session(SimpleNamespace(config=SimpleNamespace()), {}, None, None,
+                                    lambda *args: None, False)
+    low = torch.finfo(torch.float32).min
+    mask = torch.triu(torch.full((6, 6), low), 1)[None, None]
+    assert session._keys_seen(mask, (1, 3, 6), 6, ()) == 3
+    assert session._keys_seen(mask, (1, 3, 6), 6, ()) == 3 and len(calls) == 1  # next layer
+    assert session._keys_seen(mask, (1, 3, 6), 6, (torch.zeros(2, 1, 6),)) == 6  # ALiBi-like
+    mask[..., 2, 4] = 0.0  # in place: query 2 now sees key 4
+    assert session._keys_seen(mask, (1, 3, 6), 6, ()) == 5
+    assert session._keys_seen(mask.clone(), (0, 1, 6), 6, ()) == 1
+    with torch.inference_mode():
+        frozen = torch.triu(torch.full((6, 6), low), 1)[None, None]
+    before = len(calls)
+    assert [session._keys_seen(frozen, (0, 2, 6), 6, ()) for _ in range(2)] == [2, 2]
+    assert len(calls) == before + 2
 
 
 def test_encoder_decoder_labels_and_grammar(model):

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnviz.compute.stats import PATTERNS, SPECIAL_RE, is_punctuation
+from attnviz.compute.stats import PATTERNS, SPECIAL_RE, is_punctuation, xlogx_rows
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-# total: Σ_j a_ij over all keys, bias_k included (a finiteness check; not a statistic)
-ROW_TERMS = ("entropy", "max_weight", "distance", *PATTERNS, "special", "total")
+# not statistics: total, Σ_j a_ij over all keys, bias_k included (a finiteness check); later,
+# Σ_{j > i} a_ij, the weight on real keys after the query (0 on every row of a causal map)
+ROW_TERMS = ("entropy", "max_weight", "distance", *PATTERNS, "special", "total", "later")
+NOT_STATISTICS = ("total", "later")
 FREQUENT_TOKENS = 8  # the most common tokens (of at least FREQUENT_MIN copies) get matmul columns
 FREQUENT_MIN = 16
 DENSE_PAIRS = 16  # a block gathers pairs of other tokens while they are < 1/16 of its entries
@@ -130,7 +132,7 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     term = dict(zip(ROW_TERMS, out, strict=True))
     if scores is None:
         top = real.amax(-1)
-        term["entropy"].sub_(torch.special.xlogy(real, real).sum(-1))  # 0 · log 0 = 0
+        term["entropy"].sub_(xlogx_rows(real))
     else:
         top, log_norm, dot = _log_normalizer(real, scores[..., :keys],
                                              None if score_max is None else
@@ -146,10 +148,12 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
     local = rows.to(torch.float32)
     stop = min(row_start + r, keys)
     beside = real[..., row_start:stop]  # (H, r, c)
-    # the keys beside the block, one product: |i - j|, 1, earlier copy, key after a copy
+    # the keys beside the block, one product: |i - j|, 1, earlier copy, key after a copy, key
+    # after the query
     near = torch.einsum("hrc,krc->khr", beside, _beside_masks(patterns, row_start, r, stop,
                                                               device))
     term["total"].copy_(sums[..., 0])
+    term["later"].copy_(sums[..., 3] + near[4])
     term["distance"].copy_(local * sums[..., 1] - sums[..., 2] + sums[..., 4] - local * sums[..., 3]
                            + near[0])
     if scores is not None:
@@ -163,13 +167,16 @@ def row_terms(attn: torch.Tensor, row_start: int, keys: int, patterns: SentenceP
 
 
 def _skinny_matmul(attn: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """attn (H, r, width) @ columns (width, c) for a few columns: (H, r, c). On a CPU through
-    numpy's BLAS, which reads a block this shape about twice as fast as torch's mm."""
+    """attn (H, r, width) @ columns (width, c) for a few columns: (H, r, c). On a CPU as
+    F.linear with the columns stored one after another, which reads a block this shape about
+    twice as fast as torch's mm. Never through numpy's BLAS: its own thread pool spins after
+    each call on the cores torch's threads need, which measured twice as slow for the eager
+    attention around it on a 2-core machine."""
     if attn.device.type != "cpu":
         return attn @ columns
     H, r, width = attn.shape
-    flat = attn.detach().numpy().reshape(H * r, width)
-    return torch.from_numpy(flat @ columns.numpy()).view(H, r, -1)
+    flat = attn.reshape(H * r, width)
+    return torch.nn.functional.linear(flat, columns.T.contiguous()).view(H, r, -1)
 
 
 def _log_normalizer(real: torch.Tensor, s: torch.Tensor,
@@ -278,29 +285,32 @@ def _block_columns(patterns: SentencePatterns, width: int, row_start: int, r: in
 
 def _beside_masks(patterns: SentencePatterns, row_start: int, r: int, stop: int,
                   device: torch.device) -> torch.Tensor:
-    """(4, r, c) float32 over the keys beside a block (c = stop - row_start): |i - j|, 1, key
-    an earlier copy of the query's token, key right after such a copy (and before the query).
-    On a CPU built with numpy (single-threaded: no parallel region per block)."""
+    """(5, r, c) float32 over the keys beside a block (c = stop - row_start): |i - j|, 1, key
+    an earlier copy of the query's token, key right after such a copy (and before the query),
+    key after the query. On a CPU built with numpy (single-threaded: no parallel region per
+    block)."""
     c = stop - row_start
     if device.type != "cpu":
         ids = patterns.token_ids[row_start:row_start + r, None]
         before = torch.ones(r, c, dtype=torch.bool, device=device).tril(-1)
         return torch.stack([_near(r, c, str(device)), torch.ones(r, c, device=device),
                             ((ids == patterns.token_ids[row_start:stop]) & before).float(),
-                            ((ids == patterns.prev_ids[row_start:stop]) & before).float()])
+                            ((ids == patterns.prev_ids[row_start:stop]) & before).float(),
+                            torch.ones(r, c, device=device).triu(1)])
     import numpy as np
 
     host_ids = patterns.host["ids"]
     prev = patterns.host["prev"]
     i = np.arange(r)[:, None]
     j = np.arange(c)[None, :]
-    masks = np.empty((4, r, c), dtype=np.float32)
+    masks = np.empty((5, r, c), dtype=np.float32)
     np.abs(i - j, out=masks[0], casting="unsafe")
     masks[1] = 1.0
     earlier = j < i
     rows = host_ids[row_start:row_start + r, None]
     np.logical_and(rows == host_ids[None, row_start:stop], earlier, out=masks[2], casting="unsafe")
     np.logical_and(rows == prev[None, row_start:stop], earlier, out=masks[3], casting="unsafe")
+    np.greater(j, i, out=masks[4], casting="unsafe")
     return torch.from_numpy(masks)
 
 

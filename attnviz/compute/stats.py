@@ -97,6 +97,17 @@ class HeadStats:
         return {**doc, "label": self.label}
 
 
+def xlogx_rows(a: torch.Tensor) -> torch.Tensor:
+    """Σ_j a_ij ln a_ij over the last axis of float32 weights (0 · ln 0 = 0), as
+    torch.special.xlogy(a, a).sum(-1) but about twice as fast on a CPU: the logarithm is taken
+    of max(a, 2⁻¹²⁶), so that it never meets a 0 or a subnormal, which the vectorized log
+    handles several times slower (and xlogy's special case for 0 slower still). A weight of 0
+    still adds 0 · ln 2⁻¹²⁶ = 0; a subnormal one (< 2⁻¹²⁶) adds at most 16 · a < 2⁻¹²² less
+    than a ln a. A row with a negative weight (not a distribution) is NaN, as under xlogy."""
+    terms = a.clamp_min(torch.finfo(a.dtype).tiny).log_().mul_(a).sum(-1)
+    return torch.where(a.amin(-1) < 0, torch.nan, terms)
+
+
 @functools.lru_cache(maxsize=8)  # streaming asks once per head for the same sentences
 def pattern_pairs(tokens: tuple[str, ...]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """(query, key) index pairs each pattern points at, for one unpadded sentence."""
@@ -154,7 +165,7 @@ def cross_sums(weights: torch.Tensor, tokens: list[list[str]],
     counts = dict.fromkeys(sums, 0)
     for b, (rows, cols) in enumerate(zip(tokens, key_tokens, strict=True)):
         a = weights[b, :, :len(rows), :len(cols)].float()  # (H, T, S) real rows and columns
-        sums["entropy"] -= torch.special.xlogy(a, a).sum((-1, -2)).double()
+        sums["entropy"] -= xlogx_rows(a).sum(-1).double()
         sums["max_weight"] += a.max(-1).values.sum(-1).double()
         sums["first"] += a[:, :, 0].sum(-1).double()
         for name in ("entropy", "max_weight", "first"):
@@ -180,8 +191,8 @@ def stat_sums(weights: torch.Tensor, tokens: list[list[str]],
         a = weights[b, :, :n, :n].float()  # (H, n, n) real queries and keys only
         if scores is None:
             top = a.amax(-1)  # (H, n)
-            # 0 · log 0 = 0; head by head: an (n, n) temporary, not (H, n, n)
-            sums["entropy"] -= torch.stack([torch.special.xlogy(m, m).sum() for m in a]).double()
+            # head by head: (n, n) temporaries, not (H, n, n)
+            sums["entropy"] -= torch.stack([xlogx_rows(m).sum() for m in a]).double()
         else:
             top, top_index = a.max(-1)  # (H, n)
             s = scores[b, :, :n, :n].float()

@@ -28,6 +28,7 @@ from attnviz.compute.cells import BlockSpan, ColumnPlans, cell_sums
 from attnviz.compute.maps import MAX_VIEW_HEADS
 from attnviz.compute.results import LayerAttention, StreamedMaps
 from attnviz.compute.row_stats import (
+    NOT_STATISTICS,
     ROW_TERMS,
     SentencePatterns,
     row_terms,
@@ -101,6 +102,9 @@ class MapReducer:
                                                    torch.Tensor]] = {}
         self._template: MapView | None = None  # the latest sentence's view, for its labels
         self._non_finite = False
+        # whether a block put weight on a real key after its query (weights ≥ 0, as a
+        # softmax's: their sum over those keys is 0 only when each of them is)
+        self.sees_later_keys = False
 
     def add(self, sentence: int, first_head: int, attn: torch.Tensor,
             scores: torch.Tensor | None = None) -> None:
@@ -139,6 +143,8 @@ class MapReducer:
                              f"does not fit a sentence of {n} tokens")
         patterns = self._sentence_patterns(sentence, attn.device)
         terms = row_terms(attn, row_start, keys, patterns, scores, score_max)
+        if not self.sees_later_keys:
+            self.sees_later_keys = bool(terms[ROW_TERMS.index("later")].ne(0).any())
         parts = [self._open.get((sentence, first_head + j))
                  or self._start(sentence, first_head + j, attn.device) for j in range(heads)]
         stop = row_start + r
@@ -201,7 +207,7 @@ class MapReducer:
             self._non_finite = True
         counts = self._patterns[(sentence, str(part.terms.device))].counts
         sums = {name: terms[i].sum().reshape(1) for i, name in enumerate(ROW_TERMS)
-                if name != "total"}
+                if name not in NOT_STATISTICS}
         self._sums[head] = add_sums(self._sums.get(head),
                                     (sums, {name: counts[name] for name in sums}))
         if part.cells is None:

@@ -46,6 +46,10 @@ class Session:
         # sdpa refuses some models outright (Gemma 2's softcapping): those run eager throughout.
         self.sdpa_ok = bool(getattr(model, "_supports_sdpa", True))
         self.encoder_prefix = _encoder_prefix(model, names)
+        # a model passes one mask object to every layer: its float32 copy and the keys each
+        # block of it sees are worked out once (for the latest mask only, which stays alive)
+        self._mask_float: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        self._mask_seen: tuple[torch.Tensor, int, dict[tuple[int, int], int]] | None = None
 
     def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask: torch.Tensor | None, args: tuple, kwargs: dict) -> tuple[torch.Tensor, None]:
@@ -68,7 +72,7 @@ class Session:
             if _upcast(query):
                 layer.upcast_from = str(query.dtype).removeprefix("torch.")
                 output = self._blocks(index, module, (query.float(), key.float(), value.float()),
-                                      _float(mask), args,
+                                      self._float_mask(mask), args,
                                       {k: _float(v) for k, v in kwargs.items()})
                 return output.to(query.dtype), None
             return self._blocks(index, module, (query, key, value), mask, args, kwargs), None
@@ -104,8 +108,8 @@ class Session:
             stop = min(length, start + rows)
             block_mask = _query_rows(mask, start, stop, length)
             block_kwargs = {k: _query_rows(v, start, stop, length) for k, v in kwargs.items()}
-            seen = keys_seen(block_mask, total, (*args, *block_kwargs.values())) if narrow \
-                else total
+            seen = self._keys_seen(mask, (start, stop, length), total,
+                                   (*args, *block_kwargs.values())) if narrow else total
             block_key, block_value = key, value
             if seen < total:  # a causal block: only the keys its queries see
                 block_key, block_value = key[:, :, :seen], value[:, :, :seen]
@@ -123,6 +127,33 @@ class Session:
             self.sink(index, start, weights)  # (B, H, rows, S), or (…, seen) for a narrow sink
             outputs.append(output)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H, d)
+
+
+    def _float_mask(self, mask: Any) -> Any:
+        """_float(mask), once per mask object (and version)."""
+        version = _version(mask)
+        if version is None:
+            return _float(mask)
+        cached = self._mask_float
+        if cached is None or cached[0] is not mask or cached[1] != version:
+            cached = self._mask_float = (mask, version, _float(mask))
+        return cached[2]
+
+    def _keys_seen(self, mask: Any, rows: tuple[int, int, int], total: int,
+                   extras: Iterable[Any]) -> int:
+        """keys_seen of the mask's query rows start:stop (of `length`), the mask's part
+        worked out once per mask object (and version) and block."""
+        start, stop, length = rows
+        version = _version(mask)
+        if version is None or not plain_key_extras(extras, total):
+            return keys_seen(_query_rows(mask, start, stop, length), total, extras)
+        cached = self._mask_seen
+        if cached is None or cached[0] is not mask or cached[1] != version:
+            cached = self._mask_seen = (mask, version, {})
+        block = (start, stop)
+        if block not in cached[2]:
+            cached[2][block] = keys_seen(_query_rows(mask, start, stop, length), total, ())
+        return cached[2][block]
 
 
 def attention_function(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -217,18 +248,29 @@ def keys_seen(mask: Any, total: int, extras: Iterable[Any]) -> int:
     over every key), or another argument of three or more axes over the keys that is not a
     per-query 4-D tensor (an ALiBi bias of shape (B·H, 1, S))."""
     if not (isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[-1] == total
-            and mask.is_floating_point()):
+            and mask.is_floating_point() and plain_key_extras(extras, total)):
         return total
-    for extra in extras:
-        if isinstance(extra, torch.Tensor) and extra.ndim >= 3 and total in extra.shape and \
-                not (extra.ndim == 4 and extra.shape[-1] == total):
-            return total
     # transformers masks a key with the dtype's most negative value: exp() of it is 0
     visible = mask > torch.finfo(mask.dtype).min / 2  # (B|1, H|1, rows, S)
     if not bool(visible.any(-1).all()):
         return total
     columns = visible.flatten(0, 2).any(0).nonzero()
     return int(columns.max()) + 1
+
+
+def _version(value: Any) -> int | None:
+    """A tensor's in-place version counter (None: not a tensor, or an inference tensor, which
+    has none)."""
+    if not isinstance(value, torch.Tensor) or value.is_inference():
+        return None
+    return int(value._version)
+
+
+def plain_key_extras(extras: Iterable[Any], total: int) -> bool:
+    """No argument of three or more axes over the keys but per-query 4-D ones (which blocks cut
+    to the keys they see)."""
+    return not any(isinstance(extra, torch.Tensor) and extra.ndim >= 3 and total in extra.shape
+                   and not (extra.ndim == 4 and extra.shape[-1] == total) for extra in extras)
 
 
 def _key_columns(value: Any, total: int, seen: int) -> Any:
