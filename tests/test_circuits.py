@@ -188,14 +188,14 @@ def test_baseline_is_computed():
     from attnviz.compute.circuits import random_score
 
     for kind in ("Q", "K", "V"):
-        ours = random_score(kind, (12, 12), (12, 12), 3, 4, draws=3, seed=7)
+        ours = random_score(kind, ((12, 12), 3), ((12, 12), 4), draws=3, seed=7)
         gen, total = torch.Generator().manual_seed(7), 0.0
         for _ in range(3):
             L_b, R_b = (torch.randn(12, 3, generator=gen, dtype=torch.float64) for _ in "ab")
             L_a, R_a = (torch.randn(12, 4, generator=gen, dtype=torch.float64) for _ in "ab")
             total += dense_score(kind, L_b @ R_b.T, L_a @ R_a.T)
         assert rel(ours, total / 3) <= RTOL
-        assert rel(random_score(kind, (12, 12), (12, 12), 3, 4, draws=3, seed=8), ours) > 1e-3
+        assert rel(random_score(kind, ((12, 12), 3), ((12, 12), 4), draws=3, seed=8), ours) > 1e-3
 
 
 def test_rank_deficient_head(tmp_path):

@@ -283,17 +283,22 @@ def _baselines(kind: str, later: LayerFactors, earlier: LayerFactors) -> torch.T
     table = torch.empty(later.num_heads, earlier.num_heads, dtype=torch.float64)
     for i, r_b in enumerate(ranks_b):
         for j, r_a in enumerate(earlier.ov_rank):
-            table[i, j] = random_score(kind, shape_b, (out_a, vdim_a), r_b, r_a)
+            table[i, j] = random_score(kind, (shape_b, r_b), ((out_a, vdim_a), r_a))
     return table
 
 
 _BASELINE_CACHE: dict[tuple[object, ...], float] = {}
 
 
-def random_score(kind: str, shape_b: tuple[int, int], shape_a: tuple[int, int], rank_b: int,
-                 rank_a: int, draws: int = BASELINE_DRAWS, seed: int = BASELINE_SEED) -> float:
+# a random circuit's (shape, rank): a Gaussian matrix of that shape and rank
+CircuitShape = tuple[tuple[int, int], int]
+
+
+def random_score(kind: str, later: CircuitShape, earlier: CircuitShape,
+                 draws: int = BASELINE_DRAWS, seed: int = BASELINE_SEED) -> float:
     """The mean composition score of `draws` random pairs: the later circuit a Gaussian
     (shape_b, rank rank_b) matrix G1 G2ᵀ, the earlier one (shape_a, rank_a) G3 G4ᵀ, seeded."""
+    (shape_b, rank_b), (shape_a, rank_a) = later, earlier
     key = (kind, shape_b, shape_a, rank_b, rank_a, draws, seed)
     if key in _BASELINE_CACHE:
         return _BASELINE_CACHE[key]

@@ -158,8 +158,7 @@ def _build(store: TensorStore, row: Convention, prefix: str,
     storage = row.storage.replace("{out}", o_name.removesuffix(".weight")).replace(
         "{module}", module_name(prefix))
     if fused:
-        resolved = _fused_heads(store, row, prefix, ctx, fused[0].removesuffix(".weight"),
-                                packing, heads, hints, o_weight)
+        resolved = _fused_heads(store, row, ctx, packing, (heads, hints), o_weight)
         if isinstance(resolved, Unresolved):
             return resolved
         heads, shape_heads, described = resolved
@@ -181,12 +180,16 @@ def _build(store: TensorStore, row: Convention, prefix: str,
     return describe(layer, store, ctx, row, (*ctx.notes, *count_notes))
 
 
-def _fused_heads(store: TensorStore, row: Convention, prefix: str, ctx: Context, name: str,
-                 packing: model_types.Packing | None, heads: HeadHints, hints: HeadHints,
+def _fused_heads(store: TensorStore, row: Convention, ctx: Context,
+                 packing: model_types.Packing | None, counts: tuple[HeadHints, HeadHints],
                  o_weight: TensorRef
                  ) -> tuple[HeadHints, tuple[int, int, int] | None, str] | Unresolved:
-    """For a tensor `name` that fuses q, k and v: (head hints, the head counts its packing
-    needs or None, how it is stored), or why its rows cannot be told apart."""
+    """For the row's first tensor that fuses q, k and v: (head hints, the head counts its
+    packing needs or None, how it is stored), or why its rows cannot be told apart. counts:
+    (the head hints found so far, the command line's)."""
+    heads, hints = counts
+    prefix = ctx.prefix
+    name = next(key for key, held in row.weights if len(held) > 1).removesuffix(".weight")
     if packing is None:
         return _unresolved(store, row, prefix, ctx.family, row.ambiguous or (
             f"{name} fuses q, k and v, and attnviz does not know how model_type "

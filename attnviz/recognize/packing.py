@@ -8,6 +8,8 @@ one group per head; Falcon's new architecture one per kv group; CodeGen four, or
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from attnviz.core.layer import TensorRef
 from attnviz.errors import LayoutError, printable
 from attnviz.recognize.model_types import Packing
@@ -32,13 +34,20 @@ def split_groups(whole: TensorRef, order: str, groups: int, sizes: dict[str, int
     return {part: whole.take(tuple(spans)) for part, spans in ranges.items()}
 
 
-def split_packed(whole: TensorRef, parts: str, packing: Packing, heads: tuple[int, int, int] | None,
-                 storage: str, source: str, square: int | None = None) -> dict[str, TensorRef]:
-    """Each of `parts` (e.g. "qkv", "kv") of a fused tensor laid out as `packing` says.
+@dataclass(frozen=True)
+class PackedLayout:
+    """How a fused tensor's rows hold its parts."""
 
-    heads: (H, H_kv, d), needed when the packing depends on them (`packing.needs_heads`);
-    square: the input width, when each part must be exactly that tall (nn.MHA, GPT-2's Conv1D).
-    """
+    packing: Packing
+    heads: tuple[int, int, int] | None = None  # (H, H_kv, d): when `packing.needs_heads`
+    square: int | None = None  # the input width, when each part must be exactly that tall
+    #                            (nn.MHA, GPT-2's Conv1D)
+
+
+def split_packed(whole: TensorRef, parts: str, layout: PackedLayout, storage: str,
+                 source: str) -> dict[str, TensorRef]:
+    """Each of `parts` (e.g. "qkv", "kv") of a fused tensor laid out as `layout` says."""
+    packing, heads, square = layout.packing, layout.heads, layout.square
     order = "".join(part for part in packing.order if part in parts)
     rows = whole.shape[0]
     shape = _fmt(whole.stored_shape) + (" stored (in, out)" if whole.transposed else "")
@@ -69,7 +78,8 @@ def grouped(fused: TensorRef, num_heads: int, num_kv: int, head_dim: int, storag
     """q, k, v references into rows laid out as (H_kv, H/H_kv + 2, d), in head order."""
     from attnviz.recognize.model_types import PER_GROUP
 
-    parts = split_packed(fused, "qkv", PER_GROUP, (num_heads, num_kv, head_dim), storage, source)
+    parts = split_packed(fused, "qkv", PackedLayout(PER_GROUP, (num_heads, num_kv, head_dim)),
+                         storage, source)
     return parts["q"], parts["k"], parts["v"]
 
 

@@ -12,7 +12,7 @@ from attnviz.errors import HeadCountError, LayoutError, option, printable
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import HeadHints, optional_ref
 from attnviz.recognize.conventions import Convention
-from attnviz.recognize.packing import split_packed
+from attnviz.recognize.packing import PackedLayout, split_packed
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,13 @@ class Splitter:
     source: str
 
     def __call__(self, whole: TensorRef, held: str, square: int | None) -> dict[str, TensorRef]:
-        return _split(whole, held, self.packing or model_types.THIRDS, self.shape_heads,
-                      self.storage, self.row, self.source, square)
+        layout = PackedLayout(self.packing or model_types.THIRDS, self.shape_heads, square)
+        try:
+            return split_packed(whole, held, layout, self.storage, self.source)
+        except LayoutError as error:
+            if self.row.fix and not error.fix:
+                error.fix = self.row.fix
+            raise
 
 
 def weight_parts(weights: dict[str, TensorRef], row: Convention,
@@ -80,17 +85,6 @@ def packed_heads(heads: HeadHints, hints: HeadHints, packing: model_types.Packin
                               where=source)
         d = columns // H
     return H, kv, d
-
-
-def _split(whole: TensorRef, held: str, packing: model_types.Packing,
-           shape_heads: tuple[int, int, int] | None, storage: str, row: Convention, source: str,
-           square: int | None) -> dict[str, TensorRef]:
-    try:
-        return split_packed(whole, held, packing, shape_heads, storage, source, square)
-    except LayoutError as error:
-        if row.fix and not error.fix:
-            error.fix = row.fix
-        raise
 
 
 def _check_square(whole: TensorRef, square: int | None, storage: str, row: Convention,

@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 from attnviz.compute.inputs import DEFAULT_MAX_TOKENS
-from attnviz.compute.results import AttentionRun
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import (
     CheckFailed,
@@ -98,12 +97,11 @@ def recompute_supported(loaded: LoadedModel, call: ModelLayer) -> str | None:
 
 def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str], *,
                  described: AttentionLayer | None = None, plan: Plan | None = None,
-                 run: AttentionRun | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS) -> VerifyResult:
     """Recompute one layer's weights from its captured input with attnviz's slices; compare.
 
     `described` replaces attnviz's own description in the recomputation (tests use it to prove a
-    wrong slicing fails); `plan`/`run` reuse a run that captured this layer.
+    wrong slicing fails); `plan` reuses a plan (its tokens and numbered layers).
     """
     from attnviz.compute.forward import load_weights
     from attnviz.compute.positions import positions_for, recompute_weights
@@ -116,8 +114,7 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
         raise UsageError(f"the recompute proof does not apply: {reason}",
                          fix=f"the ablation proof (split {option('verify')}) needs no "
                              "per-family math")
-    if run is None or all(c.index != call.index for c in run.layers):
-        run = run_plan(loaded, Plan(plan.prepared, plan.layers, [call]))
+    run = run_plan(loaded, Plan(plan.prepared, plan.layers, [call]))
     captured = run.layer(call.index)
     if captured.inputs is None or captured.weights is None:
         raise CheckFailed(f"the input of {printable(call.display_name)!r} was not captured",
