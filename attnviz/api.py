@@ -74,16 +74,10 @@ class Heatmap(HeatmapResult):
         """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer
         (`scale` max|fixed|log, `size` the side of a panel in inches, as the CLI's options)."""
         from attnviz.app.weighting import legend
-        from attnviz.render.figure import heatmap_figure
+        from attnviz.render.generate_figure import run_figure
 
-        figure = heatmap_figure(self.views, self.title(), scale, size, dpi,
-                                legend(self.run.weighting))
-        if self.generation is not None:  # the prompt/generated boundary, the cross strip
-            from attnviz.render.generate_figure import mark_generation
-
-            mark_generation(figure, self.views, self.title(), self.run, self.generation,
-                            (size, dpi))
-        return figure
+        return run_figure(self.views, self.title(), (scale, size, dpi),
+                          legend(self.run.weighting), (self.run, self.generation))
 
     def ablation_figure(self) -> Figure:
         """The causal head scorecard (`ablate=`): a layers × heads heatmap per measure."""

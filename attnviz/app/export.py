@@ -129,7 +129,7 @@ class StreamedExport:
 
     def __init__(self, file: BinaryIO, batch: Batch, layer: AttentionLayer, source: str,
                  causal: bool, index: int = 0) -> None:
-        extra_keys = 1 if layer.bias_k is not None else 0
+        extra_keys = layer.extra_keys
         self.file, self.batch, self.heads = file, batch, layer.num_heads or 0
         self.maps_key, self.inputs_key = f"attn.{index}", f"inputs.{index}"  # as `export` names
         self.source, self.causal = source, causal

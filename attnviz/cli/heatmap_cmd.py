@@ -197,19 +197,15 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
     if files.figure is not None:
         from attnviz.app.weighting import legend
         from attnviz.cli.paths import write_figure
-        from attnviz.render.figure import heatmap_figure
 
         report(f"drawing the figure {files.figure.name}")
         job = FigureJob(result.views, result.title(), scale, size, dpi,
                         legend(result.run.weighting), files.figure)
         if worker is None or result.generation is not None or not worker.draw(job):
-            figure = heatmap_figure(job.views, job.title, scale, size, dpi, job.legend)
-            if result.generation is not None:  # --generate: the boundary, the cross strip
-                from attnviz.render.generate_figure import mark_generation
+            from attnviz.render.generate_figure import run_figure
 
-                mark_generation(figure, result.views, result.title(), result.run,
-                                result.generation, (size, dpi))
-            write_figure(figure, files.figure)
+            write_figure(run_figure(job.views, job.title, look, job.legend,
+                                    (result.run, result.generation)), files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
 

@@ -41,7 +41,7 @@ class LayerRun:
 def maps_shape(layer: AttentionLayer, batch: Batch) -> memory.MapsShape:
     """The size of a layer's maps on a padded batch, for the memory plan."""
     return memory.MapsShape(len(batch.tokens), batch.max_len, layer.num_heads or 0,
-                            1 if layer.bias_k is not None else 0)
+                            layer.extra_keys)
 
 
 def plan_for(layer: AttentionLayer, batch: Batch, run: LayerRun, one_head: bool = False
@@ -77,7 +77,7 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch,
     x, key = inputs
     device, causal = run.device, run.causal
     weights = load_weights(layer, store, device=str(device))
-    extra = 1 if weights.bias_k is not None else 0
+    extra = layer.extra_keys
     heads = layer.num_heads or 0
     plan = plan_for(layer, batch, replace(run, keep=False), one_head=sink is not None)
     reducer = MapReducer(0, batch.tokens, run.query_row, extra, run.views)

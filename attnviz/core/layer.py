@@ -50,6 +50,11 @@ class AttentionLayer:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
+    def extra_keys(self) -> int:
+        """Columns after the real keys in each of its maps: bias_k's one learned key, else 0."""
+        return 1 if self.bias_k is not None else 0
+
+    @property
     def heads_known(self) -> bool:
         return self.num_heads is not None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.render.figure import FIGURE_DPI, MASKED_COLOR, TEXT_PT, Grid
+from attnviz.render.figure import FIGURE_DPI, MASKED_COLOR, TEXT_PT, Grid, heatmap_figure
 from attnviz.render.figure_io import isolated
 from attnviz.render.figure_io import label as safe
 
@@ -18,6 +18,18 @@ if TYPE_CHECKING:
     from attnviz.sources.generate_spec import Generation
 
 BOUNDARY_COLOR = "#ff2d2d"
+
+
+def run_figure(views: list[MapView], title: str, look: tuple[str, float | None, int | None],
+               legend: str, marks: tuple[AttentionRun, Generation | None]) -> Figure:
+    """`heatmap_figure` of the views (look: scale, size, dpi), with the prompt/generated
+    boundary and the cross strip marked when marks' generation is not None (--generate)."""
+    scale, size, dpi = look
+    figure = heatmap_figure(views, title, scale, size, dpi, legend)
+    run, generation = marks
+    if generation is not None:
+        mark_generation(figure, views, title, run, generation, (size, dpi))
+    return figure
 
 
 def mark_generation(fig: Figure, views: list[MapView], title: str, run: AttentionRun,
