@@ -198,6 +198,10 @@ def test_xlogx_rows_equals_xlogy():
     torch.testing.assert_close(ours.double(), reference, rtol=1e-6, atol=1e-6)
     wrong = maps.clamp_min(1e-3).log().mul(maps).sum(-1)
     assert float((wrong.double() - reference).abs().max()) > 1e-6
+    for half in (torch.float16, torch.bfloat16):  # computed in float32, not at half's tiny
+        rounded = maps.to(half)
+        exact = torch.special.xlogy(rounded.double(), rounded.double()).sum(-1)
+        torch.testing.assert_close(xlogx_rows(rounded).double(), exact, rtol=1e-6, atol=1e-6)
     signed = maps.clone()
     signed[2, 30, 0] = -0.01
     out = xlogx_rows(signed)

@@ -104,6 +104,8 @@ def xlogx_rows(a: torch.Tensor) -> torch.Tensor:
     handles several times slower (and xlogy's special case for 0 slower still). A weight of 0
     still adds 0 · ln 2⁻¹²⁶ = 0; a subnormal one (< 2⁻¹²⁶) adds at most 16 · a < 2⁻¹²² less
     than a ln a. A row with a negative weight (not a distribution) is NaN, as under xlogy."""
+    if a.dtype not in (torch.float32, torch.float64):  # half precision's tiny is 6e-5
+        a = a.float()
     terms = a.clamp_min(torch.finfo(a.dtype).tiny).log_().mul_(a).sum(-1)
     return torch.where(a.amin(-1) < 0, torch.nan, terms)
 
