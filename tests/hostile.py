@@ -74,7 +74,6 @@ def write_named(path: Path, tensors: dict[str, torch.Tensor],
     path.write_bytes(st_bytes(json.dumps(header).encode(), data))
 
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

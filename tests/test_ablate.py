@@ -388,8 +388,6 @@ def test_hf_base_model_has_hidden_changes_only(zoo_model):
     assert result.to_json()["ablation"][0]["loss_change"] is None
 
 
-
-
 @pytest.mark.hf
 @pytest.mark.slow
 def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):

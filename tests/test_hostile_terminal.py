@@ -35,7 +35,6 @@ HOSTILE = st.lists(st.sampled_from(CONTROLS + MARKUP) | st.text(max_size=4), min
                    max_size=5).map("".join)
 
 
-
 @pytest.mark.parametrize("text", CONTROLS + MARKUP + ["\ud800", "a\nb", "x" * 5000])
 def test_printable_escapes_everything_a_terminal_interprets(text):
     shown = printable(text, None)

@@ -18,7 +18,6 @@ COPYING_LINE = ("copy: Σ Re λ / Σ |λ| over the eigenvalues of W_OV (those of
                 "−1 the opposite, near 0 neither")
 
 
-
 @dataclass
 class LayerCircuits:
     index: int  # as `attnviz inspect` numbers it

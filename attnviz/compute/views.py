@@ -37,7 +37,6 @@ class MapView:
         return f"{self.label if self.label is not None else f'L{self.layer}'} · {head}"
 
 
-
 def downsample(view: MapView, max_rows: int, max_cols: int) -> MapView:
     rows, cols = view.values.shape
     grid = display_grid(rows, cols, max_rows, max_cols)

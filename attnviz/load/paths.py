@@ -76,7 +76,6 @@ def read_capped(path: Path, limit: int, what: str) -> bytes:
     return data
 
 
-
 _OPENED: dict[str, int] = {}  # non-UTF-8 paths opened for native readers, kept open
 
 

@@ -138,7 +138,6 @@ def capture(model: Any, inputs: Mapping[str, Any], shown_layers: Iterable[int] |
     return result
 
 
-
 # --- the output_attentions path ----------------------------------------------------------------
 
 def _capture_output_attentions(model: Any, inputs: dict, shown: set[int] | None,

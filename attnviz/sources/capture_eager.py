@@ -49,7 +49,7 @@ class Session:
         # a model passes one mask object to every layer: its float32 copy and the keys each
         # block of it sees are worked out once (for the latest mask only, which stays alive)
         self._mask_float: tuple[torch.Tensor, int, torch.Tensor] | None = None
-        self._mask_seen: tuple[torch.Tensor, int, dict[tuple[int, int], int]] | None = None
+        self._mask_seen: tuple[torch.Tensor, int, dict[tuple[int, ...], int]] | None = None
 
     def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask: torch.Tensor | None, args: tuple, kwargs: dict) -> tuple[torch.Tensor, None]:
@@ -128,7 +128,6 @@ class Session:
             outputs.append(output)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H, d)
 
-
     def _float_mask(self, mask: Any) -> Any:
         """_float(mask), once per mask object (and version)."""
         version = _version(mask)
@@ -150,7 +149,7 @@ class Session:
         cached = self._mask_seen
         if cached is None or cached[0] is not mask or cached[1] != version:
             cached = self._mask_seen = (mask, version, {})
-        block = (start, stop)
+        block = (start, stop, length, total)
         if block not in cached[2]:
             cached[2][block] = keys_seen(_query_rows(mask, start, stop, length), total, ())
         return cached[2][block]

@@ -58,7 +58,6 @@ def check_config_values(config: dict[str, Any], where: str) -> None:
                               fix="fix config.json", where=where)
 
 
-
 # fields a model's forward computes with besides the weights: a value the checks above let
 # through (a tiny epsilon, a huge rope_theta, a rope_scaling factor) can still overflow
 HINT_FIELDS = POSITIVE_FIELDS | EPSILON_FIELDS | {"rope_scaling", "rope_parameters",

@@ -16,7 +16,6 @@ from attnviz.recognize.base import HeadHints
 MAX_RANDOM_DIM = 8192  # a (3E, E) float32 in_proj is 800 MB at E = 8192
 
 
-
 def check_random_spec(spec: RandomSpec) -> None:
     """Validate before torch sees the numbers (its own check is an assert, gone under -O)."""
     for flag, value in (("embed_dim", spec.embed_dim), ("num_heads", spec.num_heads),

@@ -149,7 +149,6 @@ class Collector:
         self.causal[index] = causal
 
 
-
 def _sees_later_keys(block: torch.Tensor, first: int, stop: int) -> bool:
     """Whether a block of query rows first..stop - 1 (H, r, keys) puts weight on a key after
     its own query: the keys beside the block above the diagonal, or any key after its last

@@ -96,8 +96,6 @@ def prepare(loaded: LoadedModel, sentences: list[str], targets: list[str] | None
     return prepared
 
 
-
-
 def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: int,
             what: str = "sentence", target: bool = False) -> list[dict[str, list]]:
     """Each text tokenized alone, special tokens included; limits checked before any run."""

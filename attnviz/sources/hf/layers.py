@@ -215,7 +215,6 @@ def offsets(plan: Plan, layer: ModelLayer) -> tuple[list[int], list[int]]:
     return target, target
 
 
-
 HEAD_FIELDS = ("num_attention_heads", "encoder_attention_heads", "decoder_attention_heads",
                "num_heads", "n_head", "n_heads")
 LAYER_FIELDS = ("num_hidden_layers", "encoder_layers", "decoder_layers", "num_layers",
