@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import side_by_side
 
 pytestmark = pytest.mark.slow  # each case starts attnviz processes
 
@@ -48,50 +49,79 @@ main()
 """
 
 
-def _run(tmp_path: Path, name: str, *args: str, **env: str) -> tuple[int, str, list[str]]:
-    marks = tmp_path / f"{name}.marks"
-    full = {**os.environ, "ATTNVIZ_NO_SUPERVISOR": "1", "MARKS": str(marks), **env}
-    done = subprocess.run([sys.executable, "-c", DRIVER, "heatmap", SENTENCE, *args],
-                          capture_output=True, text=True, env=full, timeout=300)
+def _start(folder: Path, name: str, *args: str, **env: str) -> subprocess.Popen:
+    full = {**os.environ, "ATTNVIZ_NO_SUPERVISOR": "1", "MARKS": str(folder / f"{name}.marks"),
+            **env}
+    return subprocess.Popen([sys.executable, "-c", DRIVER, "heatmap", SENTENCE, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full)
+
+
+def _outcome(folder: Path, name: str, done: subprocess.CompletedProcess
+             ) -> tuple[int, str, list[str]]:
+    """(exit status, stderr, what the worker did), once its worker was reaped."""
+    marks = folder / f"{name}.marks"
     lines = marks.read_text().splitlines() if marks.exists() else []
     pids = [int(line.split()[1]) for line in lines if line.startswith("pid ")]
     for pid in pids:  # the worker was reaped: no process is left running
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/status").read_text().count("State:\tZ") == 1
-    return done.returncode, done.stderr, [line for line in lines if not line.startswith("pid ")]
+    return done.returncode, done.stderr.decode(), [line for line in lines
+                                                   if not line.startswith("pid ")]
 
 
-def test_the_worker_draws_the_bytes_the_run_would(tmp_path):
+# name: (extra arguments, environment); "own" (the worker turned off) is every case's control
+RUNS = {
+    "worker": ((), {}),
+    "broken": ((), {"BREAK_WORKER": "1"}),
+    "own": ((), {"ATTNVIZ_FIGURE_WORKER": "0"}),
+    "refused": (("--layer", "7"), {}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory
+         ) -> tuple[Path, dict[str, tuple[int, str, list[str]]]]:
+    """Every case's run, started side by side (independent processes): (their folder, each
+    run's outcome). Each writes --out FOLDER/NAME.png."""
+    folder = tmp_path_factory.mktemp("figure-worker")
+    started = {name: _start(folder, name, "--out", str(folder / f"{name}.png"), *args, **env)
+               for name, (args, env) in RUNS.items()}
+    done = side_by_side(*started.values(), timeout=300)
+    return folder, {name: _outcome(folder, name, result)
+                    for name, result in zip(started, done, strict=True)}
+
+
+def test_the_worker_draws_the_bytes_the_run_would(runs):
     """Started before torch was imported, the worker drew and wrote the figure; the same run
     with the worker turned off (the control: it never starts) writes the same bytes."""
-    worker_png, own_png = tmp_path / "worker.png", tmp_path / "own.png"
-    code, err, marks = _run(tmp_path, "worker", "--out", str(worker_png))
+    folder, outcome = runs
+    code, err, marks = outcome["worker"]
     assert code == 0, err
     assert marks == ["start torch=False worker=True", "draw True"]
-    code, err, marks = _run(tmp_path, "own", "--out", str(own_png), ATTNVIZ_FIGURE_WORKER="0")
+    code, err, marks = outcome["own"]
     assert code == 0, err
     assert marks == ["start torch=False worker=False"]
-    assert worker_png.read_bytes() == own_png.read_bytes()
+    assert (folder / "worker.png").read_bytes() == (folder / "own.png").read_bytes()
 
 
-def test_a_failing_worker_leaves_the_figure_to_the_run(tmp_path):
+def test_a_failing_worker_leaves_the_figure_to_the_run(runs):
     """A worker that fails draws nothing and writes nothing; the run then draws the figure
     itself, the same bytes as a run without a worker."""
-    broken_png, own_png = tmp_path / "broken.png", tmp_path / "own.png"
-    code, err, marks = _run(tmp_path, "broken", "--out", str(broken_png), BREAK_WORKER="1")
+    folder, outcome = runs
+    code, err, marks = outcome["broken"]
     assert code == 0, err
     assert marks == ["start torch=False worker=True", "draw False"]
-    assert _run(tmp_path, "own", "--out", str(own_png), ATTNVIZ_FIGURE_WORKER="0")[0] == 0
-    assert broken_png.read_bytes() == own_png.read_bytes()
-    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".png") == \
-        ["broken.png", "own.png"]  # no temporary file left behind
+    assert outcome["own"][0] == 0
+    assert (folder / "broken.png").read_bytes() == (folder / "own.png").read_bytes()
+    assert sorted(p.name for p in folder.iterdir() if p.suffix == ".png") == \
+        ["broken.png", "own.png", "worker.png"]  # no temporary file left behind
 
 
-def test_a_run_that_fails_stops_its_worker(tmp_path):
+def test_a_run_that_fails_stops_its_worker(runs):
     """A run refused after its worker started exits with its usual error, writes nothing, and
     leaves no worker behind."""
-    png = tmp_path / "never.png"
-    code, err, marks = _run(tmp_path, "refused", "--out", str(png), "--layer", "7")
+    folder, outcome = runs
+    code, err, marks = outcome["refused"]
     assert code == 2 and err.startswith("error:"), err
     assert marks == ["start torch=False worker=True"]
-    assert not png.exists()
+    assert not (folder / "refused.png").exists()

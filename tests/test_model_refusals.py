@@ -41,25 +41,45 @@ def extra_model(tmp_path, monkeypatch):
     return build
 
 
-@pytest.mark.parametrize("kind, fragment", [
-    ("mamba", "MambaModel returned no attention weights"),
-    ("led", "not one full map per head over its 8 × 8 positions"),
+REFUSED = {
+    "mamba": "MambaModel returned no attention weights",
+    "led": "not one full map per head over its 8 × 8 positions",
     # its decoder uses the attention interface, its encoder a local attention of its own: the
     # interface alone would have shown the decoder and silently dropped the encoder
-    ("longt5", "LongT5Stack returns attention of shape"),
-])
-def test_models_without_full_maps_are_refused_cleanly(cli, extra_model, kind, fragment):
-    folder = extra_model(kind)
-    # in a process of its own: transformers' log handler writes to the real stderr (Mamba's
-    # forward reports its missing fast kernels there), which CliRunner does not capture; it
-    # runs while the in-process run below does
-    started = subprocess.Popen([sys.executable, "-m", "attnviz", "heatmap", "--model",
-                                str(folder), zoo.SENTENCES[0]], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    "longt5": "LongT5Stack returns attention of shape",
+}
+
+
+@pytest.fixture(scope="module")
+def refused_runs(tmp_path_factory):
+    """Each refused kind's folder, and its CLI run in a process of its own (transformers' log
+    handler writes to the real stderr, where Mamba's forward reports its missing fast kernels,
+    and CliRunner does not capture it): all started at once, each finished by its test while
+    the in-process runs go on beside them."""
+    root = tmp_path_factory.mktemp("refused")
+    with pytest.MonkeyPatch.context() as patch:
+        for kind in REFUSED:
+            patch.setitem(zoo.ZOO, kind, EXTRA[kind])
+        folders = {kind: zoo.build(kind, root / kind) for kind in REFUSED}
+    started = {kind: subprocess.Popen([sys.executable, "-m", "attnviz", "heatmap", "--model",
+                                       str(folder), zoo.SENTENCES[0]], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+               for kind, folder in folders.items()}
+    yield folders, started
+    for proc in started.values():  # any a deselected test left running
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("kind", list(REFUSED))
+def test_models_without_full_maps_are_refused_cleanly(cli, refused_runs, kind):
+    folders, started = refused_runs
     try:
-        assert_clean_error(cli("heatmap", "--model", folder, zoo.SENTENCES[0]), 1, fragment)
+        assert_clean_error(cli("heatmap", "--model", folders[kind], zoo.SENTENCES[0]), 1,
+                           REFUSED[kind])
     finally:
-        run = finish(started, timeout=300)
+        run = finish(started[kind], timeout=300)
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: "), run.stderr
 
