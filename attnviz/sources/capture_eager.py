@@ -47,9 +47,9 @@ class Session:
         self.sdpa_ok = bool(getattr(model, "_supports_sdpa", True))
         self.encoder_prefix = _encoder_prefix(model, names)
         # a model passes one mask object to every layer: its float32 copy and the keys each
-        # block of it sees are worked out once (for the latest mask only, which stays alive)
-        self._mask_float: tuple[torch.Tensor, int, torch.Tensor] | None = None
-        self._mask_seen: tuple[torch.Tensor, int, dict[tuple[int, ...], int]] | None = None
+        # block of it sees are worked out once, per use (slot), for the latest mask of each
+        # use only, which stays alive: (mask, its version, {key: value})
+        self._per_mask: dict[str, tuple[torch.Tensor, int, dict[Any, Any]]] = {}
 
     def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                mask: torch.Tensor | None, args: tuple, kwargs: dict) -> tuple[torch.Tensor, None]:
@@ -128,31 +128,32 @@ class Session:
             outputs.append(output)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, L, H, d)
 
-    def _float_mask(self, mask: Any) -> Any:
-        """_float(mask), once per mask object (and version)."""
+    def _once_per_mask(self, slot: str, mask: Any, key: Any, compute: Callable[[], Any]) -> Any:
+        """compute(), worked out once per mask object (and version) and key in `slot`; every
+        time for what has no version counter (not a tensor, or an inference tensor)."""
         version = _version(mask)
         if version is None:
-            return _float(mask)
-        cached = self._mask_float
-        if cached is None or cached[0] is not mask or cached[1] != version:
-            cached = self._mask_float = (mask, version, _float(mask))
-        return cached[2]
+            return compute()
+        held = self._per_mask.get(slot)
+        if held is None or held[0] is not mask or held[1] != version:
+            held = self._per_mask[slot] = (mask, version, {})
+        if key not in held[2]:
+            held[2][key] = compute()
+        return held[2][key]
+
+    def _float_mask(self, mask: Any) -> Any:
+        return self._once_per_mask("float", mask, None, lambda: _float(mask))
 
     def _keys_seen(self, mask: Any, rows: tuple[int, int, int], total: int,
                    extras: Iterable[Any]) -> int:
-        """keys_seen of the mask's query rows start:stop (of `length`), the mask's part
-        worked out once per mask object (and version) and block."""
+        """keys_seen of the mask's query rows start:stop (of `length`); the mask's part once
+        per mask and block (the other arguments are checked on every call)."""
         start, stop, length = rows
-        version = _version(mask)
-        if version is None or not plain_key_extras(extras, total):
-            return keys_seen(_query_rows(mask, start, stop, length), total, extras)
-        cached = self._mask_seen
-        if cached is None or cached[0] is not mask or cached[1] != version:
-            cached = self._mask_seen = (mask, version, {})
-        block = (start, stop, length, total)
-        if block not in cached[2]:
-            cached[2][block] = keys_seen(_query_rows(mask, start, stop, length), total, ())
-        return cached[2][block]
+        if not plain_key_extras(extras, total):
+            return total
+        return int(self._once_per_mask(
+            "seen", mask, (*rows, total),
+            lambda: keys_seen(_query_rows(mask, start, stop, length), total, ())))
 
 
 def attention_function(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -133,16 +133,17 @@ class Collector:
                 continue
             block = weights[b, :, lo - row_start:hi - row_start, k0:k0 + m].float()  # (H, r, ≤ m)
             feeder, reducer = self.feeders.get(index), self.reducers.get(index)
-            # a self-attention layer's reducer measures the weight after each query itself
-            measured = reducer is not None and feeder is reducer
-            if causal and not measured and _sees_later_keys(block, lo - q0, hi - q0):
+            # a self-attention layer's reducer, fed directly, measures the weight after each
+            # query itself (cross-attention's feeder gathers whole maps first)
+            measured = reducer if reducer is feeder else None
+            if causal and measured is None and _sees_later_keys(block, lo - q0, hi - q0):
                 causal = False
             host = block.cpu()  # one device-to-host copy, whoever takes the block
             if self.export_rows is not None:
                 self.export_rows(index, b, lo - q0, host)
             if feeder is not None:
                 feeder.add_rows(b, 0, lo - q0, host, None)
-                if causal and measured and reducer is not None and reducer.sees_later_keys:
+                if causal and measured is not None and measured.sees_later_keys:
                     causal = False
             else:
                 self.maps[index][b, :, lo - q0:hi - q0, :host.shape[-1]] = host
