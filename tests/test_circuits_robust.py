@@ -365,3 +365,44 @@ def test_header_elides_a_deep_path(tmp_path):
     path_lines = [line for line in whole if "component0" in line]
     assert len(path_lines) > 1
     assert any(part not in components for line in path_lines for part in line.split("/"))
+
+
+@pytest.mark.parametrize("scale", [1e-100, 1e100])
+def test_float64_weights_past_float32s_range(float32_path, scale):
+    """float64 weights at 1e±100, which float32 cannot hold at all (they became 0 or inf on
+    conversion), through the float32 path in their unit: the dense float64 computation's
+    ranks, norms (~1e±200) and singular values; a γ of 1e-30 folded in as well."""
+    from attnviz.compute.circuits import StoredWeight, layer_circuits
+
+    gen = torch.Generator().manual_seed(11)
+    W = {n: torch.randn(64, 64, generator=gen, dtype=torch.float64) * scale for n in "qkvo"}
+    gamma = (1 + 0.5 * torch.rand(64, generator=gen, dtype=torch.float64)) * 1e-30
+
+    def read(name):
+        return StoredWeight(W[name], gamma.float() if name != "o" else None)
+
+    _, heads = layer_circuits(read, (2, 2, 32))
+    g = gamma.float().double()
+    dense = dense_layer(W["q"] * g, W["k"] * g, W["v"] * g, W["o"], 2, 2, 32)
+    for head, (qk, ov) in zip(heads, dense, strict=True):
+        for ours, M in ((head.qk, qk), (head.ov, ov)):
+            want = torch.linalg.svdvals(M)[:32]
+            assert ours.rank == int(torch.linalg.matrix_rank(M, rtol=1e-4)) == 32
+            top = float(M.abs().max())  # torch's norm squares the entries: 1e-520, 1e+340
+            assert abs(ours.norm / (top * float(torch.linalg.matrix_norm(M / top))) - 1) <= RTOL
+            got = torch.tensor(ours.singular_values, dtype=torch.float64)
+            assert float((got - want).abs().max()) <= RTOL * float(want[0])
+    # control: converted to float32 as stored (the old conversion) they are 0 or inf
+    assert not torch.isfinite(W["q"].float() * gamma.float()).all() or \
+        float((W["q"].float() * gamma.float()).abs().max()) == 0.0
+
+
+def test_column_peaks_read_in_blocks():
+    """max |W| per column over several blocks of rows equals torch's over the whole tensor; a
+    NaN in the last block is not lost (the finiteness check relies on it)."""
+    from attnviz.compute.circuits_factors import PEAK_ROWS, column_peaks
+
+    W = torch.randn(2 * PEAK_ROWS + 100, 8, dtype=torch.bfloat16)
+    assert torch.equal(column_peaks(W), W.abs().amax(dim=0).double())
+    W[-1, 3] = float("nan")
+    assert torch.isnan(column_peaks(W)[3]) and not torch.isnan(column_peaks(W)[2])

@@ -157,10 +157,14 @@ def finite(tensor: torch.Tensor, key: str, role: str, c: ChosenLayer,
            store: TensorStore) -> torch.Tensor:
     """`tensor`, refused when it holds NaN or Inf: a non-finite weight made the linear algebra
     fail inside LAPACK (or print NaN) instead of naming the tensor."""
+    import math
+
     import torch
 
-    bad = ~torch.isfinite(tensor)
-    if bool(bad.any()):
+    from attnviz.compute.circuits import StoredWeight, peak
+
+    if not math.isfinite(peak(StoredWeight(tensor))):  # a pass without a full-size copy
+        bad = ~torch.isfinite(tensor)
         nan = int(torch.isnan(tensor).sum())
         counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"),
                                                           (int(bad.sum()) - nan, "Inf")) if n)

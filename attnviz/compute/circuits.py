@@ -30,7 +30,7 @@ from attnviz.compute.circuits_factors import (  # noqa: F401 - re-exported
     gram_dtype,
     op_threads,
     output_roots,
-    peak,
+    peak,  # also for app.circuits' finiteness check
     row_roots,
     small_algebra,
     unit_of,

@@ -117,9 +117,23 @@ class StoredWeight:
         return (W * inverse).float()
 
 
+PEAK_ROWS = 1024  # rows read at once by `column_peaks`: bounds its copy to a block of rows
+
+
+def column_peaks(tensor: torch.Tensor) -> torch.Tensor:
+    """max |W[:, j]| per column, float64, a block of rows at a time (no full-size copy); NaN
+    where a column holds a NaN (amax propagates it), inf where it holds an Inf."""
+    peaks = torch.zeros(tensor.shape[-1], dtype=torch.float64, device=tensor.device)
+    for start in range(0, tensor.shape[0], PEAK_ROWS):
+        block = tensor[start:start + PEAK_ROWS].abs().amax(dim=0).double()
+        peaks = torch.maximum(peaks, block)  # maximum propagates NaN too
+    return peaks
+
+
 def peak(W: StoredWeight) -> float:
-    """max |W diag(γ)| in float64 (the stored weights' columns' peaks times |γ|), for `unit_of`."""
-    columns = W.tensor.abs().amax(dim=0).double()
+    """max |W diag(γ)| in float64 (the stored weights' columns' peaks times |γ|), for `unit_of`;
+    NaN or inf for a non-finite weight."""
+    columns = column_peaks(W.tensor) if W.tensor.dim() == 2 else W.tensor.abs().double()
     if W.scale is not None:
         columns = columns * W.scale.to(device=columns.device, dtype=torch.float64).abs()
     return float(columns.amax()) if columns.numel() else 0.0
