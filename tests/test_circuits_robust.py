@@ -406,3 +406,38 @@ def test_column_peaks_read_in_blocks():
     assert torch.equal(column_peaks(W), W.abs().amax(dim=0).double())
     W[-1, 3] = float("nan")
     assert torch.isnan(column_peaks(W)[3]) and not torch.isnan(column_peaks(W)[2])
+
+
+@pytest.mark.hf
+def test_swin_stages_of_different_widths(tmp_path):
+    """A tiny Swin (stages 16 and 32 wide, 2 and 4 heads) saved by transformers: each stage's
+    heads equal the dense computation from the model's own modules (LayerNorm scale folded,
+    randomized so folding shows); composition between the stages is noted, not attempted."""
+    transformers = pytest.importorskip("transformers")
+    transformers.utils.logging.disable_progress_bar()
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                     num_heads=[2, 4], window_size=2)
+    torch.manual_seed(0)
+    model = transformers.SwinModel(config)
+    with torch.no_grad():
+        for stage in model.encoder.layers:
+            stage.blocks[0].layernorm_before.weight.uniform_(0.5, 1.5)
+    model.save_pretrained(tmp_path / "swin")
+    doc = run_json(model=str(tmp_path / "swin"))
+
+    def reference(fold):
+        found = {}
+        for i, stage in enumerate(model.encoder.layers):
+            block = stage.blocks[0]
+            a, H = block.attention, config.num_heads[i]
+            W = [getattr(a, f"{n}_proj").weight.detach() for n in "qkvo"]
+            found[str(i)] = dense_layer(*W, H, H, W[0].shape[0] // H,
+                                        block.layernorm_before.weight.detach() if fold else None)
+        return found
+
+    assert [(layer["num_heads"], layer["head_dim"]) for layer in doc["layers"]] == [(2, 8),
+                                                                                   (4, 8)]
+    assert head_errors(doc, reference(True)) <= RTOL
+    assert head_errors(doc, reference(False)) > 1e-2  # control: γ left out
+    assert doc["composition"] == []
+    assert any("not composable: width 32 vs 16" in note for note in doc["notes"])
