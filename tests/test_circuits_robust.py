@@ -441,3 +441,27 @@ def test_swin_stages_of_different_widths(tmp_path):
     assert head_errors(doc, reference(False)) > 1e-2  # control: γ left out
     assert doc["composition"] == []
     assert any("not composable: width 32 vs 16" in note for note in doc["notes"])
+
+
+def test_float8_weights_peaks_and_non_finite(tmp_path):
+    """float8 weights (no abs/amax/isnan kernels on a CPU) still get their unit and their
+    finiteness check: numbers equal the dense computation of the float8 values; a NaN is named."""
+    from attnviz.errors import CheckpointError
+
+    torch.manual_seed(0)
+    sd = {k: v.to(torch.float8_e4m3fn).contiguous()
+          for k, v in torch.nn.MultiheadAttention(16, 2).state_dict().items()}
+    save_file(sd, tmp_path / "m.safetensors")
+    doc = run_json(weights=tmp_path / "m.safetensors", hints=HeadHints(num_heads=2))
+    Wq, Wk, Wv = sd["in_proj_weight"].double().chunk(3)
+    ref = {"0": dense_layer(Wq, Wk, Wv, sd["out_proj.weight"].double(), 2, 2, 8)}
+    assert head_errors(doc, ref) <= RTOL
+    assert head_errors(doc, {"0": dense_layer(Wq, Wk, Wv, sd["out_proj.weight"].double()
+                                              .roll(8, dims=1), 2, 2, 8)}) > 1e-2
+    bad = sd["out_proj.weight"].float()
+    bad[0, 0] = float("nan")
+    sd["out_proj.weight"] = bad.to(torch.float8_e4m3fn)
+    save_file(sd, tmp_path / "m.safetensors")
+    with pytest.raises(CheckpointError, match=r"'out_proj.weight' \(W_O of layer '0'\) holds "
+                       r"non-finite values \(1 NaN\)"):
+        run_json(weights=tmp_path / "m.safetensors", hints=HeadHints(num_heads=2))

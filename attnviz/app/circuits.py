@@ -164,8 +164,9 @@ def finite(tensor: torch.Tensor, key: str, role: str, c: ChosenLayer,
     from attnviz.compute.circuits import StoredWeight, peak
 
     if not math.isfinite(peak(StoredWeight(tensor))):  # a pass without a full-size copy
-        bad = ~torch.isfinite(tensor)
-        nan = int(torch.isnan(tensor).sum())
+        values = tensor.float()  # only here, to count (float8 has no isnan kernel on a CPU)
+        bad = ~torch.isfinite(values)
+        nan = int(torch.isnan(values).sum())
         counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"),
                                                           (int(bad.sum()) - nan, "Inf")) if n)
         raise CheckpointError(f"tensor {quoted(key)} ({role} of layer {quoted(c.label)}) holds "

@@ -125,15 +125,20 @@ def column_peaks(tensor: torch.Tensor) -> torch.Tensor:
     where a column holds a NaN (amax propagates it), inf where it holds an Inf."""
     peaks = torch.zeros(tensor.shape[-1], dtype=torch.float64, device=tensor.device)
     for start in range(0, tensor.shape[0], PEAK_ROWS):
-        block = tensor[start:start + PEAK_ROWS].abs().amax(dim=0).double()
-        peaks = torch.maximum(peaks, block)  # maximum propagates NaN too
+        block = tensor[start:start + PEAK_ROWS]
+        if block.dtype not in _REDUCIBLE:  # float8 has no abs/amax kernels on a CPU
+            block = block.float()
+        peaks = torch.maximum(peaks, block.abs().amax(dim=0).double())  # NaN propagates
     return peaks
+
+
+_REDUCIBLE = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
 def peak(W: StoredWeight) -> float:
     """max |W diag(γ)| in float64 (the stored weights' columns' peaks times |γ|), for `unit_of`;
     NaN or inf for a non-finite weight."""
-    columns = column_peaks(W.tensor) if W.tensor.dim() == 2 else W.tensor.abs().double()
+    columns = column_peaks(W.tensor if W.tensor.dim() == 2 else W.tensor.reshape(1, -1))
     if W.scale is not None:
         columns = columns * W.scale.to(device=columns.device, dtype=torch.float64).abs()
     return float(columns.amax()) if columns.numel() else 0.0
