@@ -18,7 +18,7 @@ from attnviz.compute.circuits_result import (  # noqa: F401 - the use case's res
     CompositionGrid,
     LayerCircuits,
 )
-from attnviz.errors import option
+from attnviz.errors import CheckpointError, option, quoted
 from attnviz.recognize.base import HeadHints
 from attnviz.sources.layers import RandomSpec
 
@@ -63,7 +63,12 @@ def run_circuits(request: CircuitsRequest) -> CircuitsResult:
         if compose_on:  # the d × d factors (10 MB a layer at E = 4096) only for composition
             factors.append(layer_factors)
         notes += _layer_notes(store, c, norm_scale(store, c.layer))
-    grids = _compose_all(chosen, factors) if compose_on else []
+    grids: list[CompositionGrid] = []
+    if compose_on:
+        grids, apart = _compose_all(chosen, factors)
+        notes += apart
+        if not grids and apart:
+            skipped = "not composable: the layers' widths differ (see the notes)"
     notes += _position_notes(chosen)
     return CircuitsResult(store.source, results, grids, notes, skipped)
 
@@ -121,15 +126,18 @@ def _one_layer(store: TensorStore, c: ChosenLayer, gamma: NormScale | None,
     layer = c.layer
     scale = None
     if gamma is not None:
-        scale = store.read(gamma.key).float() + gamma.offset
+        scale = finite(store.read(gamma.key), gamma.key, "γ", c, store).float() + gamma.offset
     refs = {"q": layer.q_weight, "k": layer.k_weight, "v": layer.v_weight, "o": layer.o_weight}
 
     def read(name: str) -> StoredWeight:
-        """As stored; γ folded into W_Q, and into W_K, W_V but for cross-attention's."""
+        """As stored (refused if not finite, before any algebra on it); γ folded into W_Q, and
+        into W_K, W_V but for cross-attention's."""
         folds = name == "q" or (name in "kv" and c.stack != "cross")
-        return StoredWeight(read_ref(store, refs[name]), scale if folds else None)
+        W = finite(read_ref(store, refs[name]), refs[name].key, f"W_{name.upper()}", c, store)
+        return StoredWeight(W, scale if folds else None)
 
-    biases = {name: read_ref(store, ref).double() if ref is not None else None
+    biases = {name: finite(read_ref(store, ref), ref.key, f"b_{name.upper()}", c, store).double()
+              if ref is not None else None
               for name, ref in (("q", layer.q_bias), ("k", layer.k_bias), ("v", layer.v_bias))}
     assert layer.num_heads is not None and layer.num_kv_heads is not None
     assert layer.head_dim is not None
@@ -137,29 +145,69 @@ def _one_layer(store: TensorStore, c: ChosenLayer, gamma: NormScale | None,
                                     biases, keep, device)
     out_bias = None
     if layer.o_bias is not None:
-        out_bias = float(read_ref(store, layer.o_bias).double().norm())
+        b_o = finite(read_ref(store, layer.o_bias), layer.o_bias.key, "b_O", c, store)
+        out_bias = float(b_o.double().norm())
     return LayerCircuits(c.index, layer.name, c.label, c.stack, layer.num_heads,
                          layer.num_kv_heads, layer.head_dim, heads,
                          None if gamma is None else gamma.describe(), layer.positions,
                          out_bias), factors
 
 
-def _compose_all(chosen: list[ChosenLayer], factors: list[LayerFactors]) -> list[CompositionGrid]:
+def finite(tensor: torch.Tensor, key: str, role: str, c: ChosenLayer,
+           store: TensorStore) -> torch.Tensor:
+    """`tensor`, refused when it holds NaN or Inf: a non-finite weight made the linear algebra
+    fail inside LAPACK (or print NaN) instead of naming the tensor."""
+    import math
+
+    import torch
+
+    from attnviz.compute.circuits import StoredWeight, peak
+
+    if not math.isfinite(peak(StoredWeight(tensor))):  # a pass without a full-size copy
+        values = tensor.float()  # only here, to count (float8 has no isnan kernel on a CPU)
+        bad = ~torch.isfinite(values)
+        nan = int(torch.isnan(values).sum())
+        counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"),
+                                                          (int(bad.sum()) - nan, "Inf")) if n)
+        raise CheckpointError(f"tensor {quoted(key)} ({role} of layer {quoted(c.label)}) holds "
+                              f"non-finite values ({counts}): circuits need finite weights",
+                              fix="repair or re-export the checkpoint ('attnviz inspect' counts "
+                              "non-finite values per tensor)", where=store.source)
+    return tensor
+
+
+def _compose_all(chosen: list[ChosenLayer], factors: list[LayerFactors],
+                 ) -> tuple[list[CompositionGrid], list[str]]:
     """Every later layer on every earlier one of the same residual stream: all three kinds for
-    self-attention, Q only for cross-attention (its keys and values read the encoder)."""
-    from attnviz.compute.circuits import KINDS, compose
+    self-attention, Q only for cross-attention (its keys and values read the encoder). A kind
+    whose later layer reads vectors of another width than the earlier one writes (Swin's
+    stages, a kdim ≠ E) is left out, with one note per pair of widths."""
+    from attnviz.compute.circuits import KINDS, composable, compose, not_composable
 
     grids = []
+    apart: dict[str, dict[str, list[str]]] = {}  # why → {"layer 1 on layer 0": kinds}
     order = sorted(range(len(chosen)), key=lambda i: (chosen[i].residual, chosen[i].order))
     for pos, b in enumerate(order):
         for a in order[:pos]:
             if chosen[a].residual != chosen[b].residual or chosen[a].order == chosen[b].order:
                 continue
             kinds = ("Q",) if chosen[b].stack == "cross" else KINDS
-            for comp in compose(factors[b], factors[a], kinds):
+            fit = tuple(k for k in kinds if composable(k, factors[b], factors[a]))
+            for kind in kinds:
+                if kind not in fit:
+                    pair = f"layer {chosen[b].label} on layer {chosen[a].label}"
+                    why = not_composable(kind, factors[b], factors[a])
+                    apart.setdefault(why, {}).setdefault(pair, []).append(kind)
+            for comp in compose(factors[b], factors[a], fit) if fit else []:
                 grids.append(CompositionGrid(comp.kind, b, a, comp.scores.tolist(),
                                              comp.baseline.tolist()))
-    return grids
+    notes = []
+    for why, pairs in apart.items():
+        (first, kinds_left_out), more = next(iter(pairs.items())), len(pairs) - 1
+        notes.append(f"{', '.join(kinds_left_out)}-composition of {first}"
+                     + (f" and of {more} more layer pair{'s' * (more > 1)}" if more else "")
+                     + f": {why} (every per-head number is still computed)")
+    return grids, notes
 
 
 def _layer_notes(store: TensorStore, c: ChosenLayer, gamma: NormScale | None) -> list[str]:

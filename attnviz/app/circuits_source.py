@@ -54,6 +54,8 @@ def open_source(weights: Path | None, model: str | None, random: RandomSpec | No
         raise UsageError(f"{option('model')}, {option('weights')} and the random-init options "
                          "exclude each other",
                          fix="choose one source")
+    refuse_head_hints(hints, "random" if random is not None else
+                      "bundled" if weights is None and model is None else "")
     if random is not None:
         layer, store = random_mha(random)
         return [layer], store, "random"
@@ -74,6 +76,29 @@ def open_source(weights: Path | None, model: str | None, random: RandomSpec | No
 
         select_layer(inventory, None, store.source)  # raises the reason
     return inventory.layers, store, "model" if model is not None else "weights"
+
+
+def refuse_head_hints(hints: HeadHints, kind: str) -> None:
+    """Head counts are hints for a checkpoint's layers. The bundled model's are fixed, and a
+    random nn.MultiheadAttention takes its heads from its spec (`RandomSpec.num_heads`, which
+    the caller builds from num_heads) with as many key/value heads and E / H per head: given
+    there, they are refused, never silently ignored."""
+    given = [name for name in ("num_heads", "num_kv_heads", "head_dim")
+             if getattr(hints, name) is not None]
+    if not given or kind not in ("bundled", "random"):
+        return
+    names = " and ".join(option(name) for name in given)
+    verb = "applies" if len(given) == 1 else "apply"
+    if kind == "bundled":
+        raise UsageError(f"{names} {verb} to a checkpoint's layers: the bundled model's head "
+                         "counts are its own",
+                         fix=f"drop {'it' if len(given) == 1 else 'them'}, or pass "
+                         f"{option('weights')} or {option('model')}", option=given[0])
+    raise UsageError(f"{names} {verb} to a checkpoint's layers: the random "
+                     "nn.MultiheadAttention has as many key/value heads as heads, each "
+                     f"{option('embed_dim')} / {option('num_heads')} wide",
+                     fix=f"drop {'it' if len(given) == 1 else 'them'}; size the random layer "
+                     f"with {option('embed_dim')} and {option('num_heads')}", option=given[0])
 
 
 def choose(layers: list[AttentionLayer], spec: str | None, source: str) -> list[ChosenLayer]:

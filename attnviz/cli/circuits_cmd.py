@@ -81,4 +81,4 @@ def circuits(
     shown = console()
     print_circuits(shown, result)
     if out_path is not None:
-        shown.print(plain(f"wrote {out_path}"))
+        shown.print(plain(f"wrote {out_path}"), soft_wrap=True)  # one line, for scripts

@@ -30,8 +30,10 @@ from attnviz.compute.circuits_factors import (  # noqa: F401 - re-exported
     gram_dtype,
     op_threads,
     output_roots,
+    peak,  # also for app.circuits' finiteness check
     row_roots,
     small_algebra,
+    unit_of,
 )
 
 RANK_RTOL = 1e-4  # a singular value counts towards the rank above this share of the largest
@@ -44,7 +46,7 @@ KINDS = ("Q", "K", "V")
 @dataclass(frozen=True)
 class CircuitWeights:
     """One layer's projections, norm scale folded in, in (out, in) orientation (kept for
-    composition)."""
+    composition), each divided by its power-of-two unit (`StoredWeight.unit`)."""
 
     W_q: torch.Tensor  # (H·d, E)
     W_k: torch.Tensor  # (H_kv·d, kdim)
@@ -94,12 +96,14 @@ class LayerFactors:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    # Each weight in its own unit (`StoredWeight.unit`), as `weights` holds it: composition
+    # scores are ratios in which the units cancel, so none of them is undone here.
     T_q: torch.Tensor  # (H, d, d) float64, of W_Q^hᵀ
     T_k: torch.Tensor  # (H_kv, d, d), of W_K^gᵀ
     T_v: torch.Tensor  # (H_kv, d, d), of W_V^gᵀ
     T_o: torch.Tensor  # (H, d, d), of W_O[:, cols(h)]
-    qk_norm: torch.Tensor  # (H,) ‖W_QK^h‖_F
-    ov_norm: torch.Tensor  # (H,) ‖W_OV^h‖_F
+    qk_norm: torch.Tensor  # (H,) ‖W_QK^h‖_F in units of unit_q · unit_k
+    ov_norm: torch.Tensor  # (H,) ‖W_OV^h‖_F in units of unit_o · unit_v
     qk_rank: tuple[int, ...]
     ov_rank: tuple[int, ...]
     widths: tuple[int, int, int, int]  # (E out, E read by W_Q, kdim, vdim)
@@ -126,8 +130,10 @@ def spectrum(singular_values: torch.Tensor) -> Spectrum:
                     min(effective, rank))
 
 
-def spectra(singular_values: torch.Tensor) -> list[Spectrum]:
-    """`spectrum` of each row of (n, d) singular values (descending), computed for all at once."""
+def spectra(singular_values: torch.Tensor, unit: float = 1.0) -> list[Spectrum]:
+    """`spectrum` of each row of (n, d) singular values (descending), computed for all at once,
+    of the circuits `unit` × those the values belong to: ranks and shares from the values as
+    given (of order 1, `StoredWeight.unit`), singular values and norms times `unit` in float64."""
     s = singular_values.double()
     squares = s.square()
     total = squares.sum(dim=1)  # (n,)
@@ -135,7 +141,8 @@ def spectra(singular_values: torch.Tensor) -> list[Spectrum]:
     rank = torch.where(largest > 0, (s > RANK_RTOL * largest[:, None]).sum(dim=1), 0)
     share = torch.cumsum(squares, 1) / torch.where(total > 0, total, 1.0)[:, None]
     effective = torch.where(total > 0, (share < EFFECTIVE_SHARE - 1e-12).sum(dim=1) + 1, 0)
-    return [Spectrum(tuple(values), norm ** 0.5, r, min(e, r)) for values, norm, r, e in
+    return [Spectrum(tuple(v * unit for v in values), norm ** 0.5 * unit, r, min(e, r))
+            for values, norm, r, e in
             zip(s.tolist(), total.tolist(), rank.tolist(), effective.tolist(), strict=True)]
 
 
@@ -154,9 +161,12 @@ def layer_circuits(read: WeightReader, heads: tuple[int, int, int],
     H, Hkv, d = heads
     kv = torch.arange(H) // (H // Hkv)
     kept: dict[str, torch.Tensor] = {}
+    units: dict[str, float] = {}  # each weight is converted in units of a power of two
 
     def stored(name: str) -> StoredWeight:
         W = read(name)
+        units[name] = unit_of(peak(W))
+        W = StoredWeight(W.tensor, W.scale, units[name])
         if keep or name == "v":  # W_V meets every W_O chunk (copying); composition keeps all
             kept[name] = W.as_float(device=device)
             return StoredWeight(kept[name])
@@ -180,7 +190,8 @@ def layer_circuits(read: WeightReader, heads: tuple[int, int, int],
     qk_sv = core_singular_values(T_q @ T_k[kv].transpose(1, 2))  # (H, d)
     ov_sv = core_singular_values(T_o @ T_v[kv].transpose(1, 2))
     copying = None if blocks is None else _copying(blocks)
-    qk, ov = spectra(qk_sv), spectra(ov_sv)
+    # the cores are in units of the weights' units: their product takes them out (exact)
+    qk, ov = spectra(qk_sv, units["q"] * units["k"]), spectra(ov_sv, units["o"] * units["v"])
     circuits = [HeadCircuit(h, int(kv[h]), qk[h], ov[h],
                             None if copying is None else copying[h],
                             _bias_norms(biases or {}, h, int(kv[h]), d)) for h in range(H)]
@@ -237,36 +248,57 @@ def compose(later: LayerFactors, earlier: LayerFactors,
     b, a = later.weights, earlier.weights
     if b is None or a is None:
         raise ValueError("composition needs both layers' weights (keep=True)")
+    for kind in kinds:
+        if not composable(kind, later, earlier):
+            raise ValueError(f"{kind}-composition: {not_composable(kind, later, earlier)}")
     kv_b = later.kv_of
-    T_va = earlier.T_v[earlier.kv_of]  # (H_a, d, d)
-    d, H_a = b.head_dim, a.num_heads
+    T_va = earlier.T_v[earlier.kv_of]  # (H_a, d_a, d_a)
+    d_b, d_a, H_a = b.head_dim, a.head_dim, a.num_heads
     found = []
     for kind in kinds:
         if kind == "K":  # T_q^b (W_K^{g(b)} W_O^a) T_v^{g(a)}ᵀ
-            cross = _blocks(b.W_k, a.W_o, b.num_kv_heads, d, H_a)[kv_b]
+            cross = _blocks(b.W_k, a.W_o, b.num_kv_heads, (d_b, d_a), H_a)[kv_b]
             norms = _core_norms(later.T_q, cross, T_va) / later.qk_norm[:, None]
         elif kind == "Q":  # T_v^{g(a)} (W_Q^b W_O^a)ᵀ T_k^{g(b)}ᵀ, norm of its transpose
-            cross = _blocks(b.W_q, a.W_o, b.num_heads, d, H_a)
+            cross = _blocks(b.W_q, a.W_o, b.num_heads, (d_b, d_a), H_a)
             norms = _core_norms(later.T_k[kv_b], cross, T_va) / later.qk_norm[:, None]
         else:  # V: T_o^b (W_V^{g(b)} W_O^a) T_v^{g(a)}ᵀ
-            cross = _blocks(b.W_v, a.W_o, b.num_kv_heads, d, H_a)[kv_b]
+            cross = _blocks(b.W_v, a.W_o, b.num_kv_heads, (d_b, d_a), H_a)[kv_b]
             norms = _core_norms(later.T_o, cross, T_va) / later.ov_norm[:, None]
         scores = norms / earlier.ov_norm[None, :]
         found.append(Composition(kind, scores, _baselines(kind, later, earlier)))
     return found
 
 
-def _blocks(W_read: torch.Tensor, W_o: torch.Tensor, heads: int, d: int,
+# what each kind of composition reads the earlier layer's output with: the index into
+# LayerFactors.widths of the later layer's input width that must equal the earlier one's output
+READ_WIDTH = {"Q": 1, "K": 2, "V": 3}
+
+
+def composable(kind: str, later: LayerFactors, earlier: LayerFactors) -> bool:
+    """Whether `later`'s W_Q (Q), W_K (K) or W_V (V) reads vectors as wide as `earlier` writes:
+    layers of different widths (Swin's stages) are not in one residual stream."""
+    return later.widths[READ_WIDTH[kind]] == earlier.widths[0]
+
+
+def not_composable(kind: str, later: LayerFactors, earlier: LayerFactors) -> str:
+    """Why not, e.g. "not composable: width 32 vs 16": what `later` reads vs what `earlier`
+    writes."""
+    return f"not composable: width {later.widths[READ_WIDTH[kind]]} vs {earlier.widths[0]}"
+
+
+def _blocks(W_read: torch.Tensor, W_o: torch.Tensor, heads: int, dims: tuple[int, int],
             heads_a: int) -> torch.Tensor:
-    """W_read (heads·d, E) @ W_o (E, H_a·d) → (heads, H_a, d, d) float64 blocks."""
+    """W_read (heads·d_b, E) @ W_o (E, H_a·d_a) → (heads, H_a, d_b, d_a) float64 blocks."""
+    d_b, d_a = dims
     dtype = gram_dtype(W_o)
-    product = (W_read.to(dtype) @ W_o.to(dtype)).double().cpu()  # (heads·d, H_a·d)
-    return product.reshape(heads, d, heads_a, d).permute(0, 2, 1, 3)
+    product = (W_read.to(dtype) @ W_o.to(dtype)).double().cpu()  # (heads·d_b, H_a·d_a)
+    return product.reshape(heads, d_b, heads_a, d_a).permute(0, 2, 1, 3)
 
 
 def _core_norms(left: torch.Tensor, cross: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """‖left[b] · cross[b, a] · right[a]ᵀ‖_F for all (b, a): left (H_b, d, d), cross
-    (H_b, H_a, d, d), right (H_a, d, d)."""
+    """‖left[b] · cross[b, a] · right[a]ᵀ‖_F for all (b, a): left (H_b, d_b, d_b), cross
+    (H_b, H_a, d_b, d_a), right (H_a, d_a, d_a)."""
     with small_algebra():
         inner = torch.einsum("bij,bajk->baik", left, cross)  # (H_b, H_a, d, d)
         return torch.einsum("baik,alk->bail", inner, right).flatten(2).norm(dim=2)

@@ -10,6 +10,7 @@ copying blocks, W_V) is held beside the stored weight.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,25 +68,89 @@ def gram_dtype(W: torch.Tensor) -> torch.dtype:
     return torch.float64 if W.numel() <= EXACT_GRAM_NUMEL else torch.float32
 
 
+# A power of two this far from 1 (2^±100) would leave float32's range as a multiplier
+# (2^±126): such units are applied in float64 before the float32 conversion.
+FLOAT32_SAFE_EXPONENT = 100
+
+
 @dataclass(frozen=True)
 class StoredWeight:
-    """A weight as the checkpoint stores it (any float dtype, (out, in), on any device) and
-    the norm scale γ to fold into its columns on conversion (None: none)."""
+    """A weight as the checkpoint stores it (any float dtype, (out, in), on any device), the
+    norm scale γ to fold into its columns on conversion (None: none), and the power of two
+    `unit` it is converted in units of (`unit_of`).
+
+    Why the unit: a float32 Gram squares the weights, so weights of scale 1e-26 underflowed to
+    a zero Gram (rank 0, norm 0) and weights of 1e20 overflowed, where float64 gives full rank.
+    Converted as W diag(γ) / unit, the largest entry is in [1, 2): every float32 product is
+    far from under- and overflow, and dividing by a power of two is exact, so the numbers are
+    those of the weights at scale 1 times a known factor (undone in float64, `layer_circuits`).
+    """
 
     tensor: torch.Tensor
     scale: torch.Tensor | None = None
+    unit: float = 1.0
 
     def as_float(self, rows: slice = slice(None), cols: slice = slice(None),
                  device: torch.device | str = "cpu") -> torch.Tensor:
-        """W[rows, cols] diag(γ[cols]) in float32 on `device`."""
+        """W[rows, cols] diag(γ[cols]) / unit in float32 on `device`."""
         W = self.tensor[rows, cols].to(device)
+        inverse = 1.0 / self.unit  # a power of two: exact
+        if abs(math.frexp(inverse)[1]) > FLOAT32_SAFE_EXPONENT or W.dtype == torch.float64:
+            return self._as_float64(W, cols, inverse)
         if W.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             W = W.float()
         if self.scale is None:
-            return W.float()
-        scale = self.scale[cols].to(device=device, dtype=torch.float32)
+            if inverse == 1.0:
+                return W.float()
+            return W.float().mul_(inverse) if W.dtype != torch.float32 else W * inverse
+        # γ / unit in float64, then float32: exact while it stays in float32's normal range
+        scale = (self.scale[cols].to(device=device, dtype=torch.float64) * inverse).float()
         # two vectorized passes: 25-40 % faster than one mixed-dtype multiplication, same bits
         return W.float().mul_(scale) if W.dtype != torch.float32 else W * scale
+
+    def _as_float64(self, W: torch.Tensor, cols: slice, inverse: float) -> torch.Tensor:
+        """The rare path: units beyond float32's range, or float64 weights (whose tiny or huge
+        values float32 cannot hold before the unit is applied)."""
+        W = W.double()
+        if self.scale is not None:
+            W = W * self.scale[cols].to(device=W.device, dtype=torch.float64)
+        return (W * inverse).float()
+
+
+PEAK_ROWS = 1024  # rows read at once by `column_peaks`: bounds its copy to a block of rows
+
+
+def column_peaks(tensor: torch.Tensor) -> torch.Tensor:
+    """max |W[:, j]| per column, float64, a block of rows at a time (no full-size copy); NaN
+    where a column holds a NaN (amax propagates it), inf where it holds an Inf."""
+    peaks = torch.zeros(tensor.shape[-1], dtype=torch.float64, device=tensor.device)
+    for start in range(0, tensor.shape[0], PEAK_ROWS):
+        block = tensor[start:start + PEAK_ROWS]
+        if block.dtype not in _REDUCIBLE:  # float8 has no abs/amax kernels on a CPU
+            block = block.float()
+        peaks = torch.maximum(peaks, block.abs().amax(dim=0).double())  # NaN propagates
+    return peaks
+
+
+_REDUCIBLE = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def peak(W: StoredWeight) -> float:
+    """max |W diag(γ)| in float64 (the stored weights' columns' peaks times |γ|), for `unit_of`;
+    NaN or inf for a non-finite weight."""
+    columns = column_peaks(W.tensor if W.tensor.dim() == 2 else W.tensor.reshape(1, -1))
+    if W.scale is not None:
+        columns = columns * W.scale.to(device=columns.device, dtype=torch.float64).abs()
+    return float(columns.amax()) if columns.numel() else 0.0
+
+
+def unit_of(largest: float) -> float:
+    """The power of two u with largest / u in [1, 2); 1 for zero or non-finite weights (no
+    scale to take out)."""
+    if not math.isfinite(largest) or largest <= 0:
+        return 1.0
+    # clamped so that 1 / unit stays a finite float64 (only float64 subnormals are past it)
+    return math.ldexp(1.0, min(max(math.frexp(largest)[1] - 1, -1000), 1000))
 
 
 def row_factors(W: torch.Tensor, heads: int, d: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attnviz.compute.circuits_result import CircuitsResult
+from attnviz.render.elide import elide_at_boundaries
 from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ def circuits_figure(result: CircuitsResult) -> Figure:
             fig.colorbar(image, ax=ax, shrink=0.8)
         for ax in axes[1][len(kinds):]:
             ax.axis("off")
-    fig.suptitle(label(f"circuits of {result.source}", 200), fontsize=11, parse_math=False)
+    fig.suptitle(label(elide_at_boundaries(f"circuits of {result.source}", 200)), fontsize=11,
+                 parse_math=False)
     return fig
 
 

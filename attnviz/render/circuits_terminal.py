@@ -15,6 +15,8 @@ from attnviz.compute.circuits_result import (
     CompositionGrid,
     LayerCircuits,
 )
+from attnviz.errors import printable
+from attnviz.render.elide import elide_at_boundaries
 from attnviz.render.safe import safe_text
 
 SHOWN_SINGULAR = 2  # top singular values per circuit in the table
@@ -24,10 +26,19 @@ KIND_TEXT = {"K": "K-composition: ‖W_QK^b W_OV^a‖ (b's keys read what a wrot
              "V": "V-composition: ‖W_OV^b W_OV^a‖ (b's values read what a wrote)"}
 
 
-def header(result: CircuitsResult) -> RenderableType:
+SOURCE_LEAD = "circuits of "
+
+
+def header(result: CircuitsResult, width: int | None = None) -> RenderableType:
+    """The header; with `width` (the console's), the source on one line: a long path loses
+    whole middle components (`/work/…/attnviz/data/induction.safetensors`), never part of a
+    name, where the terminal would have wrapped it mid-name (--json has it exact)."""
     from attnviz.compute.circuits import EFFECTIVE_SHARE, RANK_RTOL
 
-    lines = [Text.assemble(("circuits of ", "bold"), safe_text(result.source, "bold"))]
+    source = printable(result.source, None)
+    if width is not None:
+        source = elide_at_boundaries(source, width - len(SOURCE_LEAD))
+    lines = [Text.assemble((SOURCE_LEAD, "bold"), safe_text(source, "bold"))]
     lines.append(Text(f"conventions: {CONVENTIONS}", style="dim"))
     folded = sorted({layer.norm for layer in result.layers if layer.norm})
     if folded:
@@ -99,7 +110,7 @@ def grid_table(result: CircuitsResult, grid: CompositionGrid) -> RenderableType:
 
 
 def print_circuits(console: Console, result: CircuitsResult) -> None:
-    console.print(header(result))
+    console.print(header(result, console.width))
     console.print()
     console.print(heads_table(result.layers))
     console.print(Text(COPYING_LINE, style="dim"))
@@ -136,9 +147,11 @@ def strongest_lines(console: Console, result: CircuitsResult) -> None:
             if found is None:
                 continue
             kind, earlier, j, score, base = found
+            # a zero baseline (a rank-0 circuit) has no ratio, but the line is still shown
+            ratio = f"{score / base:.1f}× " if base > 0 else ""
             lines.append(f"  {result.layers[index].label}.{head}: {kind} with "
                          f"{result.layers[earlier].label}.{j}  {score:.3f} "
-                         f"({score / base:.1f}× baseline {base:.3f})" if base > 0 else "")
+                         f"({ratio}baseline {base:.3f})")
     if lines:
         console.print()
         console.print(Text("strongest composition of each head (layer.head)", style="bold"))
