@@ -410,8 +410,8 @@ def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
     model = transformers.BertForMaskedLM.from_pretrained(folder).eval()
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
     feed = tok(sentence, return_tensors="pt")
-    with torch.no_grad():
-        base = torch.log_softmax(model(**feed).logits[0], -1)
+    with torch.no_grad():  # float64 from the logits on, as attnviz computes divergences
+        base = torch.log_softmax(model(**feed).logits[0].double(), -1)
     d = 8
 
     def kl(head):
@@ -419,7 +419,7 @@ def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
         saved = weight.detach().clone()
         with torch.no_grad():
             weight[:, head * d:(head + 1) * d] = 0
-            other = torch.log_softmax(model(**feed).logits[0], -1)
+            other = torch.log_softmax(model(**feed).logits[0].double(), -1)
             weight.copy_(saved)
         return float((base.exp() * (base - other)).sum(-1).mean())
 

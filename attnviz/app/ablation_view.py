@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnviz.compute.ablation_measures import AblationReport
+from attnviz.compute.ablation_measures import MEANINGS, AblationReport
 from attnviz.compute.overview import Overview, build_overview
 from attnviz.compute.ranking import HeadRanking, RankedHead
 from attnviz.compute.stats import HeadStats
@@ -10,7 +10,8 @@ from attnviz.errors import UsageError, option
 
 
 def ablation_overview(head_stats: list[HeadStats], report: AblationReport | None) -> Overview:
-    """Layers × heads, each cell the head's causal effect (the report's score)."""
+    """Layers × heads, each cell the head's causal effect (the report's score; blank where
+    undefined)."""
     if report is None:
         raise UsageError(f"{option('overview')} ablation shows the scorecard of {option('ablate')}",
                          fix=f"add {option('ablate')}, or choose another {option('overview')}",
@@ -24,10 +25,12 @@ def ablation_overview(head_stats: list[HeadStats], report: AblationReport | None
 
 
 def causal_ranking(report: AblationReport, top: int) -> HeadRanking:
-    """The heads whose removal changes the output most."""
-    ranked = sorted(report.effects, key=lambda e: (-report.score(e), e.layer, e.head))
-    meaning = {"loss change": "rise of the next-token loss when the head is removed",
-               "KL": "KL divergence of the outputs when the head is removed",
-               "hidden change": "relative change of the final hidden states when removed"}
-    return HeadRanking("causal (ablation)", report.measure, meaning[report.measure],
-                       [RankedHead(e.layer, e.head, report.score(e)) for e in ranked[:top]])
+    """The heads whose removal changes the output most; heads whose measure is undefined are
+    not ranked, and a loss change undefined for every head falls back to the hidden change,
+    saying so."""
+    meaning = MEANINGS[report.measure]
+    if report.fallback is not None:
+        meaning = f"{meaning} ({report.fallback})"
+    return HeadRanking("causal (ablation)", report.measure, meaning,
+                       [RankedHead(e.layer, e.head, score) for e in report.ranked()[:top]
+                        if (score := report.score(e)) is not None])
