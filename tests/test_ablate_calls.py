@@ -1,0 +1,359 @@
+"""--ablate edits CALLS, not modules, and measures in float64 what the input defines.
+
+- ALBERT runs one shared attention module for every layer: removing a head of layer n edits the
+  n-th call of that module only (a hand-written hook that counts calls is the reference; the old
+  hook, which edited every call, is the negative control);
+- an encoder–decoder's encoder head under `mean` takes the mean over the SOURCE's real tokens
+  (sources and targets padded to different and to equal widths), the measured output staying
+  the decoder's; the decoder's mask on the source (the old computation) is the control;
+- KL divergences are float64 from the logits (a float64 reference; float32's loss of digits is
+  the control);
+- one-token sentences leave the loss change undefined: null in JSON, "n/a" in the terminal,
+  and never ranked;
+- --max-memory holds for the LM-head model the scorecard loads too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _lm_folder(tmp_path, kind, cls, layers=None):
+    import transformers
+    from zoo import ZOO, randomize, save_tokenizer
+
+    row = ZOO[kind]
+    torch.manual_seed(0)
+    config = row.config()
+    if layers is not None:
+        config.num_hidden_layers = layers
+    model = getattr(transformers, cls)(config)
+    randomize(model, row)
+    folder = tmp_path / kind
+    model.eval().save_pretrained(folder)
+    save_tokenizer(folder, row)
+    return folder
+
+
+def _hook(module, calls, edit):
+    """A pre-hook on `module` that applies edit(x) on the calls numbered in `calls` (0 first,
+    counted over one forward; None: every call); returns (handle, counter)."""
+    seen = [0]
+
+    def hook(m, args):
+        n = seen[0]
+        seen[0] += 1
+        if calls is None or n in calls:
+            return (edit(args[0].clone()), *args[1:])
+        return None
+    return module.register_forward_pre_hook(hook), seen
+
+
+def _zero(cols):
+    def edit(x):
+        x[..., cols] = 0
+        return x
+    return edit
+
+
+def _set(cols, mean):
+    def edit(x):
+        x[..., cols] = mean[cols]
+        return x
+    return edit
+
+
+# --- ALBERT: one module, one call per layer ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def albert(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import transformers
+    from zoo import load_tokenizer
+
+    folder = _lm_folder(tmp_path_factory.mktemp("albert"), "albert", "AlbertForMaskedLM",
+                        layers=2)
+    model = transformers.AlbertForMaskedLM.from_pretrained(folder).eval()
+    assert model.config.num_hidden_groups == 1  # one shared layer: every call the same module
+    return folder, model, load_tokenizer(folder)
+
+
+def _albert_reference(model, tok, sentences, hooks):
+    """(hidden per token, float64 log-probabilities per token), sentence by sentence, with
+    `hooks` = [(calls, edit)] on the shared W_O module (albert's attention.dense)."""
+    dense = model.albert.encoder.albert_layer_groups[0].albert_layers[0].attention.dense
+    hidden, logp = [], []
+    for sentence in sentences:
+        handles = [_hook(dense, calls, edit) for calls, edit in hooks]
+        try:
+            with torch.no_grad():
+                out = model(**tok(sentence, return_tensors="pt"), output_hidden_states=True)
+        finally:
+            for handle, seen in handles:
+                handle.remove()
+                assert seen[0] == 2  # the module ran once per layer
+        hidden.append(out.hidden_states[-1][0].double())
+        logp.append(torch.log_softmax(out.logits[0].double(), -1))
+    return torch.cat(hidden), torch.cat(logp)
+
+
+def _albert_means(model, tok, sentences, call):
+    """The mean W_O input of `call` over every token of every sentence (run one at a time)."""
+    dense = model.albert.encoder.albert_layer_groups[0].albert_layers[0].attention.dense
+    seen = []
+
+    def keep(x):
+        seen.append(x[0].clone())
+        return x
+    for sentence in sentences:
+        handle, _ = _hook(dense, {call}, keep)
+        with torch.no_grad():
+            model(**tok(sentence, return_tensors="pt"))
+        handle.remove()
+    return torch.cat(seen).mean(0)
+
+
+def _changes(base, other):
+    (h0, p0), (h1, p1) = base, other
+    hidden = float(((h1 - h0).norm(dim=-1) / h0.norm(dim=-1)).mean())
+    kl = float((p0.exp() * (p0 - p1)).sum(-1).mean())
+    return hidden, kl
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_albert_removes_a_head_in_its_own_call_only(albert, mode):
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
+
+    folder, model, tok = albert
+    sentences = ["the cat sat on the mat", "a dog ran"]  # padded in attnviz's batch
+    report = run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), model=str(folder),
+                                              ablate=mode, device="cpu")).ablation
+    assert report.loss_kind == "KL divergence" and len(report.effects) == 8
+    assert [e.layer for e in report.effects] == [0] * 4 + [1] * 4
+    base = _albert_reference(model, tok, sentences, [])
+    d = model.config.hidden_size // model.config.num_attention_heads
+    means = {n: _albert_means(model, tok, sentences, n) for n in (0, 1)}
+
+    def removed(calls, head, mean_of):
+        cols = slice(head * d, (head + 1) * d)
+        if mode == "zero":
+            return _changes(base, _albert_reference(model, tok, sentences,
+                                                    [(calls, _zero(cols))]))
+        hooks = [({n}, _set(cols, means[n])) for n in sorted(mean_of)]
+        return _changes(base, _albert_reference(model, tok, sentences, hooks))
+
+    for effect in report.effects:
+        n = effect.layer
+        hidden, kl = removed({n}, effect.head, {n})
+        assert effect.hidden_change == pytest.approx(hidden, rel=1e-4, abs=1e-9)
+        assert effect.loss_change == pytest.approx(kl, rel=1e-3, abs=1e-9)
+        # the control: the old hook edited every call of the shared module
+        everywhere, _ = removed(None if mode == "zero" else {0, 1}, effect.head, {0, 1})
+        assert effect.hidden_change != pytest.approx(everywhere, rel=1e-2)
+    # both layers' removals of one head differ (the old hook reported one number twice)
+    by = {(e.layer, e.head): e.hidden_change for e in report.effects}
+    assert all(by[0, h] != pytest.approx(by[1, h], rel=1e-3) for h in range(4))
+
+
+def test_a_w_o_module_running_more_often_than_its_attention_is_refused():
+    """The runtime check that keeps edits on calls: a W_O module whose call count per forward
+    is not its attention module's is refused, named."""
+    from attnviz.errors import CheckpointError
+    from attnviz.sources.hf_ablation import _Runner, _Site
+
+    linear = torch.nn.Linear(4, 4)
+
+    class Twice(torch.nn.Module):
+        def forward(self, input_ids):
+            x = input_ids.float()[..., None].expand(-1, -1, 4)
+            return linear(linear(x))
+
+    site = _Site(0, "attn.o_proj", linear, 0, None, torch.ones(1, 3, dtype=torch.bool), "0")
+    runner = _Runner(Twice(), {"input_ids": torch.ones(1, 3)}, [site], {id(linear): 1})
+    runner.model.forward = lambda input_ids, output_hidden_states: Twice.forward(None, input_ids)
+    with pytest.raises(CheckpointError, match="'attn.o_proj' of layer '0' ran 2 times"):
+        runner._forward(1, lambda s, x: x)
+    runner.expected = {id(linear): 2}  # the control: the count it really has passes
+    runner._forward(1, lambda s, x: x)
+
+
+# --- encoder–decoder: an encoder head's mean over the source's real tokens -----------------------
+
+@pytest.fixture(scope="module")
+def t5(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import transformers
+    from zoo import load_tokenizer
+
+    folder = _lm_folder(tmp_path_factory.mktemp("t5"), "t5", "T5ForConditionalGeneration")
+    model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
+    return folder, model, load_tokenizer(folder)
+
+
+def _t5_run(model, tok, source, target, hook=None):
+    """(decoder hidden per target token, float64 log-probabilities), one pair, unpadded."""
+    ids = tok(source, return_tensors="pt")["input_ids"]
+    dec = torch.tensor([[model.config.decoder_start_token_id, *tok(target)["input_ids"]]])
+    handle = hook() if hook else None
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, decoder_input_ids=dec, output_hidden_states=True)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return out.decoder_hidden_states[-1][0].double(), torch.log_softmax(out.logits[0].double(), -1)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("sources,targets,same", [
+    (("the cat sat on the mat", "a dog ran"), ("the red barn", "a cat"), False),
+    (("the cat sat", "a dog ran on"), ("the red barn", "a dog ran"), True)])
+def test_t5_encoder_mean_ablation_uses_the_sources_tokens(t5, sources, targets, same):
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
+
+    folder, model, tok = t5
+    src_width = max(len(tok(s)["input_ids"]) for s in sources)
+    tgt_width = max(1 + len(tok(t)["input_ids"]) for t in targets)
+    assert (src_width == tgt_width) is same
+    report = run_heatmap(HeatmapRequest.build(sentences=sources, model=str(folder),
+                                              ablate="mean", device="cpu", targets=targets,
+                                              layer="enc 1")).ablation
+    assert report.loss_kind == "KL divergence" and len(report.effects) == 4
+    o = model.encoder.block[1].layer[0].SelfAttention.o
+    pairs = list(zip(sources, targets, strict=True))
+    base = [_t5_run(model, tok, s, t) for s, t in pairs]
+    inputs = []  # the W_O input over each source's tokens (unpadded: all real)
+    for s, t in pairs:
+        _t5_run(model, tok, s, t, lambda: o.register_forward_pre_hook(
+            lambda m, args: inputs.append(args[0][0].clone())))
+    mean = torch.cat(inputs).mean(0)
+    # the control, the old computation: the padded source's W_O input averaged over the
+    # positions the DECODER's mask marks (only possible where the widths agree)
+    padded = torch.zeros(len(pairs), src_width, mean.shape[0])
+    for b, x in enumerate(inputs):
+        padded[b, :x.shape[0]] = x
+    dec_real = torch.zeros(len(pairs), tgt_width, dtype=torch.bool)
+    for b, t in enumerate(targets):
+        dec_real[b, :1 + len(tok(t)["input_ids"])] = True
+
+    def removed(head, value):
+        cols = slice(head * 8, (head + 1) * 8)
+        runs = [_t5_run(model, tok, s, t, lambda: _hook(o, None, _set(cols, value))[0])
+                for s, t in pairs]
+        return _changes((torch.cat([h for h, _ in base]), torch.cat([p for _, p in base])),
+                        (torch.cat([h for h, _ in runs]), torch.cat([p for _, p in runs])))
+
+    for effect in report.effects:
+        assert effect.label == "enc 1"
+        hidden, kl = removed(effect.head, mean)
+        assert effect.hidden_change == pytest.approx(hidden, rel=1e-4, abs=1e-9)
+        assert effect.loss_change == pytest.approx(kl, rel=1e-3, abs=1e-9)
+        if same:
+            old = padded[dec_real].mean(0)
+            wrong, _ = removed(effect.head, old)
+            assert effect.hidden_change != pytest.approx(wrong, rel=1e-3)
+
+
+# --- float64 divergences --------------------------------------------------------------------------
+
+def _kl_by_hand(p_logits, q_logits):
+    """KL(p ‖ q) of one position in Python floats (float64), log-sum-exp by math.fsum."""
+    def log_softmax(row):
+        top = max(row)
+        total = math.log(math.fsum(math.exp(v - top) for v in row)) + top
+        return [v - total for v in row]
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return math.fsum(math.exp(a) * (a - b) for a, b in zip(lp, lq, strict=True))
+
+
+def test_kl_is_float64_from_float32_logits():
+    """Float32 logits far from zero, nearly equal: the KL of the float32 values, computed in
+    float64, against a by-hand float64 reference; float32 arithmetic (the old computation)
+    misses it by far more than the tolerance."""
+    from attnviz.compute.ablation_measures import kl_divergence
+
+    rng = random.Random(0)
+    base = torch.tensor([[[800.0 + rng.gauss(0, 2) for _ in range(50)] for _ in range(3)]])
+    other = base + torch.tensor([[[rng.gauss(0, 1e-3) for _ in range(50)] for _ in range(3)]])
+    real = torch.tensor([[True, True, False]])
+    expected = sum(_kl_by_hand(base[0, t].double().tolist(), other[0, t].double().tolist())
+                   for t in range(2)) / 2
+    got = kl_divergence(base, other, real)
+    assert got == pytest.approx(expected, rel=1e-9)
+    log_p, log_q = torch.log_softmax(base, -1), torch.log_softmax(other, -1)  # float32
+    old = float((log_p.exp() * (log_p - log_q)).sum(-1)[real].mean())
+    assert old != pytest.approx(expected, rel=1e-2)
+
+
+def test_losses_are_float64_and_undefined_without_a_next_token():
+    from attnviz.compute.ablation_measures import next_token_losses
+
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 4, 30) + 500).float()
+    ids = torch.tensor([[3, 5, 3, 0], [7, 0, 0, 0]])
+    real = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    mean, repeat = next_token_losses(logits, ids, real)
+    lp = torch.log_softmax(logits.double(), -1)
+    expected = -(lp[0, 0, 5] + lp[0, 1, 3]) / 2  # sentence 2 has no next token
+    assert mean == pytest.approx(float(expected), rel=1e-12)
+    assert repeat == pytest.approx(float(-lp[0, 1, 3]), rel=1e-12)  # 3 repeats token 0
+    assert mean != pytest.approx(float(-(lp[0, 0, 5] + lp[0, 1, 3] + lp[1, 0, 0]) / 3), rel=1e-6)
+    assert next_token_losses(logits, ids, torch.tensor([[True, False, False, False]] * 2)) \
+        == (None, None)
+
+
+# --- one-token sentences: undefined, shown so, never ranked ---------------------------------------
+
+def test_one_token_sentences_leave_the_loss_change_undefined(cli):
+    from attnviz.compute.ablation_measures import NO_NEXT_TOKEN
+
+    result = cli("heatmap", "hello", "world", "--ablate", "zero", "--no-maps", "--rank",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    effects = doc["ablation"]
+    assert effects and all(e["loss_change"] is None and e["repeat_loss_change"] is None
+                           for e in effects)
+    assert doc["ablation_run"]["undefined"]["loss_change"] == NO_NEXT_TOKEN
+    assert doc["ablation_run"]["base_loss"] is None
+    causal = next(r for r in doc["ranking"] if r["type"] == "causal (ablation)")
+    # ranked by what is defined: the hidden changes, largest first, saying why
+    expected = sorted(effects, key=lambda e: (-e["hidden_change"], e["layer"], e["head"]))
+    assert [(h["layer"], h["head"]) for h in causal["heads"]] == \
+        [(e["layer"], e["head"]) for e in expected[:len(causal["heads"])]]
+    assert causal["statistic"] == "hidden change" and NO_NEXT_TOKEN in causal["meaning"]
+    # the control: index order (what ranking by NaN gave) is not the hidden-change order
+    assert [(h["layer"], h["head"]) for h in causal["heads"]] != \
+        [(e["layer"], e["head"]) for e in effects[:len(causal["heads"])]]
+
+    text = cli("heatmap", "hello", "world", "--ablate", "zero", "--no-maps")
+    assert text.exit_code == 0, text.output
+    assert "nan" not in text.stdout.lower().replace("n/a", "")
+    assert "n/a: no next token to predict" in " ".join(text.stdout.split())
+    first = expected[0]
+    assert "largest effect (by the hidden change" in text.stdout
+    line = " ".join(text.stdout.split()).split("largest effect")[1].split("; pattern")[0]
+    assert f"one token): L{first['label']}.{first['head']} (" in line
+
+
+def test_a_report_never_ranks_undefined_entries():
+    from attnviz.app.ablation_view import causal_ranking
+    from attnviz.compute.ablation_measures import AblationReport, HeadEffect
+
+    effects = [HeadEffect(0, "0", 0, 0.1, float("nan")), HeadEffect(0, "0", 1, 0.3, 0.5),
+               HeadEffect(1, "1", 0, 0.2, None), HeadEffect(1, "1", 1, 0.4, 0.2)]
+    report = AblationReport("zero", "KL divergence", effects)
+    ranking = causal_ranking(report, 10)
+    assert [(h.layer, h.head) for h in ranking.heads] == [(0, 1), (1, 1)]
+    assert report.ranked_field == "loss_change" and report.fallback is None
+    assert json.loads(json.dumps(effects[0].to_json(), allow_nan=False))["loss_change"] is None
