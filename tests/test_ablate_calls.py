@@ -357,3 +357,79 @@ def test_a_report_never_ranks_undefined_entries():
     assert [(h.layer, h.head) for h in ranking.heads] == [(0, 1), (1, 1)]
     assert report.ranked_field == "loss_change" and report.fallback is None
     assert json.loads(json.dumps(effects[0].to_json(), allow_nan=False))["loss_change"] is None
+
+
+# --- --max-memory holds for the LM-head model too -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def big_llama(tmp_path_factory):
+    """A LLaMA with an LM head and 134 MB of float32 weights: enough that a second, whole copy
+    in memory shows in the process's peak, well above the interpreter's own noise."""
+    pytest.importorskip("transformers")
+    import transformers
+    from zoo import ZOO, save_tokenizer
+
+    folder = tmp_path_factory.mktemp("big-llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=512, intermediate_size=2048,
+                                      num_hidden_layers=8, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=2000, pad_token_id=1,
+                                      bos_token_id=2, eos_token_id=3, tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    save_tokenizer(folder, ZOO["llama"])
+    return folder
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_max_memory_scorecard_is_offloaded_and_equal(big_llama):
+    """The LM-head model loads under the same limit (the note says so) and its scorecard
+    equals the unlimited run's."""
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
+
+    def scorecard(**limit):
+        return run_heatmap(HeatmapRequest.build(
+            sentences=("the cat sat on the mat",), model=str(big_llama), ablate="zero",
+            device="cpu", layer="0", **limit)).ablation
+
+    bounded, whole = scorecard(max_memory=16 * 2**20), scorecard()
+    assert any("LM-head model is loaded under the same" in note and "offloaded to disk" in note
+               for note in bounded.notes), bounded.notes
+    assert not any("under the same" in note for note in whole.notes)
+    for b, w in zip(bounded.effects, whole.effects, strict=True):
+        assert (b.layer, b.head) == (w.layer, w.head)
+        assert b.hidden_change == pytest.approx(w.hidden_change, rel=1e-5, abs=1e-9)
+        assert b.loss_change == pytest.approx(w.loss_change, rel=1e-4, abs=1e-7)
+
+
+def _peak_mb(*args):
+    """The peak resident memory (MB) of one `attnviz heatmap` process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's attnviz, not another
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    script = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+              "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", script, sys.executable, "-m", "attnviz",
+                           "heatmap", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    code, peak = done.stdout.split()[-2:]
+    assert code == "0", done.stdout + done.stderr
+    return int(peak) / 1024  # ru_maxrss is in KB on Linux
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_max_memory_bounds_the_scorecards_peak(big_llama):
+    """--ablate under --max-memory 16MB peaks about where --max-memory alone does; the control,
+    --ablate without a limit, holds both 134 MB models whole and peaks far higher."""
+    base = ("--model", big_llama, "the cat sat on the mat", "--no-maps", "--layer", "0")
+    limited = _peak_mb(*base, "--max-memory", "16MB")
+    ablated = _peak_mb(*base, "--max-memory", "16MB", "--ablate", "zero")
+    unbounded = _peak_mb(*base, "--ablate", "zero")
+    assert ablated < limited + 60, (limited, ablated, unbounded)
+    assert unbounded > ablated + 150, (limited, ablated, unbounded)

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from attnviz.compute.ablation_measures import CAUSAL_LOSS, AblationReport
 from attnviz.compute.stats import HeadStats
+from attnviz.errors import with_options
 from attnviz.render.maps_terminal import colour_off, ramp
 
 MEASURES = (("hidden_change", "hidden change: mean ‖h′−h‖/‖h‖ of the final hidden states"),
@@ -87,5 +88,6 @@ def print_scorecard(console: Console, report: AblationReport, stats: list[HeadSt
     console.print(Text(f"largest effect{fallback}: {ranked}; pattern ranking (--rank) and "
                        "causal ranking can disagree: a head matters by what it writes, not by "
                        "where it looks", style="dim"), overflow="fold")
-    for note in report.notes:
-        console.print(Text(f"note: {note}", style="dim"), overflow="fold")
+    for note in report.notes:  # the terminal is the CLI's: option references as their flags
+        shown = with_options(note, lambda name: "--" + name.replace("_", "-"))
+        console.print(Text(f"note: {shown}", style="dim"), overflow="fold")

@@ -91,10 +91,11 @@ def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str], Any]:
         model = model.to(input_device(loaded.model))
     elif loaded.max_memory is not None:
         device_map = getattr(model, "hf_device_map", None) or {}
-        disk = sum(1 for where in device_map.values() if where == "disk")
+        disk = [name for name, where in device_map.items() if where == "disk"]
+        what = "the whole model" if disk == [""] else \
+            f"{len(disk)} module{'s' * (len(disk) != 1)}"
         notes.append(f"the LM-head model is loaded under the same {option('max_memory')}: "
-                     + (f"{disk} module{'s' * (disk != 1)} offloaded to disk" if disk
-                        else "none offloaded (it fits)"))
+                     + (f"{what} offloaded to disk" if disk else "none offloaded (it fits)"))
     return model, kind, notes, offload
 
 
