@@ -45,7 +45,7 @@ from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, option, printable
 from attnviz.sources import hf_guard
 from attnviz.sources.hf.layers import ModelLayer, Plan
-from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, _placement, input_device
+from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, input_device
 from attnviz.sources.value_states import recognized_layers
 
 COPY_BUDGET_BYTES = 256 * 2**20  # hidden states of the stacked copies, roughly
@@ -104,7 +104,16 @@ def _lm_placement(loaded: LoadedModel) -> tuple[dict[str, Any], Any]:
     --max-memory limits, a fresh offload folder; or --device-map auto), else none (moved to the
     first load's device)."""
     if loaded.max_memory is not None:
-        return _placement(str(input_device(loaded.model)), None, loaded.max_memory)
+        import tempfile
+
+        # as hf.load placed the first load: the limit on the CPU and on the device it runs on
+        target = input_device(loaded.model)
+        limits: dict[int | str, int] = {"cpu": loaded.max_memory}
+        if target.type == "cuda":
+            limits[target.index or 0] = loaded.max_memory
+        offload = tempfile.TemporaryDirectory(prefix="attnviz-offload-")
+        return {"device_map": "auto", "max_memory": limits, "offload_folder": offload.name}, \
+            offload
     if getattr(loaded.model, "hf_device_map", None):
         return {"device_map": "auto"}, None
     return {}, None
@@ -184,69 +193,76 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
     """The scorecard of `heads` (call index, label, head) of the shown layers."""
     model, kind, notes, offload = _load_lm(loaded)
     try:
-        return _scorecard(loaded, plan, shown, heads, mode, report, model, kind, notes)
+        runner = plan.prepared.runner if kind is None else model
+        decoder = plan.prepared.target is not None
+        if kind == "seq2seq" and not decoder:
+            runner, kind = model.get_encoder(), None
+            notes.append(f"encoder-decoder model without {option('target')}: its encoder's "
+                         "hidden states only")
+        sites, expected = _sites(model if runner is not plan.prepared.runner else loaded.model,
+                                 loaded, plan, shown)
+        real = _real(plan, decoder and kind != "masked")  # the measured output's tokens
+        run = _Runner(runner, plan.prepared.feed, sites, expected)
+        ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
+        width = max(site.layer.embed_dim or 1 for site in sites)
+        per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES
+                         // max(1, real.shape[0] * real.shape[1] * width * 4 * 8)))
+        with torch.no_grad(), hf_guard.silenced():
+            effects, scored = _effects(run, heads, mode, per, report,
+                                       _Scored(kind, real, ids))
     finally:
         del model  # before its offload folder goes
         if offload is not None:
             offload.cleanup()
-
-
-def _scorecard(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
-               heads: list[tuple[int, str, int]], mode: str, report: Callable[[str], None],
-               model: Any, kind: str | None, notes: list[str]) -> AblationReport:
-    runner = plan.prepared.runner if kind is None else model
-    decoder = plan.prepared.target is not None
-    if kind == "seq2seq" and not decoder:
-        runner, kind = model.get_encoder(), None
-        notes.append(f"encoder-decoder model without {option('target')}: its encoder's hidden "
-                     "states only")
-    sites, expected = _sites(model if runner is not plan.prepared.runner else loaded.model,
-                             loaded, plan, shown)
-    real = _real(plan, decoder and kind != "masked")  # the measured output's tokens
-    run = _Runner(runner, plan.prepared.feed, sites, expected)
-    ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
-    B = real.shape[0]
-    width = max(site.layer.embed_dim or 1 for site in sites)
-    per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES // max(1, B * real.shape[1] * width * 4 * 8)))
-    effects: list[HeadEffect] = []
-    with torch.no_grad(), hf_guard.silenced():
-        # the unablated run is copy 0 of the first forward: the means of `mean` come from it,
-        # call by call, before the same call's ablated copies need them
-        first = heads[:per - 1]
-        report(f"ablating heads 1-{len(first)} of {len(heads)}" if first else
-               "running the model unablated")
-        means: dict[int, torch.Tensor] = {}
-        hidden, logits = run.ablated(first, mode, means, with_base=True)
-        base_hidden, base_logits = hidden[:B], None if logits is None else logits[:B]
-        base_loss = base_repeat = None
-        if kind == "causal" and base_logits is not None and ids is not None:
-            base_loss, base_repeat = next_token_losses(base_logits, ids.cpu(), real)
-        scored = _Scored(kind, base_hidden, base_logits, base_loss, base_repeat, ids, real)
-        effects += scored.effects(first, hidden[B:], None if logits is None else logits[B:])
-        for start in range(len(first), len(heads), per):
-            chunk = heads[start:start + per]
-            report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
-            hidden, logits = run.ablated(chunk, mode, means)
-            effects += scored.effects(chunk, hidden, logits)
     loss_kind = CAUSAL_LOSS if kind == "causal" else None if kind is None else KL
-    return AblationReport(mode, loss_kind, effects, base_loss, base_repeat, per, notes,
-                          undefined_measures(loss_kind, base_loss, base_repeat))
+    return AblationReport(mode, loss_kind, effects, scored.base_loss, scored.base_repeat, per,
+                          notes, undefined_measures(loss_kind, scored.base_loss,
+                                                    scored.base_repeat))
+
+
+def _effects(run: _Runner, heads: list[tuple[int, str, int]], mode: str, per: int,
+             report: Callable[[str], None], scored: _Scored
+             ) -> tuple[list[HeadEffect], _Scored]:
+    """Every head's effect, `per` copies a forward; `scored` filled with the unablated run."""
+    B = scored.real.shape[0]
+    # the unablated run is copy 0 of the first forward: the means of `mean` come from it,
+    # call by call, before the same call's ablated copies need them
+    first = heads[:per - 1]
+    report(f"ablating heads 1-{len(first)} of {len(heads)}" if first else
+           "running the model unablated")
+    means: dict[int, torch.Tensor] = {}
+    hidden, logits = run.ablated(first, mode, means, with_base=True)
+    scored.set_base(hidden[:B], None if logits is None else logits[:B])
+    effects = scored.effects(first, hidden[B:], None if logits is None else logits[B:])
+    for start in range(len(first), len(heads), per):
+        chunk = heads[start:start + per]
+        report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
+        hidden, logits = run.ablated(chunk, mode, means)
+        effects += scored.effects(chunk, hidden, logits)
+    return effects, scored
 
 
 @dataclass
 class _Scored:
-    """Each ablated copy's measures against the unablated run."""
+    """Each ablated copy's measures against the unablated run (`set_base`)."""
 
     kind: str | None
-    base_hidden: torch.Tensor
-    base_logits: torch.Tensor | None
-    base_loss: float | None
-    base_repeat: float | None
+    real: torch.Tensor  # (B, L) the measured output's real tokens
     ids: torch.Tensor | None
-    real: torch.Tensor
+    base_hidden: torch.Tensor | None = None
+    base_logits: torch.Tensor | None = None
+    base_loss: float | None = None
+    base_repeat: float | None = None
+
+    def set_base(self, hidden: torch.Tensor, logits: torch.Tensor | None) -> None:
+        self.base_hidden, self.base_logits = hidden, logits
+        if self.kind == "causal" and logits is not None and self.ids is not None:
+            self.base_loss, self.base_repeat = next_token_losses(logits, self.ids.cpu(),
+                                                                 self.real)
 
     def effects(self, chunk: list[tuple[int, str, int]], hidden: torch.Tensor,
                 logits: torch.Tensor | None) -> list[HeadEffect]:
+        assert self.base_hidden is not None  # set_base first
         B, real, ids = self.base_hidden.shape[0], self.real, self.ids
         found = []
         for c, (index, label, head) in enumerate(chunk):
