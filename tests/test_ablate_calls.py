@@ -325,7 +325,7 @@ def test_one_token_sentences_leave_the_loss_change_undefined(cli):
     from attnviz.compute.ablation_measures import NO_NEXT_TOKEN
 
     result = cli("heatmap", "hello", "world", "--ablate", "zero", "--no-maps", "--rank",
-                 "--json")
+                 "--overview", "ablation", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     effects = doc["ablation"]
@@ -333,6 +333,9 @@ def test_one_token_sentences_leave_the_loss_change_undefined(cli):
                            for e in effects)
     assert doc["ablation_run"]["undefined"]["loss_change"] == NO_NEXT_TOKEN
     assert doc["ablation_run"]["base_loss"] is None
+    # the overview's key names the loss change: its cells are undefined, not hidden changes
+    cells = [c["value"] for row in doc["overview"]["rows"] for c in row["heads"]]
+    assert len(cells) == len(effects) and all(v is None for v in cells)
     causal = next(r for r in doc["ranking"] if r["type"] == "causal (ablation)")
     # ranked by what is defined: the hidden changes, largest first, saying why
     expected = sorted(effects, key=lambda e: (-e["hidden_change"], e["layer"], e["head"]))
@@ -342,6 +345,13 @@ def test_one_token_sentences_leave_the_loss_change_undefined(cli):
     # the control: index order (what ranking by NaN gave) is not the hidden-change order
     assert [(h["layer"], h["head"]) for h in causal["heads"]] != \
         [(e["layer"], e["head"]) for e in effects[:len(causal["heads"])]]
+
+    defined = json.loads(cli("heatmap", "hello world", "--ablate", "zero", "--no-maps",
+                             "--overview", "ablation", "--json").stdout)
+    by_head = {(e["layer"], e["head"]): e["loss_change"] for e in defined["ablation"]}
+    shown = {(row["layer"], c["head"]): c["value"] for row in defined["overview"]["rows"]
+             for c in row["heads"]}
+    assert shown == by_head and None not in shown.values()
 
     text = cli("heatmap", "hello", "world", "--ablate", "zero", "--no-maps")
     assert text.exit_code == 0, text.output

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnviz.compute.ablation_measures import MEANINGS, AblationReport
+from attnviz.compute.ablation_measures import MEANINGS, AblationReport, defined
 from attnviz.compute.overview import Overview, build_overview
 from attnviz.compute.ranking import HeadRanking, RankedHead
 from attnviz.compute.stats import HeadStats
@@ -10,16 +10,20 @@ from attnviz.errors import UsageError, option
 
 
 def ablation_overview(head_stats: list[HeadStats], report: AblationReport | None) -> Overview:
-    """Layers × heads, each cell the head's causal effect (the report's score; blank where
-    undefined)."""
+    """Layers × heads, each cell the head's causal effect (the loss change or KL with an LM
+    head, else the hidden change; "–" where undefined)."""
     if report is None:
         raise UsageError(f"{option('overview')} ablation shows the scorecard of {option('ablate')}",
                          fix=f"add {option('ablate')}, or choose another {option('overview')}",
                          option="overview")
 
+    # the key reads "the LM loss (or KL) with an LM head, else the hidden states": an undefined
+    # loss change is shown undefined ("–"), not replaced by the hidden change under that key
+    field = "hidden_change" if report.loss_kind is None else "loss_change"
+
     def effect_of(stats: HeadStats) -> float | None:
         effect = report.effect(stats.layer, stats.head)
-        return None if effect is None else report.score(effect)
+        return None if effect is None else defined(getattr(effect, field))
 
     return build_overview(head_stats, "ablation", effect_of)
 

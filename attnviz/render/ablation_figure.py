@@ -69,7 +69,8 @@ def ablation_figure(report: AblationReport, stats: list[HeadStats] | None, title
             if not np.isnan(value):
                 ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=7,
                         color="white" if value < np.nanmax(grid) * 0.6 else "black")
-        fig.colorbar(image, ax=ax, shrink=0.8)
+        if why is None:  # no scale for a panel with no value
+            fig.colorbar(image, ax=ax, shrink=0.8)
     mode = "zeroed" if report.mode == "zero" else "mean-replaced"
     fig.suptitle(label(f"{title} · heads removed ({mode})"), fontsize=10, parse_math=False)
     return fig
