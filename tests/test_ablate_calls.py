@@ -450,3 +450,30 @@ def test_max_memory_bounds_the_scorecards_peak(big_llama):
     unbounded = _peak_mb(*base, "--ablate", "zero")
     assert ablated < limited + 60, (limited, ablated, unbounded)
     assert unbounded > ablated + 150, (limited, ablated, unbounded)
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+def test_hf_causal_lm_one_token_sentences_are_undefined(tmp_path):
+    """GPT-2 (no <s> added) on one-word sentences: no next token anywhere, so the loss change
+    is undefined for every head and the ranking goes by the hidden change; the control, a
+    two-word sentence, defines it."""
+    from attnviz.app.heatmap import HeatmapRequest, run_heatmap
+    from attnviz.compute.ablation_measures import NO_NEXT_TOKEN
+
+    folder = _lm_folder(tmp_path, "gpt2", "GPT2LMHeadModel")
+
+    def report(*sentences):
+        return run_heatmap(HeatmapRequest.build(sentences=sentences, model=str(folder),
+                                                ablate="zero", device="cpu")).ablation
+
+    one = report("cat", "dog")
+    assert one.loss_kind == "next-token loss" and one.base_loss is None
+    assert all(e.loss_change is None and e.hidden_change > 0 for e in one.effects)
+    assert one.undefined["loss_change"] == NO_NEXT_TOKEN and one.measure == "hidden change"
+    assert [e.hidden_change for e in one.ranked()] == \
+        sorted((e.hidden_change for e in one.effects), reverse=True)
+    two = report("the cat")
+    assert two.base_loss is not None and "loss_change" not in two.undefined
+    assert all(e.loss_change is not None and math.isfinite(e.loss_change) for e in two.effects)
+    assert two.measure == "loss change"
