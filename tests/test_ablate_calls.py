@@ -179,14 +179,13 @@ def test_a_w_o_module_running_more_often_than_its_attention_is_refused():
 
     linear = torch.nn.Linear(4, 4)
 
-    class Twice(torch.nn.Module):
-        def forward(self, input_ids):
+    class Twice(torch.nn.Module):  # one attention call, its W_O module run twice
+        def forward(self, input_ids, output_hidden_states=False):
             x = input_ids.float()[..., None].expand(-1, -1, 4)
-            return linear(linear(x))
+            return (linear(linear(x)),)
 
     site = _Site(0, "attn.o_proj", linear, 0, None, torch.ones(1, 3, dtype=torch.bool), "0")
     runner = _Runner(Twice(), {"input_ids": torch.ones(1, 3)}, [site], {id(linear): 1})
-    runner.model.forward = lambda input_ids, output_hidden_states: Twice.forward(None, input_ids)
     with pytest.raises(CheckpointError, match="'attn.o_proj' of layer '0' ran 2 times"):
         runner._forward(1, lambda s, x: x)
     runner.expected = {id(linear): 2}  # the control: the count it really has passes
@@ -417,6 +416,30 @@ def test_max_memory_scorecard_is_offloaded_and_equal(big_llama):
         assert (b.layer, b.head) == (w.layer, w.head)
         assert b.hidden_change == pytest.approx(w.hidden_change, rel=1e-5, abs=1e-9)
         assert b.loss_change == pytest.approx(w.loss_change, rel=1e-4, abs=1e-7)
+
+
+def test_the_lm_head_model_is_placed_as_the_first_load_was():
+    """The LM-head model's from_pretrained placement follows the first load: --max-memory's
+    limits and a fresh offload folder; a device map (accelerate's, which --device-map auto
+    leaves where it spread the model) as "auto"; else none (moved to the first load's
+    device)."""
+    from types import SimpleNamespace
+
+    from attnviz.sources.hf_ablation import _lm_placement
+
+    model = torch.nn.Embedding(4, 2)
+    model.get_input_embeddings = lambda: model
+    bounded, folder = _lm_placement(SimpleNamespace(model=model, max_memory=5_000))
+    try:
+        assert bounded == {"device_map": "auto", "max_memory": {"cpu": 5_000},
+                           "offload_folder": folder.name}
+    finally:
+        folder.cleanup()
+    model.hf_device_map = {"": "cpu"}
+    assert _lm_placement(SimpleNamespace(model=model, max_memory=None)) == \
+        ({"device_map": "auto"}, None)
+    del model.hf_device_map  # the control: one device, no map
+    assert _lm_placement(SimpleNamespace(model=model, max_memory=None)) == ({}, None)
 
 
 def _peak_mb(*args):
