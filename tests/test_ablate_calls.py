@@ -500,3 +500,20 @@ def test_hf_causal_lm_one_token_sentences_are_undefined(tmp_path):
     assert two.base_loss is not None and "loss_change" not in two.undefined
     assert all(e.loss_change is not None and math.isfinite(e.loss_change) for e in two.effects)
     assert two.measure == "loss change"
+
+
+def test_rank_heads_never_ranks_a_nan_statistic():
+    """A NaN statistic (undefined) is left out of its type's ranking, not sorted by index; the
+    control: the same head with a number is ranked."""
+    from attnviz.compute.ranking import rank_heads
+    from attnviz.compute.stats import HeadStats
+
+    def stats(head, previous):
+        return HeadStats(0, head, 1.0, 0.5, 1.0, 0.1, previous, 0.2, None, None)
+
+    row = next(r for r in rank_heads([stats(0, float("nan")), stats(1, 0.4)], top=5)
+               if r.head_type == "previous-token")
+    assert [(h.head, h.score) for h in row.heads] == [(1, 0.4)]
+    row = next(r for r in rank_heads([stats(0, 0.9), stats(1, 0.4)], top=5)
+               if r.head_type == "previous-token")
+    assert [h.head for h in row.heads] == [0, 1]
