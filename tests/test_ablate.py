@@ -1,7 +1,8 @@
 """--ablate: every scorecard number equals the same ablation done independently — the head's
 W_O columns zeroed in the weights (for `mean`: those columns folded into the output bias with
 the head's mean output) and the model run as it was trained or as transformers runs it — with
-negative controls (a different head's columns), and the bundled model's induction circuit."""
+negative controls (a different head's columns), and the bundled model's induction circuit.
+Losses and divergences of the references are float64 from the logits, as attnviz's are."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def _reference(model, ids_list, removed=None, mean=None):
             final = model.ln_f(model.residual(t))
             logits = final @ model.unembed.weight.T
             hidden.append(final[0])
-            losses.append(torch.nn.functional.cross_entropy(logits[0, :-1], t[0, 1:],
+            losses.append(torch.nn.functional.cross_entropy(logits[0, :-1].double(), t[0, 1:],
                                                             reduction="none"))
     model.load_state_dict(state)
     return hidden, losses
@@ -283,7 +284,7 @@ def test_hf_causal_lm_scorecard_equals_editing_the_weights(kind, cls, tmp_path):
     def run_model():
         with torch.no_grad():
             out = model(ids, output_hidden_states=True)
-        loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:])
+        loss = torch.nn.functional.cross_entropy(out.logits[0, :-1].double(), ids[0, 1:])
         return out.hidden_states[-1][0], float(loss)
 
     base_h, base_loss = run_model()
@@ -343,8 +344,8 @@ def test_hf_mean_ablation_over_several_forwards_equals_a_mean_hook(tmp_path, mon
             for ids in ids_list:
                 out = model(ids, output_hidden_states=True)
                 hidden.append(out.hidden_states[-1][0])
-                losses.append(torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:],
-                                                                reduction="none"))
+                losses.append(torch.nn.functional.cross_entropy(
+                    out.logits[0, :-1].double(), ids[0, 1:], reduction="none"))
         if handle:
             handle.remove()
         return hidden, torch.cat(losses).mean()
@@ -410,8 +411,8 @@ def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
     model = transformers.BertForMaskedLM.from_pretrained(folder).eval()
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
     feed = tok(sentence, return_tensors="pt")
-    with torch.no_grad():
-        base = torch.log_softmax(model(**feed).logits[0], -1)
+    with torch.no_grad():  # float64 from the logits on, as attnviz computes divergences
+        base = torch.log_softmax(model(**feed).logits[0].double(), -1)
     d = 8
 
     def kl(head):
@@ -419,7 +420,7 @@ def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
         saved = weight.detach().clone()
         with torch.no_grad():
             weight[:, head * d:(head + 1) * d] = 0
-            other = torch.log_softmax(model(**feed).logits[0], -1)
+            other = torch.log_softmax(model(**feed).logits[0].double(), -1)
             weight.copy_(saved)
         return float((base.exp() * (base - other)).sum(-1).mean())
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnviz.compute.ablation_measures import AblationReport
+from attnviz.compute.ablation_measures import MEANINGS, AblationReport, defined
 from attnviz.compute.overview import Overview, build_overview
 from attnviz.compute.ranking import HeadRanking, RankedHead
 from attnviz.compute.stats import HeadStats
@@ -10,24 +10,31 @@ from attnviz.errors import UsageError, option
 
 
 def ablation_overview(head_stats: list[HeadStats], report: AblationReport | None) -> Overview:
-    """Layers × heads, each cell the head's causal effect (the report's score)."""
+    """Layers × heads, each cell the head's causal effect (the loss change or KL with an LM
+    head, else the hidden change; "–" where undefined)."""
     if report is None:
         raise UsageError(f"{option('overview')} ablation shows the scorecard of {option('ablate')}",
                          fix=f"add {option('ablate')}, or choose another {option('overview')}",
                          option="overview")
 
+    # the key reads "the LM loss (or KL) with an LM head, else the hidden states": an undefined
+    # loss change is shown undefined ("–"), not replaced by the hidden change under that key
+    field = "hidden_change" if report.loss_kind is None else "loss_change"
+
     def effect_of(stats: HeadStats) -> float | None:
         effect = report.effect(stats.layer, stats.head)
-        return None if effect is None else report.score(effect)
+        return None if effect is None else defined(getattr(effect, field))
 
     return build_overview(head_stats, "ablation", effect_of)
 
 
 def causal_ranking(report: AblationReport, top: int) -> HeadRanking:
-    """The heads whose removal changes the output most."""
-    ranked = sorted(report.effects, key=lambda e: (-report.score(e), e.layer, e.head))
-    meaning = {"loss change": "rise of the next-token loss when the head is removed",
-               "KL": "KL divergence of the outputs when the head is removed",
-               "hidden change": "relative change of the final hidden states when removed"}
-    return HeadRanking("causal (ablation)", report.measure, meaning[report.measure],
-                       [RankedHead(e.layer, e.head, report.score(e)) for e in ranked[:top]])
+    """The heads whose removal changes the output most; heads whose measure is undefined are
+    not ranked, and a loss change undefined for every head falls back to the hidden change,
+    saying so."""
+    meaning = MEANINGS[report.measure]
+    if report.fallback is not None:
+        meaning = f"{meaning} ({report.fallback})"
+    return HeadRanking("causal (ablation)", report.measure, meaning,
+                       [RankedHead(e.layer, e.head, score) for e in report.ranked()[:top]
+                        if (score := report.score(e)) is not None])

@@ -7,6 +7,7 @@ in nats for broad heads), so a ranking reads like the statistics table, sorted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from attnviz.compute.stats import HeadStats
@@ -48,11 +49,12 @@ class HeadRanking:
 
 
 def rank_heads(stats: list[HeadStats], top: int = DEFAULT_TOP) -> list[HeadRanking]:
-    """For each head type, the `top` heads with the highest score (ties: lower layer, head)."""
+    """For each head type, the `top` heads with the highest score (ties: lower layer, head);
+    a head whose statistic is undefined (None or NaN) is never ranked."""
     rankings = []
     for head_type, (statistic, meaning) in HEAD_TYPES.items():
         scored = [(value, s) for s in stats
-                  if (value := getattr(s, statistic)) is not None]
+                  if (value := getattr(s, statistic)) is not None and math.isfinite(value)]
         scored.sort(key=lambda item: (-item[0], item[1].layer, item[1].head))
         rankings.append(HeadRanking(head_type, statistic, meaning,
                                     [RankedHead(s.layer, s.head, value)

@@ -37,7 +37,7 @@ def _grid(report: AblationReport, field: str) -> tuple[np.ndarray, list[str], in
     grid = np.full((len(labels), heads), np.nan)
     for e in report.effects:
         value = getattr(e, field)
-        if value is not None:
+        if value is not None and np.isfinite(value):  # undefined cells stay blank
             grid[labels.index(e.label), e.head] = value
     return grid, labels, heads
 
@@ -46,7 +46,8 @@ def _grid(report: AblationReport, field: str) -> tuple[np.ndarray, list[str], in
 def ablation_figure(report: AblationReport, stats: list[HeadStats] | None, title: str
                     ) -> Figure:
     """A panel per measure the report holds; each cell annotated with its value."""
-    fields = [f for f in TITLES if any(getattr(e, f) is not None for e in report.effects)]
+    fields = [f for f in TITLES if any(getattr(e, f) is not None for e in report.effects)
+              or (f == "loss_change" and f in report.undefined)]
     _, labels, heads = _grid(report, fields[0])
     fig = new_figure(1.2 + 0.9 * max(heads, 2) * len(fields), 1.4 + 0.5 * len(labels))
     titles = dict(TITLES)
@@ -56,7 +57,9 @@ def ablation_figure(report: AblationReport, stats: list[HeadStats] | None, title
         grid, _, _ = _grid(report, field)
         ax = fig.add_subplot(1, len(fields), i + 1)
         image = ax.imshow(grid, cmap="magma", aspect="auto")
-        ax.set_title(titles[field], fontsize=9)
+        why = report.undefined.get(field) if np.isnan(grid).all() else None
+        ax.set_title(titles[field] + (f"\nn/a: {why}" if why else ""), fontsize=9,
+                     wrap=True)
         ax.set_xticks(range(heads))
         ax.set_yticks(range(len(labels)), [label(t, 16) for t in labels])
         ax.set_xlabel("head")
@@ -66,7 +69,8 @@ def ablation_figure(report: AblationReport, stats: list[HeadStats] | None, title
             if not np.isnan(value):
                 ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=7,
                         color="white" if value < np.nanmax(grid) * 0.6 else "black")
-        fig.colorbar(image, ax=ax, shrink=0.8)
+        if why is None:  # no scale for a panel with no value
+            fig.colorbar(image, ax=ax, shrink=0.8)
     mode = "zeroed" if report.mode == "zero" else "mean-replaced"
     fig.suptitle(label(f"{title} · heads removed ({mode})"), fontsize=10, parse_math=False)
     return fig

@@ -3,12 +3,15 @@ change removing that head makes, with each head's pattern type beside it for com
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from attnviz.compute.ablation_measures import CAUSAL_LOSS, AblationReport
 from attnviz.compute.stats import HeadStats
+from attnviz.errors import with_options
 from attnviz.render.maps_terminal import colour_off, ramp
 
 MEASURES = (("hidden_change", "hidden change: mean ‖h′−h‖/‖h‖ of the final hidden states"),
@@ -19,9 +22,19 @@ MEASURES = (("hidden_change", "hidden change: mean ‖h′−h‖/‖h‖ of the
 
 def _loss_meaning(report: AblationReport) -> str:
     if report.loss_kind == CAUSAL_LOSS:
+        base = "undefined" if report.base_loss is None else f"{report.base_loss:.3f}"
         return (f"loss change: mean next-token loss (nats) with the head removed minus without "
-                f"({report.base_loss:.3f})")
+                f"({base})")
     return "loss change: mean KL divergence (nats) of the output distributions"
+
+
+UNDEFINED = "n/a"  # a measure this input does not define (the reason printed below it)
+
+
+def _cell(value: float | None, field: str, undefined: bool) -> str:
+    if value is None or not math.isfinite(value):
+        return UNDEFINED if undefined or value is not None else "–"
+    return f"{value:.3f}" if field == "hidden_change" else f"{value:+.3f}"
 
 
 def scorecard_table(report: AblationReport, field: str, colour: bool) -> Table:
@@ -30,8 +43,9 @@ def scorecard_table(report: AblationReport, field: str, colour: bool) -> Table:
         layers.setdefault((effect.layer, effect.label), {})[effect.head] = \
             getattr(effect, field)
     heads = sorted({h for row in layers.values() for h in row})
-    top = max((abs(v) for row in layers.values() for v in row.values() if v is not None),
-              default=0.0)
+    top = max((abs(v) for row in layers.values() for v in row.values()
+               if v is not None and math.isfinite(v)), default=0.0)
+    undefined = field in report.undefined
     table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1))
     table.add_column("layer", justify="right", style="dim")
     for head in heads:
@@ -40,9 +54,9 @@ def scorecard_table(report: AblationReport, field: str, colour: bool) -> Table:
         cells = []
         for head in heads:
             value = row.get(head)
-            text = "–" if value is None else f"{value:+.3f}" if field != "hidden_change" \
-                else f"{value:.3f}"
-            style = ramp(abs(value) / top) if colour and value is not None and top > 0 else ""
+            text = _cell(value, field, undefined)
+            style = ramp(abs(value) / top) if colour and value is not None and \
+                math.isfinite(value) and top > 0 else ""
             cells.append(Text(text, style=style))
         table.add_row(label, *cells)
     return table
@@ -56,15 +70,24 @@ def print_scorecard(console: Console, report: AblationReport, stats: list[HeadSt
     colour = not colour_off(console)
     for field, meaning in MEASURES:
         values = [getattr(e, field) for e in report.effects]
-        if all(v is None for v in values):
+        # an all-undefined grid is shown as such (n/a, with the reason) where the run has the
+        # measure at all; a repeat loss without repeated tokens stays silent, as before
+        shown_undefined = field == "loss_change" and field in report.undefined
+        if all(v is None for v in values) and not shown_undefined:
             continue
         console.print(Text(meaning or _loss_meaning(report), style="dim"), overflow="fold")
         console.print(scorecard_table(report, field, colour))
-    top = sorted(report.effects, key=lambda e: -report.score(e))[:3]
+        if field in report.undefined and any(v is None for v in values):
+            console.print(Text(f"{UNDEFINED}: {report.undefined[field]}", style="dim"),
+                          overflow="fold")
+    top = report.ranked()[:3]
     types = {(s.layer, s.head): s.label or "–" for s in stats}
-    console.print(Text("largest effect: " + ", ".join(
-        f"L{e.label}.{e.head} ({types.get((e.layer, e.head), '–')})" for e in top)
-        + "; pattern ranking (--rank) and causal ranking can disagree: a head matters by what "
-        "it writes, not by where it looks", style="dim"), overflow="fold")
-    for note in report.notes:
-        console.print(Text(f"note: {note}", style="dim"), overflow="fold")
+    ranked = ", ".join(f"L{e.label}.{e.head} ({types.get((e.layer, e.head), '–')})"
+                       for e in top) or UNDEFINED
+    fallback = f" ({report.fallback})" if report.fallback else ""
+    console.print(Text(f"largest effect{fallback}: {ranked}; pattern ranking (--rank) and "
+                       "causal ranking can disagree: a head matters by what it writes, not by "
+                       "where it looks", style="dim"), overflow="fold")
+    for note in report.notes:  # the terminal is the CLI's: option references as their flags
+        shown = with_options(note, lambda name: "--" + name.replace("_", "-"))
+        console.print(Text(f"note: {shown}", style="dim"), overflow="fold")

@@ -21,8 +21,10 @@ from attnviz.compute.ablation_measures import (
     CAUSAL_LOSS,
     AblationReport,
     HeadEffect,
+    difference,
     hidden_change,
     next_token_losses,
+    undefined_measures,
 )
 from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
 from attnviz.compute.inputs import padding_mask
@@ -148,10 +150,10 @@ def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, in
                     loss, repeat = next_token_losses(logits[part], ids, real)
                 effects.append(HeadEffect(
                     index, label, head, hidden_change(base_hidden, hidden[part], real),
-                    None if loss is None or base_loss is None else loss - base_loss,
-                    None if repeat is None or base_repeat is None else repeat - base_repeat))
-    return AblationReport(mode, CAUSAL_LOSS if forward.lm else None, effects, base_loss,
-                          base_repeat, per)
+                    difference(loss, base_loss), difference(repeat, base_repeat)))
+    loss_kind = CAUSAL_LOSS if forward.lm else None
+    return AblationReport(mode, loss_kind, effects, base_loss, base_repeat, per,
+                          undefined=undefined_measures(loss_kind, base_loss, base_repeat))
 
 
 def _editor(chunk: list[tuple[int, str, AttentionLayer, int]], B: int, mode: str,

@@ -7,10 +7,23 @@ states only). A forward pre-hook on each shown layer's output projection (the mo
 attnviz's W_O, wherever the packing stores it: Linear or GPT-2's Conv1D) removes one head per copy
 of the batch: its input columns o_cols(h) zeroed, or set to their mean over the real tokens of the
 unablated run. Heads are stacked along the batch dimension, many per forward pass.
+
+Interventions edit CALLS, not modules: a module can run more than once per forward (ALBERT runs
+one shared attention module for every layer), so each hook counts its module's calls within a
+forward and edits (or reads the mean of) only the call of the shown layer — the n-th call of
+that module, n the number of earlier attention calls of the same attention module. A W_O module
+that runs a different number of times than its attention module is refused, named. Each layer's
+mean and mask come from the stream its W_O input runs over: an encoder layer's from the
+source's real tokens, a decoder self- or cross-attention layer's from the target's (its W_O
+input is per query); the measured output stays the decoder's.
+
+The LM-head model is loaded with the same placement as the first load (--max-memory's offload,
+--device-map auto), so the scorecard keeps the memory bound the run was given.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +35,11 @@ from attnviz.compute.ablation_measures import (
     KL,
     AblationReport,
     HeadEffect,
+    difference,
     hidden_change,
     kl_divergence,
     next_token_losses,
+    undefined_measures,
 )
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, option, printable
@@ -52,34 +67,82 @@ def lm_class(config: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str]]:
-    """(model to run, LM kind or None, notes)."""
+def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str], Any]:
+    """(model to run, LM kind or None, notes, the offload folder to keep while it runs)."""
     arch, kind = lm_class(loaded.config)
     if arch is None or loaded.tower is not None:
         return loaded.model, None, ["no LM head in config.json's architectures: hidden-state "
-                                    "changes only"]
+                                    "changes only"], None
     import transformers
 
     where = printable(str(loaded.folder))
+    placement, offload = _lm_placement(loaded)
     with hf_guard.silenced(stderr=True), \
             hf_guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
         model, info = getattr(transformers, arch).from_pretrained(
             loaded.folder, attn_implementation="eager", output_loading_info=True,
-            dtype=getattr(torch, loaded.dtype), **COMMON)
+            dtype=getattr(torch, loaded.dtype), **placement, **COMMON)
     if info.get("missing_keys"):
         return loaded.model, None, ["the folder lacks the LM head's weights: hidden-state "
-                                    "changes only"]
-    model = model.eval().to(input_device(loaded.model))
-    return model, kind, [f"LM head: {arch}"]
+                                    "changes only"], None
+    model = model.eval()
+    notes = [f"LM head: {arch}"]
+    if not placement:
+        model = model.to(input_device(loaded.model))
+    elif loaded.max_memory is not None:
+        device_map = getattr(model, "hf_device_map", None) or {}
+        disk = [name for name, where in device_map.items() if where == "disk"]
+        what = "the whole model" if disk == [""] else \
+            f"{len(disk)} module{'s' * (len(disk) != 1)}"
+        notes.append(f"the LM-head model is loaded under the same {option('max_memory')}: "
+                     + (f"{what} offloaded to disk" if disk else "none offloaded (it fits)"))
+    return model, kind, notes, offload
 
 
-def _o_modules(model: Any, loaded: LoadedModel, shown: list[ModelLayer]
-               ) -> dict[int, tuple[Any, AttentionLayer]]:
-    """Shown call index → (the module whose input is W_O's, attnviz's layer)."""
+def _lm_placement(loaded: LoadedModel) -> tuple[dict[str, Any], Any]:
+    """from_pretrained's placement keywords for the LM-head model: the first load's (its
+    --max-memory limits, a fresh offload folder; or --device-map auto), else none (moved to the
+    first load's device)."""
+    if loaded.max_memory is not None:
+        import tempfile
+
+        # as hf.load placed the first load: the limit on the CPU and on the device it runs on
+        target = input_device(loaded.model)
+        limits: dict[int | str, int] = {"cpu": loaded.max_memory}
+        if target.type == "cuda":
+            limits[target.index or 0] = loaded.max_memory
+        offload = tempfile.TemporaryDirectory(prefix="attnviz-offload-")
+        return {"device_map": "auto", "max_memory": limits, "offload_folder": offload.name}, \
+            offload
+    if getattr(loaded.model, "hf_device_map", None):
+        return {"device_map": "auto"}, None
+    return {}, None
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where one shown layer's W_O input is edited: the `call`-th call (0 first) within one
+    forward of `module`, over the stream whose real tokens `real` marks."""
+
+    index: int  # the shown attention call's index
+    name: str  # the W_O module's name, for messages
+    module: Any
+    call: int
+    layer: AttentionLayer
+    real: torch.Tensor  # (B, L) bool
+    display: str  # the layer as messages name it
+
+
+def _sites(model: Any, loaded: LoadedModel, plan: Plan, shown: list[ModelLayer]
+           ) -> tuple[list[_Site], dict[int, int]]:
+    """Each shown layer's edit site, and each W_O module's (by id) expected calls per forward."""
     from attnviz.sources.hf.verify import module_of, parameter_of
 
     described = recognized_layers(loaded, shown)
-    found = {}
+    every = plan.layers if plan.layers is not None else shown
+    sites: list[_Site] = []
+    expected: dict[int, int] = {}
+    owners: dict[int, str] = {}  # W_O module → the attention module it serves
     for call in shown:
         layer = described.get(call.index)
         if layer is None:
@@ -87,13 +150,31 @@ def _o_modules(model: Any, loaded: LoadedModel, shown: list[ModelLayer]
                                   f"{printable(call.display_name)!r}, which the scorecard "
                                   "needs", fix=f"drop {option('ablate')}; 'attnviz inspect' "
                                   "shows which layers attnviz recognizes")
-        name, _ = parameter_of(model, layer.o_weight.key)
-        found[call.index] = (module_of(model, name)[1], layer)
-    return found
+        parameter, _ = parameter_of(model, layer.o_weight.key)
+        name, module = module_of(model, parameter)
+        # calls of one attention module run in order; the shown call is the n-th
+        number = sum(1 for c in every if c.name == call.name and c.index < call.index)
+        if owners.setdefault(id(module), call.name) != call.name:
+            raise CheckpointError(
+                f"the output projection {printable(name)!r} serves two attention modules, "
+                f"{printable(owners[id(module)])!r} and {printable(call.name)!r}: attnviz "
+                "cannot tell which of its calls is which layer",
+                fix=f"drop {option('ablate')}")
+        expected[id(module)] = sum(1 for c in every if c.name == call.name)
+        sites.append(_Site(call.index, name, module, number, layer, _stream_real(plan, call),
+                           call.display_name))
+    return sites, expected
+
+
+def _stream_real(plan: Plan, call: ModelLayer) -> torch.Tensor:
+    """(B, L) bool: the real tokens of the stream a layer's W_O input runs over — the source's
+    for an encoder (or single-stack) layer, the target's for decoder self- and cross-attention
+    (the W_O input is per query)."""
+    return _real(plan, call.stack in ("dec", "cross") and plan.prepared.target is not None)
 
 
 def _real(plan: Plan, decoder: bool) -> torch.Tensor:
-    """(B, L) bool: the real tokens of the sequence whose outputs are measured."""
+    """(B, L) bool: the real tokens of the source (or, `decoder`, of the target)."""
     prepared = plan.prepared
     batch = prepared.target if decoder and prepared.target is not None else prepared.batch
     starts = (prepared.target_offsets or [0] * len(batch.tokens)) if decoder \
@@ -110,59 +191,78 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
                  heads: list[tuple[int, str, int]], mode: str,
                  report: Callable[[str], None]) -> AblationReport:
     """The scorecard of `heads` (call index, label, head) of the shown layers."""
-    model, kind, notes = _load_lm(loaded)
-    runner = plan.prepared.runner if kind is None else model
-    decoder = plan.prepared.target is not None
-    if kind == "seq2seq" and not decoder:
-        runner, kind = model.get_encoder(), None
-        notes.append(f"encoder-decoder model without {option('target')}: its encoder's hidden "
-                     "states only")
-    modules = _o_modules(model if runner is not plan.prepared.runner else loaded.model,
-                         loaded, shown)
-    real = _real(plan, decoder and kind != "masked")
-    run = _Runner(runner, plan.prepared.feed, modules, real)
-    ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
-    B = real.shape[0]
-    width = max(layer.embed_dim or 1 for _, layer in modules.values())
-    per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES // max(1, B * real.shape[1] * width * 4 * 8)))
-    effects: list[HeadEffect] = []
-    with torch.no_grad(), hf_guard.silenced():
-        # the unablated run is copy 0 of the first forward: the means of `mean` come from it,
-        # layer by layer, before the same layer's ablated copies need them
-        first = heads[:per - 1]
-        report(f"ablating heads 1-{len(first)} of {len(heads)}" if first else
-               "running the model unablated")
-        means: dict[int, torch.Tensor] = {}
-        hidden, logits = run.ablated(first, mode, means, with_base=True)
-        base_hidden, base_logits = hidden[:B], None if logits is None else logits[:B]
-        base_loss = base_repeat = None
-        if kind == "causal" and base_logits is not None and ids is not None:
-            base_loss, base_repeat = next_token_losses(base_logits, ids.cpu(), real)
-        scored = _Scored(kind, base_hidden, base_logits, base_loss, base_repeat, ids, real)
-        effects += scored.effects(first, hidden[B:], None if logits is None else logits[B:])
-        for start in range(len(first), len(heads), per):
-            chunk = heads[start:start + per]
-            report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
-            hidden, logits = run.ablated(chunk, mode, means)
-            effects += scored.effects(chunk, hidden, logits)
+    model, kind, notes, offload = _load_lm(loaded)
+    try:
+        runner = plan.prepared.runner if kind is None else model
+        decoder = plan.prepared.target is not None
+        if kind == "seq2seq" and not decoder:
+            runner, kind = model.get_encoder(), None
+            notes.append(f"encoder-decoder model without {option('target')}: its encoder's "
+                         "hidden states only")
+        sites, expected = _sites(model if runner is not plan.prepared.runner else loaded.model,
+                                 loaded, plan, shown)
+        real = _real(plan, decoder and kind != "masked")  # the measured output's tokens
+        run = _Runner(runner, plan.prepared.feed, sites, expected)
+        ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
+        width = max(site.layer.embed_dim or 1 for site in sites)
+        per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES
+                         // max(1, real.shape[0] * real.shape[1] * width * 4 * 8)))
+        with torch.no_grad(), hf_guard.silenced():
+            effects, scored = _effects(run, heads, mode, per, report,
+                                       _Scored(kind, real, ids))
+    finally:
+        del model  # before its offload folder goes
+        if offload is not None:
+            offload.cleanup()
     loss_kind = CAUSAL_LOSS if kind == "causal" else None if kind is None else KL
-    return AblationReport(mode, loss_kind, effects, base_loss, base_repeat, per, notes)
+    return AblationReport(mode, loss_kind, effects, scored.base_loss, scored.base_repeat, per,
+                          notes, undefined_measures(loss_kind, scored.base_loss,
+                                                    scored.base_repeat))
+
+
+def _effects(run: _Runner, heads: list[tuple[int, str, int]], mode: str, per: int,
+             report: Callable[[str], None], scored: _Scored
+             ) -> tuple[list[HeadEffect], _Scored]:
+    """Every head's effect, `per` copies a forward; `scored` filled with the unablated run."""
+    B = scored.real.shape[0]
+    # the unablated run is copy 0 of the first forward: the means of `mean` come from it,
+    # call by call, before the same call's ablated copies need them
+    first = heads[:per - 1]
+    report(f"ablating heads 1-{len(first)} of {len(heads)}" if first else
+           "running the model unablated")
+    means: dict[int, torch.Tensor] = {}
+    hidden, logits = run.ablated(first, mode, means, with_base=True)
+    scored.set_base(hidden[:B], None if logits is None else logits[:B])
+    effects = scored.effects(first, hidden[B:], None if logits is None else logits[B:])
+    for start in range(len(first), len(heads), per):
+        chunk = heads[start:start + per]
+        report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
+        hidden, logits = run.ablated(chunk, mode, means)
+        effects += scored.effects(chunk, hidden, logits)
+    return effects, scored
 
 
 @dataclass
 class _Scored:
-    """Each ablated copy's measures against the unablated run."""
+    """Each ablated copy's measures against the unablated run (`set_base`)."""
 
     kind: str | None
-    base_hidden: torch.Tensor
-    base_logits: torch.Tensor | None
-    base_loss: float | None
-    base_repeat: float | None
+    real: torch.Tensor  # (B, L) the measured output's real tokens
     ids: torch.Tensor | None
-    real: torch.Tensor
+    base_hidden: torch.Tensor | None = None
+    base_logits: torch.Tensor | None = None
+    base_loss: float | None = None
+    base_repeat: float | None = None
+
+    def set_base(self, hidden: torch.Tensor, logits: torch.Tensor | None) -> None:
+        self.base_hidden, self.base_logits = hidden, logits
+        if self.kind == "causal" and logits is not None and self.ids is not None:
+            self.base_loss, self.base_repeat = next_token_losses(logits, self.ids.cpu(),
+                                                                 self.real)
 
     def effects(self, chunk: list[tuple[int, str, int]], hidden: torch.Tensor,
                 logits: torch.Tensor | None) -> list[HeadEffect]:
+        assert self.base_hidden is not None  # set_base first
         B, real, ids = self.base_hidden.shape[0], self.real, self.ids
         found = []
         for c, (index, label, head) in enumerate(chunk):
@@ -171,10 +271,10 @@ class _Scored:
             if self.kind == "causal" and logits is not None and self.base_loss is not None \
                     and ids is not None:
                 loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real)
-                loss = loss_c - self.base_loss
-                repeat = None if repeat_c is None or self.base_repeat is None \
-                    else repeat_c - self.base_repeat
-            elif self.kind is not None and logits is not None and self.base_logits is not None:
+                loss, repeat = difference(loss_c, self.base_loss), \
+                    difference(repeat_c, self.base_repeat)
+            elif self.kind in ("masked", "seq2seq") and logits is not None \
+                    and self.base_logits is not None:
                 loss = kl_divergence(self.base_logits, logits[part], real)
             found.append(HeadEffect(index, label, head,
                                     hidden_change(self.base_hidden, hidden[part], real),
@@ -183,20 +283,28 @@ class _Scored:
 
 
 class _Runner:
-    """The model's forward on copies of the feed, with W_O-input edits by pre-hooks."""
+    """The model's forward on copies of the feed, with W_O-input edits by pre-hooks that count
+    their module's calls: each edit reaches one call (one layer), never every call of a shared
+    module."""
 
-    def __init__(self, model: Any, feed: dict[str, torch.Tensor],
-                 modules: dict[int, tuple[Any, AttentionLayer]], real: torch.Tensor) -> None:
-        self.model, self.feed, self.modules, self.real = model, feed, modules, real
+    def __init__(self, model: Any, feed: dict[str, torch.Tensor], sites: list[_Site],
+                 expected: dict[int, int]) -> None:
+        self.model, self.feed, self.sites, self.expected = model, feed, sites, expected
+        self.at = {(id(site.module), site.call): site for site in sites}
+        self.modules = {id(site.module): site.module for site in sites}
 
-    def _forward(self, copies: int, edit: Callable[[int, torch.Tensor], torch.Tensor]
+    def _forward(self, copies: int, edit: Callable[[_Site, torch.Tensor], torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        calls: Counter[int] = Counter()
         handles = []
-        for index, (module, _) in self.modules.items():
-            def hook(module: Any, args: tuple, index: int = index) -> tuple | None:
-                if not args or not isinstance(args[0], torch.Tensor):
+        for key, module in self.modules.items():
+            def hook(module: Any, args: tuple, key: int = key) -> tuple | None:
+                number = calls[key]
+                calls[key] += 1
+                site = self.at.get((key, number))
+                if site is None or not args or not isinstance(args[0], torch.Tensor):
                     return None
-                return (edit(index, args[0]), *args[1:])
+                return (edit(site, args[0]), *args[1:])
             handles.append(module.register_forward_pre_hook(hook))
         feed = {name: value.repeat(copies, *[1] * (value.ndim - 1))
                 if isinstance(value, torch.Tensor) else value for name, value in self.feed.items()}
@@ -206,27 +314,45 @@ class _Runner:
         finally:
             for handle in handles:
                 handle.remove()
-        return _final_hidden(outputs).float().cpu(), _logits(outputs)
+        self._check_calls(calls)
+        return _final_hidden(outputs).cpu(), _logits(outputs)
+
+    def _check_calls(self, calls: Counter[int]) -> None:
+        """Refuse a W_O module that ran other than once per call of its attention module: its
+        calls could not be matched to layers."""
+        for site in self.sites:
+            key = id(site.module)
+            if calls[key] != self.expected[key]:
+                raise CheckpointError(
+                    f"the output projection {printable(site.name)!r} of layer "
+                    f"{printable(site.display)!r} ran {calls[key]} times in one forward pass, "
+                    f"its attention module {self.expected[key]}: attnviz cannot tell which "
+                    "call is which layer", fix=f"drop {option('ablate')}")
 
     def ablated(self, chunk: list[tuple[int, str, int]], mode: str,
                 means: dict[int, torch.Tensor], with_base: bool = False,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward of a copy per head of `chunk`, each with its head removed, after an
-        unablated copy 0 `with_base`, which fills `means` (each layer's mean W_O input over
-        the real tokens) as the forward reaches each layer."""
+        unablated copy 0 `with_base`, which fills `means` (each shown call's mean W_O input
+        over its stream's real tokens) as the forward reaches each call."""
         B = next(iter(self.feed.values())).shape[0]
         offset = B if with_base else 0
 
-        def edit(index: int, x: torch.Tensor) -> torch.Tensor:
-            if with_base and x.shape[1] == self.real.shape[1]:
-                means[index] = x[:B][self.real.to(x.device)].mean(0)
+        def edit(site: _Site, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[1] != site.real.shape[1]:
+                raise CheckpointError(
+                    f"the W_O input of layer {printable(site.display)!r} has "
+                    f"{x.shape[1]} positions, its stream {site.real.shape[1]}",
+                    fix=f"drop {option('ablate')}; report this model to attnviz")
+            if with_base:
+                means[site.index] = x[:B][site.real.to(x.device)].mean(0)
             x = x.clone()
             for c, (call, _, head) in enumerate(chunk):
-                if call != index:
+                if call != site.index:
                     continue
-                cols = slice(*self.modules[index][1].o_cols(head))
+                cols = slice(*site.layer.o_cols(head))
                 rows = slice(offset + c * B, offset + (c + 1) * B)
-                x[rows, ..., cols] = 0.0 if mode == "zero" else means[index][cols]
+                x[rows, ..., cols] = 0.0 if mode == "zero" else means[site.index][cols]
             return x
         return self._forward(len(chunk) + int(with_base), edit)
 
@@ -246,5 +372,6 @@ def _final_hidden(outputs: Any) -> torch.Tensor:
 
 
 def _logits(outputs: Any) -> torch.Tensor | None:
+    # kept in the model's dtype: the measures cast to float64 themselves
     logits = getattr(outputs, "logits", None)
-    return None if logits is None else logits.float().cpu()
+    return None if logits is None else logits.cpu()
