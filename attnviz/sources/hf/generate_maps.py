@@ -12,6 +12,7 @@ from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture
 from attnviz.sources.generate_spec import GenerateSpec, Generation
 from attnviz.sources.hf.generate import METHOD_OUTPUT_ATTENTIONS, Steps, eos_ids, generate
+from attnviz.sources.hf.generate_settings import aside_note
 from attnviz.sources.hf.layers import ModelLayer, select
 from attnviz.sources.hf.load import PATHS, STACK_OF, TOLERANCE, LoadedModel, input_device
 from attnviz.sources.hf.token_names import decoded_text, token_names
@@ -49,6 +50,9 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
                        not loaded.encoder_decoder, None,
                        [f"generation: {steps.method}"], TOLERANCE[loaded.dtype], target=target,
                        path=PATHS[loaded.path])
+    note = aside_note(steps.set_aside, spec.sample)
+    if note is not None:
+        run.notes.append(note)
     return run, record
 
 
