@@ -67,7 +67,7 @@ def generation_record(loaded: LoadedModel, steps: Steps, prompts: list[list[int]
                       [token_names(tokenizer, ids) for ids in generated],  # `<id N>`: no token
                       [decoded_text(tokenizer, ids) for ids in generated],
                       [1 if loaded.encoder_decoder else len(p) for p in prompts], spec,
-                      steps.method, loaded.encoder_decoder)
+                      steps.method, loaded.encoder_decoder, list(steps.set_aside))
 
 
 def _shown(loaded: LoadedModel, layer: str | None) -> set[int] | None:
