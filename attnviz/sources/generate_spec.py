@@ -11,6 +11,13 @@ from attnviz.core.request import MAX_NEW_TOKENS as MAX_NEW_TOKENS
 from attnviz.core.request import GenerateSpec as GenerateSpec
 
 
+def unnamed(token_id: int) -> str:
+    """How a generated id with no token of its own is shown, in every output: an id past a
+    Hugging Face tokenizer's vocabulary (attnviz.sources.hf.token_names), or an id of the bundled
+    model's hashed vocabulary that is no prompt word."""
+    return f"<id {int(token_id)}>"
+
+
 @dataclass
 class Generation:
     """What was generated, per sentence, and how."""

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def unnamed(token_id: int) -> str:
-    """How an id the tokenizer has no token for is shown."""
-    return f"<id {int(token_id)}>"
+from attnviz.sources.generate_spec import unnamed
 
 
 def token_names(tokenizer: Any, ids: list[int]) -> list[str]:
