@@ -133,6 +133,7 @@ def test_unnamed_ids_in_every_output(padded_lm: Any, cli: Any, tmp_path: Path,
     shown = data["target_tokens"][0][1:] if encdec else data["tokens"][0][-len(ids):]
     assert shown == names
     assert f"<id {UNNAMED + 1}>" not in json.dumps(data)  # the right N, not any N
+    assert data["head_stats"]  # the statistics took the name (they crashed on None)
 
     doc = _page_document(html)
     assert doc["generation"]["sentences"][0]["tokens"] == names
@@ -168,6 +169,7 @@ def test_unnamed_ids_when_streamed(padded_lm: Any) -> None:
     assert f"<id {UNNAMED}>" in names
 
 
+@pytest.mark.hf
 def test_token_names_and_decoded_text() -> None:
     """Runs of named ids decode as the tokenizer decodes them; an unnamed id keeps its place."""
     import zoo
@@ -225,7 +227,7 @@ def _attnviz(folder: Path) -> subprocess.Popen:
     {"do_sample": True, "temperature": 0.7, "top_k": 4, "max_length": 3, "min_p": 0.5,
      "cache_implementation": "static", "prefill_chunk_size": 2, "early_stopping": True},
 ])
-def test_generation_config_cannot_change_the_decoding(tmp_path: Path,
+def test_generation_config_cannot_change_the_decoding(cli: Any, tmp_path: Path,
                                                       fields: dict[str, Any]) -> None:
     import torch
     import transformers
@@ -261,6 +263,12 @@ def test_generation_config_cannot_change_the_decoding(tmp_path: Path,
     for name in fields:
         assert name in aside, (name, aside)
     assert theirs["generation"]["set_aside"] == []
+    terminal = cli("heatmap", "--model", hostile, PROMPT, "--generate", N_NEW, "--no-maps",
+                   "--no-stats")
+    assert terminal.exit_code == 0, terminal.output
+    header = " ".join(terminal.stdout.split())
+    assert "note: generation: the model's generation_config asks for" in header
+    assert all(name in header for name in fields)
 
 
 def zoo_vocab() -> int:
