@@ -315,14 +315,16 @@ def test_bundled_model_continues_with_induction() -> None:
             assert not torch.allclose(torch.roll(mine, 1, dims=1), ref[0], atol=TOL, rtol=0)
 
 
-def test_bundled_unknown_id_prints_as_hash_and_sampling_repeats() -> None:
+def test_bundled_unknown_id_prints_as_unnamed_and_sampling_repeats() -> None:
     from attnviz.core.words import hashed_ids
 
     first = _bundled_run(["a b c d e f"], 6, sample=True, temperature=3.0, seed=7)[1]
     again = _bundled_run(["a b c d e f"], 6, sample=True, temperature=3.0, seed=7)[1]
     assert first.generated_ids == again.generated_ids
     words = dict(zip(hashed_ids(list("abcdef"), 1024), "abcdef", strict=True))
-    assert first.generated_tokens[0] == [words.get(i, f"#{i}") for i in first.generated_ids[0]]
+    assert first.generated_tokens[0] == [words.get(i, f"<id {i}>")
+                                         for i in first.generated_ids[0]]
+    assert any(i not in words for i in first.generated_ids[0])  # an unnamed id is checked
     other = _bundled_run(["a b c d e f"], 6, sample=True, temperature=3.0, seed=8)[1]
     assert other.generated_ids != first.generated_ids
 

@@ -54,6 +54,7 @@ def run_streamed(loaded: LoadedModel, request: HeatmapRequest, sentences: list[s
     from attnviz.core import memory
     from attnviz.sources.hf.generate import generate
     from attnviz.sources.hf.generate_maps import generation_record
+    from attnviz.sources.hf.generate_settings import aside_note
     from attnviz.sources.hf.inputs import Encoded
     from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run
     from attnviz.sources.hf.run import run_plan
@@ -89,4 +90,7 @@ def run_streamed(loaded: LoadedModel, request: HeatmapRequest, sentences: list[s
     if run is None:
         run = run_plan(loaded, plan)
     run.notes.append(f"generation: {record.method}")
+    note = aside_note(steps.set_aside, spec.sample)
+    if note is not None:
+        run.notes.append(note)
     return run, record

@@ -52,6 +52,16 @@ class RandomSpec:
     seed: int = 0
 
 
+# --temperature's range. Sampling divides the logits by T in float32 (transformers casts them):
+# below ~1e-38 a logit of 5 overflows to inf, and a T past float32's 3.4e38 is inf itself
+# (-inf / inf: NaN), and the draw fails inside the model. Far inside those limits: at 1e-4 a
+# logit gap of 0.001 already weighs e^10, so the draw is greedy decoding (drop --sample for
+# that); at 1e4 logits within ±100 are equally likely (uniform); logits up to 3e34 stay finite.
+MIN_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = 1e4
+MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+
+
 @dataclass(frozen=True)
 class GenerateSpec:
     """How to generate: at most `max_new` tokens, greedy unless `sample`."""
@@ -63,18 +73,42 @@ class GenerateSpec:
     seed: int = 0  # the random generator's seed when sampling
 
     def check(self) -> None:
-        if not 1 <= self.max_new <= MAX_NEW_TOKENS:
+        """Each value within what generation can take: an extreme one is the caller's misuse
+        (a usage error naming its option), not a model failing later."""
+        if not _integer(self.max_new) or not 1 <= self.max_new <= MAX_NEW_TOKENS:
             raise UsageError(f"{option('generate')} must be 1..{MAX_NEW_TOKENS}, not "
-                             f"{self.max_new}", option="generate")
+                             f"{self.max_new!r}", option="generate")
+        if not isinstance(self.sample, bool):
+            raise UsageError(f"{option('sample')} must be True or False, not {self.sample!r}",
+                             option="sample")
+        if not _real(self.temperature) or not _real(self.top_p):
+            bad, value = ("temperature", self.temperature) if not _real(self.temperature) \
+                else ("top_p", self.top_p)
+            raise UsageError(f"{option(bad)} must be a number, not {value!r}", option=bad)
         if not self.sample and (self.temperature != 1.0 or self.top_p != 1.0):
             raise UsageError(f"{option('temperature')} and {option('top_p')} apply to sampling "
                              "only", fix=f"add {option('sample')}, or drop them", option="sample")
-        if not self.temperature > 0:
-            raise UsageError(f"{option('temperature')} must be positive, not "
-                             f"{self.temperature}", option="temperature")
+        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:  # NaN fails too
+            raise UsageError(
+                f"{option('temperature')} must be between {MIN_TEMPERATURE:g} and "
+                f"{MAX_TEMPERATURE:g}, not {self.temperature:g}: the logits divided by it "
+                "would overflow, or the draw would be greedy or uniform all the same",
+                fix=f"drop {option('sample')} for the most likely token at each step, or "
+                f"give a temperature in that range", option="temperature")
         if not 0 < self.top_p <= 1:
-            raise UsageError(f"{option('top_p')} must be in (0, 1], not {self.top_p}",
+            raise UsageError(f"{option('top_p')} must be in (0, 1], not {self.top_p:g}",
                              option="top_p")
+        if not _integer(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            raise UsageError(f"{option('seed')} must be 0..{MAX_SEED}, not {self.seed!r}",
+                             option="seed")
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

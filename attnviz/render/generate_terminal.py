@@ -26,7 +26,7 @@ def print_generation(out: Console, generation: Generation, focus: list[Focus]) -
     for b, text in enumerate(generation.texts, 1):
         count = len(generation.generated_ids[b - 1])
         line = Text(f"sentence {b} (+{count} token{'s' if count != 1 else ''}): ")
-        line.append(" ".join(generation.generated_tokens[b - 1]), style="bold")
+        line.append(plain(" ".join(generation.generated_tokens[b - 1]), style="bold"))
         out.print(line, overflow="fold")
         if text.strip() and text != " ".join(generation.generated_tokens[b - 1]):
             out.print(plain(f"  decoded: {text}"), overflow="fold")

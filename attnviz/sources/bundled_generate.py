@@ -6,7 +6,8 @@ sentence with the ids its induction heads copy.
 Each step runs the model over the whole sequence so far (it has no KV cache) and takes the next
 id from the logits at the last real token. The maps are then one forward over prompt + generated
 ids: the model is causal, so row i is exactly the row computed when token i was fed in. A
-generated id names the prompt word that hashes to it; an id that is no prompt word is `#id`.
+generated id names the prompt word that hashes to it; an id that is no prompt word is `<id N>`,
+as an id without a token is everywhere.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from attnviz.errors import CheckpointError, UsageError
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
-from attnviz.sources.generate_spec import GenerateSpec, Generation
+from attnviz.sources.generate_spec import GenerateSpec, Generation, unnamed
 
 METHOD = ("greedy decoding over the bundled model's own logits (final LayerNorm, unembedding), "
           "the whole sequence run at each step; maps from one causal forward over prompt + "
@@ -51,7 +52,7 @@ def continue_text(store: TensorStore, batch: Batch, spec: GenerateSpec,
         words = {i: w for i, w in zip(ids, tokens, strict=True)}
         made = _generate(model, ids, spec)
         generated.append(made)
-        names.append([words.get(i, f"#{i}") for i in made])
+        names.append([words.get(i, unnamed(i)) for i in made])
     full = Batch(batch.sentences, [t + n for t, n in zip(batch.tokens, names, strict=True)])
     all_ids = [hashed_ids(t, vocab) + g for t, g in zip(batch.tokens, generated, strict=True)]
     run = model.run(full, all_ids, layer_indices)

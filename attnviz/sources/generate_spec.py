@@ -3,12 +3,19 @@ Hugging Face and the bundled model's generation)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # GenerateSpec is the request's own (attnviz.core.request), shared by both generators
 from attnviz.core.request import MAX_NEW_TOKENS as MAX_NEW_TOKENS
 from attnviz.core.request import GenerateSpec as GenerateSpec
+
+
+def unnamed(token_id: int) -> str:
+    """How a generated id with no token of its own is shown, in every output: an id past a
+    Hugging Face tokenizer's vocabulary (attnviz.sources.hf.token_names), or an id of the bundled
+    model's hashed vocabulary that is no prompt word."""
+    return f"<id {int(token_id)}>"
 
 
 @dataclass
@@ -23,11 +30,14 @@ class Generation:
     spec: GenerateSpec
     method: str
     encoder_decoder: bool = False
+    # the model's generation_config fields attnviz overrode ('num_beams 3'), see
+    # attnviz.sources.hf.generate_settings
+    set_aside: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"generated_ids": self.generated_ids, "generated_tokens": self.generated_tokens,
                 "generated_text": self.texts, "prompt_length": self.prompt_lengths,
-                "method": self.method, "sample": self.spec.sample,
+                "method": self.method, "set_aside": self.set_aside, "sample": self.spec.sample,
                 "temperature": self.spec.temperature, "top_p": self.spec.top_p,
                 "seed": self.spec.seed, "max_new_tokens": self.spec.max_new}
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +35,11 @@ from attnviz.sources.hf.generate_returned import (
     add_forward_attentions,
     add_generate_attentions,
     add_returned,
+)
+from attnviz.sources.hf.generate_settings import (
+    generation_config_of,
+    remember_file_fields,
+    settings,
 )
 from attnviz.sources.hf.load import (
     COMMON,
@@ -65,6 +71,7 @@ class Steps:
     blocks: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # (B, H, rows, K)
     method: str = METHOD
     calls: dict[str, int] = field(default_factory=dict)  # name: its call index in a forward
+    set_aside: list[str] = field(default_factory=list)  # generation_config fields overridden
 
     def add(self, name: str, kind: capture.LayerKind, weights: torch.Tensor,
             call: int | None = None) -> None:
@@ -93,12 +100,16 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
                               fix="use a decoder (…ForCausalLM) or an encoder-decoder "
                               "(…ForConditionalGeneration)", where=where)
     dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"
+    # generation_config.json without the fields attnviz sets at each call (generate_settings)
+    generation_config, file_fields = generation_config_of(Path(folder), where)
+    given = {} if generation_config is None else {"generation_config": generation_config}
     with hf_guard.silenced(stderr=True), \
             hf_guard.contained("transformers cannot load the model with a language-model head",
                                FILES_FIX, where):
         model, info = auto.from_pretrained(folder, attn_implementation="eager",
-                                           output_loading_info=True,
+                                           output_loading_info=True, **given,
                                            **{dtype_key: getattr(torch, dtype)}, **COMMON)
+    remember_file_fields(model, file_fields)
     model.eval().to(resolve_device(device))
     missing = [str(k) for k in info.get("missing_keys") or [] if "final_logits_bias" not in k]
     if missing:
@@ -152,16 +163,13 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
     model = loaded.model
     device = input_device(model)
     filler = pad_id(loaded)
-    kwargs: dict[str, Any] = dict(max_new_tokens=spec.max_new, do_sample=spec.sample,
-                                  pad_token_id=filler, return_dict_in_generate=True)
-    if spec.sample:
-        kwargs.update(temperature=spec.temperature, top_p=spec.top_p, top_k=0)
-    else:  # the model's generation_config may ask for sampling: greedy overrides it
-        kwargs.update(temperature=None, top_p=None, top_k=None)
     interface = loaded.path == capture.CapturePath.INTERFACE
+    # one sequence per prompt through the cache, whatever generation_config.json asks
+    kwargs, aside = settings(model, spec, filler,
+                             output_attentions=not interface and keep)
     if loaded.encoder_decoder:
         ids, mask = pad_right(prompts, filler, device)
-        steps = Steps(torch.empty(0), 1)
+        steps = Steps(torch.empty(0), 1, set_aside=aside)
         with _capturing(model, steps, interface, keep, block_bytes, shown), _contained(loaded), \
                 torch.no_grad():
             encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask,
@@ -172,12 +180,11 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
         kwargs.update(attention_mask=mask, encoder_outputs=encoder_outputs)
     else:
         ids, mask = pad_left(prompts, filler, device)
-        steps = Steps(torch.empty(0), ids.shape[1])
+        steps = Steps(torch.empty(0), ids.shape[1], set_aside=aside)
         kwargs.update(input_ids=ids, attention_mask=mask)
     with _seeded(spec.seed), _capturing(model, steps, interface, keep, block_bytes, shown), \
             hf_guard.silenced(), _contained(loaded):
-        out = model.generate(**kwargs, **({} if interface or not keep else
-                                          {"output_attentions": True}))
+        out = model.generate(**kwargs)
     steps.sequences = out.sequences.cpu()
     if not keep:
         return steps
@@ -268,7 +275,8 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, fed: tuple[torch.Tens
     sequences = out.sequences  # (B, L + T)
     last = sequences[:, -1:]
     # renamed `cache` in transformers 5.2x; the old name still answers, with a warning
-    cache = out["cache"] if "cache" in out.keys() else out.get("past_key_values")
+    with hf_guard.silenced():
+        cache = out["cache"] if "cache" in out.keys() else out.get("past_key_values")
     if cache is None:
         raise CheckpointError("the model's generate returned no cache to continue from",
                               fix="report this model to attnviz")

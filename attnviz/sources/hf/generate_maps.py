@@ -12,8 +12,10 @@ from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture
 from attnviz.sources.generate_spec import GenerateSpec, Generation
 from attnviz.sources.hf.generate import METHOD_OUTPUT_ATTENTIONS, Steps, eos_ids, generate
+from attnviz.sources.hf.generate_settings import aside_note
 from attnviz.sources.hf.layers import ModelLayer, select
 from attnviz.sources.hf.load import PATHS, STACK_OF, TOLERANCE, LoadedModel, input_device
+from attnviz.sources.hf.token_names import decoded_text, token_names
 
 
 def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list[int]],
@@ -26,13 +28,13 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
     generated, gen_tokens, texts = record.generated_ids, record.generated_tokens, record.texts
     width = steps.sequences.shape[1] - steps.prompt_width  # T: steps generate took
     tokenizer = loaded.tokenizer
-    prompt_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in prompts]
+    prompt_tokens = [token_names(tokenizer, ids) for ids in prompts]
     layers = _layers(loaded, steps)  # with `shown`, only those layers were captured
     layers = layers if shown is not None else select(layers, layer)
     if loaded.encoder_decoder:
         start = int(steps.sequences[0, 0])
         lengths = [1 + len(g) for g in generated]
-        target = Batch(texts, [tokenizer.convert_ids_to_tokens([start]) + t for t in gen_tokens])
+        target = Batch(texts, [token_names(tokenizer, [start]) + t for t in gen_tokens])
         batch = Batch(list(sentences), prompt_tokens)
         results = [_layer(layer, steps, target, lengths, (width, 1)) for layer in layers]
     else:
@@ -48,6 +50,9 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
                        not loaded.encoder_decoder, None,
                        [f"generation: {steps.method}"], TOLERANCE[loaded.dtype], target=target,
                        path=PATHS[loaded.path])
+    note = aside_note(steps.set_aside, spec.sample)
+    if note is not None:
+        run.notes.append(note)
     return run, record
 
 
@@ -59,10 +64,10 @@ def generation_record(loaded: LoadedModel, steps: Steps, prompts: list[list[int]
                  for row in steps.sequences]
     tokenizer = loaded.tokenizer
     return Generation(prompts, generated,
-                      [tokenizer.convert_ids_to_tokens(ids) for ids in generated],
-                      [tokenizer.decode(ids, skip_special_tokens=True) for ids in generated],
+                      [token_names(tokenizer, ids) for ids in generated],  # `<id N>`: no token
+                      [decoded_text(tokenizer, ids) for ids in generated],
                       [1 if loaded.encoder_decoder else len(p) for p in prompts], spec,
-                      steps.method, loaded.encoder_decoder)
+                      steps.method, loaded.encoder_decoder, list(steps.set_aside))
 
 
 def _shown(loaded: LoadedModel, layer: str | None) -> set[int] | None:

@@ -24,6 +24,7 @@ from attnviz.errors import (
 )
 from attnviz.sources import hf_guard, tokenizer_bound
 from attnviz.sources.hf.load import LoadedModel, OpenedModel, input_device
+from attnviz.sources.hf.token_names import token_names
 
 
 @dataclass
@@ -82,7 +83,8 @@ def prepare(loaded: LoadedModel, sentences: list[str], targets: list[str] | None
     if encoded is None:
         encoded = encode(loaded, sentences, targets, max_tokens)
     rows = encoded.rows
-    tokens = [loaded.tokenizer.convert_ids_to_tokens(row["input_ids"]) for row in rows]
+    # `<id N>` for an id the tokenizer has no token for (a generated one, see token_names)
+    tokens = [token_names(loaded.tokenizer, row["input_ids"]) for row in rows]
     runner, runner_name = loaded.model, ""
     if loaded.tower is not None:  # a multi-tower model (CLIP): its text tower runs alone
         runner, runner_name = getattr(loaded.model, loaded.tower), loaded.tower
@@ -226,7 +228,7 @@ def _add_targets(loaded: LoadedModel, prepared: Prepared, targets: list[str],
     if "decoder_attention_mask" in inspect.signature(loaded.model.forward).parameters:
         prepared.feed["decoder_attention_mask"] = torch.tensor(
             [[1] * len(row) + [0] * (length - len(row)) for row in ids], device=device)
-    tokens = [loaded.tokenizer.convert_ids_to_tokens(row) for row in ids]
+    tokens = [token_names(loaded.tokenizer, row) for row in ids]
     prepared.target = Batch(list(targets), tokens)
     prepared.target_offsets = [0] * len(ids)
 
