@@ -38,6 +38,14 @@ def _mha(bias_kv: bool = False) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in module.state_dict().items()}
 
 
+def _gpt2() -> dict[str, torch.Tensor]:
+    """GPT-2's Conv1D layout: c_attn (E, 3E) and c_proj (E, E), stored (in, out)."""
+    torch.manual_seed(0)
+    return {"h.0.attn.c_attn.weight": torch.randn(E, 3 * E),
+            "h.0.attn.c_attn.bias": torch.randn(3 * E),
+            "h.0.attn.c_proj.weight": torch.randn(E, E), "h.0.attn.c_proj.bias": torch.randn(E)}
+
+
 def _set(state: dict[str, torch.Tensor], key: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
     return {**state, key: value}
 
@@ -69,6 +77,19 @@ MUTATIONS: dict[str, tuple[Callable[[], dict[str, torch.Tensor]], str, str]] = {
     "MHA out_proj one row short": (
         lambda: _set(_mha(), "out_proj.weight", torch.randn(7, E)),
         "out_proj.weight has shape (7, 8), expected (8, 8)", "in_proj_weight[0:8] (8, 8)"),
+    "W_v rows unlike W_k's (GQA)": (
+        lambda: _set(_set(_separate(), PREFIX + "k_proj.weight", torch.randn(4, E)),
+                     PREFIX + "v_proj.weight", torch.randn(8, E)),
+        PREFIX + "v_proj.weight has shape (8, 8), expected (4, 8)", "rows like W_k"),
+    "MHA out_proj one column short": (
+        lambda: _set(_mha(), "out_proj.weight", torch.randn(E, 7)),
+        "out_proj.weight has shape (8, 7), expected (8, 8)", "columns (H·d)"),
+    "MHA out_proj bias of the wrong length": (
+        lambda: _set(_mha(), "out_proj.bias", torch.randn(7)), "out_proj.bias has shape (7)",
+        "8 output rows"),
+    "GPT-2 c_proj one output short (Conv1D)": (
+        lambda: {**_gpt2(), "h.0.attn.c_proj.weight": torch.randn(E, 7)},
+        "h.0.attn.c_proj.weight.T has shape (7, 8), expected (8, 8)", "c_attn.weight.T[0:8]"),
     "bias_k of the wrong width": (lambda: _set(_mha(True), "bias_k", torch.randn(1, 1, 6)),
                                   "bias_k has shape (6)", "8 output rows"),
 }
@@ -82,8 +103,8 @@ def _commands(weights: Path, out: Path) -> dict[str, list[str | Path]]:
             "circuits": ["circuits", "-w", weights, "--layer", "0"]}
 
 
-@pytest.mark.parametrize("build", [_separate, _mha, lambda: _mha(True)],
-                         ids=["separate", "mha", "mha-bias-kv"])
+@pytest.mark.parametrize("build", [_separate, _mha, lambda: _mha(True), _gpt2],
+                         ids=["separate", "mha", "mha-bias-kv", "gpt2"])
 def test_good_checkpoints_run_through_every_command(cli, tmp_path, build):
     weights = tmp_path / "good.safetensors"
     save_file(build(), weights, metadata={"num_heads": str(H)})

@@ -224,13 +224,15 @@ def _check_v_and_o(layer: AttentionLayer) -> None:
     if layer.v_weight.shape[0] != layer.kv_out:
         ref = layer.v_weight
         raise LayoutError(
-            f"{ref.describe()} has shape {_fmt(ref.shape)}, expected {layer.kv_out} rows like W_k",
+            f"{ref.describe()} has shape {_fmt(ref.shape)}, expected "
+            f"{_fmt((layer.kv_out, *ref.shape[1:]))}: {layer.kv_out} rows like W_k",
             fix="the checkpoint is inconsistent",
         )
     if layer.o_weight.shape[1] != layer.q_out:
         raise LayoutError(
             f"{layer.o_weight.describe()} has shape {_fmt(layer.o_weight.shape)}, expected "
-            f"{layer.q_out} columns (H·d)",
+            f"{_fmt((layer.o_weight.shape[0], layer.q_out))}: {layer.q_out} columns (H·d), "
+            f"as {layer.q_weight.describe()} has rows",
             fix="the checkpoint is inconsistent",
         )
 
