@@ -206,6 +206,11 @@ def test_state_dict_choice_and_its_negative_control():
     assert entry == ("model",) and set(tensors) == set(state)
     first_with_tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     assert list(first_with_tensors) == ["best_acc"]  # what the old rule returned
+    # a two-tensor model beside an optimizer's three-tensor state: the weights' names win
+    tiny = {"proj.weight": torch.zeros(2, 2), "proj.bias": torch.zeros(2)}
+    adam = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.zeros(2),
+                          "exp_avg_sq": torch.zeros(2)}}, "param_groups": [{"lr": 0.1}]}
+    assert find_state_dict({"optimizer": adam, "model": tiny, "step": 3})[1] == ("model",)
     # ties: the shallower wins (a flat dict that also keeps an EMA copy inside it)
     flat = {**state, "ema": dict(state)}
     assert find_state_dict(flat)[1] == ()

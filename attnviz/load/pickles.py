@@ -3,6 +3,7 @@ and every tensor checked against the storage it views."""
 
 from __future__ import annotations
 
+import re
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -27,6 +28,8 @@ from attnviz.load.store import DictStore
 MAX_ZIP_ENTRIES = 500_000
 NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
 MAX_NESTING = 8  # {"state_dict": {"model": …}} levels searched for the tensors
+# names of parameters in a state dict (`q_proj.weight`, `in_proj_bias`, `bias_k`)
+_WEIGHT_NAME = re.compile(r"(weight|bias|bias_[kv])$")
 MAX_MAPPINGS = 10_000  # mappings examined in all (an optimizer state holds one per parameter)
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 MIN_TORCH_FOR_PICKLES = (2, 10)
@@ -214,14 +217,16 @@ def find_state_dict(obj: object) -> tuple[dict[str, torch.Tensor], tuple[str, ..
 
     A training checkpoint keeps its weights beside other entries: {"model": sd, "best_acc":
     tensor(0.93), "epoch": 7}. One top-level tensor must not hide the nested dict, so every
-    mapping is a candidate and the one with the most named tensors wins (ties: the shallower,
-    then one under a usual key such as "state_dict" or "model", then the first). Searched
+    mapping is a candidate and the one with the most tensors named like weights wins (`…weight`,
+    `…bias`: an optimizer's per-parameter `exp_avg`, `exp_avg_sq`, `step` are not), then the one
+    with the most tensors (ties: the shallower, then one under a usual key such as "state_dict"
+    or "model", then the first). Searched
     breadth-first without recursion, at most MAX_NESTING levels deep and MAX_MAPPINGS mappings
     in all: a pickle can nest a dict 100,000 deep or hold millions of small ones.
     """
     import torch
 
-    best: tuple[tuple[int, int, int], dict[str, torch.Tensor], tuple[str, ...]] | None = None
+    best: tuple[tuple[int, int, int, int], dict[str, torch.Tensor], tuple[str, ...]] | None = None
     level: list[tuple[tuple[str, ...], object]] = [((), obj)]
     seen = 0
     for depth in range(MAX_NESTING):
@@ -233,7 +238,8 @@ def find_state_dict(obj: object) -> tuple[dict[str, torch.Tensor], tuple[str, ..
             tensors = {k: v for k, v in candidate.items()
                        if isinstance(k, str) and isinstance(v, torch.Tensor)}
             usual = 0 if not path or path[-1] in NESTING_KEYS else 1
-            rank = (-len(tensors), depth, usual)
+            weights = sum(1 for name in tensors if _WEIGHT_NAME.search(name))
+            rank = (-weights, -len(tensors), depth, usual)
             if tensors and (best is None or rank < best[0]):
                 best = (rank, tensors, path)
             deeper.extend(((*path, str(key)), value)
