@@ -130,9 +130,9 @@ def library_path(path: Path) -> Path:
     except (OSError, UnicodeError) as exc:
         raise UsageError(f"the path is not UTF-8 text ({_first_bad_byte(text)}), which the model "
                          f"libraries cannot open, and no ASCII-named link to it could be made "
-                         f"({type(exc).__name__})", fix="rename it to a UTF-8 name (e.g. convmv "
-                         "-f latin1 -t utf-8 -r --notest PATH)", where=printable_path(path)) \
-            from None
+                         f"({type(exc).__name__})",
+                         fix="rename it to a UTF-8 name (convmv converts Latin-1 names)",
+                         where=printable_path(path)) from None
     _LINKS[text] = link
     return link
 
