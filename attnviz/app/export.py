@@ -82,6 +82,10 @@ def export(run: AttentionRun, path: Path, extra_metadata: dict[str, str] | None 
         if captured.inputs is not None:
             tensors[inputs_key] = captured.inputs.float().contiguous()
     check_free_space(path, sum(t.numel() * t.element_size() for t in tensors.values()))
+    # the header is UTF-8 JSON: a source path that is not UTF-8 (surrogate escapes) is kept
+    # as its escapes (`caf\\udce9`), as messages show it, instead of failing the write
+    metadata = {k: v.encode("utf-8", "backslashreplace").decode("utf-8")
+                for k, v in metadata.items()}
     with atomic_output(path) as tmp:
         try:
             save_file(tensors, str(tmp), metadata=metadata)

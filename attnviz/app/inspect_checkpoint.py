@@ -68,6 +68,8 @@ def inventory_json(inventory: Inventory, store: TensorStore) -> dict[str, Any]:
     return {
         "source": store.source,
         "format": store.format,
+        # the keys leading to a pickle's nested state dict ({"model": sd, "epoch": 7}); [] bare
+        "entry": list(getattr(store, "entry", ())),
         "layers": layers,
         "unclassified": inventory.unclassified,
         "unresolved": [{"name": item.name, "family": item.family, "keys": list(item.keys),

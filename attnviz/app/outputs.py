@@ -142,7 +142,7 @@ def atomic_output(path: Path) -> Iterator[Path]:
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            yield tmp
+            yield _writable_by_libraries(tmp)
             os.chmod(tmp, _new_file_mode(path))  # mkstemp makes 0600; give the usual permissions
             os.replace(tmp, path)
         except OSError as exc:  # a full disk (ENOSPC), a size limit (EFBIG), a read-only disk
@@ -152,6 +152,19 @@ def atomic_output(path: Path) -> Iterator[Path]:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def _writable_by_libraries(tmp: Path) -> Path:
+    """The temporary file by a name every writer accepts: the safetensors writer (Rust) cannot
+    take a folder name that is not UTF-8 (`caf\\xe9/`), so such a folder is reached through an
+    ASCII-named link (`load.paths.library_path`); the file itself is the same."""
+    try:
+        str(tmp).encode("utf-8")
+        return tmp
+    except UnicodeEncodeError:
+        from attnviz.load.paths import library_path
+
+        return library_path(tmp.parent) / tmp.name
 
 
 def write_output(path: Path, write: Callable[[Path], object]) -> None:

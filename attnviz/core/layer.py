@@ -159,6 +159,7 @@ def resolve_heads(
     Returns (H, H_kv, d), all None when `num_heads` is None: the head count cannot be read off the
     weights, so attnviz never guesses it.
     """
+    _check_widths(layer)  # weights first: a short W_o is named, not the bias that fits it
     _check_biases(layer)
     if num_heads is None:
         return None, None, None
@@ -223,15 +224,49 @@ def _check_v_and_o(layer: AttentionLayer) -> None:
     if layer.v_weight.shape[0] != layer.kv_out:
         ref = layer.v_weight
         raise LayoutError(
-            f"{ref.describe()} has shape {_fmt(ref.shape)}, expected {layer.kv_out} rows like W_k",
+            f"{ref.describe()} has shape {_fmt(ref.shape)}, expected "
+            f"{_fmt((layer.kv_out, *ref.shape[1:]))}: {layer.kv_out} rows like W_k",
             fix="the checkpoint is inconsistent",
         )
     if layer.o_weight.shape[1] != layer.q_out:
         raise LayoutError(
             f"{layer.o_weight.describe()} has shape {_fmt(layer.o_weight.shape)}, expected "
-            f"{layer.q_out} columns (H·d)",
+            f"{_fmt((layer.o_weight.shape[0], layer.q_out))}: {layer.q_out} columns (H·d), "
+            f"as {layer.q_weight.describe()} has rows",
             fix="the checkpoint is inconsistent",
         )
+
+
+def _check_widths(layer: AttentionLayer) -> None:
+    """W_o writes back into the stream W_q reads: its rows equal W_q's input width E. A W_q one
+    input column short (E-1) otherwise passes every row count and fails only inside a forward."""
+    if layer.o_weight.shape[0] != layer.embed_dim:
+        raise LayoutError(
+            f"{layer.o_weight.describe()} has shape {_fmt(layer.o_weight.shape)}, expected "
+            f"({layer.embed_dim}, {layer.q_out}): {layer.embed_dim} rows, the input width of "
+            f"{layer.q_weight.describe()} {_fmt(layer.q_weight.shape)}",
+            fix="the checkpoint is inconsistent (a truncated or mismatched tensor)")
+
+
+def check_self_widths(layer: AttentionLayer) -> None:
+    """Self-attention reads queries, keys and values from one stream and W_o writes back into
+    it: W_q, W_k and W_v take E inputs and W_o has E rows (only cross-attention and
+    nn.MultiheadAttention's kdim/vdim differ). E is the width most of the four agree on, so the
+    message names the one tensor that is off (a W_q one input column short, say)."""
+    widths = [(layer.q_weight, 1), (layer.k_weight, 1), (layer.v_weight, 1), (layer.o_weight, 0)]
+    found = [ref.shape[axis] for ref, axis in widths]
+    width = max(found, key=lambda w: (found.count(w), w == layer.o_weight.shape[0]))
+    for ref, axis in widths:
+        if ref.shape[axis] != width:
+            expected = list(ref.shape)
+            expected[axis] = width
+            others = ", ".join(f"{other.describe()} {_fmt(other.shape)}"
+                               for other, _ in widths if other is not ref)
+            raise LayoutError(
+                f"{ref.describe()} has shape {_fmt(ref.shape)}, expected "
+                f"{_fmt(tuple(expected))}: self-attention reads and writes one stream of width "
+                f"{width}, as {others} say",
+                fix="the checkpoint is inconsistent (a truncated or mismatched tensor)")
 
 
 def _check_biases(layer: AttentionLayer) -> None:

@@ -95,3 +95,51 @@ def native_path(path: Path) -> str:
     if text not in _OPENED:
         _OPENED[text] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     return f"/proc/self/fd/{_OPENED[text]}"
+
+
+_LINKS: dict[str, Path] = {}  # non-UTF-8 folders → their ASCII-named links, one per process
+
+
+def library_path(path: Path) -> Path:
+    """`path` as a path transformers and tokenizers accept.
+
+    A folder whose name is not UTF-8 (`caf\\xe9/`) reaches Python as a str with surrogate
+    escapes; transformers joins file names onto it and the tokenizers library (Rust) cannot
+    convert it, which it reports as a broken tokenizer. Such a folder is reached instead through
+    a symbolic link with an ASCII name in a private temporary folder (mode 0700, removed at
+    exit): the same files, and the libraries never see the undecodable bytes. Links are made
+    once per folder; a link that cannot be made is one clear error naming the encoding."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        pass
+    if text in _LINKS:
+        return _LINKS[text]
+    import atexit
+    import shutil
+    import tempfile
+
+    try:
+        private = tempfile.mkdtemp(prefix="attnviz-path-")
+        atexit.register(shutil.rmtree, private, True)  # removes the link, never its target
+        link = Path(private) / ("model" + path.suffix.encode("ascii", "replace").decode()
+                                .replace("?", "_"))
+        os.symlink(os.fsencode(os.path.abspath(path)), link)
+    except (OSError, UnicodeError) as exc:
+        raise UsageError(f"the path is not UTF-8 text ({_first_bad_byte(text)}), which the model "
+                         f"libraries cannot open, and no ASCII-named link to it could be made "
+                         f"({type(exc).__name__})",
+                         fix="rename it to a UTF-8 name (convmv converts Latin-1 names)",
+                         where=printable_path(path)) from None
+    _LINKS[text] = link
+    return link
+
+
+def _first_bad_byte(text: str) -> str:
+    """"byte 0xff at character 9" for a surrogate-escaped name."""
+    for index, ch in enumerate(text):
+        if "\udc80" <= ch <= "\udcff":
+            return f"byte 0x{ord(ch) - 0xdc00:02x} at character {index + 1}"
+    return "a character UTF-8 cannot encode"

@@ -3,6 +3,7 @@ and every tensor checked against the storage it views."""
 
 from __future__ import annotations
 
+import re
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -27,6 +28,9 @@ from attnviz.load.store import DictStore
 MAX_ZIP_ENTRIES = 500_000
 NESTING_KEYS = ("state_dict", "model_state_dict", "model", "module", "net", "weights")
 MAX_NESTING = 8  # {"state_dict": {"model": …}} levels searched for the tensors
+# names of parameters in a state dict (`q_proj.weight`, `in_proj_bias`, `bias_k`)
+_WEIGHT_NAME = re.compile(r"(weight|bias|bias_[kv])$")
+MAX_MAPPINGS = 10_000  # mappings examined in all (an optimizer state holds one per parameter)
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 MIN_TORCH_FOR_PICKLES = (2, 10)
 
@@ -83,6 +87,11 @@ def _require_safe_torch() -> None:
 
 def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a torch pickle, with weights_only=True always passed explicitly."""
+    return load_pickle_state(path)[0]
+
+
+def load_pickle_state(path: Path) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
+    """The state dict of a torch pickle and the keys leading to it (`find_state_dict`)."""
     import pickle
 
     import torch
@@ -109,12 +118,12 @@ def load_pickle_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"not a readable PyTorch checkpoint ({type(exc).__name__})",
                               fix="check that the file is a complete torch.save output",
                               where=where) from None
-    tensors = flatten_state_dict(obj)
+    tensors, entry = find_state_dict(obj)
     if not tensors:
         raise CheckpointError("the checkpoint holds no tensors", where=where)
     for name, tensor in tensors.items():
         check_pickled_tensor(name, tensor, where)
-    return tensors
+    return tensors, entry
 
 
 def check_pickled_tensor(name: str, tensor: torch.Tensor, where: str) -> None:
@@ -198,32 +207,59 @@ def _scan_pickle_globals(path: Path, limit: int = 16 * 1024 * 1024) -> list[str]
 
 
 def flatten_state_dict(obj: object) -> dict[str, torch.Tensor]:
-    """Find the state dict inside a loaded checkpoint ({"state_dict": …}, {"model": …}, bare).
+    """The state dict inside a loaded checkpoint ({"state_dict": …}, {"model": …}, bare)."""
+    return find_state_dict(obj)[0]
 
-    Searched breadth-first without recursion, at most MAX_NESTING levels deep: a pickle can
-    nest a dict 100,000 deep.
+
+def find_state_dict(obj: object) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
+    """The mapping of named tensors that holds the weights, and the keys that lead to it (()
+    for a bare state dict).
+
+    A training checkpoint keeps its weights beside other entries: {"model": sd, "best_acc":
+    tensor(0.93), "epoch": 7}. One top-level tensor must not hide the nested dict, so every
+    mapping is a candidate and the one with the most tensors named like weights wins (`…weight`,
+    `…bias`: an optimizer's per-parameter `exp_avg`, `exp_avg_sq`, `step` are not), then the one
+    with the most tensors (ties: the shallower, then one under a usual key such as "state_dict"
+    or "model", then the first). Searched
+    breadth-first without recursion, at most MAX_NESTING levels deep and MAX_MAPPINGS mappings
+    in all: a pickle can nest a dict 100,000 deep or hold millions of small ones.
     """
     import torch
 
-    level: list[object] = [obj]
-    for _ in range(MAX_NESTING):
-        deeper: list[object] = []
-        for candidate in level:
-            if not isinstance(candidate, Mapping):
+    best: tuple[tuple[int, int, int, int], dict[str, torch.Tensor], tuple[str, ...]] | None = None
+    level: list[tuple[tuple[str, ...], object]] = [((), obj)]
+    seen = 0
+    for depth in range(MAX_NESTING):
+        deeper: list[tuple[tuple[str, ...], object]] = []
+        for path, candidate in level:
+            if not isinstance(candidate, Mapping) or seen >= MAX_MAPPINGS:
                 continue
+            seen += 1
             tensors = {k: v for k, v in candidate.items()
                        if isinstance(k, str) and isinstance(v, torch.Tensor)}
-            if tensors:
-                return tensors
-            deeper.extend(candidate[key] for key in NESTING_KEYS
-                          if isinstance(candidate.get(key), Mapping))
+            usual = 0 if not path or path[-1] in NESTING_KEYS else 1
+            weights = sum(1 for name in tensors if _WEIGHT_NAME.search(name))
+            rank = (-weights, -len(tensors), depth, usual)
+            if tensors and (best is None or rank < best[0]):
+                best = (rank, tensors, path)
+            deeper.extend(((*path, str(key)), value)
+                          for key, value in candidate.items() if isinstance(value, Mapping))
         level = deeper
-    return {}
+    return ({}, ()) if best is None else (best[1], best[2])
+
+
+def entry_name(path: tuple[str, ...]) -> str:
+    """How inspect names the entry the weights came from: `["model"]`, `["a"]["b"]`."""
+    return "".join(f"[{quoted(part)}]" for part in path)
 
 
 class PickleStore(DictStore):
     """A .pt/.pth/.bin file loaded with weights_only=True (zip files memory-mapped)."""
 
     def __init__(self, path: Path, config: dict[str, Any] | None = None) -> None:
-        super().__init__(load_pickle_tensors(path), str(path), "torch", config)  # exact
+        tensors, entry = load_pickle_state(path)
+        # a nested state dict is named where the format is shown: `torch, weights in ["model"]`
+        fmt = f"torch, weights in {entry_name(entry)}" if entry else "torch"
+        super().__init__(tensors, str(path), fmt, config)  # exact
+        self.entry = entry
 

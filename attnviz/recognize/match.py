@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import attnviz.recognize.model_types as model_types
-from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import DtypeError, HeadCountError, printable
+from attnviz.core.layer import AttentionLayer, TensorRef, check_self_widths
+from attnviz.errors import DtypeError, HeadCountError, LayoutError, printable
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.config import model_type, tower_config
 from attnviz.recognize.base import (
@@ -176,8 +176,21 @@ def _build(store: TensorStore, row: Convention, prefix: str,
         o_bias=optional_ref(store, prefix + o_name.removesuffix("weight") + "bias"),
         bias_k=extras.get("bias_k"), bias_v=extras.get("bias_v"), storage=storage,
     )
+    if _reads_own_stream(row, prefix):
+        try:
+            check_self_widths(layer)
+        except LayoutError as error:
+            error.where = error.where or store.source
+            raise
     layer = finish(layer, heads, store.source)
     return describe(layer, store, ctx, row, (*ctx.notes, *count_notes))
+
+
+def _reads_own_stream(row: Convention, prefix: str) -> bool:
+    """Self-attention whose keys and values must be as wide as its queries: not a module under
+    a cross-attention name, not nn.MultiheadAttention (whose kdim/vdim may differ)."""
+    parts = prefix.rstrip(".").split(".")
+    return row.assume != "torch-mha" and not any(p in CROSS_MODULES for p in parts)
 
 
 def _fused_heads(store: TensorStore, row: Convention, ctx: Context,

@@ -6,10 +6,15 @@ from __future__ import annotations
 import html
 
 from attnviz.compute.circuits_result import COPYING_LINE, CircuitsResult
+from attnviz.errors import printable
+
+
+def esc(text: str) -> str:
+    """HTML-escaped, and first escaped as the terminal escapes it (U+202E, ESC, …)."""
+    return html.escape(printable(text, None))
 
 
 def circuits_html(result: CircuitsResult) -> str:
-    esc = html.escape
     rows = []
     for layer in result.layers:
         for c in layer.heads:

@@ -24,6 +24,7 @@ from importlib import resources
 from typing import Any
 
 # The document side, re-exported: callers (cli, api, tests) import the page's API from here.
+from attnviz.errors import printable
 from attnviz.render.html_codes import LEVELS as LEVELS
 from attnviz.render.html_codes import MASKED as MASKED
 from attnviz.render.html_codes import dequantize as dequantize
@@ -36,6 +37,7 @@ HTML_SUFFIXES = (".html", ".htm")
 
 def render_html(doc: dict[str, Any]) -> str:
     """One self-contained HTML page of a document (data and code inline, no network)."""
+    doc = page_strings(doc)
     script = _asset("html_view.js") + "\n" + _asset("html_steps.js")
     style = _asset("html_view.css") + "\n" + _asset("html_steps.css")
     lowered = script.lower()
@@ -57,6 +59,23 @@ def notebook_html(doc: dict[str, Any], height: int = 760) -> str:
     page = html.escape(render_html(doc), quote=True)
     return (f'<iframe srcdoc="{page}" sandbox="allow-scripts" title="attnviz attention view" '
             f'style="width: 100%; height: {int(height)}px; border: 1px solid #ddd"></iframe>')
+
+
+def page_strings(value: Any) -> Any:
+    """Every string of a document escaped as the terminal escapes it (`errors.printable`):
+    control characters, bidi overrides and isolates (U+202E, U+2066), zero-widths (U+200B),
+    C1 controls, lone surrogates. JSON's own \\u escapes would hand the raw character back to
+    the page's script, which puts text on the page as it is (textContent): a token holding
+    U+202E would reverse the sentence selector and the token columns. Escaped here, once, every
+    place the page shows text (labels, titles, head names, paths, notes) shows `\\u202e`, as
+    the terminal does, and the file holds no such character either."""
+    if isinstance(value, str):
+        return printable(value, None)
+    if isinstance(value, dict):
+        return {page_strings(k): page_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [page_strings(v) for v in value]
+    return value
 
 
 def embed_json(doc: dict[str, Any]) -> str:

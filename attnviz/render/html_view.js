@@ -42,7 +42,9 @@
   }
 
   function shorten(text, most) {
-    return text.length > most ? text.slice(0, most - 1) + "…" : text;
+    // by code points: cutting UTF-16 units could leave half of an emoji, a lone surrogate
+    const chars = Array.from(text);
+    return chars.length > most ? chars.slice(0, most - 1).join("") + "…" : text;
   }
 
   function headColor(head) {

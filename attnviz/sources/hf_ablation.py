@@ -43,6 +43,7 @@ from attnviz.compute.ablation_measures import (
 )
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, option, printable
+from attnviz.load.paths import library_path
 from attnviz.sources import hf_guard
 from attnviz.sources.hf.layers import ModelLayer, Plan
 from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, input_device
@@ -80,7 +81,7 @@ def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str], Any]:
     with hf_guard.silenced(stderr=True), \
             hf_guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
         model, info = getattr(transformers, arch).from_pretrained(
-            loaded.folder, attn_implementation="eager", output_loading_info=True,
+            library_path(loaded.folder), attn_implementation="eager", output_loading_info=True,
             dtype=getattr(torch, loaded.dtype), **placement, **COMMON)
     if info.get("missing_keys"):
         return loaded.model, None, ["the folder lacks the LM head's weights: hidden-state "

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from attnviz.errors import CheckpointError, printable, printable_path
+from attnviz.load.paths import library_path
 from attnviz.sources import capture, hf_guard
 from attnviz.sources.capture_eager import ACTIVE, Session
 from attnviz.sources.generate_spec import GenerateSpec
@@ -106,7 +107,7 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
     with hf_guard.silenced(stderr=True), \
             hf_guard.contained("transformers cannot load the model with a language-model head",
                                FILES_FIX, where):
-        model, info = auto.from_pretrained(folder, attn_implementation="eager",
+        model, info = auto.from_pretrained(library_path(folder), attn_implementation="eager",
                                            output_loading_info=True, **given,
                                            **{dtype_key: getattr(torch, dtype)}, **COMMON)
     remember_file_fields(model, file_fields)

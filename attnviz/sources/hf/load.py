@@ -26,6 +26,7 @@ from attnviz.errors import (
     quoted,
 )
 from attnviz.load.checkpoint import TensorStore, open_checkpoint
+from attnviz.load.paths import library_path
 from attnviz.recognize import find_layers
 from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.versions import check_versions, install_hint
@@ -217,10 +218,11 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
         pass
     import transformers
 
+    readable = library_path(folder)  # a non-UTF-8 name: an ASCII link to the same folder
     with hf_guard.silenced(stderr=True):  # transformers' reports and warnings are attnviz's to word
         with hf_guard.contained("transformers cannot read the model's config.json", FILES_FIX,
                              where):
-            config = transformers.AutoConfig.from_pretrained(folder, **COMMON)
+            config = transformers.AutoConfig.from_pretrained(readable, **COMMON)
             meta = hf_guard.meta_model(transformers, config)  # shapes only, on the meta device
         tower = hf_guard.text_runner(meta, config)
         if tokenizer is None:
@@ -232,7 +234,7 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
         if tokenizer is None:
             with hf_guard.contained("the model's tokenizer cannot be loaded",
                                  "check or replace its tokenizer files", where):
-                tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **COMMON)
+                tokenizer = transformers.AutoTokenizer.from_pretrained(readable, **COMMON)
     return OpenedModel(folder, config, tokenizer, store, tower, rows, limit)
 
 
@@ -268,7 +270,7 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
         with hf_guard.silenced(stderr=True), \
                 hf_guard.contained("transformers cannot load the model", FILES_FIX, where):
             model, info = transformers.AutoModel.from_pretrained(
-                folder, attn_implementation="eager", output_loading_info=True,
+                library_path(folder), attn_implementation="eager", output_loading_info=True,
                 **{dtype_key: dtype if dtype == "auto" else getattr(torch, dtype)}, **placement,
                 **COMMON)
     except CheckpointError as error:
