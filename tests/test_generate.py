@@ -23,34 +23,15 @@ ARCHITECTURES = ["llama", "gpt2", "gemma2", "qwen2", "phi3", "marian", "t5", "bl
 PROMPTS = ["the cat sat on the mat", "a small dog ran far away"]
 
 
-def _build_lm(kind: str, folder: Path) -> Path:
-    """The zoo's `kind` with its LM head: random weights, random biases, sharpened q/k."""
-    import torch
-    import transformers
-    import zoo
-
-    row = zoo.ZOO[kind]
-    config = row.config()
-    if row.encoder_decoder:
-        auto = transformers.AutoModelForSeq2SeqLM
-    else:
-        auto = transformers.AutoModelForCausalLM
-    torch.manual_seed(0)
-    model = auto.from_config(config, attn_implementation="eager")
-    zoo.randomize(model, row)
-    model.generation_config.eos_token_id = zoo.EOS
-    model.eval().save_pretrained(folder)
-    zoo.save_tokenizer(folder, row)
-    return folder
-
-
 @pytest.fixture(scope="session")
 def lm_folder(tmp_path_factory: Any) -> Any:
+    import zoo
+
     built: dict[str, Path] = {}
 
     def get(kind: str) -> Path:
         if kind not in built:
-            built[kind] = _build_lm(kind, tmp_path_factory.mktemp(f"lm_{kind}"))
+            built[kind] = zoo.build_lm(kind, tmp_path_factory.mktemp(f"lm_{kind}"))
         return built[kind]
 
     return get

@@ -176,3 +176,57 @@ def test_offload_without_accelerate_is_one_line(cli, monkeypatch, wide_vocab_lla
     result = cli("heatmap", "--model", wide_vocab_llama, SENTENCE, "--max-memory", "1MB")
     assert_clean_error(result, 2, "offloads through accelerate")
     assert "[offload]" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def lm_folder(tmp_path_factory):
+    """The zoo's tiny llama with its language-model head."""
+    pytest.importorskip("transformers")
+    import zoo
+
+    return zoo.build_lm("llama", tmp_path_factory.mktemp("llama_lm"))
+
+
+def _greedy_reference(folder: Path, words: str, steps: int, **settings: object) -> list[int]:
+    """transformers' own greedy generate of `words`, its new ids (one sentence: no padding)."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([tok(words)["input_ids"]])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                             num_beams=1, pad_token_id=0, **settings)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_generate_writes_what_transformers_generate_writes(cli, lm_folder):
+    """attnviz's decoding settings (passed to generate explicitly, generation_config.json's
+    contrary fields set aside) hold on every supported release: the ids it writes are
+    transformers' own greedy ones."""
+    folder = Path(lm_folder)
+    result = cli("heatmap", "--model", folder, SENTENCE, "--generate", "4", "--json")
+    assert result.exit_code == 0, result.output
+    written = json.loads(result.stdout)["generation"]["generated_ids"][0]
+    expected = _greedy_reference(folder, SENTENCE, len(written))
+    assert written == expected[:len(written)] and written
+    # negative control: decoding that differs (its first id suppressed) is told apart
+    assert _greedy_reference(folder, SENTENCE, len(written), suppress_tokens=[written[0]]) \
+        != written
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_ablate_loads_the_lm_head_on_every_release(cli, lm_folder):
+    """The scorecard reloads the model with its LM head (placement keywords of the first load):
+    that load works at the floor and at the newest release, and its losses are finite."""
+    result = cli("heatmap", "--model", lm_folder, SENTENCE, "--layer", "0", "--ablate",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)["ablation_run"]
+    assert run["base_loss"] is not None and run["base_loss"] > 0

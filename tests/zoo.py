@@ -269,6 +269,23 @@ def build(kind: str, folder: Path) -> Path:
     return folder
 
 
+def build_lm(kind: str, folder: Path) -> Path:
+    """Write the zoo's `kind` WITH its language-model head (AutoModelForCausalLM, or
+    AutoModelForSeq2SeqLM for an encoder-decoder) and its tokenizer to `folder`; the end of a
+    sequence is the zoo's EOS."""
+    transformers.utils.logging.disable_progress_bar()
+    row = ZOO[kind]
+    auto = transformers.AutoModelForSeq2SeqLM if row.encoder_decoder \
+        else transformers.AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = auto.from_config(row.config(), attn_implementation="eager")
+    randomize(model, row)
+    model.generation_config.eos_token_id = EOS
+    model.eval().save_pretrained(folder)
+    save_tokenizer(folder, row)
+    return folder
+
+
 def zoo_factory(tmp_path_factory: Any) -> Callable[[str], Path]:
     """`get(kind) -> folder`, building each kind at most once per session.
 

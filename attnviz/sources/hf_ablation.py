@@ -46,7 +46,7 @@ from attnviz.errors import CheckpointError, option, printable
 from attnviz.load.paths import library_path
 from attnviz.sources import hf_guard
 from attnviz.sources.hf.layers import ModelLayer, Plan
-from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, input_device
+from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, dtype_keyword, input_device
 from attnviz.sources.value_states import recognized_layers
 
 COPY_BUDGET_BYTES = 256 * 2**20  # hidden states of the stacked copies, roughly
@@ -82,7 +82,7 @@ def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str], Any]:
             hf_guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
         model, info = getattr(transformers, arch).from_pretrained(
             library_path(loaded.folder), attn_implementation="eager", output_loading_info=True,
-            dtype=getattr(torch, loaded.dtype), **placement, **COMMON)
+            **{dtype_keyword(): getattr(torch, loaded.dtype)}, **placement, **COMMON)
     if info.get("missing_keys"):
         return loaded.model, None, ["the folder lacks the LM head's weights: hidden-state "
                                     "changes only"], None

@@ -39,8 +39,8 @@ from attnviz.sources.hf.generate_returned import (
 )
 from attnviz.sources.hf.generate_settings import (
     generation_config_of,
-    remember_file_fields,
     settings,
+    settle_loaded_generation,
 )
 from attnviz.sources.hf.load import (
     COMMON,
@@ -49,8 +49,8 @@ from attnviz.sources.hf.load import (
     OpenedModel,
     capture_path,
     check_load_options,
+    dtype_keyword,
     input_device,
-    transformers_major,
 )
 
 METHOD = ("model.generate (its own KV cache and generation settings) with attnviz's attention "
@@ -100,7 +100,7 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
                               f"{auto.__name__} class for them (an encoder writes no text)",
                               fix="use a decoder (…ForCausalLM) or an encoder-decoder "
                               "(…ForConditionalGeneration)", where=where)
-    dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"
+    dtype_key = dtype_keyword()
     # generation_config.json without the fields attnviz sets at each call (generate_settings)
     generation_config, file_fields = generation_config_of(Path(folder), where)
     given = {} if generation_config is None else {"generation_config": generation_config}
@@ -110,7 +110,7 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
         model, info = auto.from_pretrained(library_path(folder), attn_implementation="eager",
                                            output_loading_info=True, **given,
                                            **{dtype_key: getattr(torch, dtype)}, **COMMON)
-    remember_file_fields(model, file_fields)
+    settle_loaded_generation(model, file_fields)
     model.eval().to(resolve_device(device))
     missing = [str(k) for k in info.get("missing_keys") or [] if "final_logits_bias" not in k]
     if missing:

@@ -19,7 +19,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from attnviz.errors import CheckpointError, printable
+from attnviz.errors import CheckpointError, option, printable
 from attnviz.load.checkpoint import read_json
 from attnviz.sources import hf_guard
 from attnviz.sources.generate_spec import GenerateSpec
@@ -73,8 +73,15 @@ def generation_config_of(folder: Path, where: str) -> tuple[Any, dict[str, Any]]
     return config, {name: value for name, value in raw.items() if name in OVERRIDDEN}
 
 
-def remember_file_fields(model: Any, fields: dict[str, Any]) -> None:
+def settle_loaded_generation(model: Any, fields: dict[str, Any]) -> None:
+    """Keep the file's overridden fields for `settings`, and mark the loaded config unmodified."""
     _FILE_FIELDS[model] = fields
+    # transformers 4.x's from_pretrained copies a given generation_config through from_dict,
+    # which drops the "unmodified" mark its generate then reads when the file says
+    # `_from_model_config`; mark it as GenerationConfig.from_pretrained would
+    config = getattr(model, "generation_config", None)
+    if config is not None and not hasattr(config, "_original_object_hash"):
+        config._original_object_hash = hash(config)
 
 
 def settings(model: Any, spec: GenerateSpec, pad: int,
@@ -127,7 +134,7 @@ def aside_note(aside: list[str], sample: bool) -> str | None:
     """The header's note naming what the model's generation_config asked and attnviz did not."""
     if not aside:
         return None
-    how = "sampled as --sample asks" if sample else "greedy"
+    how = f"sampled as {option('sample')} asks" if sample else "greedy"
     return (f"generation: the model's generation_config asks for {', '.join(aside)}; set aside: "
             f"attnviz decodes one sequence per prompt, {how}, one token per step through the "
             "KV cache")

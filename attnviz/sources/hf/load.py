@@ -264,7 +264,7 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
     import transformers
 
     folder, where = opened.folder, printable_path(opened.folder)
-    dtype_key = "dtype" if transformers_major() >= 5 else "torch_dtype"  # renamed in transformers 5
+    dtype_key = dtype_keyword()
     placement, offload = _placement(device, device_map, max_memory)
     try:
         with hf_guard.silenced(stderr=True), \
@@ -326,6 +326,11 @@ def transformers_major() -> int:
     import transformers
 
     return int(transformers.__version__.split(".")[0])
+
+
+def dtype_keyword() -> str:
+    """from_pretrained's keyword for the dtype: `dtype`, `torch_dtype` before transformers 5."""
+    return "dtype" if transformers_major() >= 5 else "torch_dtype"
 
 
 def input_device(model: Any) -> torch.device:
