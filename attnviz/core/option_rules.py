@@ -1,0 +1,152 @@
+"""One rule for options: every option of `attnviz heatmap` (and of the API's `run_heatmap` /
+`run_model`) either applies to the run or is refused, exit 2, naming it. Never ignored.
+
+Which option applies where is this one table, `RULES`, checked in one place (`check_rules`):
+the use case checks the request-level rules on the `HeatmapRequest` the CLI and the API both
+build (`check_request`, from `attnviz.app.heatmap.check_applicable`); the CLI checks the
+display-level rules (what the terminal, `--json` and the files show), which no request holds.
+
+A rule names the options it concerns (request field names, as `attnviz.errors.option` names
+them) and the facts of the run under which they do not apply: `never` (refused where one of these
+holds) or `only` (refused unless one of these holds). A fact is a source kind (`bundled`,
+`weights`, `random`, `model`) or the name of another option given (`query`, `head`, `generate`);
+at display level also `json`, `quiet`, `out` and `draws_maps` (a map is drawn: the terminal's, or
+the `--out` figure). tests/test_option_rule.py walks every option of every command on every source
+and fails on one that is neither applied nor refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, fields, is_dataclass
+from typing import TYPE_CHECKING, Any
+
+from attnviz.errors import UsageError, option
+
+if TYPE_CHECKING:
+    from attnviz.core.request import HeatmapRequest
+
+REQUEST, DISPLAY = "request", "display"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Where `options` do not apply, and what the refusal says. In `what` and `fix`, `{listed}`
+    is the options given (as `option` references, joined by `joined`), `{does}` / `{applies}`
+    the verb agreeing with their number."""
+
+    options: tuple[str, ...]
+    what: str
+    fix: str
+    never: frozenset[str] = frozenset()  # refused where one of these facts holds
+    only: frozenset[str] = frozenset()  # refused unless one of these facts holds
+    level: str = REQUEST  # REQUEST: on the request (CLI and API); DISPLAY: the CLI's output
+    joined: str = ", "
+    name_it: bool = True  # the error's `option` is the first option given (shown as context)
+
+    def refuses(self, facts: Collection[str]) -> bool:
+        return any(fact in facts for fact in self.never) or (
+            bool(self.only) and not any(fact in facts for fact in self.only))
+
+
+def _rule(options: str, what: str, fix: str, *, never: str = "", only: str = "",
+          level: str = REQUEST, joined: str = ", ", name_it: bool = True) -> Rule:
+    return Rule(tuple(options.split()), what, fix, frozenset(never.split()),
+                frozenset(only.split()), level, joined, name_it)
+
+
+_DRAW = (f"draw one ({option('out')} FILE.png, or the terminal maps without {option('json')} "
+         f"or {option('quiet')})")
+
+RULES: tuple[Rule, ...] = (
+    # --- the source ------------------------------------------------------------------------
+    _rule("causal positions num_heads num_kv_heads head_dim",
+          f"{{listed}} {{does}} not apply to {option('model')}: the model's own config decides",
+          "drop {listed}", never="model", name_it=False),
+    _rule("dtype device_map max_memory",
+          f"{option('dtype')}, {option('device_map')} and {option('max_memory')} apply to "
+          f"{option('model')} only", f"drop them, or pass {option('model')}", only="model",
+          name_it=False),
+    _rule("num_heads num_kv_heads head_dim memory_budget",
+          "{listed} {does} not apply to the bundled model: it has its own 2 heads per layer and "
+          "runs whole",
+          f"drop {{listed}}, or pass {option('weights')}, {option('random')} or {option('model')}",
+          never="bundled", name_it=False),
+    _rule("causal", f"{option('causal')} does not apply to the bundled model: it is causal "
+          "already", f"drop {option('causal')}", never="bundled"),
+    _rule("num_kv_heads head_dim",
+          f"{{listed}} {{does}} not apply to {option('random')}: an nn.MultiheadAttention has "
+          f"as many key/value heads as heads, each {option('embed_dim')} / "
+          f"{option('num_heads')} wide", f"drop {{listed}}, or set {option('embed_dim')} and "
+          f"{option('num_heads')}", never="random"),
+    _rule("target", f"{option('target')} applies to {option('model')} (an encoder-decoder "
+          "model) only", f"drop {option('target')}, or pass {option('model')}", only="model"),
+    # --- the selection ---------------------------------------------------------------------
+    _rule("average", f"{option('head')} and {option('average')} exclude each other: "
+          f"{option('head')} shows one head, {option('average')} the mean over heads",
+          "choose one", never="head"),
+    _rule("sentence", f"{option('sentence')} picks the sentence {option('query')} breaks down, "
+          f"and no {option('query')} is given", f"add {option('query')} TOKEN, or drop "
+          f"{option('sentence')}", only="query"),
+    # --- what the CLI shows (facts the request does not hold) -------------------------------
+    _rule("maps stats quiet",
+          f"{{listed}} {{does}} not apply to {option('json')}: it prints one JSON document "
+          "(the head statistics always in it) instead of maps and tables",
+          f"drop {{listed}}, or {option('json')}", never="json", level=DISPLAY),
+    _rule("average scale",
+          "{listed} {applies} to drawn maps, and this run draws none",
+          f"{_DRAW}, or drop {{listed}}", only="draws_maps", level=DISPLAY),
+    _rule("size dpi max_panels", f"{{listed}} shape the {option('out')} figure",
+          f"add {option('out')} FILE.png, or drop them", only="out", level=DISPLAY,
+          joined=" and ", name_it=False),
+)
+
+
+def check_rules(level: str, given: Collection[str], facts: Collection[str]) -> None:
+    """Refuse the first rule of `level` that a given option breaks; `facts` hold the source
+    kind and whatever else the rules read (the given options count as facts too)."""
+    known = set(facts) | set(given)
+    for rule in RULES:
+        if rule.level != level:
+            continue
+        hit = [name for name in rule.options if name in given]
+        if hit and rule.refuses(known):
+            listed = rule.joined.join(option(name) for name in hit)
+            one = len(hit) == 1
+            words = {"listed": listed, "does": "does" if one else "do",
+                     "applies": "applies" if one else "apply"}
+            raise UsageError(rule.what.format(**words), fix=rule.fix.format(**words),
+                             option=hit[0] if rule.name_it else "")
+
+
+def given_fields(request: HeatmapRequest) -> set[str]:
+    """The request's fields that differ from their defaults (the options given), the head
+    hints' own fields by name (`num_heads`, not `hints`)."""
+    given: set[str] = set()
+    for group in fields(request):
+        part = getattr(request, group.name)
+        for f in fields(part):
+            value = getattr(part, f.name)
+            default = f.default
+            if is_dataclass(value) and not isinstance(value, type) and f.name == "hints":
+                given |= {h.name for h in fields(value) if getattr(value, h.name) is not None}
+            elif value != default:
+                given.add(f.name)
+    return given
+
+
+def check_request(request: HeatmapRequest) -> None:
+    """The request-level rules, on a request the CLI or the API built."""
+    given = given_fields(request)
+    check_rules(REQUEST, given, {request.source.kind})
+
+
+def display_facts(as_json: bool, quiet: bool, out: bool, draws_maps: bool) -> set[str]:
+    """The facts the display rules read, named as the table names them."""
+    return {name for name, holds in (("json", as_json), ("quiet", quiet), ("out", out),
+                                     ("draws_maps", draws_maps)) if holds}
+
+
+def given_options(values: dict[str, Any], defaults: dict[str, Any]) -> set[str]:
+    """The names in `values` whose value is not their default."""
+    return {name for name, value in values.items() if value != defaults.get(name)}
