@@ -118,12 +118,13 @@ def heatmap(
     check_scale(scale)
     shown = Shown.choose(overview, maps, stats, bool(out or export or html), model is not None,
                          layer, head, average, sentence, scale)
-    check_display(shown, {"average": average, "scale": scale, "maps": maps, "stats": stats,
-                          "quiet": quiet, "size": size, "dpi": dpi, "max_panels": max_panels},
+    check_display(shown, {"average": average, "scale": scale, "maps": maps is True,
+                          "stats": stats, "quiet": quiet, "size": size, "dpi": dpi,
+                          "max_panels": max_panels},
                   as_json, out is not None)
     check_figure_options(out, size, dpi)
     check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,
-                        "--overview": overview not in (None, "off"), "--query": query is not None})
+                        "--overview": overview not in (None, "off")})
     files = output_files(out, export, html, lambda: inputs_read(
         weights, model, file, not (random or weights or model)), ablate or ablate_mean)
     worker = None

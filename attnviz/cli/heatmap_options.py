@@ -238,8 +238,9 @@ def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim
                       seed=seed or 0)
 
 
-# what each display option is when not given (the command's defaults)
-DISPLAY_DEFAULTS = {"average": False, "scale": "max", "maps": None, "stats": None,
+# what each display option is when not given (the command's defaults; `maps`: --maps asked for,
+# as --no-maps never contradicts an output that prints no map)
+DISPLAY_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None,
                     "quiet": False, "size": None, "dpi": 100, "max_panels": 256}
 
 
