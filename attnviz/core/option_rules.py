@@ -119,9 +119,13 @@ def check_rules(level: str, given: Collection[str], facts: Collection[str]) -> N
                              option=hit[0] if rule.name_it else "")
 
 
+# request fields whose option is named otherwise (one --target per sentence: `targets`)
+FIELD_OPTIONS = {"targets": "target"}
+
+
 def given_fields(request: HeatmapRequest) -> set[str]:
-    """The request's fields that differ from their defaults (the options given), the head
-    hints' own fields by name (`num_heads`, not `hints`)."""
+    """The options given: the request's fields that differ from their defaults, named as the
+    options are (`target`, not `targets`; the head hints' own fields, not `hints`)."""
     given: set[str] = set()
     for group in fields(request):
         part = getattr(request, group.name)
@@ -131,7 +135,7 @@ def given_fields(request: HeatmapRequest) -> set[str]:
             if is_dataclass(value) and not isinstance(value, type) and f.name == "hints":
                 given |= {h.name for h in fields(value) if getattr(value, h.name) is not None}
             elif value != default:
-                given.add(f.name)
+                given.add(FIELD_OPTIONS.get(f.name, f.name))
     return given
 
 
