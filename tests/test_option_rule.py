@@ -253,7 +253,7 @@ def test_the_walker_catches_a_refusal_taken_away(walker: Walker, monkeypatch):
     (the old behaviour), and the walk says so."""
     from attnviz.core import option_rules
 
-    kept = tuple(rule for rule in option_rules.RULES if rule.options != ("sentence",))
+    kept = tuple(rule for rule in option_rules.RULES if rule.options != "sentence")
     assert len(kept) == len(option_rules.RULES) - 1
     monkeypatch.setattr(option_rules, "RULES", kept)
     found = walker.walk("heatmap", "bundled", SOURCES["heatmap"]["bundled"], True)

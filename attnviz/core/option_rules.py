@@ -31,28 +31,23 @@ REQUEST, DISPLAY = "request", "display"
 
 @dataclass(frozen=True)
 class Rule:
-    """Where `options` do not apply, and what the refusal says. In `what` and `fix`, `{listed}`
-    is the options given (as `option` references, joined by `joined`), `{does}` / `{applies}`
-    the verb agreeing with their number."""
+    """Where `options` do not apply, and what the refusal says. Names are space-separated. In
+    `what` and `fix`, `{listed}` is the options given (as `option` references, joined by
+    `joined`), `{does}` / `{applies}` the verb agreeing with their number."""
 
-    options: tuple[str, ...]
+    options: str
     what: str
     fix: str
-    never: frozenset[str] = frozenset()  # refused where one of these facts holds
-    only: frozenset[str] = frozenset()  # refused unless one of these facts holds
+    never: str = ""  # refused where one of these facts holds
+    only: str = ""  # refused unless one of these facts holds
     level: str = REQUEST  # REQUEST: on the request (CLI and API); DISPLAY: the CLI's output
     joined: str = ", "
     name_it: bool = True  # the error's `option` is the first option given (shown as context)
 
     def refuses(self, facts: Collection[str]) -> bool:
-        return any(fact in facts for fact in self.never) or (
-            bool(self.only) and not any(fact in facts for fact in self.only))
-
-
-def _rule(options: str, what: str, fix: str, *, never: str = "", only: str = "",
-          level: str = REQUEST, joined: str = ", ", name_it: bool = True) -> Rule:
-    return Rule(tuple(options.split()), what, fix, frozenset(never.split()),
-                frozenset(only.split()), level, joined, name_it)
+        only = self.only.split()
+        return any(fact in facts for fact in self.never.split()) or (
+            bool(only) and not any(fact in facts for fact in only))
 
 
 _DRAW = (f"draw one ({option('out')} FILE.png, or the terminal maps without {option('json')} "
@@ -60,45 +55,45 @@ _DRAW = (f"draw one ({option('out')} FILE.png, or the terminal maps without {opt
 
 RULES: tuple[Rule, ...] = (
     # --- the source ------------------------------------------------------------------------
-    _rule("causal positions num_heads num_kv_heads head_dim",
-          f"{{listed}} {{does}} not apply to {option('model')}: the model's own config decides",
-          "drop {listed}", never="model", name_it=False),
-    _rule("dtype device_map max_memory",
-          f"{option('dtype')}, {option('device_map')} and {option('max_memory')} apply to "
-          f"{option('model')} only", f"drop them, or pass {option('model')}", only="model",
-          name_it=False),
-    _rule("num_heads num_kv_heads head_dim memory_budget",
-          "{listed} {does} not apply to the bundled model: it has its own 2 heads per layer and "
-          "runs whole",
-          f"drop {{listed}}, or pass {option('weights')}, {option('random')} or {option('model')}",
-          never="bundled", name_it=False),
-    _rule("causal", f"{option('causal')} does not apply to the bundled model: it is causal "
-          "already", f"drop {option('causal')}", never="bundled"),
-    _rule("num_kv_heads head_dim",
-          f"{{listed}} {{does}} not apply to {option('random')}: an nn.MultiheadAttention has "
-          f"as many key/value heads as heads, each {option('embed_dim')} / "
-          f"{option('num_heads')} wide", f"drop {{listed}}, or set {option('embed_dim')} and "
-          f"{option('num_heads')}", never="random"),
-    _rule("target", f"{option('target')} applies to {option('model')} (an encoder-decoder "
-          "model) only", f"drop {option('target')}, or pass {option('model')}", only="model"),
+    Rule("causal positions num_heads num_kv_heads head_dim",
+         f"{{listed}} {{does}} not apply to {option('model')}: the model's own config decides",
+         "drop {listed}", never="model", name_it=False),
+    Rule("dtype device_map max_memory",
+         f"{option('dtype')}, {option('device_map')} and {option('max_memory')} apply to "
+         f"{option('model')} only", f"drop them, or pass {option('model')}", only="model",
+         name_it=False),
+    Rule("num_heads num_kv_heads head_dim memory_budget",
+         "{listed} {does} not apply to the bundled model: it has its own 2 heads per layer and "
+         "runs whole",
+         f"drop {{listed}}, or pass {option('weights')}, {option('random')} or {option('model')}",
+         never="bundled", name_it=False),
+    Rule("causal", f"{option('causal')} does not apply to the bundled model: it is causal "
+         "already", f"drop {option('causal')}", never="bundled"),
+    Rule("num_kv_heads head_dim",
+         f"{{listed}} {{does}} not apply to {option('random')}: an nn.MultiheadAttention has "
+         f"as many key/value heads as heads, each {option('embed_dim')} / "
+         f"{option('num_heads')} wide", f"drop {{listed}}, or set {option('embed_dim')} and "
+         f"{option('num_heads')}", never="random"),
+    Rule("target", f"{option('target')} applies to {option('model')} (an encoder-decoder "
+         "model) only", f"drop {option('target')}, or pass {option('model')}", only="model"),
     # --- the selection ---------------------------------------------------------------------
-    _rule("average", f"{option('head')} and {option('average')} exclude each other: "
-          f"{option('head')} shows one head, {option('average')} the mean over heads",
-          "choose one", never="head"),
-    _rule("sentence", f"{option('sentence')} picks the sentence {option('query')} breaks down, "
-          f"and no {option('query')} is given", f"add {option('query')} TOKEN, or drop "
-          f"{option('sentence')}", only="query"),
+    Rule("average", f"{option('head')} and {option('average')} exclude each other: "
+         f"{option('head')} shows one head, {option('average')} the mean over heads",
+         "choose one", never="head"),
+    Rule("sentence", f"{option('sentence')} picks the sentence {option('query')} breaks down, "
+         f"and no {option('query')} is given", f"add {option('query')} TOKEN, or drop "
+         f"{option('sentence')}", only="query"),
     # --- what the CLI shows (facts the request does not hold) -------------------------------
-    _rule("maps stats quiet",
-          f"{{listed}} {{does}} not apply to {option('json')}: it prints one JSON document "
-          "(the head statistics always in it) instead of maps and tables",
-          f"drop {{listed}}, or {option('json')}", never="json", level=DISPLAY),
-    _rule("average scale",
-          "{listed} {applies} to drawn maps, and this run draws none",
-          f"{_DRAW}, or drop {{listed}}", only="draws_maps", level=DISPLAY),
-    _rule("size dpi max_panels", f"{{listed}} shape the {option('out')} figure",
-          f"add {option('out')} FILE.png, or drop them", only="out", level=DISPLAY,
-          joined=" and ", name_it=False),
+    Rule("maps stats quiet",
+         f"{{listed}} {{does}} not apply to {option('json')}: it prints one JSON document "
+         "(the head statistics always in it) instead of maps and tables",
+         f"drop {{listed}}, or {option('json')}", never="json", level=DISPLAY),
+    Rule("average scale",
+         "{listed} {applies} to drawn maps, and this run draws none",
+         f"{_DRAW}, or drop {{listed}}", only="draws_maps", level=DISPLAY),
+    Rule("size dpi max_panels", f"{{listed}} shape the {option('out')} figure",
+         f"add {option('out')} FILE.png, or drop them", only="out", level=DISPLAY,
+         joined=" and ", name_it=False),
 )
 
 
@@ -109,7 +104,7 @@ def check_rules(level: str, given: Collection[str], facts: Collection[str]) -> N
     for rule in RULES:
         if rule.level != level:
             continue
-        hit = [name for name in rule.options if name in given]
+        hit = [name for name in rule.options.split() if name in given]
         if hit and rule.refuses(known):
             listed = rule.joined.join(option(name) for name in hit)
             one = len(hit) == 1
