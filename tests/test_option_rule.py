@@ -299,6 +299,17 @@ def test_sentence_needs_query(cli):
     assert docs[0] != docs[1]
 
 
+def test_query_with_norm_weighting_is_refused(cli):
+    """It used to end in 'recomputing query 1 from the slices differs from the run' (exit 1):
+    the breakdown recomputes α, the maps then hold ‖α·W_O v‖."""
+    from conftest import assert_clean_error
+
+    assert_clean_error(cli("heatmap", *SENTENCES, "--query", "cat", "--weighting", "norm"), 2,
+                       "--query breaks down the attention weights", "--weighting norm")
+    for alone in (["--query", "cat"], ["--weighting", "norm"]):  # control: each alone runs
+        assert cli("heatmap", *SENTENCES, *alone).exit_code == 0
+
+
 @pytest.mark.parametrize("args, flag", [(["--maps"], "--maps"), (["--stats"], "--stats"),
                                         (["--no-stats"], "--stats"), (["--quiet"], "--quiet"),
                                         (["--average"], "--average"),

@@ -120,7 +120,7 @@ def heatmap(
                          layer, head, average, sentence, scale)
     check_display(shown, {"average": average, "scale": scale, "maps": maps is True,
                           "stats": stats, "quiet": quiet, "size": size, "dpi": dpi,
-                          "max_panels": max_panels},
+                          "max_panels": max_panels, "ablate": ablate, "ablate_mean": ablate_mean},
                   as_json, out is not None)
     check_figure_options(out, size, dpi)
     check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,

@@ -240,18 +240,20 @@ def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim
 
 # what each display option is when not given (the command's defaults; `maps`: --maps asked for,
 # as --no-maps never contradicts an output that prints no map)
-DISPLAY_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None,
-                    "quiet": False, "size": None, "dpi": 100, "max_panels": 256}
+FLAG_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None,
+                    "quiet": False, "size": None, "dpi": 100, "max_panels": 256,
+                    "ablate": False, "ablate_mean": False}
 
 
 def check_display(shown: Shown, values: dict[str, object], as_json: bool, out: bool) -> None:
-    """The display-level rules of `attnviz.core.option_rules` (--json with --maps, --average or
-    --scale where no map is drawn, --size without --out, ...): refused, never ignored."""
-    from attnviz.core.option_rules import DISPLAY, check_rules, display_facts, given_options
+    """The CLI-level rules of `attnviz.core.option_rules` (--json with --maps, --average or
+    --scale where no map is drawn, --size without --out, --ablate with --ablate-mean, ...):
+    refused, never ignored."""
+    from attnviz.core.option_rules import CLI, check_rules, display_facts, given_options
 
     quiet = bool(values.get("quiet"))
     draws = out or (shown.maps and not as_json and not quiet)
-    check_rules(DISPLAY, given_options(values, DISPLAY_DEFAULTS),
+    check_rules(CLI, given_options(values, FLAG_DEFAULTS),
                 display_facts(as_json, quiet, out, draws))
 
 

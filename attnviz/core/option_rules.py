@@ -4,13 +4,14 @@
 Which option applies where is this one table, `RULES`, checked in one place (`check_rules`):
 the use case checks the request-level rules on the `HeatmapRequest` the CLI and the API both
 build (`check_request`, from `attnviz.app.heatmap.check_applicable`); the CLI checks the
-display-level rules (what the terminal, `--json` and the files show), which no request holds.
+rules on what no request holds (what the terminal, `--json` and the files show; two flags the
+request folds into one field, as --ablate and --ablate-mean).
 
 A rule names the options it concerns (request field names, as `attnviz.errors.option` names
 them) and the facts of the run under which they do not apply: `never` (refused where one of these
 holds) or `only` (refused unless one of these holds). A fact is a source kind (`bundled`,
 `weights`, `random`, `model`) or the name of another option given (`query`, `head`, `generate`);
-at display level also `json`, `quiet`, `out` and `draws_maps` (a map is drawn: the terminal's, or
+at CLI level also `json`, `quiet`, `out` and `draws_maps` (a map is drawn: the terminal's, or
 the `--out` figure). tests/test_option_rule.py walks every option of every command on every source
 and fails on one that is neither applied nor refused.
 """
@@ -26,7 +27,7 @@ from attnviz.errors import UsageError, option
 if TYPE_CHECKING:
     from attnviz.core.request import HeatmapRequest
 
-REQUEST, DISPLAY = "request", "display"
+REQUEST, CLI = "request", "cli"
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Rule:
     fix: str
     never: str = ""  # refused where one of these facts holds
     only: str = ""  # refused unless one of these facts holds
-    level: str = REQUEST  # REQUEST: on the request (CLI and API); DISPLAY: the CLI's output
+    level: str = REQUEST  # REQUEST: on the request (CLI and API); CLI: flags no request holds
     joined: str = ", "
     name_it: bool = True  # the error's `option` is the first option given (shown as context)
 
@@ -83,16 +84,23 @@ RULES: tuple[Rule, ...] = (
     Rule("sentence", f"{option('sentence')} picks the sentence {option('query')} breaks down, "
          f"and no {option('query')} is given", f"add {option('query')} TOKEN, or drop "
          f"{option('sentence')}", only="query"),
-    # --- what the CLI shows (facts the request does not hold) -------------------------------
+    # --- what is measured ------------------------------------------------------------------
+    Rule("query", f"{option('query')} breaks down the attention weights α, and "
+         f"{option('weighting')} norm shows ‖α·W_O v‖ in their place",
+         f"drop {option('query')} or {option('weighting')}", never="weighting"),
+    # --- the command line's own flags (facts the request does not hold) --------------------
+    Rule("ablate", f"{option('ablate')} and {option('ablate_mean')} exclude each other: "
+         f"{option('ablate')} zeroes each head's slice, {option('ablate_mean')} puts its mean "
+         "over the batch in its place", "choose one", never="ablate_mean", level=CLI),
     Rule("maps stats quiet",
          f"{{listed}} {{does}} not apply to {option('json')}: it prints one JSON document "
          "(the head statistics always in it) instead of maps and tables",
-         f"drop {{listed}}, or {option('json')}", never="json", level=DISPLAY),
+         f"drop {{listed}}, or {option('json')}", never="json", level=CLI),
     Rule("average scale",
          "{listed} {applies} to drawn maps, and this run draws none",
-         f"{_DRAW}, or drop {{listed}}", only="draws_maps", level=DISPLAY),
+         f"{_DRAW}, or drop {{listed}}", only="draws_maps", level=CLI),
     Rule("size dpi max_panels", f"{{listed}} shape the {option('out')} figure",
-         f"add {option('out')} FILE.png, or drop them", only="out", level=DISPLAY,
+         f"add {option('out')} FILE.png, or drop them", only="out", level=CLI,
          joined=" and ", name_it=False),
 )
 
