@@ -238,11 +238,11 @@ def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim
                       seed=seed or 0)
 
 
-# what each display option is when not given (the command's defaults; `maps`: --maps asked for,
-# as --no-maps never contradicts an output that prints no map)
-FLAG_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None,
-                    "quiet": False, "size": None, "dpi": 100, "max_panels": 256,
-                    "ablate": False, "ablate_mean": False}
+# what each flag check_display reads is when not given (the command's defaults; `maps`: --maps
+# asked for, as --no-maps never contradicts an output that prints no map)
+FLAG_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None, "quiet": False,
+                 "size": None, "dpi": 100, "max_panels": 256, "ablate": False,
+                 "ablate_mean": False}
 
 
 def check_display(shown: Shown, values: dict[str, object], as_json: bool, out: bool) -> None:
