@@ -176,6 +176,33 @@ class Walker:
         return found
 
 
+def walk_pairs(walker: Walker, base: list[str], json: bool) -> dict[tuple[str, str], str]:
+    """heatmap with two options: (a, b) when the run with both shows what the run with a alone
+    shows (b dropped beside a), or fails otherwise than by refusing one of them."""
+    mode = ["--json"] if json else []
+    values = {name: value for name, value in {**VALUES["heatmap"],
+                                               **(JSON_VALUES["heatmap"] if json else {})}.items()
+              if name not in UNOBSERVABLE}
+    alone = {name: walker.run(["heatmap", *base, *mode, *value])
+             for name, value in values.items()}
+    # --quiet with no file to write prints nothing at all, whatever else is given: a run kept for
+    # its checks and exit code (tests/test_volume.py's test_quiet_without_files_prints_nothing)
+    ran = [name for name, seen in alone.items() if seen.code == 0 and name != "quiet"]
+    found = {}
+    for a in ran:
+        for b in ran:
+            if a == b:
+                continue
+            seen = walker.run(["heatmap", *base, *mode, *values[a], *values[b]])
+            named = flags("heatmap", a) + flags("heatmap", b)
+            if seen.code == 2 and any(flag in seen.error for flag in named):
+                continue
+            if seen.code == 0 and seen.shown != alone[a].shown:
+                continue
+            found[a, b] = "dropped" if seen.code == 0 else f"exit {seen.code}: {seen.error}"
+    return found
+
+
 def test_every_option_of_every_command_is_walked():
     """A new option is walked, or named here as unobservable by design, before it ships."""
     for name, command in commands().items():
@@ -206,6 +233,14 @@ def test_no_option_is_dropped(walker: Walker, command: str, source: str, json: b
     found = walker.walk(command, source, SOURCES[command][source], json)
     known = KNOWN.get(command, set())
     assert {name: fate for name, fate in found.items() if (source, name) not in known} == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("json", [False, True], ids=["plain", "json"])
+def test_no_option_drops_another(walker: Walker, json: bool):
+    """Every pair of heatmap options on the bundled model (--query with --weighting norm, --ablate
+    with --ablate-mean and --json with --maps were such pairs): each pair applies or is refused."""
+    assert walk_pairs(walker, SOURCES["heatmap"]["bundled"], json) == {}
 
 
 def _build_lm(folder: Path) -> Path:
