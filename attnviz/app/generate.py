@@ -27,7 +27,7 @@ def generate_spec(generate: int | None, sample: bool, temperature: float | None,
     if generate is None:
         given = [option(name) for name, value in (("sample", sample), ("temperature", temperature),
                                                   ("top_p", top_p))
-                 if value is not None and value is not False]  # --temperature 0 is given too
+                 if value is not None and value is not False]  # 0.0 was given too
         if given:
             raise UsageError(f"{', '.join(given)} apply to {option('generate')} only",
                              fix=f"add {option('generate')} N, or drop them", option="generate")
