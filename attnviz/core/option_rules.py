@@ -149,7 +149,7 @@ def check_request(request: HeatmapRequest) -> None:
 
 
 def display_facts(as_json: bool, quiet: bool, out: bool, draws_maps: bool) -> set[str]:
-    """The facts the display rules read, named as the table names them."""
+    """The facts the CLI-level rules read, named as the table names them."""
     return {name for name, holds in (("json", as_json), ("quiet", quiet), ("out", out),
                                      ("draws_maps", draws_maps)) if holds}
 
