@@ -28,7 +28,6 @@ from attnviz.core.request import (
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
     DEFAULT_NUM_HEADS,
-    GenerateSpec,
     HeadHints,
     HeatmapRequest,
     RandomSpec,
@@ -249,6 +248,9 @@ def split(weights: str | Path | None = None, *, model: str | None = None,
         raise UsageError(f"{option('embed_dim')}, {option('kdim')} and {option('vdim')} apply to "
                          "a random layer only",
                          fix="drop them, or pass neither weights nor model")
+    elif not _flag(bias, "bias"):  # a checkpoint's biases are its own
+        raise UsageError(f"{option('bias')}=False applies to a random layer only",
+                         fix="drop it, or pass neither weights nor model", option="bias")
     result = run_split(SplitRequest(
         _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),
         hints, random, seed, _flag(verify, "verify")))
@@ -275,6 +277,9 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
     if not random and embed_dim is not None:
         raise UsageError(f"{option('embed_dim')} applies to a random layer only",
                          fix="drop it, or pass random=True", option="embed_dim")
+    if not random and seed != 0:  # the random init's seed: nothing else here draws
+        raise UsageError(f"{option('seed')} applies to a random layer only",
+                         fix="drop it, or pass random=True", option="seed")
     request = HeatmapRequest.build(  # the request the CLI builds, from the same names
         sentences=tuple(_texts(sentences, "sentences") or ()), weights=_path(weights, "weights"),
         random=spec, layer=_str(layer, "layer", ints=True),
@@ -304,12 +309,18 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
     writes up to N tokens after each sentence, greedy unless `sample` (with `temperature`,
     `top_p`, `seed`); the maps then cover prompt + generated tokens, and `.generation` says
     what was written."""
-    spec = None
-    if generate is not None:
-        spec = GenerateSpec(_int(generate, "generate", 0) or 0, _flag(sample, "sample"),
-                            _number(temperature, "temperature"), _number(top_p, "top_p"),
-                            _int(seed, "seed", 0, high=_SEED_BOUND) or 0)
-        spec.check()
+    from attnviz.app.generate import generate_spec
+
+    # checked as the CLI checks --generate, --sample, --temperature, --top-p and --seed: a
+    # sampling option without generate (or sample) is refused, never ignored
+    temperature, top_p = _number(temperature, "temperature"), _number(top_p, "top_p")
+    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
+    spec = generate_spec(None if generate is None else _int(generate, "generate", 0),
+                         _flag(sample, "sample"), None if temperature == 1.0 else temperature,
+                         None if top_p == 1.0 else top_p, seed or None)
+    if spec is None and seed:
+        raise UsageError(f"{option('seed')} applies to {option('generate')} with "
+                         f"{option('sample')} only", fix=f"drop {option('seed')}", option="seed")
     targets_given = _texts(targets, "targets", allow_none=True)
     request = HeatmapRequest.build(
         sentences=tuple(_texts(sentences, "sentences") or ()),

@@ -138,3 +138,39 @@ def test_split_api_property(embed_dim, num_heads, kdim, vdim, seed, bias):
     except (AttnvizError, TypeError):
         return
     assert result.report.proof.passed
+
+
+# --- one rule for options (#36): the API refuses what it would ignore, as the CLI does -----
+
+@pytest.mark.parametrize("call, kwargs, message", [
+    ("run_heatmap", {"sentence": 2}, "sentence picks the sentence query breaks down"),
+    ("run_heatmap", {"head": 0, "average": True}, "head and average exclude each other"),
+    ("run_heatmap", {"seed": 3}, "seed applies to a random layer only"),
+    ("run_heatmap", {"causal": True}, "causal does not apply to the bundled model"),
+    ("run_model", {"sample": True}, "sample apply to generate only"),
+    ("run_model", {"temperature": 0.5}, "temperature apply to generate only"),
+    ("run_model", {"seed": 3}, "seed applies to generate with sample only"),
+    ("run_model", {"generate": 2, "seed": 3}, "seed with generate seeds sampling"),
+    ("split", {"bias": False}, "bias=False applies to a random layer only"),
+])
+def test_api_refuses_options_it_would_ignore(call, kwargs, message):
+    """Checked before any model or checkpoint is opened (the paths here do not exist)."""
+    args = {"run_heatmap": (["a b a b", "c d"],), "run_model": ("no/such/model", ["a b"]),
+            "split": ("no/such/weights.safetensors",)}[call]
+    with pytest.raises(UsageError) as caught:
+        getattr(attnviz, call)(*args, **kwargs)
+    assert message in str(caught.value)
+    assert "--" not in str(caught.value)  # keywords, never flags
+
+
+def test_api_applies_the_same_options_where_they_belong():
+    """Control: each option above runs where it applies, and changes the result."""
+    both = ["a b a b", "c d"]
+    one = attnviz.run_heatmap(both, query=0)
+    two = attnviz.run_heatmap(both, query=0, sentence=2)
+    assert one.breakdown is not None and two.breakdown is not None
+    assert one.breakdown != two.breakdown
+    a = attnviz.run_heatmap(both, random=True, seed=3)
+    b = attnviz.run_heatmap(both, random=True)
+    assert not np.array_equal(a.views[0].values, b.views[0].values)
+    assert len(attnviz.run_heatmap(both, average=True).views) == 2 * 2  # sentences × layers

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BUNDLED, assert_clean_error
+from conftest import BUNDLED, SAMPLES, assert_clean_error
 
 CASES = [
     (["heatmap", "a b", "-E", "32"], "--embed-dim applies to --random only"),
@@ -44,14 +44,15 @@ def test_file_dash_reads_standard_input(cli, tmp_path):
     assert_clean_error(cli("heatmap", "-f", "-", input=long_line), 2, "more than --max-tokens")
 
 
-@pytest.mark.parametrize("args, flag", [
-    (["-H", "4"], "--num-heads"),
-    (["--head-dim", "8"], "--head-dim"),
-    (["--memory-budget", "1GB"], "--memory-budget"),
+@pytest.mark.parametrize("args, flag, applies", [
+    (["-H", "4"], "--num-heads", ["--random"]),
+    (["--head-dim", "8"], "--head-dim", ["--weights", SAMPLES / "mha.safetensors"]),
+    (["--memory-budget", "1GB"], "--memory-budget", ["--random"]),
 ])
-def test_flags_the_bundled_model_ignores_are_refused(cli, args, flag):
+def test_flags_the_bundled_model_ignores_are_refused(cli, args, flag, applies):
     """The bundled model has its own 2 heads per layer and always runs whole: a head count or a
     memory budget given to it would be silently ignored, so it is a usage error."""
     assert_clean_error(cli("heatmap", "the cat sat", *args), 2, flag, "bundled model")
-    # control: the same flag is taken where it applies (a random layer)
-    assert cli("heatmap", "the cat sat", "--random", "--quiet", *args).exit_code == 0
+    # control: the same flag is taken where it applies (a random layer; a checkpoint layer's
+    # head width: a random nn.MultiheadAttention's is E / H, and --head-dim is refused there)
+    assert cli("heatmap", "the cat sat", *applies, "--quiet", *args).exit_code == 0

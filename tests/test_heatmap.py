@@ -220,7 +220,7 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     (["a b", "--head", "9"], "head 9 is out of range"),
     (["a b", "--query", "zebra"], "token 'zebra' is not in the sentence"),
     (["a b", "--query", "5"], "query index 5 is out of range"),
-    (["a b", "--sentence", "2"], "--sentence 2 is out of range"),
+    (["a b", "--query", "a", "--sentence", "2"], "--sentence 2 is out of range"),
     (["a b c d", "--max-tokens", "3"], "more than --max-tokens 3"),
     (["a", "b", "--max-sentences", "1"], "exceed --max-sentences 1"),
     # an index no machine has: refused with or without CUDA, for the reason that applies

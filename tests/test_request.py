@@ -133,3 +133,34 @@ def test_panels_the_config_does_not_count_are_counted_on_the_run(cli, monkeypatc
     assert not out.exists()
     assert cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out,
                "--max-panels", "8").exit_code == 0  # control: within the limit it draws
+
+
+# --- one rule for options: the table is checked on the request, whoever built it ----------
+
+@pytest.mark.parametrize("given, named", [
+    ({"sentence": 2}, "sentence"), ({"head": 0, "average": True}, "average"),
+    ({"targets": ("x",)}, "target"), ({"causal": True}, "causal"),
+    ({"random": RandomSpec(16, 2), "head_dim": 4}, "head_dim")])
+def test_the_option_table_refuses_a_request_built_by_hand(given, named):
+    """A request built field by field (neither the CLI nor the API) meets the same table: the
+    use case refuses it before any source is opened, naming the option."""
+    from attnviz.app.heatmap import run_heatmap
+    from attnviz.core.request import HeadHints
+    from attnviz.errors import UsageError
+
+    if "head_dim" in given:  # the hints are one field of the request
+        given = {"random": given["random"], "hints": HeadHints(head_dim=given["head_dim"])}
+    with pytest.raises(UsageError) as caught:
+        run_heatmap(HeatmapRequest.build(sentences=("a b a", "c d"), **given))
+    assert caught.value.option == named or f"\u2039{named}\u203a" in caught.value.what
+
+
+def test_given_fields_are_the_options_set():
+    """What the table reads: fields away from their defaults, named as the options are."""
+    from attnviz.core.option_rules import given_fields
+    from attnviz.core.request import HeadHints
+
+    assert given_fields(HeatmapRequest.build(sentences=("a",))) == {"sentences"}
+    request = HeatmapRequest.build(sentences=("a",), targets=("b",), hints=HeadHints(2),
+                                   sentence=2, query="a")
+    assert given_fields(request) == {"sentences", "target", "num_heads", "sentence", "query"}

@@ -101,32 +101,16 @@ class HeatmapResult:
 
 
 def check_applicable(request: HeatmapRequest) -> None:
-    """A flag that does not apply to the chosen source is a usage error, never ignored."""
+    """A flag that does not apply to the chosen source, or to the other options given, is a
+    usage error, never ignored: the table in `attnviz.core.option_rules` says which applies
+    where."""
+    from attnviz.core.option_rules import check_request
+
     source, selection = request.source, request.selection
     if sum((source.random is not None, source.weights is not None, source.model is not None)) > 1:
         raise UsageError(f"{option('random')}, {option('weights')} and {option('model')} "
                          "exclude each other", fix="choose one")
-    if source.model is not None:
-        ignored = [option(name) for name, given in (
-            ("causal", source.causal), ("positions", source.positions != "none"),
-            ("num_heads", source.hints.num_heads is not None),
-            ("num_kv_heads", source.hints.num_kv_heads is not None),
-            ("head_dim", source.hints.head_dim is not None)) if given]
-        if ignored:
-            raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not "
-                             f"apply to {option('model')}: the model's own config decides",
-                             fix=f"drop {', '.join(ignored)}")
-    elif source.dtype != "float32" or source.device_map is not None \
-            or source.max_memory is not None:
-        raise UsageError(f"{option('dtype')}, {option('device_map')} and {option('max_memory')} "
-                         f"apply to {option('model')} only",
-                         fix=f"drop them, or pass {option('model')}")
-    if source.kind == "bundled":
-        _check_bundled(request)
-    if request.inputs.targets is not None and source.model is None:
-        raise UsageError(f"{option('target')} applies to {option('model')} (an encoder-decoder "
-                         "model) only", fix=f"drop {option('target')}, or pass {option('model')}",
-                         option="target")
+    check_request(request)
     if source.random is not None and selection.layer not in (None, "0", "-1", "all"):
         raise UsageError(f"{option('layer')} {printable(selection.layer, 24)!r} is not a layer "
                          "of the random layer", fix="a random nn.MultiheadAttention is one "
@@ -147,21 +131,6 @@ def check_text(text: str, what: str) -> None:
         raise UsageError(f"{what} is not UTF-8 text: {byte} at character {bad + 1} "
                          f"({printable(text, 40)})",
                          fix="pass UTF-8 text (convert it with iconv -f latin1 -t utf-8)")
-
-
-def _check_bundled(request: HeatmapRequest) -> None:
-    """The bundled model fixes its own heads (2 per layer) and is small enough to run whole."""
-    hints = request.source.hints
-    ignored = [option(name) for name, given in (
-        ("num_heads", hints.num_heads is not None),
-        ("num_kv_heads", hints.num_kv_heads is not None),
-        ("head_dim", hints.head_dim is not None),
-        ("memory_budget", request.limits.memory_budget is not None)) if given]
-    if ignored:
-        raise UsageError(f"{', '.join(ignored)} do{'es' if len(ignored) == 1 else ''} not apply "
-                         "to the bundled model: it has its own 2 heads per layer and runs whole",
-                         fix=f"drop {', '.join(ignored)}, or pass {option('weights')}, "
-                         f"{option('random')} or {option('model')}")
 
 
 def run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None = None

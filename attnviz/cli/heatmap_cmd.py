@@ -50,6 +50,7 @@ from attnviz.cli.heatmap_options import (
     TopP,
     Weighting,
     Weights,
+    check_display,
     check_figure_options,
     check_quiet,
     output_files,
@@ -115,6 +116,12 @@ def heatmap(
     )
 
     check_scale(scale)
+    shown = Shown.choose(overview, maps, stats, bool(out or export or html), model is not None,
+                         layer, head, average, sentence, scale)
+    check_display(shown, {"average": average, "scale": scale, "maps": maps is True,
+                          "stats": stats, "quiet": quiet, "size": size, "dpi": dpi,
+                          "max_panels": max_panels, "ablate": ablate, "ablate_mean": ablate_mean},
+                  as_json, out is not None)
     check_figure_options(out, size, dpi)
     check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,
                         "--overview": overview not in (None, "off")})
@@ -129,8 +136,6 @@ def heatmap(
     from attnviz.app.generate import generate_spec
     from attnviz.app.heatmap import parse_memory_budget, run_heatmap
     from attnviz.app.heatmap_sources import parse_max_memory
-    shown = Shown.choose(overview, maps, stats, files.any, model is not None, layer, head,
-                         average, sentence, scale)
     writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)
     texts = tuple(sentences or ())
     if probe is not None:

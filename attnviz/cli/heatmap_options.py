@@ -238,14 +238,27 @@ def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim
                       seed=seed or 0)
 
 
+# what each flag check_display reads is when not given (the command's defaults; `maps`: --maps
+# asked for, as --no-maps never contradicts an output that prints no map)
+FLAG_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None, "quiet": False,
+                 "size": None, "dpi": 100, "max_panels": 256, "ablate": False,
+                 "ablate_mean": False}
+
+
+def check_display(shown: Shown, values: dict[str, object], as_json: bool, out: bool) -> None:
+    """The CLI-level rules of `attnviz.core.option_rules` (--json with --maps, --average or
+    --scale where no map is drawn, --size without --out, --ablate with --ablate-mean, ...):
+    refused, never ignored."""
+    from attnviz.core.option_rules import CLI, check_rules, display_facts, given_options
+
+    quiet = bool(values.get("quiet"))
+    draws = out or (shown.maps and not as_json and not quiet)
+    check_rules(CLI, given_options(values, FLAG_DEFAULTS),
+                display_facts(as_json, quiet, out, draws))
+
+
 def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
-    """--size and --dpi shape the --out figure: given without it, or out of range, they are
-    usage errors, never ignored."""
-    given = [flag for flag, value in (("--size", size is not None), ("--dpi", dpi != 100))
-             if value]
-    if given and out is None:
-        raise UsageError(f"{' and '.join(given)} shape the --out figure",
-                         fix="add --out FILE.png, or drop them")
+    """--size and --dpi in range (given without --out, they are refused by check_display)."""
     if size is not None and not 0.5 <= size <= 20:
         raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
                          option="size")
