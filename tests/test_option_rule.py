@@ -106,13 +106,8 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "split": ["--model", "{model}", "--layer", "0"],
     "circuits": ["--model", "{model}"],
 }
-# dropped today in code another helper owns (#36: circuits' -H/--num-kv-heads/--head-dim); the
-# walk fails on any other, and lists these while they last
-KNOWN: dict[str, set[tuple[str, str]]] = {
-    "circuits": {("bundled", "num_heads"), ("bundled", "num_kv_heads"),
-                 ("bundled", "head_dim"), ("random", "num_kv_heads"), ("random", "head_dim"),
-                 ("model", "num_kv_heads")},
-}
+# options a command may drop on a source: none (the walk fails on any)
+KNOWN: dict[str, set[tuple[str, str]]] = {}
 
 
 def commands() -> dict[str, Any]:
@@ -243,28 +238,12 @@ def test_no_option_drops_another(walker: Walker, json: bool):
     assert walk_pairs(walker, SOURCES["heatmap"]["bundled"], json) == {}
 
 
-def _build_lm(folder: Path) -> Path:
-    """The zoo's llama with its language-model head (so --generate runs): random weights,
-    random biases, sharpened q/k, as tests/test_generate.py builds it."""
-    import torch
-    import transformers
-    import zoo
-
-    row = zoo.ZOO["llama"]
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(row.config(),
-                                                         attn_implementation="eager")
-    zoo.randomize(model, row)
-    model.generation_config.eos_token_id = zoo.EOS
-    model.eval().save_pretrained(folder)
-    zoo.save_tokenizer(folder, row)
-    return folder
-
-
 @pytest.fixture(scope="module")
 def model_walker(tmp_path_factory: Any) -> Walker:
     pytest.importorskip("transformers")
-    folder = _build_lm(tmp_path_factory.mktemp("lm_llama"))
+    import zoo
+
+    folder = zoo.build_lm("llama", tmp_path_factory.mktemp("lm_llama"))
     return Walker(tmp_path_factory.mktemp("walk_model"), folder)
 
 

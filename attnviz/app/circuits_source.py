@@ -54,8 +54,8 @@ def open_source(weights: Path | None, model: str | None, random: RandomSpec | No
         raise UsageError(f"{option('model')}, {option('weights')} and the random-init options "
                          "exclude each other",
                          fix="choose one source")
-    refuse_head_hints(hints, "random" if random is not None else
-                      "bundled" if weights is None and model is None else "")
+    refuse_head_hints(hints, "random" if random is not None else "model" if model is not None
+                      else "bundled" if weights is None else "")
     if random is not None:
         layer, store = random_mha(random)
         return [layer], store, "random"
@@ -79,16 +79,20 @@ def open_source(weights: Path | None, model: str | None, random: RandomSpec | No
 
 
 def refuse_head_hints(hints: HeadHints, kind: str) -> None:
-    """Head counts are hints for a checkpoint's layers. The bundled model's are fixed, and a
-    random nn.MultiheadAttention takes its heads from its spec (`RandomSpec.num_heads`, which
-    the caller builds from num_heads) with as many key/value heads and E / H per head: given
-    there, they are refused, never silently ignored."""
+    """Head counts are hints for a checkpoint's layers. A model folder's come from its config,
+    the bundled model's are fixed, and a random nn.MultiheadAttention takes its heads from its
+    spec (`RandomSpec.num_heads`, which the caller builds from num_heads) with as many key/value
+    heads and E / H per head: given there, they are refused, never silently ignored."""
     given = [name for name in ("num_heads", "num_kv_heads", "head_dim")
              if getattr(hints, name) is not None]
-    if not given or kind not in ("bundled", "random"):
+    if not given or kind not in ("bundled", "random", "model"):
         return
     names = " and ".join(option(name) for name in given)
     verb = "applies" if len(given) == 1 else "apply"
+    if kind == "model":  # as heatmap refuses them there
+        raise UsageError(f"{names} {'does' if len(given) == 1 else 'do'} not apply to "
+                         f"{option('model')}: the model's own config decides",
+                         fix=f"drop {'it' if len(given) == 1 else 'them'}", option=given[0])
     if kind == "bundled":
         raise UsageError(f"{names} {verb} to a checkpoint's layers: the bundled model's head "
                          "counts are its own",
