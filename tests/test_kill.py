@@ -98,6 +98,7 @@ class Kill:
     sig: signal.Signals
     moment: str
     folder: Path
+    group: bool = False  # to the whole process group, as a terminal's Ctrl-C, not to one pid
     proc: subprocess.Popen | None = None
     family: tuple[int, ...] = ()  # the supervisor's descendants when it was signalled
     killed_at: float = 0.0  # time.monotonic() of the signal
@@ -125,7 +126,8 @@ def _start(kill: Kill, old_worker: bool) -> None:
         env["OLD_WORKER"] = "1"
     kill.proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, "heatmap", SENTENCE, "--quiet", "--out", str(kill.out)],
-        env=env, cwd=kill.folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env=env, cwd=kill.folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)  # a process group of its own, for the Ctrl-C cases
 
 
 def _descendants(pid: int) -> tuple[int, ...]:
@@ -171,7 +173,10 @@ def _run_all(kills: list[Kill], old_worker: bool = False) -> None:
             elif kill.marks.exists() and kill.marks.read_text().strip():
                 kill.family = _descendants(kill.proc.pid)
                 kill.killed_at = time.monotonic()
-                kill.proc.send_signal(kill.sig)
+                if kill.group:
+                    os.killpg(kill.proc.pid, kill.sig)
+                else:
+                    kill.proc.send_signal(kill.sig)
                 waiting.remove(kill)
         time.sleep(0.02)
     for kill in kills:  # each one's end; a survivor may hold its stdout open longer
@@ -201,6 +206,8 @@ def kills(tmp_path_factory: pytest.TempPathFactory) -> list[Kill]:
     top = tmp_path_factory.mktemp("kills")
     runs = [Kill(f"{sig.name}-{moment}", sig, moment, top / f"{sig.name}-{moment}")
             for sig in SIGNALS for moment in MOMENTS]
+    runs += [Kill(f"ctrl-c-{moment}", signal.SIGINT, moment, top / f"ctrl-c-{moment}", True)
+             for moment in MOMENTS]
     _run_all(runs)
     return runs
 
@@ -209,8 +216,20 @@ def kills(tmp_path_factory: pytest.TempPathFactory) -> list[Kill]:
 @pytest.mark.parametrize("moment", MOMENTS)
 def test_nothing_after_a_kill(kills, sig, moment):
     """Killed at `moment`: no output, no temporary file, no process left, the documented exit
-    status, and no `wrote` line."""
-    kill = next(k for k in kills if k.sig == sig and k.moment == moment)
+    status, and no `wrote` line (checks in `_left_nothing`)."""
+    kill = next(k for k in kills if k.sig == sig and k.moment == moment and not k.group)
+    _left_nothing(kill)
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_nothing_after_ctrl_c(kills, moment):
+    """Ctrl-C (SIGINT to the whole process group: the worker ignores it, the run stops it) at
+    `moment`: the same."""
+    _left_nothing(next(k for k in kills if k.moment == moment and k.group))
+
+
+def _left_nothing(kill: Kill) -> None:
+    sig = kill.sig
     assert kill.proc is not None
     err = kill.err_text
     assert kill.killed_at, f"the run ended before its moment: {err}"
