@@ -257,3 +257,39 @@ def test_an_orphaned_worker_is_caught(tmp_path):
         assert kill.proc.returncode in (128 + kill.sig, -kill.sig)
         assert kill.outlived, kill.name  # the worker ran on after the run had ended
         assert not kill.out_at_end and kill.out.exists(), kill.name  # written after the end
+
+
+RACE = """
+import ctypes, os, signal, time
+from attnviz.cli.supervisor import die_with_parent
+
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below come back here
+read, write = os.pipe()
+middle = os.fork()
+if middle == 0:
+    parent = os.getpid()
+    if os.fork() == 0:
+        alive = die_with_parent(parent, 0)  # 0: no signal (this one must outlive its parent)
+        time.sleep(0.5)  # the parent dies meanwhile: before the request, as far as it knows
+        dead = die_with_parent(parent, signal.SIGKILL)  # too late to fire: never sent
+        old_check_saw_it = os.getppid() == 1  # the check before the fix
+        os.write(write, f"{alive} {dead} {old_check_saw_it}".encode())
+        os._exit(0)
+    os._exit(0)
+os.close(write)
+os.waitpid(middle, 0)
+print(os.read(read, 100).decode())
+os.wait()  # the adopted orphan
+"""
+
+
+def test_a_parent_dead_before_the_request_is_seen():
+    """The death signal is asked for after the fork: a parent that died before that is caught
+    by comparing the parent's pid with the one before the fork, even where a subreaper (here
+    the script itself; systemd --user, a container's init) adopts the orphan instead of pid 1
+    — the control: the old check, the parent's pid against 1, misses it there."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", RACE], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "False"]
