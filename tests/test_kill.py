@@ -265,16 +265,19 @@ from attnviz.cli.supervisor import die_with_parent
 
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below come back here
 read, write = os.pipe()
+checked, told = os.pipe()
 middle = os.fork()
 if middle == 0:
     parent = os.getpid()
     if os.fork() == 0:
         alive = die_with_parent(parent, 0)  # 0: no signal (this one must outlive its parent)
+        os.write(told, b"x")  # the parent may go now
         time.sleep(0.5)  # the parent dies meanwhile: before the request, as far as it knows
         dead = die_with_parent(parent, signal.SIGKILL)  # too late to fire: never sent
         old_check_saw_it = os.getppid() == 1  # the check before the fix
         os.write(write, f"{alive} {dead} {old_check_saw_it}".encode())
         os._exit(0)
+    os.read(checked, 1)
     os._exit(0)
 os.close(write)
 os.waitpid(middle, 0)
