@@ -85,9 +85,11 @@ def test_every_example_shows_the_same_output_from_a_deep_clone(script, tmp_path,
     script._run_all(commands)  # this checkout's: already run when the test above ran
     try:  # forked from the clone's own servers, as its check() runs them
         deep._run_all(commands + [ONE_SENTENCE])
-        problems = deep.check()
     finally:
         deep.close_servers()
+    problems = [f"{command!r} exited {code}: {err.strip()[:300]}" for command in commands
+                for code, _, err in [deep._ran(command)] if code != 0]
+    problems += _blocks_differ(deep)
     # the clone's own attnviz and its model, not this checkout's: the path, the clone's prefix
     # taken out, is the package's own relative one
     assert json.loads(deep.output_of(ONE_SENTENCE, None))["source"] \
@@ -95,6 +97,21 @@ def test_every_example_shows_the_same_output_from_a_deep_clone(script, tmp_path,
     differ = [command for command in commands if _shown(deep, command) != _shown(script, command)]
     assert problems == [] and differ == [], "\n".join(
         problems + [f"from a deep clone, {command!r} prints otherwise" for command in differ])
+
+
+def _blocks_differ(module) -> list[str]:
+    """Every output block of the module's documents against what its runs printed, paths out
+    on both sides (a header's path the terminal shortened is not location-free; the exact
+    blocks are checked from this checkout by the test above)."""
+    problems = []
+    for document in module.documents():
+        name = module._shown_name(document)
+        for line, command, lines, shown in module.output_blocks(document.read_text(), name):
+            if module._ran(command)[0] == 0 and \
+                    _paths_out(module.output_of(command, lines)) != _paths_out(shown):
+                problems.append(f"{name}:{line}: the output of {command!r} differs from the "
+                                "block below it")
+    return problems
 
 
 def _shown(module, command: str) -> tuple[int, str]:
