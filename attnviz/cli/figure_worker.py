@@ -94,9 +94,9 @@ class FigureWorker:
 
         if not self.open:
             return False
-        self.open = False
         try:
             with atomic_output(job.path) as tmp:
+                self.open = False
                 try:
                     answer = self._exchange(replace(job, into=tmp))
                 finally:  # an interruption included: the worker stops before `tmp` goes
@@ -105,6 +105,8 @@ class FigureWorker:
                     raise _NotDrawn
         except _NotDrawn:  # the worker is gone (killed, out of memory) or failed
             return False
+        finally:  # no temporary file could be made: the worker, never sent a job, stops too
+            self.close()
         return True
 
     def _exchange(self, job: FigureJob) -> bytes:
