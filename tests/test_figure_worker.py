@@ -32,7 +32,13 @@ def started(cls=figure_worker.FigureWorker):
     return worker
 
 def drawn(self, job):
-    ok = draw(self, job)
+    try:
+        ok = draw(self, job)
+    except OSError:
+        gone = not os.path.exists(f"/proc/{self.pid}")  # killed and reaped before the error
+        marks.write(f"draw raised, worker gone={gone}\\n")
+        marks.flush()
+        raise
     marks.write(f"draw {ok}\\n")
     marks.flush()
     return ok
@@ -43,6 +49,15 @@ if os.environ.get("BREAK_WORKER"):
     def broken(job_read, answer_write):
         raise RuntimeError("a worker that fails")
     figure_worker._serve = broken
+if os.environ.get("NO_TEMP"):  # the run's first temporary file cannot be made
+    from attnviz.app import outputs
+    made = outputs.atomic_output
+    def no_temp(path, calls=[]):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device", str(path))
+        return made(path)
+    outputs.atomic_output = no_temp
 from attnviz.cli.main import main
 sys.argv = ["attnviz", *sys.argv[1:]]
 main()
@@ -75,6 +90,7 @@ RUNS = {
     "broken": ((), {"BREAK_WORKER": "1"}),
     "own": ((), {"ATTNVIZ_FIGURE_WORKER": "0"}),
     "refused": (("--layer", "7"), {}),
+    "no-temp": ((), {"NO_TEMP": "1"}),
 }
 
 
@@ -125,3 +141,14 @@ def test_a_run_that_fails_stops_its_worker(runs):
     assert code == 2 and err.startswith("error:"), err
     assert marks == ["start torch=False worker=True"]
     assert not (folder / "refused.png").exists()
+
+
+def test_a_temporary_file_that_cannot_be_made_stops_the_worker(runs):
+    """When the run cannot make the temporary file the worker would fill (a full disk), the
+    run fails with its usual error line, and its worker, never sent a job, was stopped and
+    reaped before that (not left waiting until the run's exit)."""
+    folder, outcome = runs
+    code, err, marks = outcome["no-temp"]
+    assert code == 1 and err.startswith("error: ") and "No space left" in err, err
+    assert marks == ["start torch=False worker=True", "draw raised, worker gone=True"]
+    assert not (folder / "no-temp.png").exists()

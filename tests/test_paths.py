@@ -53,7 +53,8 @@ def assert_elided_line(line: str, path: str, after: str, width: int) -> None:
     """The header's source line: within the width, whole components left out of the middle
     (the folder's own name kept), never a name cut."""
     assert len(line) <= width and line.startswith("source  ") and line.endswith(after), line
-    shown = line[len("source  "): -len(after)]
+    shown = line[len("source  "): len(line) - len(after)]
+    assert shown.count("…") == 1, shown
     head, tail = shown.split("…")
     assert path.startswith(head) and head.endswith("/"), shown  # /work/…/data/induction…
     assert path.endswith(tail) and tail.startswith("/") and Path(path).name in tail, shown
@@ -66,6 +67,55 @@ def test_bundled_source_is_exact_in_json_and_header(cli):
     assert wide.splitlines()[0] == f"source  {BUNDLED}   device cpu"
     narrow = cli("heatmap", SENTENCE, env={"COLUMNS": "60"}).stdout
     assert_elided_line(narrow.splitlines()[0], str(BUNDLED), "   device cpu", 60)
+
+
+def test_split_and_inspect_headers_elide_a_deep_path(cli, tmp_path):
+    """A weights file > 200 characters deep: split's and inspect's source lines stay one line
+    within the width, whole components left out of the middle; split's `wrote` line holds the
+    exact output path on one line (for scripts)."""
+    weights = deep(tmp_path, "mha.safetensors")
+    weights.parent.mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "sample_weights" / "mha.safetensors",
+                weights)
+    out = weights.parent / "split.png"
+    split = cli("split", "--weights", weights, "--out", out, env={"COLUMNS": "80"})
+    assert split.exit_code == 0, split.output
+    lines = split.stdout.splitlines()
+    assert_elided_line(lines[0], str(weights), "", 80)
+    assert lines[1].startswith("geometry  ")  # nothing of the path wrapped onto a next line
+    assert f"wrote {out}" in lines and out.exists()
+    inspect = cli("inspect", weights, env={"COLUMNS": "80"})
+    assert inspect.exit_code == 0, inspect.output
+    assert_elided_line(inspect.stdout.splitlines()[0], str(weights), "  (safetensors)", 80)
+    # negative control: the path printed whole, as split printed it, is caught
+    with pytest.raises(AssertionError):
+        assert_elided_line(f"source  {weights}", str(weights), "", 80)
+
+
+def test_error_lines_leave_out_whole_components(cli, tmp_path):
+    """A path in an error line (errors.printable_path, at most 160 characters) loses whole
+    components from its middle, never part of a name; a single name longer than the limit is
+    still cut (the line stays bounded)."""
+    from attnviz.errors import printable_path
+
+    folder = deep(tmp_path, "two-checkpoints", depth=400)
+    folder.mkdir(parents=True)
+    sample = Path(__file__).resolve().parents[1] / "sample_weights" / "mha.safetensors"
+    for name in ("a.safetensors", "b.safetensors"):
+        shutil.copy(sample, folder / name)
+    result = cli("inspect", folder)
+    assert result.exit_code != 0
+    line = result.output.strip()
+    assert line.startswith("error: ") and "\n" not in line, line
+    shown = next(part.split(")")[0] for part in line.split(" (") if "…" in part)
+    assert len(shown) <= 160
+    head, tail = shown.split("…")
+    assert str(folder).startswith(head) and head.endswith("/"), shown
+    assert str(folder).endswith(tail) and tail == "/" + tail.lstrip("/"), shown
+    assert tail.endswith("/two-checkpoints")
+    too_long = "/tmp/" + "x" * 300 + ".bin"
+    assert len(printable_path(too_long)) == 160
+    assert printable_path(too_long).startswith("/tmp/x")
 
 
 def test_elision_keeps_whole_components():

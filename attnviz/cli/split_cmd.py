@@ -121,4 +121,4 @@ def _print_result(result: SplitResult, png_path: Path | None) -> None:
         out.print()
         out.print(verify_lines(result.verified, list(result.sentences)))
     if png_path is not None:
-        out.print(plain(f"wrote {png_path}"))
+        out.print(plain(f"wrote {png_path}"), soft_wrap=True)  # one line, for scripts

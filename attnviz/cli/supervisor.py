@@ -44,6 +44,7 @@ def supervised(work: Callable[[], object]) -> None:
     crash_note.share()
     watched = {*_PASSED_ON, signal.SIGCHLD}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    parent = os.getpid()
     try:
         pid = os.fork()
     except OSError:  # no memory or process slots for a second process: run here
@@ -51,7 +52,8 @@ def supervised(work: Callable[[], object]) -> None:
         work()
         return
     if pid == 0:
-        _die_with_parent()
+        if not die_with_parent(parent, signal.SIGTERM):  # SIGTERM: its files' cleanup runs
+            os._exit(128 + int(signal.SIGTERM))
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _run_and_leave(work)
         return
@@ -89,17 +91,23 @@ def _run_and_leave(work: Callable[[], object]) -> None:
     os._exit(code)
 
 
-def _die_with_parent() -> None:
-    """The child gets SIGTERM (its files' cleanup runs) if the parent is killed outright."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
+def die_with_parent(parent: int, sig: int) -> bool:
+    """Ask Linux to send `sig` to this just-forked process when its parent dies
+    (prctl(PR_SET_PDEATHSIG)), so that no orphan goes on working or writing. False if the
+    parent, whose pid before the fork was `parent`, died before the request (it then never
+    fires): the caller leaves at once. Where prctl is missing only the check is made."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before prctl
-            os.kill(os.getpid(), signal.SIGTERM)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    # compared with the parent's pid, not with 1: a subreaper (systemd --user, a container's
+    # init, tini) adopts orphans under its own pid
+    return os.getppid() == parent
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _wait(pid: int, watched: set[int]) -> int:

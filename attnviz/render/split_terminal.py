@@ -12,7 +12,7 @@ from rich.text import Text
 from attnviz.compute.split import ProjectionSplit, Proof, SplitReport
 from attnviz.compute.split_views import BandPicture
 from attnviz.errors import printable
-from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
+from attnviz.render.elide import MAX_TABLE_ROWS, elide_at_boundaries, elided, gap_note
 from attnviz.render.safe import safe_text
 
 if TYPE_CHECKING:
@@ -39,11 +39,14 @@ def fmt_shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
-def summary(report: SplitReport, source: str) -> Text:
+def summary(report: SplitReport, source: str, width: int = 100) -> Text:
+    """Source, layer, geometry and storage lines, for a terminal `width` columns wide."""
     layer = report.layer
     text = Text()
     text.append("source  ", style="bold")
-    text.append(f"{printable(source, None)}\n")
+    # one line: a long path loses whole middle components, never a part of a name (a path
+    # printed whole would wrap mid-name; --json has it exact)
+    text.append(f"{elide_at_boundaries(printable(source, None), width - 8)}\n")
     if layer.name:
         text.append("layer   ", style="bold")
         text.append(printable(f"{layer.name} ({layer.family})", None) + "\n")
@@ -162,7 +165,7 @@ def print_split(console: Console, report: SplitReport, picture: BandPicture | No
                 explanation: list[str], source: str) -> None:
     layer = report.layer
     assert layer.num_heads is not None
-    console.print(summary(report, source))
+    console.print(summary(report, source, console.width))
     for proj in report.projections.values():
         console.print()
         console.print(projection_title(proj, layer.name))
