@@ -183,6 +183,32 @@ def test_the_cli_shows_a_note_with_flags_and_the_api_with_keywords(cli):
     assert "\u2039" not in page and "--rank" not in page
 
 
+@pytest.mark.hf
+@pytest.mark.slow
+def test_json_notes_show_flags_at_any_depth(cli, tmp_path):
+    """--json shows a note's option references as flags wherever the note sits (here the
+    scorecard's `ablation_run.notes`: an encoder-decoder without --target), as the terminal
+    does; text outside notes is data and kept as it is."""
+    import json
+
+    import zoo
+
+    from attnviz.cli.options import notes_with_flags
+
+    folder = zoo.build_lm("t5", tmp_path / "t5")
+    result = cli("heatmap", "--model", folder, "the cat sat", "--layer", "enc 0", "--ablate",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout)["ablation_run"]["notes"]
+    assert any("without --target" in note for note in notes), notes
+    assert "\u2039" not in result.stdout and "\\u2039" not in result.stdout
+    # control: the same document before the CLI's conversion holds the neutral marker
+    marker = {"ablation_run": {"notes": ["without \u2039target\u203a"]},
+              "tokens": ["\u2039a\u203a"]}
+    assert notes_with_flags(marker) == {"ablation_run": {"notes": ["without --target"]},
+                                        "tokens": ["\u2039a\u203a"]}
+
+
 def typed_markers(source: str) -> list[str]:
     """String constants (docstrings aside) holding a hand-typed ‹name› marker: every library
     message refers to an option through errors.option(name), the one spelling the CLI maps."""

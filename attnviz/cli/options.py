@@ -83,6 +83,18 @@ def with_flags(text: str) -> str:
     return with_options(text, lambda name: "--" + name.replace("_", "-"))
 
 
+def notes_with_flags(document: Any) -> Any:
+    """A JSON document with every `notes` list's text `with_flags`, at any depth (the run's,
+    the scorecard's, the generation's): --json shows flags where the terminal does."""
+    if isinstance(document, dict):
+        return {key: [with_flags(note) if isinstance(note, str) else note for note in value]
+                if key == "notes" and isinstance(value, list) else notes_with_flags(value)
+                for key, value in document.items()}
+    if isinstance(document, list):
+        return [notes_with_flags(value) for value in document]
+    return document
+
+
 def console() -> SafeConsole:
     """stdout through attnviz's safe console: no markup or emoji codes parsed in strings, and
     every control sequence a string from a file or the user could carry escaped."""
@@ -100,10 +112,11 @@ def plain(text: str) -> Text:
 
 
 def strict_json(doc: dict[str, Any]) -> str:
-    """--json output: strict JSON (non-finite numbers become null and are listed)."""
+    """--json output: strict JSON (non-finite numbers become null and are listed), every note's
+    option references shown as flags."""
     from attnviz.render.json_out import strict_json as dumps
 
-    return dumps(doc)
+    return dumps(notes_with_flags(doc))
 
 
 def refuse_random_options(given: dict[str, Any], where: str, fix: str) -> None:
