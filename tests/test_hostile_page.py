@@ -101,6 +101,7 @@ CHROMIUM = find_chromium()
 def test_rendered_text_equals_the_terminals(hostile_doc, tmp_path):
     path = tmp_path / "page.html"
     write_page(render_html(hostile_doc), path)
+    (tmp_path / "profile").mkdir()
     with Browser(CHROMIUM, tmp_path / "profile") as browser:
         page = browser.open(path.as_uri())
         assert page.evaluate("document.body.dataset.ready") == "1"

@@ -180,9 +180,8 @@ def walk_pairs(walker: Walker, base: list[str], json: bool) -> dict[tuple[str, s
               if name not in UNOBSERVABLE}
     alone = {name: walker.run(["heatmap", *base, *mode, *value])
              for name, value in values.items()}
-    # --quiet with no file to write prints nothing at all, whatever else is given: a run kept for
-    # its checks and exit code (tests/test_volume.py's test_quiet_without_files_prints_nothing)
-    ran = [name for name, seen in alone.items() if seen.code == 0 and name != "quiet"]
+    # (--quiet alone writes no file and is refused; tests/test_volume.py pairs it with files)
+    ran = [name for name, seen in alone.items() if seen.code == 0]
     found = {}
     for a in ran:
         for b in ran:

@@ -20,10 +20,28 @@ def test_quiet_prints_only_the_files_written(cli, tmp_path):
     assert out.exists() and export.exists()
 
 
-def test_quiet_without_files_prints_nothing(cli):
-    result = cli("heatmap", SENTENCE, "--quiet", "--query", "mat")
+def test_quiet_without_files_is_refused(cli, tmp_path):
+    """A run that would show nothing and write nothing drops every option it was given."""
+    assert_clean_error(cli("heatmap", SENTENCE, "--quiet"), 2, "no file is written",
+                       "add --out, --html or --export, or drop --quiet")
+    # control: with a file to write, --quiet prints the one 'wrote' line
+    result = cli("heatmap", SENTENCE, "--quiet", "--export", tmp_path / "m.safetensors")
+    assert result.exit_code == 0 and result.stdout.startswith("wrote"), result.output
+
+
+@pytest.mark.parametrize("flag", [["--query", "mat"], ["--ablate"], ["--ablate-mean"]])
+def test_quiet_refuses_what_only_the_terminal_would_show(cli, tmp_path, flag):
+    """--query's breakdown is printed or put on the --html page, the scorecard printed or drawn
+    with --out: beside --quiet and an --export alone, they would be dropped."""
+    export = tmp_path / "m.safetensors"
+    assert_clean_error(cli("heatmap", SENTENCE, "--quiet", "--export", export, *flag), 2,
+                       "--quiet prints no maps or tables", f"drop --quiet or {flag[0]}")
+    assert not export.exists()
+    # control: where the page or the figure shows them, they apply
+    shown = ["--html", tmp_path / "m.html"] if flag[0] == "--query" \
+        else ["--out", tmp_path / "m.png"]
+    result = cli("heatmap", SENTENCE, "--quiet", *shown, *flag)
     assert result.exit_code == 0, result.output
-    assert result.stdout == "" and result.stderr == ""
 
 
 @pytest.mark.parametrize("flag", ["--maps", "--stats", "--rank"])

@@ -124,7 +124,12 @@ def heatmap(
                   as_json, out is not None)
     check_figure_options(out, size, dpi)
     check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,
-                        "--overview": overview not in (None, "off")})
+                        "--overview": overview not in (None, "off"),
+                        # shown in the terminal, or on the page / the scorecard's figure only
+                        "--query": query is not None and html is None,
+                        "--ablate": ablate and out is None,
+                        "--ablate-mean": ablate_mean and out is None},
+                written=bool(out or export or html))
     files = output_files(out, export, html, lambda: inputs_read(
         weights, model, file, not (random or weights or model)), ablate or ablate_mean)
     worker = None

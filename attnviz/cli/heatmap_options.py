@@ -215,13 +215,16 @@ def output_files(out: Path | None, export: Path | None, html: Path | None,
     return files
 
 
-def check_quiet(quiet: bool, loud_flags: dict[str, bool | None]) -> None:
+def check_quiet(quiet: bool, loud_flags: dict[str, bool | None], written: bool) -> None:
     """--quiet with a flag that asks for printed output is a contradiction, never resolved
-    silently."""
+    silently; so is --quiet with no file to write (the run would show nothing at all)."""
     loud = [flag for flag, given in loud_flags.items() if given]
     if quiet and loud:
         raise UsageError(f"--quiet prints no maps or tables, but {', '.join(loud)} asks for "
                          "one", fix=f"drop --quiet or {', '.join(loud)}")
+    if quiet and not written:
+        raise UsageError("--quiet prints only the 'wrote …' lines, and no file is written",
+                         fix="add --out, --html or --export, or drop --quiet")
 
 
 def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,

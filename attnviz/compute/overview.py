@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnviz.compute.ranking import HEAD_TYPES
-from attnviz.compute.stats import LABEL_THRESHOLD, HeadStats
 from attnviz.errors import UsageError, option
+
+if TYPE_CHECKING:  # stats imports torch; the CLI calls `wanted` before torch's import (the
+    # figure worker forks first: attnviz.cli.figure_worker)
+    from attnviz.compute.stats import HeadStats
 
 BROAD = "broad"
 OTHER = "other"
@@ -81,6 +84,8 @@ class Overview:
         return STATISTICS[self.shows][1] if self.shows in STATISTICS else "head type"
 
     def to_json(self) -> dict[str, Any]:
+        from attnviz.compute.stats import LABEL_THRESHOLD
+
         return {"shows": self.shows, "statistic": self.statistic, "meaning": self.meaning,
                 "threshold": LABEL_THRESHOLD,
                 "rows": [{"layer": row.layer, "label": row.label,
@@ -97,6 +102,8 @@ def check_choice(shows: str) -> None:
 
 def head_type(stats: HeadStats) -> tuple[str, str, float | None]:
     """(type, the HeadStats field behind it, its value) of one head (see the module doc)."""
+    from attnviz.compute.stats import LABEL_THRESHOLD
+
     if stats.label:
         field = HEAD_TYPES[stats.label][0]
         return stats.label, field, getattr(stats, field)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from attnviz.compute.stats import HeadStats
+if TYPE_CHECKING:  # stats imports torch; the CLI reads HEAD_TYPES before torch's import
+    from attnviz.compute.stats import HeadStats
 
 # type name → (statistic, what a high score means)
 HEAD_TYPES: dict[str, tuple[str, str]] = {
