@@ -440,5 +440,6 @@ def test_nan_weights_are_reported_not_drawn(cli, tmp_path, monkeypatch, streamed
         monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     out = tmp_path / "maps.png"
     result = cli("heatmap", "--weights", path, "a b c", "--out", out)
-    assert_clean_error(result, 1, "non-finite attention weights", "inspect --scan")
+    assert_clean_error(result, 1, "tensor 'in_proj_weight' (W_q of layer '(top level)') holds "
+                       "non-finite values (1 NaN)", "inspect --scan")
     assert not out.exists()

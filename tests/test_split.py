@@ -125,10 +125,16 @@ def test_non_finite_weights_are_refused():
     state = mha.state_dict()
     state["in_proj_weight"][3, 3] = float("nan")
     layer, store = _layer_from_state(state, 2)
-    from attnviz.errors import CheckFailed
+    from attnviz.errors import CheckpointError
 
-    with pytest.raises(CheckFailed, match="W_q holds 1 non-finite"):
+    with pytest.raises(CheckpointError, match=r"tensor 'in_proj_weight' \(W_q of layer '[^']*'\) "
+                       r"holds non-finite values \(1 NaN\)"):
         make_report(layer, store)
+    state["in_proj_weight"][3, 3] = float("-inf")  # in W_q's rows too, counted as Inf
+    with pytest.raises(CheckpointError, match=r"\(1 Inf\)"):
+        make_report(*_layer_from_state(state, 2))
+    state["in_proj_weight"][3, 3] = 0.5  # control: finite weights pass
+    make_report(*_layer_from_state(state, 2))
 
 
 def _layer_from_state(state, H):

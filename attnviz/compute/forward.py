@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from attnviz.compute import kernel
 from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.errors import CheckpointError, quoted
 from attnviz.load.checkpoint import TensorStore
 
 
@@ -52,13 +53,22 @@ def read_ref(store: TensorStore, ref: TensorRef) -> torch.Tensor:
 
 def load_weights(layer: AttentionLayer, store: TensorStore,
                  dtype: torch.dtype = torch.float32, device: str = "cpu") -> LayerWeights:
-    def get(ref: TensorRef | None) -> torch.Tensor | None:
-        if ref is None:
-            return None
-        return read_ref(store, ref).to(device=device, dtype=dtype).contiguous()
+    """The layer's tensors, each refused by name when it holds NaN or Inf (a forward would turn
+    every map it touches into NaN, and a proof or figure would be blank or misleading)."""
+    roles = {id(ref): role for role, ref in (
+        ("W_q", layer.q_weight), ("W_k", layer.k_weight), ("W_v", layer.v_weight),
+        ("W_o", layer.o_weight), ("b_q", layer.q_bias), ("b_k", layer.k_bias),
+        ("b_v", layer.v_bias), ("b_o", layer.o_bias), ("bias_k", layer.bias_k),
+        ("bias_v", layer.bias_v)) if ref is not None}
 
     def need(ref: TensorRef) -> torch.Tensor:
-        return read_ref(store, ref).to(device=device, dtype=dtype).contiguous()
+        tensor = read_ref(store, ref)
+        where_in = quoted(layer.name or "(top level)")
+        refuse_non_finite(tensor, ref.key, f"{roles[id(ref)]} of layer {where_in}", store.source)
+        return tensor.to(device=device, dtype=dtype).contiguous()
+
+    def get(ref: TensorRef | None) -> torch.Tensor | None:
+        return None if ref is None else need(ref)
 
     return LayerWeights(
         W_q=need(layer.q_weight), W_k=need(layer.k_weight), W_v=need(layer.v_weight),
@@ -66,6 +76,20 @@ def load_weights(layer: AttentionLayer, store: TensorStore,
         b_v=get(layer.v_bias), b_o=get(layer.o_bias), bias_k=get(layer.bias_k),
         bias_v=get(layer.bias_v),
     )
+
+
+def refuse_non_finite(tensor: torch.Tensor, key: str, what: str, where: str) -> None:
+    """One error naming the stored tensor `key` (`what` it is) when it holds NaN or Inf."""
+    values = tensor if tensor.is_floating_point() and tensor.element_size() >= 2 \
+        else tensor.float()  # float8 has no isfinite kernel on a CPU
+    bad = int((~torch.isfinite(values)).sum())
+    if not bad:
+        return
+    nan = int(torch.isnan(values).sum())
+    counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (bad - nan, "Inf")) if n)
+    raise CheckpointError(f"tensor {quoted(key)} ({what}) holds non-finite values ({counts})",
+                          fix="repair or re-export the checkpoint ('attnviz inspect --scan' "
+                          "counts non-finite values per tensor)", where=where)
 
 
 def torch_mha_expressible(layer: AttentionLayer) -> bool:

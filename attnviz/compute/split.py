@@ -186,20 +186,6 @@ def prove_split(layer: AttentionLayer, weights: Any, seed: int = 0, batch: int =
     )
 
 
-def check_finite(weights: Any) -> None:
-    """Refuse to prove or draw weights holding NaN/Inf: the result would be blank or misleading."""
-    import torch
-
-    for name in ("W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o", "bias_k", "bias_v"):
-        tensor = getattr(weights, name)
-        if tensor is None:
-            continue
-        bad = (~torch.isfinite(tensor)).sum().item()
-        if bad:
-            raise CheckFailed(f"{name} holds {bad} non-finite values (NaN or Inf)",
-                              fix=f"see 'attnviz inspect {option('layer')}' for counts per tensor")
-
-
 def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[SplitReport, Any]:
     """Slices, weights and the numerical proof for one layer."""
     from attnviz.compute.forward import load_weights
@@ -211,7 +197,6 @@ def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[Split
                              "grouped-query layers)",
                          option="num_heads")
     weights = load_weights(layer, store)
-    check_finite(weights)
     notes = []
     if layer.positions.startswith("rope"):
         notes.append(f"this layer's family rotates q and k ({layer.positions}) after the head "
