@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from attnviz.compute import kernel
 from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.errors import CheckpointError, quoted
+from attnviz.errors import CheckpointError, option, quoted
 from attnviz.load.checkpoint import TensorStore
 
 
@@ -88,8 +88,8 @@ def refuse_non_finite(tensor: torch.Tensor, key: str, what: str, where: str) -> 
     nan = int(torch.isnan(values).sum())
     counts = ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (bad - nan, "Inf")) if n)
     raise CheckpointError(f"tensor {quoted(key)} ({what}) holds non-finite values ({counts})",
-                          fix="repair or re-export the checkpoint ('attnviz inspect --scan' "
-                          "counts non-finite values per tensor)", where=where)
+                          fix=f"repair or re-export the checkpoint ('attnviz inspect "
+                          f"{option('scan')}' counts non-finite values per tensor)", where=where)
 
 
 def torch_mha_expressible(layer: AttentionLayer) -> bool:
