@@ -108,14 +108,15 @@ def _generate_with_model(job: HeatmapRequest, sentences: list[str], spec: Genera
 def _run_bundled(job: HeatmapRequest, spec: GenerateSpec,
                  sentences_for: Callable[[TokenLimit | None], list[str]],
                  report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
-    from attnviz.app.heatmap_sources import check_panels, open_store
+    from attnviz.app.heatmap_sources import check_panels
     from attnviz.compute.device import resolve_device
     from attnviz.compute.inputs import make_batch
     from attnviz.core.selection import parse_layers
     from attnviz.sources import bundled
     from attnviz.sources.bundled_generate import continue_text
+    from attnviz.sources.registry import open_source
 
-    store = open_store(None)
+    store = open_source(job.source).store  # the bundled model, through the one registry
     limit = bundled.token_limit(store, "the bundled model")
     batch = make_batch(sentences_for(limit), job.limits.max_tokens,
                        job.limits.max_sentences, limit)

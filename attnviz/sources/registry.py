@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from attnviz.core.request import HeadHints, RandomSpec, SourceSpec
+from attnviz.core.request import HeadHints, SourceSpec
 from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
