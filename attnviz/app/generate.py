@@ -84,10 +84,11 @@ def _generate_with_model(job: HeatmapRequest, sentences: list[str], spec: Genera
     from attnviz.sources.hf.generate_maps import run_generation
     from attnviz.sources.hf.inputs import check_length, encode
     from attnviz.sources.hf.layers import expected_shown
-    from attnviz.sources.hf.load import check_load_options, open_model
+    from attnviz.sources.hf.load import check_load_options
+    from attnviz.sources.registry import open_model_source
 
     check_load_options(job.source.device, job.source.dtype, None)
-    opened = open_model(job.source.model or "")
+    opened = open_model_source(job.source)
     max_tokens = job.limits.max_tokens
     rows = [row["input_ids"] for row in encode(opened, sentences, None, max_tokens).rows]
     for i, row in enumerate(rows, 1):  # --max-tokens counts prompt + generated tokens

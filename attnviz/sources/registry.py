@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from attnviz.core.layer import AttentionLayer
     from attnviz.load.store import TensorStore
     from attnviz.recognize import Inventory
+    from attnviz.sources.hf.load import OpenedModel
 
 
 class SourceKind(str, Enum):
@@ -163,3 +164,15 @@ def source_kind(spec: SourceSpec) -> SourceKind:
 def open_source(spec: SourceSpec) -> OpenedSource:
     """The source `spec` names, opened through its registered kind."""
     return SOURCES[source_kind(spec)].open(spec)
+
+
+def open_model_source(spec: SourceSpec) -> OpenedModel:
+    """A --model source opened for the model's own forward pass (heatmap, the generation and
+    scorecard paths): the registry's folder, then its config.json, tokenizer and shapes checked
+    (`attnviz.sources.hf.load.open_model`); no weights read yet."""
+    opened = open_source(spec)
+    if opened.kind is not SourceKind.MODEL or opened.folder is None:
+        raise ValueError(f"a {opened.kind.value} source has no model to open")
+    from attnviz.sources.hf.load import open_model
+
+    return open_model(str(opened.folder))
