@@ -215,3 +215,23 @@ def test_ctrl_heatmap_maps_equal_ctrls_own_attention(zoo_model) -> None:
     assert ours.shape == theirs[0].shape == (4, n, n)
     torch.testing.assert_close(ours, theirs[0], atol=1e-5, rtol=0)
     assert (ours - open_maps[0]).abs().max() > 1e-2  # control: a wrong mask is caught
+
+
+@pytest.mark.hf
+def test_the_python_api_reads_the_same_inventory(zoo_model) -> None:
+    """The Python API goes through the same registry: find_layers lists CTRL's two layers (as
+    inspect does), and inspect, split, run_heatmap and circuits run layer 1. Control: the
+    naming table alone (recognize.find_layers, no discovery) lists none."""
+    import attnviz
+    from attnviz.load.checkpoint import open_checkpoint
+    from attnviz.recognize import find_layers
+
+    folder = zoo_model("ctrl")
+    names = ["h.0.multi_head_attention", "h.1.multi_head_attention"]
+    assert [layer.name for layer in attnviz.find_layers(folder).layers] == names
+    assert find_layers(open_checkpoint(folder)).layers == []  # control
+    assert attnviz.inspect(folder, layer="1").detail is not None
+    assert attnviz.split(folder, layer="1").passed
+    heatmap = attnviz.run_heatmap([SENTENCE], weights=folder, layer="1")
+    assert heatmap.run.layers[0].layer.name == names[1]
+    assert [c.name for c in attnviz.circuits(folder, layer="1").layers] == [names[1]]
