@@ -36,7 +36,6 @@ from attnviz.errors import UsageError, option
 from attnviz.load.checkpoint import TensorStore
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
 from attnviz.recognize import Inventory
-from attnviz.recognize import find_layers as _find_layers
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -216,7 +215,9 @@ def find_layers(checkpoint: str | Path | TensorStore, *, num_heads: int | None =
     """Every attention layer attnviz recognizes in a checkpoint (headers only)."""
     hints = _hints(num_heads, num_kv_heads, head_dim)
     store = checkpoint if isinstance(checkpoint, TensorStore) else open_checkpoint(checkpoint)
-    return _find_layers(store, hints)
+    from attnviz.sources.registry import find_inventory
+
+    return find_inventory(store, hints)  # as inspect and every command list them
 
 
 def inspect(checkpoint: str | Path, *, layer: str | int | None = None,

@@ -345,15 +345,15 @@ def test_cli_split_verify_decoder_layer(cli, zoo_model):
 
 def test_cli_split_verify_fails_on_a_wrong_description(cli, zoo_model, monkeypatch):
     """Exit 1 with one error line when attnviz's slicing is wrong (heads 0 and 1 swapped)."""
-    from attnviz.sources import layers as sources_layers
+    from attnviz.sources import registry
 
-    real = sources_layers.find_layers
+    real = registry.find_inventory  # the one inventory every command reads
 
-    def wrong(store, hints=None, **kwargs):
-        inventory = real(store, hints, **kwargs)
+    def wrong(store, hints):
+        inventory = real(store, hints)
         return replace(inventory, layers=[swap_heads(layer, 0, 1) for layer in inventory.layers])
 
-    monkeypatch.setattr(sources_layers, "find_layers", wrong)
+    monkeypatch.setattr(registry, "find_inventory", wrong)
     result = cli("split", "--model", zoo_model("llama"), "--layer", "0", "--verify")
     assert result.exit_code == 1
     assert "✗ FAILED: 2 of 8 perturbations" in result.stdout

@@ -144,13 +144,12 @@ def test_forty_thousand_heads_cost_linear_time(cli, tmp_path):
     import time
 
     from attnviz.compute.split import split_projections
+    from attnviz.core.request import SourceSpec
     from attnviz.recognize import find_layers
-    from attnviz.sources.layers import open_inventory
+    from attnviz.sources.registry import open_source
 
     folder = many_heads_file(tmp_path / "many", 40_000)
-    inventory, _ = open_inventory(folder, __import__(
-        "attnviz.recognize.base", fromlist=["HeadHints"]).HeadHints())
-    layer = inventory.layers[0]
+    layer = open_source(SourceSpec(weights=folder)).layers[0]
     start = time.perf_counter()
     projections = split_projections(layer)
     assert len(projections["k"].heads) == 40_000

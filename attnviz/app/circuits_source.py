@@ -46,36 +46,21 @@ class ChosenLayer:
 
 def open_source(weights: Path | None, model: str | None, random: RandomSpec | None,
                 hints: HeadHints) -> tuple[list[AttentionLayer], TensorStore, str]:
-    """(every recognized layer in inspect's order, the store, the source's kind)."""
-    from attnviz.sources import bundled
-    from attnviz.sources.layers import open_inventory, random_mha
+    """(every recognized layer in inspect's order, the store, the source's kind), opened
+    through the one registry (`attnviz.sources.registry`)."""
+    from attnviz.core.request import SourceSpec
+    from attnviz.sources.registry import SourceKind, open_source, source_kind
 
-    if sum(x is not None for x in (weights, model, random)) > 1:
-        raise UsageError(f"{option('model')}, {option('weights')} and the random-init options "
-                         "exclude each other",
-                         fix="choose one source")
-    refuse_head_hints(hints, "random" if random is not None else "model" if model is not None
-                      else "bundled" if weights is None else "")
-    if random is not None:
-        layer, store = random_mha(random)
-        return [layer], store, "random"
-    if weights is None and model is None:
-        store = bundled.open_bundled()
-        return bundled.tiny_layers(store), store, "bundled"
-    path = weights
-    if model is not None:
-        path = Path(model)
-        if not path.is_dir():
-            from attnviz.sources import hf
+    spec = SourceSpec(weights=weights, model=model, random=random, hints=hints)
+    kind = source_kind(spec)  # more than one source is refused there
+    refuse_head_hints(hints, "" if kind is SourceKind.WEIGHTS else kind.value)
+    opened = open_source(spec)
+    if kind is SourceKind.BUNDLED:
+        from attnviz.sources import bundled
 
-            path = hf.resolve_folder(model)
-    assert path is not None
-    inventory, store = open_inventory(path, hints)
-    if not inventory.layers:
-        from attnviz.recognize import select_layer
-
-        select_layer(inventory, None, store.source)  # raises the reason
-    return inventory.layers, store, "model" if model is not None else "weights"
+        return bundled.tiny_layers(opened.store), opened.store, kind.value
+    opened.require_layers()  # none: the reason, as select_layer says it
+    return opened.layers, opened.store, kind.value
 
 
 def refuse_head_hints(hints: HeadHints, kind: str) -> None:

@@ -84,10 +84,11 @@ def _generate_with_model(job: HeatmapRequest, sentences: list[str], spec: Genera
     from attnviz.sources.hf.generate_maps import run_generation
     from attnviz.sources.hf.inputs import check_length, encode
     from attnviz.sources.hf.layers import expected_shown
-    from attnviz.sources.hf.load import check_load_options, open_model
+    from attnviz.sources.hf.load import check_load_options
+    from attnviz.sources.registry import open_model_source
 
     check_load_options(job.source.device, job.source.dtype, None)
-    opened = open_model(job.source.model or "")
+    opened = open_model_source(job.source)
     max_tokens = job.limits.max_tokens
     rows = [row["input_ids"] for row in encode(opened, sentences, None, max_tokens).rows]
     for i, row in enumerate(rows, 1):  # --max-tokens counts prompt + generated tokens
@@ -108,14 +109,15 @@ def _generate_with_model(job: HeatmapRequest, sentences: list[str], spec: Genera
 def _run_bundled(job: HeatmapRequest, spec: GenerateSpec,
                  sentences_for: Callable[[TokenLimit | None], list[str]],
                  report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
-    from attnviz.app.heatmap_sources import check_panels, open_store
+    from attnviz.app.heatmap_sources import check_panels
     from attnviz.compute.device import resolve_device
     from attnviz.compute.inputs import make_batch
     from attnviz.core.selection import parse_layers
     from attnviz.sources import bundled
     from attnviz.sources.bundled_generate import continue_text
+    from attnviz.sources.registry import open_source
 
-    store = open_store(None)
+    store = open_source(job.source).store  # the bundled model, through the one registry
     limit = bundled.token_limit(store, "the bundled model")
     batch = make_batch(sentences_for(limit), job.limits.max_tokens,
                        job.limits.max_sentences, limit)

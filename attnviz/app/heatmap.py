@@ -105,11 +105,10 @@ def check_applicable(request: HeatmapRequest) -> None:
     usage error, never ignored: the table in `attnviz.core.option_rules` says which applies
     where."""
     from attnviz.core.option_rules import check_request
+    from attnviz.sources.registry import source_kind
 
     source, selection = request.source, request.selection
-    if sum((source.random is not None, source.weights is not None, source.model is not None)) > 1:
-        raise UsageError(f"{option('random')}, {option('weights')} and {option('model')} "
-                         "exclude each other", fix="choose one")
+    source_kind(source)  # more than one source: refused by the registry, once for every command
     check_request(request)
     if source.random is not None and selection.layer not in (None, "0", "-1", "all"):
         raise UsageError(f"{option('layer')} {printable(selection.layer, 24)!r} is not a layer "

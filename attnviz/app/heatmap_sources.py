@@ -154,14 +154,6 @@ def check_panels(request: HeatmapRequest, sentences: int, layers: int, heads: in
                          f"or pick {option('layer')}/{option('head')}")
 
 
-def open_store(weights: Path | None) -> TensorStore:
-    """The checkpoint of --weights, or the bundled model: headers only, no tensor read."""
-    from attnviz.load.checkpoint import open_checkpoint
-    from attnviz.sources import bundled
-
-    return bundled.open_bundled() if weights is None else open_checkpoint(weights)
-
-
 def source_limit(store: TensorStore, weights: Path | None) -> TokenLimit | None:
     """The bound the source itself sets on a sentence's tokens (an attnviz-tiny model's learned
     positions), checked beside --max-tokens before any work; None when it sets none."""

@@ -239,10 +239,12 @@ class InspectResult:
 
 def inspect_checkpoint(request: InspectRequest) -> InspectResult:
     """Every attention layer of a checkpoint, from headers alone unless a layer or scan asks."""
+    from attnviz.core.request import SourceSpec
     from attnviz.recognize import select_layer
-    from attnviz.sources.layers import open_inventory
+    from attnviz.sources.registry import open_source
 
-    inventory, store = open_inventory(request.path, request.hints)
+    opened = open_source(SourceSpec(weights=request.path, hints=request.hints))
+    inventory, store = opened.inventory, opened.store
     unusable = inventory.unresolved
     if not inventory.layers and unusable and all(item.data for item in unusable):
         # every attention layer has a tensor attnviz cannot compute with: nothing to show

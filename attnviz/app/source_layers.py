@@ -15,7 +15,6 @@ from attnviz.app.heatmap_sources import (
     Checked,
     Ran,
     check_sentence,
-    open_store,
     request_sentences,
     source_limit,
 )
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun
     from attnviz.core.layer import AttentionLayer
     from attnviz.load.store import TensorStore
+    from attnviz.sources.registry import OpenedSource
 
 
 @dataclass
@@ -48,20 +48,23 @@ class LayerPlan:
 class _OnBatch:
     """check(): the batch within every limit, then `plan` (the source's own checks)."""
 
-    def store(self, request: HeatmapRequest) -> TensorStore | None:
-        return open_store(request.source.weights)
+    def open(self, request: HeatmapRequest) -> OpenedSource | None:
+        """The source, opened through the one registry (its layers as `inspect` lists them)."""
+        from attnviz.sources.registry import open_source
+
+        return open_source(request.source)
 
     def check(self, request: HeatmapRequest) -> Checked[LayerPlan]:
-        store = self.store(request)
-        limit = None if store is None else source_limit(store, request.source.weights)
+        opened = self.open(request)
+        limit = None if opened is None else source_limit(opened.store, request.source.weights)
         from attnviz.compute.inputs import make_batch
 
         batch = make_batch(request_sentences(request, limit), request.limits.max_tokens,
                            request.limits.max_sentences, limit)
         check_sentence(request, len(batch.tokens))
-        return self.plan(request, batch, store)
+        return self.plan(request, batch, opened)
 
-    def plan(self, request: HeatmapRequest, batch: Batch, store: TensorStore | None
+    def plan(self, request: HeatmapRequest, batch: Batch, opened: OpenedSource | None
              ) -> Checked[LayerPlan]:
         raise NotImplementedError
 
@@ -102,10 +105,10 @@ def _common(request: HeatmapRequest, batch: Batch) -> tuple[torch.device, tuple[
 class RandomLayer(_OnBatch):
     """A random nn.MultiheadAttention of the request's `source.random` spec."""
 
-    def store(self, request: HeatmapRequest) -> TensorStore | None:
-        return None
+    def open(self, request: HeatmapRequest) -> OpenedSource | None:
+        return None  # the layer is built in `compute`, after every check
 
-    def plan(self, request: HeatmapRequest, batch: Batch, store: TensorStore | None
+    def plan(self, request: HeatmapRequest, batch: Batch, opened: OpenedSource | None
              ) -> Checked[LayerPlan]:
         from attnviz.sources.layers import check_random_spec
 
@@ -117,29 +120,29 @@ class RandomLayer(_OnBatch):
                                                                          query_row))
 
     def compute(self, request: HeatmapRequest, plan: LayerPlan) -> AttentionRun:
-        from attnviz.sources.layers import random_mha
+        from attnviz.sources.registry import open_source
 
-        assert request.source.random is not None
-        layer, store = random_mha(request.source.random)
-        return run_standalone(request, plan, layer, store, request.source.causal)
+        opened = open_source(request.source)
+        return run_standalone(request, plan, opened.layers[0], opened.store,
+                              request.source.causal)
 
 
 class CheckpointLayer(_OnBatch):
     """One attention layer of a checkpoint (`source.weights`, `selection.layer`) on synthetic
     inputs; an attnviz-tiny checkpoint runs whole, as the bundled model."""
 
-    def plan(self, request: HeatmapRequest, batch: Batch, store: TensorStore | None
+    def plan(self, request: HeatmapRequest, batch: Batch, opened: OpenedSource | None
              ) -> Checked[LayerPlan]:
-        from attnviz.recognize import find_layers, select_layer
         from attnviz.sources.bundled import is_tiny_model
 
-        assert store is not None
+        assert opened is not None
+        store = opened.store
         device, query_row = _common(request, batch)
         if is_tiny_model(store):
             return _tiny_plan(request, batch, store, device, query_row)
         hints = request.source.hints
-        inventory = find_layers(store, hints)
-        layer = select_layer(inventory, request.selection.layer, store.source)
+        inventory = opened.inventory  # the registry's: discovery included, as inspect lists
+        layer = opened.select(request.selection.layer)
         if not layer.heads_known:
             raise UsageError(f"the number of heads of layer {layer.name!r} is unknown",
                              fix=f"pass {option('num_heads')} (and {option('num_kv_heads')} "
@@ -163,10 +166,7 @@ class CheckpointLayer(_OnBatch):
 
 
 class BundledModel(CheckpointLayer):
-    """The bundled 2-layer model (attnviz/data), run whole."""
-
-    def store(self, request: HeatmapRequest) -> TensorStore | None:
-        return open_store(None)
+    """The bundled 2-layer model (attnviz/data), run whole (the registry opens it)."""
 
 
 def _tiny_plan(request: HeatmapRequest, batch: Batch, store: TensorStore,
@@ -219,9 +219,15 @@ def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLay
 
 def run_on_batch(batch: Batch, request: HeatmapRequest) -> AttentionRun:
     """A standalone request on a batch made already (tests, benchmarks): checked, then run."""
-    source = RandomLayer() if request.source.random is not None else \
-        BundledModel() if request.source.weights is None else CheckpointLayer()
-    return source.compute(request, source.plan(request, batch, source.store(request)).state)
+    from attnviz.sources.registry import SourceKind, source_kind
+
+    kind = source_kind(request.source)
+    if kind is SourceKind.MODEL:
+        raise UsageError(f"a batch runs on a standalone layer, not {option('model')}",
+                         fix=f"drop {option('model')}")
+    source = {SourceKind.RANDOM: RandomLayer, SourceKind.BUNDLED: BundledModel,
+              SourceKind.WEIGHTS: CheckpointLayer}[kind]()
+    return source.compute(request, source.plan(request, batch, source.open(request)).state)
 
 
 def _count(n: int, noun: str) -> str:

@@ -42,7 +42,8 @@ class HfModel:
     def check(self, request: HeatmapRequest) -> Checked[ModelPlan]:
         from attnviz.sources.hf.inputs import encode
         from attnviz.sources.hf.layers import expected_shown
-        from attnviz.sources.hf.load import check_load_options, open_model
+        from attnviz.sources.hf.load import check_load_options
+        from attnviz.sources.registry import open_model_source
 
         sentences = request_sentences(request, None)  # the model's own tokenizer decides
         if not sentences:
@@ -56,7 +57,7 @@ class HfModel:
         check_sentence(request, len(sentences))
         check_load_options(source.device, source.dtype, source.device_map, source.max_memory)
         assert source.model is not None  # the table picks this source for a model only
-        opened = open_model(source.model)
+        opened = open_model_source(source)  # the folder through the one registry
         targets = _targets(request)
         encoded = encode(opened, sentences, targets, limits.max_tokens)
         shown = expected_shown(opened, request.selection.layer, targets is not None)

@@ -136,46 +136,38 @@ def run_split(request: SplitRequest) -> SplitResult:
     if request.verify and request.model is None:
         raise UsageError(f"{option('verify')} needs {option('model')}",
                          fix="pass a Hugging Face model folder")
-    if sum(x is not None for x in (request.weights, request.model, request.random)) > 1:
-        raise UsageError(f"{option('model')}, {option('weights')} and the random-init options "
-                         "exclude each other",
-                         fix="choose one source")
-    verified = ablation = skipped = None
-    if request.model is not None:
-        layer, store, (verified, ablation, skipped) = _model_layer(request.model, request)
-    elif request.weights is not None:
-        from attnviz.sources.layers import checkpoint_layer
+    from attnviz.core.request import SourceSpec
+    from attnviz.sources.registry import SourceKind, open_source, source_kind
 
-        layer, store = checkpoint_layer(request.weights, request.layer, request.hints)
-    else:
-        from attnviz.sources.layers import random_mha
-
+    spec = SourceSpec(weights=request.weights, model=request.model, random=request.random,
+                      hints=request.hints)
+    kind = source_kind(spec)  # more than one source is refused here, once
+    if kind is SourceKind.BUNDLED:  # split's default: a random layer, seeded as the proof
         if request.layer is not None or request.hints.num_kv_heads is not None \
                 or request.hints.head_dim is not None:
             raise UsageError(f"{option('layer')}, {option('num_kv_heads')} and "
                              f"{option('head_dim')} need {option('weights')} or {option('model')}")
-        layer, store = random_mha(request.random or RandomSpec(seed=request.seed))
+        spec = SourceSpec(random=RandomSpec(seed=request.seed), hints=request.hints)
+    elif kind is SourceKind.RANDOM and (request.layer is not None
+                                        or request.hints.num_kv_heads is not None
+                                        or request.hints.head_dim is not None):
+        raise UsageError(f"{option('layer')}, {option('num_kv_heads')} and "
+                         f"{option('head_dim')} need {option('weights')} or {option('model')}")
+    opened = open_source(spec)
+    verified = ablation = skipped = None
+    if kind is SourceKind.MODEL:
+        layer = opened.select(request.layer if request.layer is not None else "0")
+        if request.verify:
+            assert opened.folder is not None
+            verified, ablation, skipped = verify_model_layer(str(opened.folder), layer)
+    elif kind is SourceKind.WEIGHTS:
+        layer = opened.select(request.layer)
+    else:
+        layer = opened.layers[0]
+    store = opened.store
     report, layer_weights = make_report(layer, store, request.seed)
     return SplitResult(layer, store.source, report, layer_weights, verified,
                        ablation=ablation, recompute_skipped=skipped)
-
-
-def _model_layer(model: str, request: SplitRequest) -> tuple[Any, Any, Any]:
-    from attnviz.recognize import select_layer
-    from attnviz.sources.layers import open_inventory
-
-    folder = Path(model)
-    if not folder.is_dir() or request.verify:
-        from attnviz.sources import hf
-
-        folder = hf.resolve_folder(model)
-    inventory, store = open_inventory(folder, request.hints)
-    layer = select_layer(inventory, request.layer if request.layer is not None else "0",
-                         store.source)
-    proofs: tuple[Any, Any, Any] = (None, None, None)
-    if request.verify:
-        proofs = verify_model_layer(str(folder), layer)
-    return layer, store, proofs
 
 
 def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, str | None]:

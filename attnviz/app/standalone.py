@@ -60,11 +60,12 @@ def head_hint_warnings(store: TensorStore, hints: HeadHints, layer_spec: str | N
                        chosen: AttentionLayer) -> list[str]:
     """-H that disagrees with the checkpoint's own head count (config.json or metadata)."""
     from attnviz.errors import AttnvizError, printable
-    from attnviz.recognize import find_layers, select_layer
+    from attnviz.recognize import select_layer
+    from attnviz.sources.registry import find_inventory
 
     try:
-        own = select_layer(find_layers(store, HeadHints(None, hints.num_kv_heads,
-                                                        hints.head_dim)),
+        own = select_layer(find_inventory(store, HeadHints(None, hints.num_kv_heads,
+                                                           hints.head_dim)),
                            layer_spec, store.source)
     except AttnvizError:
         return []

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from attnviz.core.layer import AttentionLayer, divisor_choices
 from attnviz.core.request import DEFAULT_EMBED_DIM as DEFAULT_EMBED_DIM
 from attnviz.core.request import DEFAULT_NUM_HEADS as DEFAULT_NUM_HEADS
 from attnviz.core.request import RandomSpec as RandomSpec
 from attnviz.errors import UsageError, option
-from attnviz.load.checkpoint import DictStore, TensorStore, open_checkpoint
-from attnviz.recognize import Inventory, find_layers, select_layer
+from attnviz.load.checkpoint import DictStore, TensorStore
+from attnviz.recognize import find_layers
 from attnviz.recognize.base import HeadHints
 
 MAX_RANDOM_DIM = 8192  # a (3E, E) float32 in_proj is 800 MB at E = 8192
@@ -57,19 +55,3 @@ def _random_name(spec: RandomSpec) -> str:
     extra = "".join(f", {k}={v}" for k, v in (("kdim", spec.kdim), ("vdim", spec.vdim)) if v)
     return (f"nn.MultiheadAttention({spec.embed_dim}, {spec.num_heads}{extra}, "
             f"bias={spec.bias}), seed {spec.seed}")
-
-
-def open_inventory(path: Path, hints: HeadHints) -> tuple[Inventory, TensorStore]:
-    """Every attention layer of a checkpoint. Where tensors match no naming row (or a head count
-    is missing) and config.json names a model_type, the model is built on the meta device to
-    find its attention modules (`attnviz.sources.discover`); otherwise headers alone."""
-    from attnviz.sources.discover import discover_modules
-
-    store = open_checkpoint(path)
-    return find_layers(store, hints, discover=discover_modules), store
-
-
-def checkpoint_layer(path: Path, layer: str | None,
-                     hints: HeadHints) -> tuple[AttentionLayer, TensorStore]:
-    inventory, store = open_inventory(path, hints)
-    return select_layer(inventory, layer, store.source), store
