@@ -169,7 +169,9 @@ def test_statistics_table_fits_80_columns_and_never_cuts(cli):
     assert result.exit_code == 0, result.output
     table = result.stdout.split("head statistics", 1)[1].splitlines()
     assert max(len(line) for line in table) <= 80
-    assert "…" not in result.stdout
+    # nothing after the header is cut (the header's source path may be elided at a folder,
+    # from a clone at a deep path)
+    assert "…" not in result.stdout.split("\n", 1)[1]
     assert sum("previous-token" in line for line in table) == 2
     assert sum("induction" in line.split()[-1:] for line in table) == 2
     header = next(line for line in table if line.startswith("layer"))
