@@ -196,8 +196,7 @@ def test_json_notes_show_flags_at_any_depth(cli, tmp_path):
     from attnviz.cli.options import notes_with_flags
 
     folder = zoo.build_lm("t5", tmp_path / "t5")
-    result = cli("heatmap", "--model", folder, "the cat sat", "--layer", "enc 0", "--ablate",
-                 "--json")
+    result = cli("ablate", "--model", folder, "the cat sat", "--layer", "enc 0", "--json")
     assert result.exit_code == 0, result.output
     notes = json.loads(result.stdout)["ablation_run"]["notes"]
     assert any("without --target" in note for note in notes), notes
