@@ -397,8 +397,8 @@ def test_figure_marks_the_prompt_generated_boundary(cli: Any, tmp_path: Path) ->
 def test_html_page_covers_the_whole_sequence_and_names_the_boundary(cli: Any,
                                                                      tmp_path: Path) -> None:
     page = tmp_path / "gen.html"
-    assert cli("generate", "the cat sat on the mat the cat", "--max-new-tokens", "4", "--html", page,
-               "--quiet").exit_code == 0
+    assert cli("generate", "the cat sat on the mat the cat", "--max-new-tokens", "4", "--html",
+               page, "--quiet").exit_code == 0
     text = page.read_text()
     assert "generated, sentence 1: rows 8-11 (sat on the mat)" in text
     assert "http://" not in text and "https://" not in text  # offline: nothing fetched

@@ -1,7 +1,7 @@
-"""`attnviz generate` (the API's `run_model(generate=N)`): the use case. The bundled model or a Hugging Face model with
-its language-model head writes N tokens after each sentence; the result is the usual heatmap
-result over prompt + generated tokens, with what was generated and, per generated token, the
-tokens its row attends to most."""
+"""`attnviz generate` (the API's `run_model(generate=N)`): the use case. The bundled model or a
+Hugging Face model with its language-model head writes N tokens after each sentence; the result
+is the usual heatmap result over prompt + generated tokens, with what was generated and, per
+generated token, the tokens its row attends to most."""
 
 from __future__ import annotations
 
