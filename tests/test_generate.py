@@ -602,3 +602,17 @@ def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
                                atol=TOL, rtol=0)
     assert not torch.allclose(one.run.layers[0].weights, every.run.layers[0].weights,
                               atol=TOL, rtol=0)
+
+
+@pytest.mark.hf
+def test_max_sentences_binds_on_a_model(cli: Any) -> None:
+    """`generate --model` used to run every sentence whatever --max-sentences said (the
+    option walker found it dropped); the bundled model's batch always checked it."""
+    from conftest import assert_clean_error
+
+    model = "sample_weights/models/phi3-tiny-lm"
+    args = ("generate", "--model", model, "the cat", "a dog", "-n", "2", "--no-maps",
+            "--no-stats")
+    assert_clean_error(cli(*args, "--max-sentences", "1"), 2,
+                       "2 sentences exceed --max-sentences 1")
+    assert cli(*args, "--max-sentences", "2").exit_code == 0  # control: within the limit

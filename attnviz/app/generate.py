@@ -72,6 +72,10 @@ def run_generate(job: HeatmapRequest, spec: GenerateSpec,
         if not sentences:
             raise UsageError("no sentence given",
                              fix=f"pass one or more sentences, or {option('file')} FILE")
+        if len(sentences) > job.limits.max_sentences:  # as make_batch says it for the others
+            raise UsageError(f"{len(sentences)} sentences exceed {option('max_sentences')} "
+                             f"{job.limits.max_sentences}",
+                             fix=f"raise {option('max_sentences')} or pass fewer")
         return _generate_with_model(job, sentences, spec, report)
     return _run_bundled(job, spec, sentences_for, report)
 
