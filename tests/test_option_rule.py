@@ -409,3 +409,16 @@ def test_heatmap_help_lists_no_old_spelling(cli):
     for _args, flag, _ in MOVED:
         assert f"{flag} " not in shown.replace("--max-new-tokens", ""), flag
     assert "--weighting" in shown  # control: a visible option is listed
+
+
+def test_overview_ablation_names_the_scorecard_command(cli):
+    """heatmap and generate have no scorecard to show: --overview ablation names ablate (it
+    used to say 'add --ablate'); the control: ablate shows it."""
+    from conftest import assert_clean_error
+
+    for command in ("heatmap", "generate"):
+        assert_clean_error(cli(command, *SENTENCES, "--overview", "ablation"), 2,
+                           "--overview ablation", "attnviz ablate")
+    shown = cli("ablate", *SENTENCES, "--overview", "ablation", "--json")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.count('"ablation"') >= 1
