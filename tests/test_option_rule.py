@@ -324,6 +324,23 @@ def test_the_walker_catches_an_option_the_command_ignores(walker: Walker, monkey
     assert found == {"rank": "dropped"}
 
 
+def test_the_walker_catches_an_option_generate_ignores(walker: Walker, monkeypatch):
+    """The same control on `generate`: a command that drops --rank (as if it were wired to
+    nothing) is caught on its walk; with the command intact the walk is clean
+    (test_no_option_is_dropped)."""
+    info = next(c for c in app.registered_commands if c.callback.__name__ == "generate")
+    real = info.callback
+
+    @functools.wraps(real)
+    def ignoring_rank(*args: Any, **kwargs: Any) -> Any:
+        kwargs["rank"] = False
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(info, "callback", ignoring_rank)
+    found = walker.walk("generate", "bundled", SOURCES["generate"]["bundled"], True)
+    assert found == {"rank": "dropped"}
+
+
 # --- the contradictions #36 names, each with the run that used to pass ----------------------
 
 def test_head_with_average_is_refused(cli):
