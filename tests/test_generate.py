@@ -221,6 +221,7 @@ def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: 
     (["--max-new-tokens", "2", "--seed", "3"], "--sample"),
     (["--max-new-tokens", "2", "--sample", "--top-p", "1.5"], "--top-p"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--max-new-tokens", "5000"], "--max-new-tokens must be 1..4096"),  # the library's bound
     (["--max-new-tokens", "2", "--max-panels", "1"], "--max-panels"),
 ])
 def test_generate_usage_errors(cli: Any, args: list[str], fragment: str) -> None:

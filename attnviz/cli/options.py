@@ -77,9 +77,10 @@ Json = Annotated[bool, typer.Option("--json", help=(
     "Print one JSON document instead of tables."))]
 
 
-# request fields whose flag is spelled otherwise: the token count of `attnviz generate`, the
-# mode of `attnviz ablate` (the request keeps the API's keywords, generate= and ablate=)
-FLAG_NAMES = {"generate": "--max-new-tokens", "ablate": "--mode"}
+# request fields whose flag is spelled otherwise (the request keeps the API's keywords,
+# generate= and ablate=): the token count of `attnviz generate`; the scorecard is a command of its
+# own, so the library's "drop ‹ablate›" (a model the scorecard cannot edit) reads as the command
+FLAG_NAMES = {"generate": "--max-new-tokens", "ablate": "'attnviz ablate'"}
 
 
 def flag_of(name: str) -> str:
