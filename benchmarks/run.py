@@ -504,7 +504,7 @@ def head_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
                "--device", "cpu"]
     m = measure({"copies": [PY, str(workdir / "baseline_copies.py"), str(folder), str(text),
                             str(heads + 1)],
-                 "ablate": [*heatmap, "--ablate", "--json"],
+                 "ablate": [ATTNVIZ, "ablate", *heatmap[2:], "--json"],
                  "attention": heatmap, "norm": [*heatmap, "--weighting", "norm"]},
                 repeats, True)
 
@@ -521,7 +521,7 @@ def head_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
 
     what = f"{HEAD_LAYERS}×{HEAD_HEADS} BERT, E={width}, {HEAD_TOKENS} tokens"
     return [compare(f"8a --ablate, all {heads} heads of a {what}", m["ablate"],
-                    "`heatmap --model DIR --ablate`", m["copies"],
+                    "`ablate --model DIR`", m["copies"],
                     f"load + one forward of {heads + 1} copies", "s", 1.5, scored),
             compare(f"8b --weighting norm, {what}", m["norm"],
                     "`heatmap --model DIR --weighting norm`", m["attention"],
@@ -550,7 +550,7 @@ print(out.sequences.shape[1], 0 if not eager else len(out.attentions))
 
 
 def generate_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
-    """Target 9: `heatmap --model DIR --generate 64`, every layer against transformers'
+    """Target 9: `generate --model DIR --max-new-tokens 64`, every layer against transformers'
     generate with eager attention and output_attentions; one layer shown against plain
     generate with sdpa."""
     import torch
@@ -570,8 +570,8 @@ def generate_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     text.write_text(" ".join(words) + "\n")
     base = workdir / "baseline_generate.py"
     base.write_text(GENERATE_BASELINE)
-    heatmap = [ATTNVIZ, "heatmap", "--model", str(folder), "--file", str(text), "--generate",
-               str(GENERATE_NEW), "--no-maps", "--device", "cpu"]
+    heatmap = [ATTNVIZ, "generate", "--model", str(folder), "--file", str(text),
+               "--max-new-tokens", str(GENERATE_NEW), "--no-maps", "--device", "cpu"]
     new = str(GENERATE_NEW)
     m = measure({"eager": [PY, str(base), str(folder), "eager", str(text), new],
                  "all": [*heatmap, "--layer", "all"],
@@ -584,11 +584,11 @@ def generate_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
 
     what = f"{MODEL_LAYERS}-layer LLaMA LM, E={width}, {GENERATE_PROMPT}-token prompt"
     return [compare(f"9a --generate {GENERATE_NEW}, all layers of a {what}", m["all"],
-                    f"`heatmap --model DIR --generate {GENERATE_NEW} --layer all --no-maps`",
+                    f"`generate --model DIR -n {GENERATE_NEW} --layer all --no-maps`",
                     m["eager"], "load + generate, eager, output_attentions=True", "s", 1.3,
                     wrote),
             compare(f"9b --generate {GENERATE_NEW}, one layer of a {what}", m["one"],
-                    f"`heatmap --model DIR --generate {GENERATE_NEW} --layer 5 --no-maps`",
+                    f"`generate --model DIR -n {GENERATE_NEW} --layer 5 --no-maps`",
                     m["sdpa"], "load + generate with sdpa", "s", 2.0, wrote)]
 
 

@@ -1,4 +1,4 @@
-"""--ablate: every scorecard number equals the same ablation done independently — the head's
+"""`attnviz ablate`: every scorecard number equals the same ablation done independently — the head's
 W_O columns zeroed in the weights (for `mean`: those columns folded into the output bias with
 the head's mean output) and the model run as it was trained or as transformers runs it — with
 negative controls (a different head's columns), and the bundled model's induction circuit.
@@ -207,7 +207,7 @@ def test_standalone_layer_hidden_change(tmp_path):
 @pytest.mark.slow
 def test_cli_scorecard_json_and_figure(cli, tmp_path):
     out = tmp_path / "maps.png"
-    result = cli("heatmap", "--probe", "induction", "--ablate", "--json", "--out", out)
+    result = cli("ablate", "--probe", "induction", "--json", "--out", out)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert [(a["layer"], a["head"]) for a in doc["ablation"]] == [(0, 0), (0, 1), (1, 0),
@@ -215,7 +215,7 @@ def test_cli_scorecard_json_and_figure(cli, tmp_path):
     assert all(set(a) >= {"layer", "head", "hidden_change", "loss_change"}
                for a in doc["ablation"])
     assert (tmp_path / "maps.ablation.png").is_file()
-    shown = cli("heatmap", "--probe", "induction", "--ablate", "--no-maps", "--no-stats",
+    shown = cli("ablate", "--probe", "induction", "--no-maps", "--no-stats",
                 "--overview", "ablation")
     assert shown.exit_code == 0, shown.output
     assert "causal head scorecard" in shown.output and "overview: ablation" in shown.output
@@ -232,7 +232,7 @@ def test_the_scorecard_figure_never_overwrites_an_input(cli, tmp_path):
     sentences = tmp_path / "maps.ablation.png"
     sentences.write_text("the cat sat on the mat the cat sat\n")
     before = sentences.read_bytes()
-    result = cli("heatmap", "-f", sentences, "--ablate", "--out", tmp_path / "maps.png")
+    result = cli("ablate", "-f", sentences, "--out", tmp_path / "maps.png")
     assert_clean_error(result, 1, "never overwrites its inputs")
     assert sentences.read_bytes() == before and not (tmp_path / "maps.png").exists()
     fine = cli("heatmap", "-f", sentences, "--out", tmp_path / "maps.png")

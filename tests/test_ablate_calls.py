@@ -1,4 +1,4 @@
-"""--ablate edits CALLS, not modules, and measures in float64 what the input defines.
+"""`attnviz ablate` edits CALLS, not modules, and measures in float64 what the input defines.
 
 - ALBERT runs one shared attention module for every layer: removing a head of layer n edits the
   n-th call of that module only (a hand-written hook that counts calls is the reference; the old
@@ -323,7 +323,7 @@ def test_losses_are_float64_and_undefined_without_a_next_token():
 def test_one_token_sentences_leave_the_loss_change_undefined(cli):
     from attnviz.compute.ablation_measures import NO_NEXT_TOKEN
 
-    result = cli("heatmap", "hello", "world", "--ablate", "zero", "--no-maps", "--rank",
+    result = cli("ablate", "hello", "world", "zero", "--mode", "zero", "--no-maps", "--rank",
                  "--overview", "ablation", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
@@ -345,14 +345,14 @@ def test_one_token_sentences_leave_the_loss_change_undefined(cli):
     assert [(h["layer"], h["head"]) for h in causal["heads"]] != \
         [(e["layer"], e["head"]) for e in effects[:len(causal["heads"])]]
 
-    defined = json.loads(cli("heatmap", "hello world", "--ablate", "zero", "--no-maps",
+    defined = json.loads(cli("ablate", "hello world", "zero", "--mode", "zero", "--no-maps",
                              "--overview", "ablation", "--json").stdout)
     by_head = {(e["layer"], e["head"]): e["loss_change"] for e in defined["ablation"]}
     shown = {(row["layer"], c["head"]): c["value"] for row in defined["overview"]["rows"]
              for c in row["heads"]}
     assert shown == by_head and None not in shown.values()
 
-    text = cli("heatmap", "hello", "world", "--ablate", "zero", "--no-maps")
+    text = cli("ablate", "hello", "world", "zero", "--mode", "zero", "--no-maps")
     assert text.exit_code == 0, text.output
     assert "nan" not in text.stdout.lower().replace("n/a", "")
     assert "n/a: no next token to predict" in " ".join(text.stdout.split())
@@ -442,8 +442,8 @@ def test_the_lm_head_model_is_placed_as_the_first_load_was():
     assert _lm_placement(SimpleNamespace(model=model, max_memory=None)) == ({}, None)
 
 
-def _peak_mb(*args):
-    """The peak resident memory (MB) of one `attnviz heatmap` process."""
+def _peak_mb(*args, command="heatmap"):
+    """The peak resident memory (MB) of one `attnviz COMMAND` process."""
     import os
     import subprocess
     import sys
@@ -455,7 +455,7 @@ def _peak_mb(*args):
     script = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
               "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
     done = subprocess.run([sys.executable, "-c", script, sys.executable, "-m", "attnviz",
-                           "heatmap", *map(str, args)], capture_output=True, text=True,
+                           command, *map(str, args)], capture_output=True, text=True,
                           timeout=300, env=env)
     code, peak = done.stdout.split()[-2:]
     assert code == "0", done.stdout + done.stderr
@@ -465,12 +465,12 @@ def _peak_mb(*args):
 @pytest.mark.hf
 @pytest.mark.slow
 def test_max_memory_bounds_the_scorecards_peak(big_llama):
-    """--ablate under --max-memory 16MB peaks about where --max-memory alone does; the control,
-    --ablate without a limit, holds both 134 MB models whole and peaks far higher."""
+    """ablate under --max-memory 16MB peaks about where --max-memory alone does; the control,
+    ablate without a limit, holds both 134 MB models whole and peaks far higher."""
     base = ("--model", big_llama, "the cat sat on the mat", "--no-maps", "--layer", "0")
     limited = _peak_mb(*base, "--max-memory", "16MB")
-    ablated = _peak_mb(*base, "--max-memory", "16MB", "--ablate", "zero")
-    unbounded = _peak_mb(*base, "--ablate", "zero")
+    ablated = _peak_mb(*base, "--max-memory", "16MB", "--mode", "zero", command="ablate")
+    unbounded = _peak_mb(*base, "--mode", "zero", command="ablate")
     assert ablated < limited + 60, (limited, ablated, unbounded)
     assert unbounded > ablated + 150, (limited, ablated, unbounded)
 

@@ -150,7 +150,7 @@ def test_split_api_property(embed_dim, num_heads, kdim, vdim, seed, bias):
     ("run_model", {"sample": True}, "sample apply to generate only"),
     ("run_model", {"temperature": 0.5}, "temperature apply to generate only"),
     ("run_model", {"seed": 3}, "seed applies to generate with sample only"),
-    ("run_model", {"generate": 2, "seed": 3}, "seed with generate seeds sampling"),
+    ("run_model", {"generate": 2, "seed": 3}, "seed seeds sampling, and sample is not given"),
     ("split", {"bias": False}, "bias=False applies to a random layer only"),
 ])
 def test_api_refuses_options_it_would_ignore(call, kwargs, message):

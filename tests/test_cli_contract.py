@@ -55,4 +55,5 @@ def test_flags_the_bundled_model_ignores_are_refused(cli, args, flag, applies):
     assert_clean_error(cli("heatmap", "the cat sat", *args), 2, flag, "bundled model")
     # control: the same flag is taken where it applies (a random layer; a checkpoint layer's
     # head width: a random nn.MultiheadAttention's is E / H, and --head-dim is refused there)
+    # (--json: --quiet alone is refused now, as it would write nothing)
     assert cli("heatmap", "the cat sat", *applies, "--json", *args).exit_code == 0

@@ -11,7 +11,7 @@ from conftest import ROOT, needs_safe_pickles
 from attnviz.cli.examples import EXAMPLES
 from attnviz.load.pickles import PICKLE_SUFFIXES
 
-COMMANDS = ["split", "inspect", "heatmap", "circuits"]
+COMMANDS = ["split", "inspect", "heatmap", "generate", "ablate", "circuits"]
 
 
 def _example(example: str):
@@ -115,3 +115,50 @@ def test_help_groups_options_and_shows_examples_on_its_first_screen(cli, command
     assert "Options" not in panels  # every option is in a named panel
     assert panels[-1] == "Help"
     assert {"Source", "Outputs"} <= set(panels) or command == "inspect"
+
+
+def test_attnviz_help_lists_the_verbs(cli):
+    text = cli("--help", env={"COLUMNS": "100"}).stdout
+    listed = [line.split()[1] for line in text.splitlines()
+              if line.startswith("│ ") and len(line.split()) > 1 and line.split()[1] in COMMANDS]
+    assert listed == COMMANDS  # in this order; the control: a name no command has is absent
+    assert "patch" not in listed
+
+
+# options the generation and scorecard commands declare for themselves: what they mean there
+# differs (the draw's seed, the scorecard's figure and ranking)
+OWN = {("generate", "seed"), ("ablate", "out"), ("ablate", "rank")}
+
+
+@pytest.mark.parametrize("command", ["generate", "ablate"])
+def test_shared_options_are_heatmaps_own(command):
+    """Every option generate and ablate share with heatmap is the same declaration: same flags,
+    help and panel; and each command keeps to about 30 options (heatmap's jobs moved out)."""
+    import typer.main
+
+    from attnviz.cli.main import app
+    from attnviz.cli.panels import PANELS
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    heatmap = {p.name: p for p in commands["heatmap"].params}
+    params = [p for p in commands[command].params if p.name != "help"]
+    shared = [p for p in params if p.name in heatmap and (command, p.name) not in OWN]
+    assert len(shared) >= 20
+    for param in shared:
+        twin = heatmap[param.name]
+        assert param.opts == twin.opts, param.name
+        assert getattr(param, "help", None) == getattr(twin, "help", None), param.name
+        assert PANELS[command][param.name] == PANELS["heatmap"][param.name], param.name
+    assert len(params) <= 36, len(params)
+    # control: generate's --seed is its own (the draw's), not heatmap's (the random init's)
+    if command == "generate":
+        seed = next(p for p in params if p.name == "seed")
+        assert seed.help != heatmap["seed"].help and "--sample" in seed.help
+
+
+def test_heatmap_lists_no_generation_or_scorecard_option(cli):
+    text = cli("heatmap", "--help", env={"COLUMNS": "200"}).stdout
+    for flag in ("--generate", "--sample", "--temperature", "--top-p", "--ablate ",
+                 "--ablate-mean", "proof batch"):
+        assert flag not in text, flag
+    assert "Seed of the random init (default 0)." in text

@@ -135,7 +135,6 @@ def test_option_fields_are_names_everywhere(cli):
 # list may only shrink (an entry that no longer matches fails too).
 STILL_NAMING_FLAGS = {
     "app/standalone.py": "; for that, run the model: attnviz heatmap --model ",  # a command
-    "compute/overview.py": "effect of removing the head (--ablate)",
     "recognize/conventions.py": "timm stores no head count: pass --num-heads",
     "recognize/match.py": "pass --num-heads, or open the model folder",
 }
@@ -196,8 +195,7 @@ def test_json_notes_show_flags_at_any_depth(cli, tmp_path):
     from attnviz.cli.options import notes_with_flags
 
     folder = zoo.build_lm("t5", tmp_path / "t5")
-    result = cli("heatmap", "--model", folder, "the cat sat", "--layer", "enc 0", "--ablate",
-                 "--json")
+    result = cli("ablate", "--model", folder, "the cat sat", "--layer", "enc 0", "--json")
     assert result.exit_code == 0, result.output
     notes = json.loads(result.stdout)["ablation_run"]["notes"]
     assert any("without --target" in note for note in notes), notes

@@ -1,4 +1,4 @@
-"""`--generate`: attention while a model writes, checked step by step against transformers.
+"""`attnviz generate`: attention while a model writes, checked step by step against transformers.
 
 Each architecture is built tiny by transformers itself, with its language-model head (the
 zoo's configs and tokenizer, `AutoModelForCausalLM` / `AutoModelForSeq2SeqLM`). For each:
@@ -211,32 +211,40 @@ def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: 
     monkeypatch.setattr(gen, "load_lm", never)
     monkeypatch.setattr("attnviz.sources.hf.generate.load_lm", never)
     folder = zoo_model("llama")  # "<s> the cat sat on the mat": 7 tokens
-    result = cli("heatmap", "--model", folder, "the cat sat on the mat", "--generate", "4",
+    result = cli("generate", "--model", folder, "the cat sat on the mat", "--max-new-tokens", "4",
                  "--max-tokens", "10")
     assert_clean_error(result, 2, "sentence 1 with 4 generated tokens", "11")
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--sample"], "--generate"),
-    (["--generate", "2", "--temperature", "0.5"], "--sample"),
-    (["--generate", "2", "--seed", "3"], "--sample"),
-    (["--generate", "2", "--sample", "--top-p", "1.5"], "--top-p"),
-    (["--generate", "2", "--random"], "--random does not apply"),
-    (["--generate", "2", "--query", "cat"], "--query does not apply"),
-    (["--generate", "0"], "--generate"),
+    (["--max-new-tokens", "2", "--temperature", "0.5"], "--sample"),
+    (["--max-new-tokens", "2", "--seed", "3"], "--sample"),
+    (["--max-new-tokens", "2", "--sample", "--top-p", "1.5"], "--top-p"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--max-new-tokens", "5000"], "--max-new-tokens must be 1..4096"),  # the library's bound
+    (["--max-new-tokens", "2", "--max-panels", "1"], "--max-panels"),
 ])
 def test_generate_usage_errors(cli: Any, args: list[str], fragment: str) -> None:
     from conftest import assert_clean_error
 
-    assert_clean_error(cli("heatmap", "the cat sat", *args), 2, fragment)
+    assert_clean_error(cli("generate", "the cat sat", *args), 2, fragment)
+
+
+@pytest.mark.parametrize("args", [["--random"], ["--query", "cat"], ["--weights", "x"],
+                                  ["--weighting", "norm"], ["--mode", "mean"]])
+def test_generate_has_no_options_that_cannot_apply(cli: Any, args: list[str]) -> None:
+    """What `heatmap --generate` refused after parsing is no option of `generate` at all."""
+    from conftest import assert_clean_error
+
+    assert_clean_error(cli("generate", "the cat sat", *args), 2, "No such option", args[0])
 
 
 @pytest.mark.hf
 def test_model_without_head_is_refused(cli: Any) -> None:
     from conftest import assert_clean_error
 
-    result = cli("heatmap", "--model", "sample_weights/models/phi3-tiny-model", "the cat",
-                 "--generate", "2")
+    result = cli("generate", "--model", "sample_weights/models/phi3-tiny-model", "the cat",
+                 "--max-new-tokens", "2")
     assert_clean_error(result, 1, "lm_head.weight", "language-model head")
 
 
@@ -316,18 +324,18 @@ def test_bundled_cli_json_and_export(cli: Any, tmp_path: Path) -> None:
 
     from safetensors import safe_open
 
-    result = cli("heatmap", "the cat sat on the mat the cat", "--generate", "4", "--stats")
+    result = cli("generate", "the cat sat on the mat the cat", "--max-new-tokens", "4", "--stats")
     assert result.exit_code == 0, result.output
     assert "sat on the mat" in result.stdout
     assert "what each generated token attends to" in result.stdout
-    doc = json.loads(cli("heatmap", "the cat sat on the mat the cat", "--generate", "4",
+    doc = json.loads(cli("generate", "the cat sat on the mat the cat", "--max-new-tokens", "4",
                          "--json").stdout)
     assert doc["generation"]["generated_tokens"] == [["sat", "on", "the", "mat"]]
     assert doc["generation"]["prompt_length"] == [8]
     assert len(doc["generation"]["focus"]) == 4 and doc["tokens"][0][8:] == ["sat", "on", "the",
                                                                                "mat"]
     out = tmp_path / "gen.safetensors"
-    assert cli("heatmap", "the cat sat on the mat the cat", "--generate", "4", "--export",
+    assert cli("generate", "the cat sat on the mat the cat", "--max-new-tokens", "4", "--export",
                out).exit_code == 0
     with safe_open(str(out), "pt") as f:
         meta = f.metadata()
@@ -344,8 +352,8 @@ def test_marian_sample_cli_export(cli: Any, tmp_path: Path) -> None:
     from safetensors import safe_open
 
     out = tmp_path / "m.safetensors"
-    result = cli("heatmap", "--model", "sample_weights/models/marian-tiny-model",
-                 "the cat sat on the mat", "a dog", "--generate", "3", "--export", out)
+    result = cli("generate", "--model", "sample_weights/models/marian-tiny-model",
+                 "the cat sat on the mat", "a dog", "--max-new-tokens", "3", "--export", out)
     assert result.exit_code == 0, result.output
     with safe_open(str(out), "pt") as f:
         meta = f.metadata()
@@ -371,7 +379,7 @@ def test_figure_marks_the_prompt_generated_boundary(cli: Any, tmp_path: Path) ->
 
     marked, plain = tmp_path / "gen.png", tmp_path / "plain.png"
     sentence = "the cat sat on the mat the cat"
-    assert cli("heatmap", sentence, "--generate", "4", "--out", marked, "--quiet",
+    assert cli("generate", sentence, "--max-new-tokens", "4", "--out", marked, "--quiet",
                "--layer", "1", "--head", "0").exit_code == 0
     assert cli("heatmap", sentence + " sat on the mat", "--out", plain, "--quiet",
                "--layer", "1", "--head", "0").exit_code == 0
@@ -390,8 +398,8 @@ def test_figure_marks_the_prompt_generated_boundary(cli: Any, tmp_path: Path) ->
 def test_html_page_covers_the_whole_sequence_and_names_the_boundary(cli: Any,
                                                                      tmp_path: Path) -> None:
     page = tmp_path / "gen.html"
-    assert cli("heatmap", "the cat sat on the mat the cat", "--generate", "4", "--html", page,
-               "--quiet").exit_code == 0
+    assert cli("generate", "the cat sat on the mat the cat", "--max-new-tokens", "4", "--html",
+               page, "--quiet").exit_code == 0
     text = page.read_text()
     assert "generated, sentence 1: rows 8-11 (sat on the mat)" in text
     assert "http://" not in text and "https://" not in text  # offline: nothing fetched
@@ -406,13 +414,13 @@ def test_encoders_are_refused(cli: Any, tmp_path: Path) -> None:
     import zoo
     from conftest import assert_clean_error
 
-    result = cli("heatmap", "--model", "sample_weights/models/distilbert-tiny-model", "the cat",
-                 "--generate", "2")
+    result = cli("generate", "--model", "sample_weights/models/distilbert-tiny-model", "the cat",
+                 "--max-new-tokens", "2")
     assert_clean_error(result, 1, "distilbert models cannot generate")
     config = zoo.ZOO["bert"].config()
     transformers.BertForMaskedLM(config).save_pretrained(tmp_path)
     zoo.save_tokenizer(tmp_path, zoo.ZOO["bert"])
-    result = cli("heatmap", "--model", tmp_path, "the cat sat", "--generate", "2")
+    result = cli("generate", "--model", tmp_path, "the cat sat", "--max-new-tokens", "2")
     assert_clean_error(result, 1, "not causal")
 
 
@@ -478,7 +486,7 @@ def test_focus_by_ranked_heads(cli: Any) -> None:
     import torch
 
     sentence = "the cat sat on the mat the cat"
-    result = cli("heatmap", sentence, "--generate", "4", "--rank", "--json")
+    result = cli("generate", sentence, "--max-new-tokens", "4", "--rank", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     ids = doc["generation"]["generated_ids"][0]
@@ -504,7 +512,7 @@ def test_focus_by_ranked_heads(cli: Any) -> None:
             earlier = maps[int(item["layer"])][0, item["head"], item["row"] - 1]
             assert not torch.allclose(earlier[[t["position"] for t in item["top"]]],
                                       torch.tensor(got), atol=TOL, rtol=0)
-    text = cli("heatmap", sentence, "--generate", "4", "--rank", "--no-maps",
+    text = cli("generate", sentence, "--max-new-tokens", "4", "--rank", "--no-maps",
                "--no-stats").stdout
     assert "the key the heads --rank puts first weigh most" in text and "induction" in text
 
@@ -595,3 +603,17 @@ def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
                                atol=TOL, rtol=0)
     assert not torch.allclose(one.run.layers[0].weights, every.run.layers[0].weights,
                               atol=TOL, rtol=0)
+
+
+@pytest.mark.hf
+def test_max_sentences_binds_on_a_model(cli: Any) -> None:
+    """`generate --model` used to run every sentence whatever --max-sentences said (the
+    option walker found it dropped); the bundled model's batch always checked it."""
+    from conftest import assert_clean_error
+
+    model = "sample_weights/models/phi3-tiny-lm"
+    args = ("generate", "--model", model, "the cat", "a dog", "-n", "2", "--no-maps",
+            "--no-stats")
+    assert_clean_error(cli(*args, "--max-sentences", "1"), 2,
+                       "2 sentences exceed --max-sentences 1")
+    assert cli(*args, "--max-sentences", "2").exit_code == 0  # control: within the limit

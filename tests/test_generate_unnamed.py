@@ -1,4 +1,4 @@
-"""`--generate` on models whose embedding has more rows than the tokenizer has tokens (#36).
+"""`attnviz generate` on models whose embedding has more rows than the tokenizer has tokens (#36).
 
 Real models do this (Qwen2: 151,936 rows for 151,665 tokens; tables padded to a multiple of 64),
 and greedy decoding or sampling can write such an id; the tokenizer names no token for it. Here a
@@ -122,7 +122,7 @@ def test_unnamed_ids_in_every_output(padded_lm: Any, cli: Any, tmp_path: Path,
     assert f"<id {UNNAMED}>" in names
 
     html, png, export = tmp_path / "g.html", tmp_path / "g.png", tmp_path / "g.safetensors"
-    result = cli("heatmap", "--model", folder, PROMPT, "--generate", N_NEW, "--json",
+    result = cli("generate", "--model", folder, PROMPT, "--max-new-tokens", N_NEW, "--json",
                  "--html", html, "--out", png, "--export", export)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -143,7 +143,7 @@ def test_unnamed_ids_in_every_output(padded_lm: Any, cli: Any, tmp_path: Path,
     assert json.loads(meta["generated_ids"]) == [ids]
     assert json.loads(meta["generated_tokens"]) == [names]
 
-    terminal = cli("heatmap", "--model", folder, PROMPT, "--generate", N_NEW, "--no-stats")
+    terminal = cli("generate", "--model", folder, PROMPT, "--max-new-tokens", N_NEW, "--no-stats")
     assert terminal.exit_code == 0, terminal.output
     line = next(x for x in terminal.stdout.splitlines() if x.startswith("sentence 1 (+"))
     assert f"<id {UNNAMED}>" in line
@@ -214,8 +214,8 @@ def _tokenizer_folder() -> Path:
 
 
 def _attnviz(folder: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "attnviz", "heatmap", "--model", str(folder),
-                             PROMPT, "a small dog ran", "--generate", str(N_NEW), "--json"],
+    return subprocess.Popen([sys.executable, "-m", "attnviz", "generate", "--model", str(folder),
+                             PROMPT, "a small dog ran", "--max-new-tokens", str(N_NEW), "--json"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -263,7 +263,7 @@ def test_generation_config_cannot_change_the_decoding(cli: Any, tmp_path: Path,
     for name in fields:
         assert name in aside, (name, aside)
     assert theirs["generation"]["set_aside"] == []
-    terminal = cli("heatmap", "--model", hostile, PROMPT, "--generate", N_NEW, "--no-maps",
+    terminal = cli("generate", "--model", hostile, PROMPT, "--max-new-tokens", N_NEW, "--no-maps",
                    "--no-stats")
     assert terminal.exit_code == 0, terminal.output
     header = " ".join(terminal.stdout.split())
@@ -282,7 +282,8 @@ def zoo_vocab() -> int:
 
 @pytest.mark.parametrize("value", ["1e-300", "1e-5", "1e300", "2e4", "nan", "inf", "0", "-1"])
 def test_extreme_temperature_is_misuse(cli: Any, value: str) -> None:
-    result = cli("heatmap", "the cat sat", "--generate", "2", "--sample", "--temperature", value)
+    result = cli("generate", "the cat sat", "--max-new-tokens", "2", "--sample", "--temperature",
+                 value)
     assert_clean_error(result, 2, "--temperature")
 
 
@@ -311,5 +312,6 @@ def test_temperature_bounds_in_the_api_and_why() -> None:
         assert probs.isfinite().all() and float(probs.sum()) == pytest.approx(1.0)
 
 
-def test_sampling_options_without_generate_even_zero(cli: Any) -> None:
-    assert_clean_error(cli("heatmap", "the cat sat", "--temperature", "0"), 2, "--generate")
+def test_sampling_options_on_heatmap_name_generate_even_zero(cli: Any) -> None:
+    assert_clean_error(cli("heatmap", "the cat sat", "--temperature", "0"), 2,
+                       "--temperature moved to its own command", "attnviz generate")

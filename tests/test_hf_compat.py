@@ -209,7 +209,7 @@ def test_generate_writes_what_transformers_generate_writes(cli, lm_folder):
     contrary fields set aside) hold on every supported release: the ids it writes are
     transformers' own greedy ones."""
     folder = Path(lm_folder)
-    result = cli("heatmap", "--model", folder, SENTENCE, "--generate", "4", "--json")
+    result = cli("generate", "--model", folder, SENTENCE, "--max-new-tokens", "4", "--json")
     assert result.exit_code == 0, result.output
     written = json.loads(result.stdout)["generation"]["generated_ids"][0]
     expected = _greedy_reference(folder, SENTENCE, len(written))
@@ -225,8 +225,7 @@ def test_generate_writes_what_transformers_generate_writes(cli, lm_folder):
 def test_ablate_loads_the_lm_head_on_every_release(cli, lm_folder):
     """The scorecard reloads the model with its LM head (placement keywords of the first load):
     that load works at the floor and at the newest release, and its losses are finite."""
-    result = cli("heatmap", "--model", lm_folder, SENTENCE, "--layer", "0", "--ablate",
-                 "--json")
+    result = cli("ablate", "--model", lm_folder, SENTENCE, "--layer", "0", "--json")
     assert result.exit_code == 0, result.output
     run = json.loads(result.stdout)["ablation_run"]
     assert run["base_loss"] is not None and run["base_loss"] > 0

@@ -184,7 +184,7 @@ LONG_OUTPUTS = {
     "split figure": (["split", "-E", "8", "-H", "2", "--out"], ".svg"),
     "circuits figure": (["circuits", "--random", "-E", "8", "-H", "2", "--out"], ".pdf"),
     "heatmap page": (["heatmap", "--random", "-E", "8", "-H", "2", "a b", "--html"], ".html"),
-    "generated maps": (["heatmap", "--generate", "2", "a b", "--out"], ".png"),
+    "generated maps": (["generate", "--max-new-tokens", "2", "a b", "--out"], ".png"),
 }
 
 
@@ -198,10 +198,10 @@ def test_longest_legal_name_for_every_output_kind(cli, tmp_path, kind):
 
 
 def test_the_ablation_figure_beside_a_longest_legal_name(cli, tmp_path):
-    """--ablate writes NAME.ablation.png beside NAME.png: its stem is shortened to fit."""
+    """ablate --out writes NAME.ablation.png beside NAME.png: its stem is shortened to fit."""
     name = "é" * 120 + "n" * 11 + ".png"
     assert len(name.encode()) == 255
-    result = cli("heatmap", "--ablate", "--out", tmp_path / name, "a b")
+    result = cli("ablate", "--out", tmp_path / name, "a b")
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in tmp_path.iterdir())
     assert len(names) == 2 and name in names
@@ -209,7 +209,7 @@ def test_the_ablation_figure_beside_a_longest_legal_name(cli, tmp_path):
     assert other.endswith(".ablation.png") and len(other.encode()) <= 255
     short = tmp_path / "short"  # negative control: a short name keeps its whole stem
     short.mkdir()
-    assert cli("heatmap", "--ablate", "--out", short / "m.png", "a b").exit_code == 0
+    assert cli("ablate", "--out", short / "m.png", "a b").exit_code == 0
     assert sorted(p.name for p in short.iterdir()) == ["m.ablation.png", "m.png"]
 
 

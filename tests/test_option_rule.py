@@ -53,16 +53,41 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "positions": ["--positions", "sinusoidal"], "device": ["--device", "cpu"],
         "dtype": ["--dtype", "bfloat16"], "device_map": ["--device-map", "auto"],
         "max_memory": ["--max-memory", "1GB"],
-        "target": ["--target", "the cat", "--target", "a dog"], "generate": ["--generate", "2"],
-        "sample": ["--sample"], "temperature": ["--temperature", "0.5"],
-        "top_p": ["--top-p", "0.5"], "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
+        "target": ["--target", "the cat", "--target", "a dog"],
+        "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
         "num_kv_heads": ["--num-kv-heads", "2"], "head_dim": ["--head-dim", "2"],
         "kdim": ["--kdim", "8"], "vdim": ["--vdim", "8"], "seed": ["--seed", "3"],
         "max_tokens": ["--max-tokens", "3"], "max_sentences": ["--max-sentences", "1"],
         "max_panels": ["--max-panels", "1"], "memory_budget": ["--memory-budget", "1MB"],
         "size": ["--size", "3"], "dpi": ["--dpi", "50"], "scale": ["--scale", "log"],
-        "weighting": ["--weighting", "norm"], "ablate": ["--ablate"],
-        "ablate_mean": ["--ablate-mean"],
+        "weighting": ["--weighting", "norm"],
+    },
+    "generate": {
+        "file": ["--file", f"{OUT}/../extra.txt"], "probe": ["--probe", "induction"],
+        "device": ["--device", "cpu"], "dtype": ["--dtype", "bfloat16"],
+        "max_new_tokens": ["--max-new-tokens", "3"], "sample": ["--sample"],
+        "temperature": ["--temperature", "0.5"], "top_p": ["--top-p", "0.5"],
+        "seed": ["--seed", "3"], "layer": ["--layer", "1"], "head": ["--head", "1"],
+        "average": ["--average"], "out": ["--out", f"{OUT}/f.png"],
+        "export": ["--export", f"{OUT}/x.safetensors"], "html": ["--html", f"{OUT}/p.html"],
+        "stats": ["--no-stats"], "maps": ["--no-maps"], "overview": ["--overview", "entropy"],
+        "rank": ["--rank"], "quiet": ["--quiet"], "scale": ["--scale", "log"],
+        "size": ["--size", "3"], "dpi": ["--dpi", "50"], "max_tokens": ["--max-tokens", "3"],
+        "max_sentences": ["--max-sentences", "1"], "max_panels": ["--max-panels", "1"],
+    },
+    "ablate": {
+        "file": ["--file", f"{OUT}/../extra.txt"], "probe": ["--probe", "induction"],
+        "causal": ["--causal"], "positions": ["--positions", "sinusoidal"],
+        "device": ["--device", "cpu"], "dtype": ["--dtype", "bfloat16"],
+        "device_map": ["--device-map", "auto"], "max_memory": ["--max-memory", "1GB"],
+        "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
+        "num_kv_heads": ["--num-kv-heads", "2"], "head_dim": ["--head-dim", "2"],
+        "kdim": ["--kdim", "8"], "vdim": ["--vdim", "8"], "seed": ["--seed", "3"],
+        "layer": ["--layer", "1"], "head": ["--head", "1"], "mode": ["--mode", "mean"],
+        "out": ["--out", f"{OUT}/f.png"], "stats": ["--no-stats"], "maps": ["--no-maps"],
+        "overview": ["--overview", "entropy"], "rank": ["--rank"], "quiet": ["--quiet"],
+        "size": ["--size", "3"], "dpi": ["--dpi", "50"], "max_tokens": ["--max-tokens", "3"],
+        "max_sentences": ["--max-sentences", "1"], "max_panels": ["--max-panels", "1"],
     },
     "split": {
         "layer": ["--layer", "1"], "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
@@ -87,22 +112,29 @@ VALUES: dict[str, dict[str, list[str]]] = {
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
     ("heatmap", "model"): {"stats": ["--stats"], "maps": ["--maps"]},
+    ("generate", "model"): {"stats": ["--stats"], "maps": ["--maps"]},
+    ("ablate", "model"): {"stats": ["--stats"], "maps": ["--maps"]},
     ("split", "weights"): {"head_dim": ["--head-dim", "8"]},  # bert-tiny's own d is 4
     ("split", "model"): {"num_kv_heads": ["--num-kv-heads", "1"]},  # the zoo llama's is 2
 }
 # beside --json: --no-maps asks for what --json does anyway (it prints no map), so it is
 # accepted; --maps asks for what it cannot do
-JSON_VALUES = {"heatmap": {"maps": ["--maps"]}}
+JSON_VALUES = {command: {"maps": ["--maps"]} for command in ("heatmap", "generate", "ablate")}
 WEIGHTS = ["--weights", str(SAMPLES / "bert-tiny")]  # 2 layers of 4 heads, not causal
 SOURCES: dict[str, dict[str, list[str]]] = {
     "heatmap": {"bundled": [*SENTENCES], "random": ["--random", *SENTENCES],
                 "weights": [*WEIGHTS, "--layer", "0", *SENTENCES]},
+    "generate": {"bundled": [*SENTENCES]},
+    "ablate": {"bundled": [*SENTENCES], "random": ["--random", *SENTENCES],
+               "weights": [*WEIGHTS, "--layer", "0", *SENTENCES]},
     "split": {"random": [], "weights": [*WEIGHTS, "--layer", "0"]},
     "inspect": {"checkpoint": [str(SAMPLES / "llama-gqa-tiny")]},
     "circuits": {"bundled": [], "random": ["--random"], "weights": WEIGHTS},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
+    "generate": ["--model", "{model}", *MODEL_SENTENCES],
+    "ablate": ["--model", "{model}", *MODEL_SENTENCES],
     "split": ["--model", "{model}", "--layer", "0"],
     "circuits": ["--model", "{model}"],
 }
@@ -111,6 +143,7 @@ KNOWN: dict[str, set[tuple[str, str]]] = {}
 
 
 def commands() -> dict[str, Any]:
+    """Every command of the app, by name."""
     return typer.main.get_command(app).commands  # type: ignore[attr-defined, no-any-return]
 
 
@@ -198,10 +231,13 @@ def walk_pairs(walker: Walker, base: list[str], json: bool) -> dict[tuple[str, s
 
 
 def test_every_option_of_every_command_is_walked():
-    """A new option is walked, or named here as unobservable by design, before it ships."""
+    """A new option is walked, or named here as unobservable by design, before it ships
+    (heatmap's `old_*` options are old spellings, refused whatever their value: see the tests
+    below)."""
     for name, command in commands().items():
         options = {p.name for p in command.params} - AXES
-        missing = options - set(VALUES[name]) - set(UNOBSERVABLE)
+        old = {p.name for p in command.params if p.name.startswith("old_")}
+        missing = options - old - set(VALUES[name]) - set(UNOBSERVABLE)
         assert not missing, f"{name}: give {sorted(missing)} a value in VALUES"
         assert set(VALUES[name]) <= options, f"{name}: VALUES names options it lacks"
 
@@ -288,6 +324,23 @@ def test_the_walker_catches_an_option_the_command_ignores(walker: Walker, monkey
     assert found == {"rank": "dropped"}
 
 
+def test_the_walker_catches_an_option_generate_ignores(walker: Walker, monkeypatch):
+    """The same control on `generate`: a command that drops --rank (as if it were wired to
+    nothing) is caught on its walk; with the command intact the walk is clean
+    (test_no_option_is_dropped)."""
+    info = next(c for c in app.registered_commands if c.callback.__name__ == "generate")
+    real = info.callback
+
+    @functools.wraps(real)
+    def ignoring_rank(*args: Any, **kwargs: Any) -> Any:
+        kwargs["rank"] = False
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(info, "callback", ignoring_rank)
+    found = walker.walk("generate", "bundled", SOURCES["generate"]["bundled"], True)
+    assert found == {"rank": "dropped"}
+
+
 # --- the contradictions #36 names, each with the run that used to pass ----------------------
 
 def test_head_with_average_is_refused(cli):
@@ -339,3 +392,50 @@ def test_json_keeps_what_a_figure_shows(cli, tmp_path):
     for args in (["--average"], ["--scale", "log"]):
         assert cli("heatmap", *SENTENCES, "--json", "--out", out, *args).exit_code == 0
     assert cli("heatmap", *SENTENCES, "--json", "--no-maps").exit_code == 0
+
+
+# --- old spellings: one error line naming the command that does the job now ------------------
+
+MOVED = [(["--generate", "4"], "--generate", "generate"), (["--sample"], "--sample", "generate"),
+         (["--temperature", "0.5"], "--temperature", "generate"),
+         (["--top-p", "0.5"], "--top-p", "generate"), (["--ablate"], "--ablate", "ablate"),
+         (["--ablate-mean"], "--ablate-mean", "ablate")]
+
+
+@pytest.mark.parametrize("args, flag, command", MOVED, ids=[m[1] for m in MOVED])
+def test_old_spellings_on_heatmap_name_the_new_command(cli, tmp_path, args, flag, command):
+    """Exactly one line on stderr, exit 2, nothing written (the figure asked for is not drawn);
+    the control: the same run in the new command's spelling succeeds and writes it."""
+    out = tmp_path / "f.png"
+    result = cli("heatmap", *SENTENCES, "--out", out, *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        f"error: {flag} moved to its own command — use 'attnviz {command} …' "
+        f"(see 'attnviz {command} --help')"]
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+    spelled = {"--generate": ["--max-new-tokens", "4"], "--sample": ["--sample"],
+               "--temperature": ["--sample", "--temperature", "0.5"],
+               "--top-p": ["--sample", "--top-p", "0.5"], "--ablate": [],
+               "--ablate-mean": ["--mode", "mean"]}[flag]
+    assert cli(command, *SENTENCES, "--out", out, *spelled).exit_code == 0
+    assert out.exists()
+
+
+def test_heatmap_help_lists_no_old_spelling(cli):
+    shown = cli("heatmap", "--help", env={"COLUMNS": "200"}).stdout
+    for _args, flag, _ in MOVED:
+        assert f"{flag} " not in shown.replace("--max-new-tokens", ""), flag
+    assert "--weighting" in shown  # control: a visible option is listed
+
+
+def test_overview_ablation_names_the_scorecard_command(cli):
+    """heatmap and generate have no scorecard to show: --overview ablation names ablate (it
+    used to say 'add --ablate'); the control: ablate shows it."""
+    from conftest import assert_clean_error
+
+    for command in ("heatmap", "generate"):
+        assert_clean_error(cli(command, *SENTENCES, "--overview", "ablation"), 2,
+                           "--overview ablation", "attnviz ablate")
+    shown = cli("ablate", *SENTENCES, "--overview", "ablation", "--json")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.count('"ablation"') >= 1

@@ -29,19 +29,29 @@ def test_quiet_without_files_is_refused(cli, tmp_path):
     assert result.exit_code == 0 and result.stdout.startswith("wrote"), result.output
 
 
-@pytest.mark.parametrize("flag", [["--query", "mat"], ["--ablate"], ["--ablate-mean"]])
-def test_quiet_refuses_what_only_the_terminal_would_show(cli, tmp_path, flag):
-    """--query's breakdown is printed or put on the --html page, the scorecard printed or drawn
-    with --out: beside --quiet and an --export alone, they would be dropped."""
+def test_quiet_refuses_what_only_the_terminal_would_show(cli, tmp_path):
+    """--query's breakdown is printed or put on the --html page: beside --quiet and an --export
+    alone, it would be dropped."""
     export = tmp_path / "m.safetensors"
-    assert_clean_error(cli("heatmap", SENTENCE, "--quiet", "--export", export, *flag), 2,
-                       "--quiet prints no maps or tables", f"drop --quiet or {flag[0]}")
+    assert_clean_error(cli("heatmap", SENTENCE, "--quiet", "--export", export, "--query", "mat"),
+                       2, "--quiet prints no maps or tables", "drop --quiet or --query")
     assert not export.exists()
-    # control: where the page or the figure shows them, they apply
-    shown = ["--html", tmp_path / "m.html"] if flag[0] == "--query" \
-        else ["--out", tmp_path / "m.png"]
-    result = cli("heatmap", SENTENCE, "--quiet", *shown, *flag)
+    # control: where the page shows it, it applies
+    result = cli("heatmap", SENTENCE, "--quiet", "--html", tmp_path / "m.html", "--query", "mat")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_quiet_ablate_needs_the_figure(cli, tmp_path, mode):
+    """The scorecard is printed, or drawn with --out: --quiet without --out would drop it."""
+    assert_clean_error(cli("ablate", SENTENCE, "--quiet", "--mode", mode), 2,
+                       "without --out the scorecard is only printed", "add --out")
+    assert list(tmp_path.iterdir()) == []
+    # control: with --out, --quiet prints only the 'wrote' lines
+    result = cli("ablate", SENTENCE, "--quiet", "--mode", mode, "--out", tmp_path / "m.png")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ablation.png", "m.png"]
+    assert all(line.startswith("wrote") for line in result.stdout.splitlines())
 
 
 @pytest.mark.parametrize("flag", ["--maps", "--stats", "--rank"])

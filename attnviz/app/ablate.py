@@ -1,5 +1,6 @@
-"""--ablate: the causal head scorecard of a heatmap run — which shown heads matter to the output
-(attnviz.compute.ablation_measures says what is measured), beside the pattern statistics."""
+"""`attnviz ablate` (the API's `ablate=`): the causal head scorecard of a heatmap run — which
+shown heads matter to the output (attnviz.compute.ablation_measures says what is measured),
+beside the pattern statistics."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""`attnviz heatmap --generate N`: the use case. The bundled model or a Hugging Face model with
-its language-model head writes N tokens after each sentence; the result is the usual heatmap
-result over prompt + generated tokens, with what was generated and, per generated token, the
-tokens its row attends to most."""
+"""`attnviz generate` (the API's `run_model(generate=N)`): the use case. The bundled model or a
+Hugging Face model with its language-model head writes N tokens after each sentence; the result
+is the usual heatmap result over prompt + generated tokens, with what was generated and, per
+generated token, the tokens its row attends to most."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def generate_spec(generate: int | None, sample: bool, temperature: float | None,
                              fix=f"add {option('generate')} N, or drop them", option="generate")
         return None
     if seed is not None and not sample:
-        raise UsageError(f"{option('seed')} with {option('generate')} seeds sampling",
+        raise UsageError(f"{option('seed')} seeds sampling, and {option('sample')} is not given",
                          fix=f"add {option('sample')}, or drop {option('seed')} (greedy decoding "
                          "draws nothing)", option="seed")
     spec = GenerateSpec(generate, sample, 1.0 if temperature is None else temperature,
@@ -72,6 +72,10 @@ def run_generate(job: HeatmapRequest, spec: GenerateSpec,
         if not sentences:
             raise UsageError("no sentence given",
                              fix=f"pass one or more sentences, or {option('file')} FILE")
+        if len(sentences) > job.limits.max_sentences:  # as make_batch says it for the others
+            raise UsageError(f"{len(sentences)} sentences exceed {option('max_sentences')} "
+                             f"{job.limits.max_sentences}",
+                             fix=f"raise {option('max_sentences')} or pass fewer")
         return _generate_with_model(job, sentences, spec, report)
     return _run_bundled(job, spec, sentences_for, report)
 

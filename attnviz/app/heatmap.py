@@ -42,7 +42,7 @@ class HeatmapResult:
     views: list[MapView]  # the selected maps, per (sentence, layer, head)
     breakdown: QueryBreakdown | None = None  # for --query
     warnings: list[str] = field(default_factory=list)  # for stderr: the run went on
-    ablation: AblationReport | None = None  # --ablate: the causal head scorecard
+    ablation: AblationReport | None = None  # attnviz ablate: the causal head scorecard
     generation: Generation | None = None  # --generate: what was generated
     focus: list[Focus] = field(default_factory=list)  # --generate: each token's top keys
 

@@ -23,6 +23,20 @@ EXAMPLES = {
         ('attnviz heatmap "the cat sat on the mat" --query cat', "one query, head by head"),
         ("attnviz heatmap --probe induction --rank", "find the induction heads"),
     ],
+    "generate": [
+        ('attnviz generate "the cat sat on the mat the cat" --max-new-tokens 4',
+         "the bundled model writes 4 tokens"),
+        ('attnviz generate "the cat sat on the mat the" -n 6 --sample --seed 1',
+         "sampled, reproducibly"),
+        ('attnviz generate "the cat sat on the mat the cat" --rank',
+         "what the top heads attend to"),
+    ],
+    "ablate": [
+        ('attnviz ablate "the cat sat on the mat the cat sat"', "what removing each head costs"),
+        ("attnviz ablate --probe induction --mode mean --rank", "mean-ablation, ranked"),
+        ('attnviz ablate "the cat sat on the mat" --overview ablation --no-stats',
+         "the scorecard as an overview grid"),
+    ],
     "circuits": [
         ("attnviz circuits", "the bundled model: its induction heads K-compose with layer 0"),
         ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),

@@ -1,16 +1,16 @@
 """`attnviz heatmap`: options → one HeatmapRequest (attnviz.core.request) → run_heatmap →
-export, figure, terminal or JSON."""
+export, figure, terminal or JSON. `attnviz generate` and `attnviz ablate` (generate_cmd,
+ablate_cmd) build the same request with their measure and run it through `run_command`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
 from attnviz.cli.figure_worker import FigureJob, FigureWorker
 from attnviz.cli.heatmap_options import (
-    Ablate,
-    AblateMean,
     Average,
     Causal,
     Device,
@@ -19,7 +19,6 @@ from attnviz.cli.heatmap_options import (
     Dtype,
     Export,
     File,
-    Generate,
     Head,
     Html,
     Layer,
@@ -29,6 +28,12 @@ from attnviz.cli.heatmap_options import (
     MaxSentences,
     MaxTokens,
     MemoryBudget,
+    OldAblate,
+    OldAblateMean,
+    OldGenerate,
+    OldSample,
+    OldTemperature,
+    OldTopP,
     Out,
     OutputFiles,
     Overview,
@@ -38,7 +43,6 @@ from attnviz.cli.heatmap_options import (
     Quiet,
     Random,
     Rank,
-    Sample,
     Scale,
     Sentence,
     Sentences,
@@ -46,8 +50,6 @@ from attnviz.cli.heatmap_options import (
     Size,
     Stats,
     Target,
-    Temperature,
-    TopP,
     Weighting,
     Weights,
     check_display,
@@ -92,17 +94,49 @@ def heatmap(
     overview: Overview = None, probe: Probe = None, causal: Causal = False,
     positions: Positions = "none", device: Device = "auto", model: Model = None,
     dtype: Dtype = "float32", device_map: DeviceMap = None, max_memory: MaxMemory = None,
-    target: Target = None,
-    generate: Generate = None, sample: Sample = False, temperature: Temperature = None,
-    top_p: TopP = None, random: Random = False,
+    target: Target = None, random: Random = False,
     embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
     head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
     max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
     memory_budget: MemoryBudget = None, size: Size = None, dpi: Dpi = 100, scale: Scale = "max",
-    weighting: Weighting = "attention", ablate: Ablate = False, ablate_mean: AblateMean = False,
+    weighting: Weighting = "attention",
+    old_generate: OldGenerate = None, old_sample: OldSample = False,
+    old_temperature: OldTemperature = None, old_top_p: OldTopP = None,
+    old_ablate: OldAblate = False, old_ablate_mean: OldAblateMean = False,
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
+    if overview == "ablation":
+        from attnviz.errors import UsageError
+
+        raise UsageError("--overview ablation shows the causal head scorecard, which moved to "
+                         "its own command", fix="use 'attnviz ablate … --overview ablation' "
+                         "(see 'attnviz ablate --help')")
+    run_command(**{name: value for name, value in locals().items()
+                   if not name.startswith("old_")})
+
+
+def run_command(
+    sentences: list[str] | None = None, file: Path | None = None, weights: Path | None = None,
+    layer: str | None = None, head: int | None = None, average: bool = False,
+    out: Path | None = None, query: str | None = None, sentence: int = 1,
+    export: Path | None = None, html: Path | None = None, stats: bool | None = None,
+    maps: bool | None = None, quiet: bool = False, as_json: bool = False, rank: bool = False,
+    overview: str | None = None, probe: str | None = None, causal: bool = False,
+    positions: str = "none", device: str = "auto", model: str | None = None,
+    dtype: str = "float32", device_map: str | None = None, max_memory: str | None = None,
+    target: list[str] | None = None, generate: int | None = None, sample: bool = False,
+    temperature: float | None = None, top_p: float | None = None, random: bool = False,
+    embed_dim: int | None = None, num_heads: int | None = None, num_kv_heads: int | None = None,
+    head_dim: int | None = None, kdim: int | None = None, vdim: int | None = None,
+    seed: int | None = None, max_tokens: int = 256, max_sentences: int = 64,
+    max_panels: int = 256, memory_budget: str | None = None, size: float | None = None,
+    dpi: int = 100, scale: str = "max", weighting: str = "attention",
+    ablate: str | None = None,
+) -> None:
+    """One run of heatmap, generate or ablate: every option checked, the request built once,
+    run, and shown. `generate`: tokens to write (attnviz generate; `seed` then seeds the draw);
+    `ablate`: "zero" or "mean" (attnviz ablate)."""
     from attnviz.compute.scale import check_scale
     from attnviz.core.request import (
         HeadHints,
@@ -120,21 +154,18 @@ def heatmap(
                          layer, head, average, sentence, scale)
     check_display(shown, {"average": average, "scale": scale, "maps": maps is True,
                           "stats": stats, "quiet": quiet, "size": size, "dpi": dpi,
-                          "max_panels": max_panels, "ablate": ablate, "ablate_mean": ablate_mean},
-                  as_json, out is not None)
+                          "max_panels": max_panels}, as_json, out is not None)
     check_figure_options(out, size, dpi)
     check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,
                         "--overview": overview not in (None, "off"),
                         # shown in the terminal, or on the page / the scorecard's figure only
-                        "--query": query is not None and html is None,
-                        "--ablate": ablate and out is None,
-                        "--ablate-mean": ablate_mean and out is None},
+                        "--query": query is not None and html is None},
                 written=bool(out or export or html))
     files = output_files(out, export, html, lambda: inputs_read(
-        weights, model, file, not (random or weights or model)), ablate or ablate_mean)
+        weights, model, file, not (random or weights or model)), ablate is not None)
     worker = None
     if files.figure is not None:  # before torch's import: see attnviz.cli.figure_worker
-        plain_figure = generate is None and not (ablate or ablate_mean)
+        plain_figure = generate is None and ablate is None
         worker = FigureWorker.start() if plain_figure else None
         if worker is None:
             preload_matplotlib()
@@ -153,7 +184,7 @@ def heatmap(
                    HeadHints(None if random else num_heads, num_kv_heads, head_dim),
                    causal, positions, device, dtype, device_map, parse_max_memory(max_memory)),
         Selection(layer, head, average, query, sentence),
-        Measure(weighting, "mean" if ablate_mean else "zero" if ablate else None, writes),
+        Measure(weighting, ablate, writes),
         Outputs(files.figure, files.html, files.export,
                 views=shown.maps or files.figure is not None or files.html is not None),
         Limits(max_tokens, max_sentences, max_panels, parse_memory_budget(memory_budget)))

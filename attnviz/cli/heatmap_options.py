@@ -55,19 +55,6 @@ Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "--model, encoder-decoder: the decoder's text, one --target per sentence in order; "
     "runs the decoder too (its self-attention and its cross-attention over the "
     "sentence)."))]
-# --generate: the model writes (attnviz.app.generate)
-Generate = Annotated[int | None, typer.Option("--generate", min=1, help=(
-    "Bundled model or --model with a language-model head: write up to N tokens after each "
-    "sentence (stops at end-of-sequence) and show attention over prompt + generated tokens, "
-    "one row per generated token. Greedy unless --sample."))]
-Sample = Annotated[bool, typer.Option("--sample", help=(
-    "Sample the next token instead of taking the most likely (with --temperature, "
-    "--top-p, and --seed for a reproducible draw)."))]
-Temperature = Annotated[float | None, typer.Option("--temperature", help=(
-    "With --sample: divide the logits by T before sampling (default 1)."))]
-TopP = Annotated[float | None, typer.Option("--top-p", help=(
-    "With --sample: sample from the smallest set of tokens holding this much "
-    "probability (default 1: all)."))]
 Random = Annotated[bool, typer.Option("--random", help=(
     "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))]
 
@@ -88,28 +75,19 @@ Overview = Annotated[str | None, typer.Option("--overview", help=(
     "Print a layers × heads grid, a cell per head: label (its type: prev, first, last, "
     "spec, self, dup, ind, next, punct, broad, other) or a statistic (entropy, max, "
     "distance, first, previous, last, special, self, duplicate, induction, next, "
-    "punctuation, or ablation with --ablate); off: none. Default: label for "
+    "punctuation, or ablation in 'attnviz ablate'); off: none. Default: label for "
     "--model without --layer, --head, --average or --maps (maps only when asked for)."))]
 Quiet = Annotated[bool, typer.Option("--quiet", help=(
     "Print only the 'wrote …' lines (and errors): no header, maps or tables."))]
 Rank = Annotated[bool, typer.Option("--rank", help=(
     "Rank the heads by type (previous-token, first/last-token, special-token, self, "
-    "duplicate, induction, next-token, punctuation, broad; with --ablate also by causal "
-    "effect): the top 3 of each."))]
+    "duplicate, induction, next-token, punctuation, broad; in 'attnviz ablate' also by "
+    "causal effect): the top 3 of each."))]
 Weighting = Annotated[str, typer.Option("--weighting", help=(
     "What a cell shows: attention (the weight α_ij) or norm (‖α_ij · W_O^h v_j‖, what head h "
     "writes from key j into query i, rows normalized to sum to 1; --export adds the raw "
     "norms as norm.{layer}). Statistics, --overview and --rank read the maps shown."),
     rich_help_panel="Head analysis")]
-Ablate = Annotated[bool, typer.Option("--ablate", help=(
-    "Causal head scorecard: remove each shown head (zero its slice of the input to W_O) and "
-    "rerun the model's own forward: the change of the final hidden states and, with an LM "
-    "head, of the loss (causal) or the output distribution (KL). Prints a layers × heads "
-    "grid; --json: 'ablation'; --out: also NAME.ablation.png; --rank and "
-    "'--overview ablation' show it too."), rich_help_panel="Head analysis")]
-AblateMean = Annotated[bool, typer.Option("--ablate-mean", help=(
-    "--ablate, replacing each head's slice by its mean over the batch's real tokens instead "
-    "of zero."), rich_help_panel="Head analysis")]
 Scale = Annotated[str, typer.Option("--scale", help=(
     "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
     "1) or log (3 decades below the largest)."))]
@@ -244,13 +222,12 @@ def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim
 # what each flag check_display reads is when not given (the command's defaults; `maps`: --maps
 # asked for, as --no-maps never contradicts an output that prints no map)
 FLAG_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None, "quiet": False,
-                 "size": None, "dpi": 100, "max_panels": 256, "ablate": False,
-                 "ablate_mean": False}
+                 "size": None, "dpi": 100, "max_panels": 256}
 
 
 def check_display(shown: Shown, values: dict[str, object], as_json: bool, out: bool) -> None:
     """The CLI-level rules of `attnviz.core.option_rules` (--json with --maps, --average or
-    --scale where no map is drawn, --size without --out, --ablate with --ablate-mean, ...):
+    --scale where no map is drawn, --size without --out, ...):
     refused, never ignored."""
     from attnviz.core.option_rules import CLI, check_rules, display_facts, given_options
 
@@ -279,3 +256,31 @@ def probe_sentences(probe: str, given: bool) -> list[str]:
     if given:
         raise UsageError("--probe replaces the sentences", fix="drop the sentences or --probe")
     return induction_probe()
+
+
+# --- spellings that moved to their own command: one error line naming it, nothing run --------
+
+def moved(command: str) -> Callable[[typer.Context, typer.CallbackParam, object], object]:
+    """A hidden option's callback: given at all, it is refused (exit 2) naming the command that
+    does its job now (`attnviz generate`, `attnviz ablate`)."""
+    def refuse(ctx: typer.Context, param: typer.CallbackParam, value: object) -> object:
+        if value is None or value is False:
+            return value
+        flag = (param.opts or [f"--{param.name}"])[0]
+        raise UsageError(f"{flag} moved to its own command",
+                         fix=f"use 'attnviz {command} …' (see 'attnviz {command} --help')")
+    return refuse
+
+
+def _moved_option(flag: str, command: str) -> typer.models.OptionInfo:
+    """Hidden from --help, its value never reaches the command (a bool one is an on/off flag,
+    a str one takes any value: `--generate 4` and `--generate x` are both refused so)."""
+    return typer.Option(flag, hidden=True, callback=moved(command), expose_value=False)
+
+
+OldGenerate = Annotated[str | None, _moved_option("--generate", "generate")]
+OldSample = Annotated[bool, _moved_option("--sample", "generate")]
+OldTemperature = Annotated[str | None, _moved_option("--temperature", "generate")]
+OldTopP = Annotated[str | None, _moved_option("--top-p", "generate")]
+OldAblate = Annotated[bool, _moved_option("--ablate", "ablate")]
+OldAblateMean = Annotated[bool, _moved_option("--ablate-mean", "ablate")]

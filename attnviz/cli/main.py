@@ -1,5 +1,6 @@
 """The command line: the Typer app, its global options, and the one place where errors become
-`error: …` lines and exit codes. The commands live beside it (split_cmd, inspect_cmd, heatmap_cmd).
+`error: …` lines and exit codes. The commands live beside it (split_cmd, inspect_cmd, heatmap_cmd,
+generate_cmd, ablate_cmd, circuits_cmd).
 
 Only typer and rich are imported at start-up; torch and matplotlib load inside commands, so
 `attnviz --help` stays instant.
@@ -16,10 +17,13 @@ import typer
 from typer.core import TyperGroup
 
 from attnviz import __version__
+from attnviz.cli.ablate_cmd import ablate
 from attnviz.cli.circuits_cmd import circuits
 from attnviz.cli.examples import epilog, summary
+from attnviz.cli.generate_cmd import generate
 from attnviz.cli.heatmap_cmd import heatmap
 from attnviz.cli.inspect_cmd import inspect
+from attnviz.cli.options import flag_of
 from attnviz.cli.panels import PanelledCommand, assign_panels
 from attnviz.cli.split_cmd import split
 from attnviz.errors import AttnvizError, ExitCode, Interrupted
@@ -85,12 +89,6 @@ class AttnvizGroup(TyperGroup):
                 raise
             _fail_known(exc)
         sys.exit(result if isinstance(result, int) else 0)
-
-
-def flag_of(name: str) -> str:
-    """The command-line flag of a request field the library's errors refer to (`max_tokens` →
-    `--max-tokens`): every option of every command is named so."""
-    return "--" + name.replace("_", "-")
 
 
 def _leading_debug(argv: list[str]) -> bool:
@@ -181,7 +179,7 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-for _command in (split, inspect, heatmap, circuits):
+for _command in (split, inspect, heatmap, generate, ablate, circuits):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

@@ -70,9 +70,23 @@ KDim = Annotated[int | None, typer.Option("--kdim", callback=positive, help=(
 VDim = Annotated[int | None, typer.Option("--vdim", callback=positive, help=(
     "Value input width (default E)."))]
 Seed = Annotated[int | None, typer.Option("--seed", min=0, max=MAX_SEED, help=(
-    "Seed of the random init and of split's proof batch (default 0)."))]
+    "Seed of the random init (default 0)."))]
+SplitSeed = Annotated[int | None, typer.Option("--seed", min=0, max=MAX_SEED, help=(
+    "Seed of the random init and of the proof batch (default 0)."))]
 Json = Annotated[bool, typer.Option("--json", help=(
     "Print one JSON document instead of tables."))]
+
+
+# request fields whose flag is spelled otherwise (the request keeps the API's keywords,
+# generate= and ablate=): the token count of `attnviz generate`; the scorecard is a command of its
+# own, so the library's "drop ‹ablate›" (a model the scorecard cannot edit) reads as the command
+FLAG_NAMES = {"generate": "--max-new-tokens", "ablate": "'attnviz ablate'"}
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a request field the library's errors refer to (`max_tokens` →
+    `--max-tokens`): every option of every command is named so."""
+    return FLAG_NAMES.get(name) or "--" + name.replace("_", "-")
 
 
 def with_flags(text: str) -> str:
@@ -80,7 +94,7 @@ def with_flags(text: str) -> str:
     attnviz.errors.option) shown as its flag (`--max-tokens`), as errors are shown."""
     from attnviz.errors import with_options
 
-    return with_options(text, lambda name: "--" + name.replace("_", "-"))
+    return with_options(text, flag_of)
 
 
 def notes_with_flags(document: Any) -> Any:

@@ -40,7 +40,7 @@ STATISTICS: dict[str, tuple[str, str]] = {
     "induction": ("induction", HEAD_TYPES["induction"][1]),
     "next": ("next", HEAD_TYPES["next-token"][1]),
     "punctuation": ("punctuation", HEAD_TYPES["punctuation"][1]),
-    "ablation": ("ablation", "effect of removing the head (--ablate): change of the LM loss "
+    "ablation": ("ablation", "effect of removing the head (attnviz ablate): change of the LM loss "
                  "(or KL) with an LM head, else of the final hidden states"),
 }
 LABEL = "label"

@@ -1,11 +1,12 @@
-"""One rule for options: every option of `attnviz heatmap` (and of the API's `run_heatmap` /
-`run_model`) either applies to the run or is refused, exit 2, naming it. Never ignored.
+"""One rule for options: every option of `attnviz heatmap`, `attnviz generate` and `attnviz ablate`
+(and of the API's `run_heatmap` / `run_model`) either applies to the run or is refused, exit 2,
+naming it. Never ignored. The three commands build one kind of request (the generate and ablate
+commands set its measure), so one table serves them.
 
 Which option applies where is this one table, `RULES`, checked in one place (`check_rules`):
 the use case checks the request-level rules on the `HeatmapRequest` the CLI and the API both
 build (`check_request`, from `attnviz.app.heatmap.check_applicable`); the CLI checks the
-rules on what no request holds (what the terminal, `--json` and the files show; two flags the
-request folds into one field, as --ablate and --ablate-mean).
+rules on what no request holds (what the terminal, `--json` and the files show).
 
 A rule names the options it concerns (request field names, as `attnviz.errors.option` names
 them) and the facts of the run under which they do not apply: `never` (refused where one of these
@@ -89,9 +90,6 @@ RULES: tuple[Rule, ...] = (
          f"{option('weighting')} norm shows ‖α·W_O v‖ in their place",
          f"drop {option('query')} or {option('weighting')}", never="weighting"),
     # --- the command line's own flags (facts the request does not hold) --------------------
-    Rule("ablate", f"{option('ablate')} and {option('ablate_mean')} exclude each other: "
-         f"{option('ablate')} zeroes each head's slice, {option('ablate_mean')} puts its mean "
-         "over the batch in its place", "choose one", never="ablate_mean", level=CLI),
     Rule("maps stats quiet",
          f"{{listed}} {{does}} not apply to {option('json')}: it prints one JSON document "
          "(the head statistics always in it) instead of maps and tables",

@@ -5,7 +5,7 @@
     ├── inputs     Inputs     the sentences, --file, --target
     ├── source     SourceSpec bundled | --weights + layer | --random spec | --model + dtype, …
     ├── selection  Selection  --layer, --head, --average, --query, --sentence
-    ├── measure    Measure    --weighting, --ablate, --generate
+    ├── measure    Measure    --weighting; attnviz ablate --mode; attnviz generate
     ├── outputs    Outputs    the files asked for (--out, --html, --export), full maps kept
     └── limits     Limits     --max-tokens, --max-sentences, --max-panels, --memory-budget
 

@@ -1,4 +1,4 @@
-"""`heatmap --generate --out`: the usual figure with the prompt/generated boundary marked on every
+"""`attnviz generate --out`: the usual figure with the prompt/generated boundary marked on every
 panel that shows generated tokens: a line above the first generated token's row (and, where the
 keys are the same tokens, left of its column)."""
 

@@ -1,4 +1,4 @@
-"""`heatmap --generate` in the terminal: each sentence's generated text, and per generated token
+"""`attnviz generate` in the terminal: each sentence's generated text, and per generated token
 the tokens its row attends to most (computed in attnviz.app.generate, drawn here)."""
 
 from __future__ import annotations
