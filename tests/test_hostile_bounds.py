@@ -662,3 +662,30 @@ def test_a_wordpiece_reading_huge_words_refuses_long_texts(minilm):
         check_text_bound(steps, 40_000, "sentence 1", "m")
     assert "max_input_chars_per_word 1000000000" in caught.value.what
     assert "max_input_chars_per_word to 100" in caught.value.fix
+
+
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(NAN_PATHS))
+def test_a_models_non_finite_weight_is_named_on_every_path(cli, zoo_model, tmp_path, path):
+    """A NaN in one of a --model's attention tensors: the non-finite maps name the tensor (its
+    attention tensors are scanned only once the maps come out non-finite)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _config_copy(zoo_model("llama"), tmp_path / "model", max_position_embeddings=4096)
+    weights = folder / "model.safetensors"
+    state = load_file(str(weights))
+    weights.unlink()  # a link to the zoo's file: written anew below
+    key = next(k for k in sorted(state) if k.endswith("layers.0.self_attn.q_proj.weight"))
+    state[key][0, 0] = float("nan")
+    save_file(state, str(weights), metadata={"format": "pt"})
+    out = tmp_path / "maps.safetensors"
+    args = [a.replace("{out}", str(out)) for a in NAN_PATHS[path]]
+    result = cli("heatmap", "--model", folder, *args)
+    assert_clean_error(result, 1, f"tensor '{key}' holds 1 non-finite values",
+                       "maps came out non-finite")
+    assert not out.exists()
+    # control: a finite copy runs (the NaN, not the copy, made the maps non-finite)
+    state[key][0, 0] = 0.0
+    save_file(state, str(weights), metadata={"format": "pt"})
+    assert cli("heatmap", "--model", folder, *args).exit_code == 0

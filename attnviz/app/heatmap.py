@@ -5,7 +5,8 @@ and runs it; the JSON document lives in `heatmap_json`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,15 @@ from attnviz.app.naming import run_title
 from attnviz.app.source_layers import run_on_batch
 from attnviz.app.weighting import check_weighting, weigh_run
 from attnviz.core.request import HeatmapRequest, Selection
-from attnviz.errors import UsageError, option, printable
+from attnviz.errors import (
+    CheckFailed,
+    CheckpointError,
+    UsageError,
+    option,
+    printable,
+    printable_path,
+    quoted,
+)
 
 if TYPE_CHECKING:
     from attnviz.compute.ablation_measures import AblationReport
@@ -140,8 +149,34 @@ def run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None 
     any path (whole, streamed, exported, generated), name its config.json fields too."""
     from attnviz.sources.config_guard import naming_config
 
-    with naming_config(request.source.model):
+    with naming_config(request.source.model), naming_weights(request):
         return _run_heatmap(request, progress)
+
+
+@contextlib.contextmanager
+def naming_weights(request: HeatmapRequest) -> Iterator[None]:
+    """A --model's maps that come out non-finite name the attention tensor that holds NaN or
+    Inf, when one does (a checkpoint layer's weights were refused by name before its forward:
+    compute.forward.load_weights). The model's attention tensors are scanned only then, one in
+    memory at a time, as `attnviz inspect --scan` does."""
+    try:
+        yield
+    except CheckFailed as error:
+        if request.source.model is None or "finite" not in error.what:
+            raise
+        from attnviz.app.inspect_checkpoint import scan_non_finite
+        from attnviz.sources.registry import open_source
+
+        opened = open_source(request.source)
+        bad = {key: n for key, n in scan_non_finite(opened.inventory, opened.store).items() if n}
+        if not bad:
+            raise
+        key, count = next(iter(bad.items()))
+        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+        raise CheckpointError(f"tensor {quoted(key)} holds {count} non-finite values{more}, "
+                              f"and the model's maps came out non-finite: {error.what}",
+                              fix="repair or re-export the checkpoint", where=error.where
+                              or printable_path(str(opened.folder))) from None
 
 
 def _run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None
