@@ -175,9 +175,9 @@ def capped(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, str]]:
     model_configs = {"n_layer": 100_000, "n_positions": 100_000_000, "vocab_size": 100_000_000,
                      "n_embd": 100_000}
     gpt2 = folder / "gpt2"
-    from tiny_models import build_tiny
+    from zoo import build
 
-    build_tiny("gpt2", gpt2)
+    build("gpt2", gpt2)
     for field, value in model_configs.items():
         import shutil
 

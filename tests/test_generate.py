@@ -410,16 +410,13 @@ def test_html_page_covers_the_whole_sequence_and_names_the_boundary(cli: Any,
 def test_encoders_are_refused(cli: Any, tmp_path: Path) -> None:
     """DistilBERT has no causal-LM class; a BERT with its masked-LM head loads as a causal LM
     in transformers but attends to later tokens: both refused, before and after the run."""
-    import transformers
     import zoo
     from conftest import assert_clean_error
 
     result = cli("generate", "--model", "sample_weights/models/distilbert-tiny-model", "the cat",
                  "--max-new-tokens", "2")
     assert_clean_error(result, 1, "distilbert models cannot generate")
-    config = zoo.ZOO["bert"].config()
-    transformers.BertForMaskedLM(config).save_pretrained(tmp_path)
-    zoo.save_tokenizer(tmp_path, zoo.ZOO["bert"])
+    zoo.build_lm("bert", tmp_path, "BertForMaskedLM")
     result = cli("generate", "--model", tmp_path, "the cat sat", "--max-new-tokens", "2")
     assert_clean_error(result, 1, "not causal")
 
