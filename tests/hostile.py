@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from helpers import assert_clean_error
 
 # Everything a terminal could interpret: C0 and C1 controls, ESC sequences (CSI, OSC), DEL,
 # bidi overrides and isolates; and rich markup / emoji codes that must stay literal.
@@ -140,7 +140,7 @@ def one_thread():  # imported by every test_hostile_* module that builds tensors
 
 def bundled_with(path: Path, **metadata: str) -> Path:
     """The bundled model, rewritten with some metadata values changed."""
-    from conftest import BUNDLED
+    from helpers import BUNDLED
     from safetensors import safe_open
 
     with safe_open(str(BUNDLED), "pt") as f:

@@ -227,7 +227,7 @@ def test_the_scorecard_figure_never_overwrites_an_input(cli, tmp_path):
     """--out x.png with --ablate also writes x.ablation.png: that name is checked against the
     inputs before the run, like every other output (negative control: without --ablate the
     same --out is fine)."""
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     sentences = tmp_path / "maps.ablation.png"
     sentences.write_text("the cat sat on the mat the cat sat\n")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, assert_clean_error
+from helpers import ROOT, assert_clean_error
 
 ROWS = 1000  # the embedding's rows; the zoo's tokenizer has len(SPECIALS + WORDS) tokens
 UNNAMED = 700  # the id the bias makes greedy decoding write
@@ -219,7 +219,7 @@ def test_generation_config_cannot_change_the_decoding(cli: Any, tmp_path: Path,
     import torch
     import transformers
     import zoo
-    from conftest import side_by_side
+    from helpers import side_by_side
 
     clean = zoo.build_lm("llama", tmp_path / "clean")
     hostile = tmp_path / "hostile"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import lazy_import
+from helpers import lazy_import
 from hostile import (
     assert_error,
     assert_no_control,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from conftest import lazy_import
+from helpers import lazy_import
 
 transformers = lazy_import("transformers", "tokenizers")  # imported when a model is built
 
