@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from helpers import assert_clean_error
 
 # Everything a terminal could interpret: C0 and C1 controls, ESC sequences (CSI, OSC), DEL,
 # bidi overrides and isolates; and rich markup / emoji codes that must stay literal.
@@ -140,7 +140,7 @@ def one_thread():  # imported by every test_hostile_* module that builds tensors
 
 def bundled_with(path: Path, **metadata: str) -> Path:
     """The bundled model, rewritten with some metadata values changed."""
-    from conftest import BUNDLED
+    from helpers import BUNDLED
     from safetensors import safe_open
 
     with safe_open(str(BUNDLED), "pt") as f:
@@ -175,9 +175,9 @@ def capped(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, str]]:
     model_configs = {"n_layer": 100_000, "n_positions": 100_000_000, "vocab_size": 100_000_000,
                      "n_embd": 100_000}
     gpt2 = folder / "gpt2"
-    from tiny_models import build_tiny
+    from zoo import build
 
-    build_tiny("gpt2", gpt2)
+    build("gpt2", gpt2)
     for field, value in model_configs.items():
         import shutil
 

@@ -227,7 +227,7 @@ def test_the_scorecard_figure_never_overwrites_an_input(cli, tmp_path):
     """--out x.png with --ablate also writes x.ablation.png: that name is checked against the
     inputs before the run, like every other output (negative control: without --ablate the
     same --out is fine)."""
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     sentences = tmp_path / "maps.ablation.png"
     sentences.write_text("the cat sat on the mat the cat sat\n")
@@ -242,20 +242,6 @@ def test_the_scorecard_figure_never_overwrites_an_input(cli, tmp_path):
 
 # --- Hugging Face: the model's own forward, with its LM head ---------------------------------
 
-def _lm_folder(tmp_path, kind, cls):
-    import transformers
-    from zoo import ZOO, randomize, save_tokenizer
-
-    row = ZOO[kind]
-    torch.manual_seed(0)
-    model = getattr(transformers, cls)(row.config())
-    randomize(model, row)
-    folder = tmp_path / kind
-    model.eval().save_pretrained(folder)
-    save_tokenizer(folder, row)
-    return folder
-
-
 def _o_weight(model, kind, layer):
     if kind == "gpt2":
         return model.transformer.h[layer].attn.c_proj.weight, True  # Conv1D (in, out): rows
@@ -268,10 +254,11 @@ def _o_weight(model, kind, layer):
                                       ("llama", "LlamaForCausalLM")])
 def test_hf_causal_lm_scorecard_equals_editing_the_weights(kind, cls, tmp_path):
     import transformers
+    from zoo import build_lm
 
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
-    folder = _lm_folder(tmp_path, kind, cls)
+    folder = build_lm(kind, tmp_path / kind, cls)
     sentences = ["the cat sat on the mat"]
     result = run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), model=str(folder),
                                               ablate="zero", device="cpu"))
@@ -321,12 +308,13 @@ def test_hf_mean_ablation_over_several_forwards_equals_a_mean_hook(tmp_path, mon
     time, its head's W_O input replaced by the mean over both sentences' tokens of the
     unablated run; the next head's (the control) differ."""
     import transformers
+    from zoo import build_lm
 
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
     from attnviz.sources import hf_ablation
 
     monkeypatch.setattr(hf_ablation, "MAX_COPIES", 3)
-    folder = _lm_folder(tmp_path, "llama", "LlamaForCausalLM")
+    folder = build_lm("llama", tmp_path / "llama", "LlamaForCausalLM")
     sentences = ["the cat sat on the mat", "a dog ran"]
     report = run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), model=str(folder),
                                               ablate="mean", device="cpu")).ablation
@@ -394,10 +382,11 @@ def test_hf_base_model_has_hidden_changes_only(zoo_model):
 def test_hf_masked_lm_kl_equals_editing_the_weights(tmp_path):
     """A masked LM head: loss_change is the mean KL(p ‖ p′) of the output distributions."""
     import transformers
+    from zoo import build_lm
 
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 
-    folder = _lm_folder(tmp_path, "bert", "BertForMaskedLM")
+    folder = build_lm("bert", tmp_path / "bert", "BertForMaskedLM")
     sharp = transformers.BertForMaskedLM.from_pretrained(folder)
     with torch.no_grad():  # outputs far from uniform: KL values well above round-off
         sharp.cls.predictions.transform.dense.weight.mul_(30)

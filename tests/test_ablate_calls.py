@@ -25,25 +25,6 @@ import torch
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _lm_folder(tmp_path, kind, cls, sharpen=None):
-    """A zoo model with its LM head; `sharpen` the head's parameter names whose weights are
-    scaled up (outputs far from uniform: KL values well above round-off)."""
-    import transformers
-    from zoo import ZOO, randomize, save_tokenizer
-
-    row = ZOO[kind]
-    torch.manual_seed(0)
-    model = getattr(transformers, cls)(row.config())
-    randomize(model, row)
-    with torch.no_grad():
-        for name in sharpen or []:
-            model.get_parameter(name).mul_(30)
-    folder = tmp_path / kind
-    model.eval().save_pretrained(folder)
-    save_tokenizer(folder, row)
-    return folder
-
-
 def _hook(module, calls, edit):
     """A pre-hook on `module` that applies edit(x) on the calls numbered in `calls` (0 first,
     counted over one forward; None: every call); returns (handle, counter)."""
@@ -78,10 +59,13 @@ def _set(cols, mean):
 def albert(tmp_path_factory):
     pytest.importorskip("transformers")
     import transformers
-    from zoo import load_tokenizer
+    from zoo import build_lm, load_tokenizer
 
-    folder = _lm_folder(tmp_path_factory.mktemp("albert"), "albert", "AlbertForMaskedLM",
-                        sharpen=["predictions.LayerNorm.weight"])
+    def sharpen(model):  # outputs far from uniform: KL values well above round-off
+        model.get_parameter("predictions.LayerNorm.weight").mul_(30)
+
+    folder = build_lm("albert", tmp_path_factory.mktemp("albert") / "albert",
+                      "AlbertForMaskedLM", edit=sharpen)
     model = transformers.AlbertForMaskedLM.from_pretrained(folder).eval()
     # two layers, one shared group: every call the same module
     assert model.config.num_hidden_layers == 2 and model.config.num_hidden_groups == 1
@@ -198,9 +182,9 @@ def test_a_w_o_module_running_more_often_than_its_attention_is_refused():
 def t5(tmp_path_factory):
     pytest.importorskip("transformers")
     import transformers
-    from zoo import load_tokenizer
+    from zoo import build_lm, load_tokenizer
 
-    folder = _lm_folder(tmp_path_factory.mktemp("t5"), "t5", "T5ForConditionalGeneration")
+    folder = build_lm("t5", tmp_path_factory.mktemp("t5") / "t5", "T5ForConditionalGeneration")
     model = transformers.T5ForConditionalGeneration.from_pretrained(folder).eval()
     return folder, model, load_tokenizer(folder)
 
@@ -481,10 +465,12 @@ def test_hf_causal_lm_one_token_sentences_are_undefined(tmp_path):
     """GPT-2 (no <s> added) on one-word sentences: no next token anywhere, so the loss change
     is undefined for every head and the ranking goes by the hidden change; the control, a
     two-word sentence, defines it."""
+    from zoo import build_lm
+
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
     from attnviz.compute.ablation_measures import NO_NEXT_TOKEN
 
-    folder = _lm_folder(tmp_path, "gpt2", "GPT2LMHeadModel")
+    folder = build_lm("gpt2", tmp_path / "gpt2", "GPT2LMHeadModel")
 
     def report(*sentences):
         return run_heatmap(HeatmapRequest.build(sentences=sentences, model=str(folder),

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import BUNDLED, ROOT, colored_runs, read_image
+from helpers import BUNDLED, ROOT, colored_runs, read_image
 
 import attnviz
 

@@ -222,7 +222,7 @@ def test_cli_bundled(cli, tmp_path):
     assert result.exit_code == 0, result.output
     assert "K-composition" in result.stdout and "strongest composition" in result.stdout
     assert "1.0: K with 0." in result.stdout and "1.1: K with 0." in result.stdout
-    from conftest import colored_runs, read_image
+    from helpers import colored_runs, read_image
 
     image = read_image(tmp_path / "c.png")
     assert image.shape[0] > 300 and image.shape[1] > 600 and image.std() > 0.05
@@ -242,7 +242,7 @@ def test_cli_json_contract(cli):
 
 
 def test_cli_errors(cli, tmp_path):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("circuits", "--layer", "7"), 2, "--layer")
     assert_clean_error(cli("circuits", "--embed-dim", "8"), 2, "--random")
@@ -401,7 +401,7 @@ def test_zoo_matches_dense(kind, zoo_scaled):
 def test_help_and_examples(cli, tmp_path):
     import shlex
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     from attnviz.cli.examples import EXAMPLES
 
@@ -446,7 +446,7 @@ def test_composition_skipped_when_too_large(monkeypatch):
 def test_encoder_decoder_order_and_grammar():
     """sample_weights/t5-tiny: stacks in order (encoder, then decoder self before cross), and
     the per-stack --layer grammar."""
-    from conftest import SAMPLES
+    from helpers import SAMPLES
 
     doc = run_json(weights=SAMPLES / "t5-tiny")
     assert [layer["label"] for layer in doc["layers"]] == ["enc 0", "dec 0", "cross 0"]

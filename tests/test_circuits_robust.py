@@ -138,7 +138,7 @@ def write_two_mha(path, bad):
      "blocks.1.attn.out_proj.weight", "W_O of layer '1') holds non-finite values (1 Inf)"),
 ])
 def test_non_finite_weight_is_one_error_line(cli, tmp_path, bad, named, role):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     path = tmp_path / "m.safetensors"
     write_two_mha(path, bad)
@@ -267,7 +267,7 @@ RANDOM_REST = ("applies to a checkpoint's layers: the random nn.MultiheadAttenti
      "it; size the random layer with --embed-dim and --num-heads"),
 ])
 def test_head_options_refused_where_they_cannot_apply(cli, args, message):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     result = cli("circuits", *args)
     assert_clean_error(result, 2)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BUNDLED, SAMPLES, assert_clean_error
+from helpers import BUNDLED, SAMPLES, assert_clean_error
 
 CASES = [
     (["heatmap", "a b", "-E", "32"], "--embed-dim applies to --random only"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from conftest import ROOT, needs_safe_pickles
+from helpers import ROOT, needs_safe_pickles
 
 from attnviz.cli.examples import EXAMPLES
 from attnviz.load.pickles import PICKLE_SUFFIXES

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11 (CI's); 3.10 has no TOML reader
 

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import lazy_import
+from helpers import lazy_import
 
 pytestmark = pytest.mark.hf
 transformers = lazy_import("transformers")
 
 import torch  # noqa: E402
-from conftest import SAMPLES, assert_clean_error  # noqa: E402
 from heads_check import check_heads  # noqa: E402
+from helpers import SAMPLES, assert_clean_error  # noqa: E402
 from zoo import load_for_capture  # noqa: E402
 
 from attnviz.app.split import SplitRequest, run_split  # noqa: E402

@@ -241,7 +241,7 @@ def test_old_torch_refuses_pickles(cli, tmp_path, monkeypatch, torch_version):
     """Below torch 2.10 a pickle checkpoint is refused in one line naming both versions. Faked
     on a newer torch; the installed one at CI's core-floor job (torch 2.1), where it is real."""
     import torch
-    from conftest import assert_clean_error, torch_loads_pickles
+    from helpers import assert_clean_error, torch_loads_pickles
 
     path = tmp_path / "mha.pt"
     torch.save(torch.nn.MultiheadAttention(8, 2).state_dict(), path)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import side_by_side
+from helpers import side_by_side
 
 pytestmark = pytest.mark.slow  # each case starts attnviz processes
 

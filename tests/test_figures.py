@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import assert_clean_error, colored_runs, read_image
+from helpers import assert_clean_error, colored_runs, read_image
 
 import attnviz
 from attnviz.render.figure import MASKED_COLOR, TEXT_PT

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 TOL = 1e-5
 N_NEW = 5
@@ -201,7 +201,7 @@ def test_sampling_is_reproducible_and_is_generates(lm_folder: Any) -> None:
 @pytest.mark.hf
 def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: Any,
                                                            monkeypatch: Any) -> None:
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     from attnviz.sources.hf import generate as gen
 
@@ -225,7 +225,7 @@ def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: 
     (["--max-new-tokens", "2", "--max-panels", "1"], "--max-panels"),
 ])
 def test_generate_usage_errors(cli: Any, args: list[str], fragment: str) -> None:
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("generate", "the cat sat", *args), 2, fragment)
 
@@ -234,14 +234,14 @@ def test_generate_usage_errors(cli: Any, args: list[str], fragment: str) -> None
                                   ["--weighting", "norm"], ["--mode", "mean"]])
 def test_generate_has_no_options_that_cannot_apply(cli: Any, args: list[str]) -> None:
     """What `heatmap --generate` refused after parsing is no option of `generate` at all."""
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("generate", "the cat sat", *args), 2, "No such option", args[0])
 
 
 @pytest.mark.hf
 def test_model_without_head_is_refused(cli: Any) -> None:
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     result = cli("generate", "--model", "sample_weights/models/phi3-tiny-model", "the cat",
                  "--max-new-tokens", "2")
@@ -369,7 +369,7 @@ def test_figure_marks_the_prompt_generated_boundary(cli: Any, tmp_path: Path) ->
     """The boundary's red lines are in the --generate figure (read back), and in no plain one;
     the solid line sits between the last prompt row and the first generated row."""
     import numpy as np
-    from conftest import read_image
+    from helpers import read_image
 
     def red(path: Path) -> Any:
         image = read_image(path)[..., :3].astype(float)
@@ -410,16 +410,13 @@ def test_html_page_covers_the_whole_sequence_and_names_the_boundary(cli: Any,
 def test_encoders_are_refused(cli: Any, tmp_path: Path) -> None:
     """DistilBERT has no causal-LM class; a BERT with its masked-LM head loads as a causal LM
     in transformers but attends to later tokens: both refused, before and after the run."""
-    import transformers
     import zoo
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     result = cli("generate", "--model", "sample_weights/models/distilbert-tiny-model", "the cat",
                  "--max-new-tokens", "2")
     assert_clean_error(result, 1, "distilbert models cannot generate")
-    config = zoo.ZOO["bert"].config()
-    transformers.BertForMaskedLM(config).save_pretrained(tmp_path)
-    zoo.save_tokenizer(tmp_path, zoo.ZOO["bert"])
+    zoo.build_lm("bert", tmp_path, "BertForMaskedLM")
     result = cli("generate", "--model", tmp_path, "the cat sat", "--max-new-tokens", "2")
     assert_clean_error(result, 1, "not causal")
 
@@ -431,7 +428,7 @@ def test_figure_cross_strip_is_the_alignment_as_produced(tmp_path: Path) -> None
     from the last cross layer (mean over heads). Read back from the PNG, each strip cell's colour
     is viridis of its row's weight (the row computed when the token was fed back in) over the
     strip's maximum; the rows one step earlier do not give those colours."""
-    from conftest import read_image
+    from helpers import read_image
 
     from attnviz.api import run_model
     from attnviz.render.figure import heatmap_figure, save_figure
@@ -609,7 +606,7 @@ def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
 def test_max_sentences_binds_on_a_model(cli: Any) -> None:
     """`generate --model` used to run every sentence whatever --max-sentences said (the
     option walker found it dropped); the bundled model's batch always checked it."""
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     model = "sample_weights/models/phi3-tiny-lm"
     args = ("generate", "--model", model, "the cat", "a dog", "-n", "2", "--no-maps",

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, assert_clean_error
+from helpers import ROOT, assert_clean_error
 
 ROWS = 1000  # the embedding's rows; the zoo's tokenizer has len(SPECIALS + WORDS) tokens
 UNNAMED = 700  # the id the bias makes greedy decoding write
@@ -31,31 +31,18 @@ N_NEW = 4
 PROMPT = "the cat sat on the mat"
 
 
-def _build(kind: str, folder: Path, rows: int = ROWS, bias: int | None = UNNAMED) -> Path:
-    """The zoo's `kind` with its LM head and `rows` embedding rows; with `bias`, that id's
-    logit raised by 1e3 (Phi: lm_head.bias; Marian: final_logits_bias)."""
-    import torch
-    import transformers
+def _build(kind: str, folder: Path) -> Path:
+    """The zoo's `kind` with its LM head and ROWS embedding rows, id UNNAMED's logit raised by
+    1e3 (Phi: lm_head.bias; Marian: final_logits_bias)."""
     import zoo
 
-    row = zoo.ZOO[kind]
-    config = row.config()
-    config.vocab_size = rows
-    auto = transformers.AutoModelForSeq2SeqLM if row.encoder_decoder \
-        else transformers.AutoModelForCausalLM
-    torch.manual_seed(0)
-    model = auto.from_config(config, attn_implementation="eager")
-    zoo.randomize(model, row)
-    if bias is not None:
-        with torch.no_grad():
-            if row.encoder_decoder:
-                model.final_logits_bias[0, bias] = 1e3
-            else:
-                model.lm_head.bias[bias] = 1e3
-    model.generation_config.eos_token_id = zoo.EOS
-    model.eval().save_pretrained(folder)
-    zoo.save_tokenizer(folder, row)
-    return folder
+    def raise_unnamed(model: Any) -> None:
+        if zoo.ZOO[kind].encoder_decoder:
+            model.final_logits_bias[0, UNNAMED] = 1e3
+        else:
+            model.lm_head.bias[UNNAMED] = 1e3
+
+    return zoo.build_lm(kind, folder, vocab_size=ROWS, edit=raise_unnamed)
 
 
 @pytest.fixture(scope="module")
@@ -231,9 +218,10 @@ def test_generation_config_cannot_change_the_decoding(cli: Any, tmp_path: Path,
                                                       fields: dict[str, Any]) -> None:
     import torch
     import transformers
-    from conftest import side_by_side
+    import zoo
+    from helpers import side_by_side
 
-    clean = _build("llama", tmp_path / "clean", rows=zoo_vocab(), bias=None)
+    clean = zoo.build_lm("llama", tmp_path / "clean")
     hostile = tmp_path / "hostile"
     shutil.copytree(clean, hostile)
     path = hostile / "generation_config.json"
@@ -269,12 +257,6 @@ def test_generation_config_cannot_change_the_decoding(cli: Any, tmp_path: Path,
     header = " ".join(terminal.stdout.split())
     assert "note: generation: the model's generation_config asks for" in header
     assert all(name in header for name in fields)
-
-
-def zoo_vocab() -> int:
-    import zoo
-
-    return zoo.VOCAB
 
 
 # --- extreme options ---------------------------------------------------------------------------

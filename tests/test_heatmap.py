@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SAMPLES, assert_clean_error, colored_runs, needs_safe_pickles, read_image
+from helpers import SAMPLES, assert_clean_error, colored_runs, needs_safe_pickles, read_image
 from safetensors import safe_open
 
 from attnviz.compute.attention import layer_attention

@@ -11,13 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import lazy_import
+from helpers import lazy_import
 
 pytestmark = pytest.mark.hf
 transformers = lazy_import("transformers", "tokenizers")
 
 import torch  # noqa: E402
-from conftest import assert_clean_error, minilm_folder  # noqa: E402
+from helpers import assert_clean_error, minilm_folder  # noqa: E402
 from zoo import SENTENCES, load_tokenizer  # noqa: E402
 
 from attnviz.compute import positions  # noqa: E402

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_clean_error, minilm_folder
+from helpers import ROOT, assert_clean_error, minilm_folder
 
 from attnviz.errors import UsageError
 from attnviz.sources.hf import versions

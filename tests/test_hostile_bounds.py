@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error, doubling_normalizer, model_with_normalizer, side_by_side
+from helpers import assert_clean_error, doubling_normalizer, model_with_normalizer, side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from helpers import assert_clean_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -266,7 +266,7 @@ def test_bit_flips(tmp_path, small_checkpoints, flips, suffix):
 def test_hub_cache_symlinks_are_followed_but_nothing_else(cli, tmp_path):
     import shutil
 
-    from conftest import SAMPLES
+    from helpers import SAMPLES
 
     snapshot = tmp_path / "models--x--y" / "snapshots" / "abc"
     blobs = tmp_path / "models--x--y" / "blobs"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import lazy_import
+from helpers import lazy_import
 from hostile import (
     assert_error,
     assert_no_control,
@@ -23,23 +23,25 @@ from hostile import (
 # 5. Third-party failures contained (transformers, tokenizers)
 
 transformers = lazy_import("transformers")
+from zoo import VOCAB, ZOO, build, save_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """Tiny models transformers writes itself, with small WordLevel tokenizers (test_hf)."""
+    """Tiny models transformers writes itself, with the zoo's WordLevel tokenizer."""
     import base64
     import shutil
     import warnings
 
-    from tiny_models import VOCAB, build_tiny, save_tokenizer
-
     root = tmp_path_factory.mktemp("models")
     folders = {}
+    words_only = ZOO["vit"]  # its tokenizer options: a pad token, no <s> or </s> added
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gpt2 = folders["gpt2"] = root / "gpt2"
-        build_tiny("gpt2", gpt2)
+        gpt2 = folders["gpt2"] = build("gpt2", root / "gpt2")
+        config = json.loads((gpt2 / "config.json").read_text())  # GPT-2's own <|endoftext|>
+        config.update(bos_token_id=50256, eos_token_id=50256)  # id: outside the vocabulary
+        (gpt2 / "config.json").write_text(json.dumps(config))
         for name in ("no-tokenizer", "panics", "missing-weight", "foreign-tokenizer"):
             shutil.copytree(gpt2, root / name)
             folders[name] = root / name
@@ -56,7 +58,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
         tensors = load_file(weights)
         del tensors["h.1.mlp.c_fc.weight"]
         save_file(tensors, weights, metadata={"format": "pt"})
-        tok = root / "foreign-tokenizer" / "tokenizer.json"  # no word of ours, ids past 19 rows
+        tok = root / "foreign-tokenizer" / "tokenizer.json"  # no word of ours, ids past VOCAB
         doc = json.loads(tok.read_text())
         doc["model"]["vocab"] = {"<unk>": 0, "<pad>": 1, "<s>": 2, "</s>": 3, "zebra": 40}
         tok.write_text(json.dumps(doc))
@@ -64,7 +66,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
         transformers.ViTModel(transformers.ViTConfig(
             hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
             image_size=8, patch_size=4)).save_pretrained(vit)
-        save_tokenizer(vit, True, "right", False)
+        save_tokenizer(vit, words_only)
         whisper = folders["whisper"] = root / "whisper"
         transformers.WhisperModel(transformers.WhisperConfig(
             d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
@@ -72,7 +74,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
             pad_token_id=1, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2,
             num_mel_bins=4, max_source_positions=8, max_target_positions=8)).save_pretrained(
             whisper)
-        save_tokenizer(whisper, True, "right", False)
+        save_tokenizer(whisper, words_only)
         clip = folders["clip"] = root / "clip"
         torch.manual_seed(0)
         transformers.CLIPModel(transformers.CLIPConfig(
@@ -82,14 +84,14 @@ def models(tmp_path_factory) -> dict[str, Path]:
             vision_config={"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
                            "intermediate_size": 16, "image_size": 8, "patch_size": 4},
             projection_dim=8)).save_pretrained(clip)
-        save_tokenizer(clip, True, "right", False)
+        save_tokenizer(clip, words_only)
     return folders
 
 
 MODEL_ERRORS = [
     ("no tokenizer files", "no-tokenizer", 1, "the model folder has no tokenizer files"),
     ("token ids past the embedding", "foreign-tokenizer", 1,
-     "the model's tokenizer gives token id 40, but the model's embedding has 19 rows"),
+     f"the model's tokenizer gives token id 40, but the model's embedding has {VOCAB} rows"),
     ("a tokenizer that panics", "panics", 1,
      "the model's tokenizer cannot be loaded (PanicException: Precompiled"),
     ("a weight left out", "missing-weight", 1, "the weights lack 'h.1.mlp.c_fc.weight', which "
@@ -130,8 +132,8 @@ def test_a_tokenizer_panic_while_encoding_is_contained(cli, models, monkeypatch)
 
 
 def test_a_clean_model_run_writes_nothing_on_stderr(cli, models):
-    """This config's bos/eos ids lie outside its 19-word vocabulary, which transformers warns
-    about on every load: attnviz keeps it off the terminal."""
+    """This config's bos/eos ids lie outside its vocabulary, which transformers warns about
+    on every load: attnviz keeps it off the terminal."""
     result = cli("heatmap", "--model", models["gpt2"], "the cat sat", "--no-maps")
     assert_printed_clean(result)
     assert result.stderr == ""
@@ -149,11 +151,9 @@ def test_a_multi_tower_model_runs_its_text_tower(cli, models):
 def test_hostile_tokenizer_tokens_print_escaped(cli, tmp_path):
     """Tokens come from the model's tokenizer: escape sequences and markup in its vocabulary
     are shown escaped in maps, --query tables and errors, and as \\u escapes in --json."""
-    from tiny_models import build_tiny
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    folder = tmp_path / "gpt2"
-    build_tiny("gpt2", folder)
+    folder = build("gpt2", tmp_path / "gpt2")
     words = ["\x1b[2J", "[bold]", "\u202eevil", "\x9b31m", "$\\frac{", ":smile:"]
     vocab = {w: i for i, w in enumerate(["<unk>", "<pad>", "<s>", "</s>", *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

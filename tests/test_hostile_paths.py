@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLES, assert_clean_error, finish, needs_safe_pickles
+from helpers import SAMPLES, assert_clean_error, finish, needs_safe_pickles
 from safetensors.torch import save_file
 
 from attnviz.errors import UsageError

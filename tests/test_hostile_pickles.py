@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from helpers import assert_clean_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_clean_error, needs_safe_pickles
+from helpers import assert_clean_error, needs_safe_pickles
 from safetensors.torch import save_file
 
 from attnviz.load.pickles import find_state_dict

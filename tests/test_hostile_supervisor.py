@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import doubling_normalizer, finish, model_with_normalizer, side_by_side
+from helpers import doubling_normalizer, finish, model_with_normalizer, side_by_side
 
 ROOT = Path(__file__).resolve().parents[1]
 

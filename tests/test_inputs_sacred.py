@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUNDLED, ROOT, assert_clean_error
+from helpers import BUNDLED, ROOT, assert_clean_error
 from safetensors.torch import save_file
 
 from attnviz.app.outputs import atomic_output, check_output_path, read_set

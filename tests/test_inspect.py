@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import assert_clean_error, needs_safe_pickles
+from helpers import assert_clean_error, needs_safe_pickles
 from safetensors.torch import save_file
 
 
@@ -153,7 +153,7 @@ def test_header_only_inspect_does_not_import_torch(tmp_path):
 def test_fused_layer_without_heads_is_listed_not_an_error(cli):
     """A bare GPT-NeoX file (no config.json): inspect lists the layer as unresolved and says how
     to resolve it; split names the same fix; with -H the layer appears with its heads."""
-    from conftest import SAMPLES
+    from helpers import SAMPLES
 
     path = SAMPLES / "neox-tiny" / "model.safetensors"
     doc = _json(cli, path)
@@ -175,7 +175,7 @@ def test_fused_layer_without_heads_is_listed_not_an_error(cli):
 
 def test_unresolved_layers_of_one_pattern_share_a_line(cli, tmp_path):
     """Two bare NeoX layers: one 'unresolved' line naming the pattern and the count."""
-    from conftest import SAMPLES
+    from helpers import SAMPLES
     from safetensors.torch import load_file, save_file
 
     one = load_file(str(SAMPLES / "neox-tiny" / "model.safetensors"))

@@ -5,7 +5,7 @@ tensor is read."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_clean_error
+from helpers import assert_clean_error
 
 from attnviz.app.sentence_file import read_sentences
 from attnviz.cli.main import flag_of

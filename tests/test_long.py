@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import SAMPLES, assert_clean_error
+from helpers import SAMPLES, assert_clean_error
 from safetensors import safe_open
 
 from attnviz.app import heatmap as heatmap_mod

@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import count_calls
+from helpers import count_calls
 from test_long import CASES, TEXTS, _mismatch
 
 from attnviz.app import heatmap as heatmap_mod

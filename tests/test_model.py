@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from conftest import lazy_import
+from helpers import lazy_import
 
 pytestmark = pytest.mark.hf
 transformers = lazy_import("transformers", "tokenizers")

@@ -4,9 +4,7 @@ limit a too-long input breaks (--max-tokens and the model's positions together).
 from __future__ import annotations
 
 import pytest
-from conftest import lazy_import
-
-from tests.conftest import assert_clean_error
+from helpers import assert_clean_error, lazy_import
 
 lazy_import("transformers")
 pytestmark = pytest.mark.hf

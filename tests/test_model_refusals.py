@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import lazy_import
+from helpers import lazy_import
 
 pytestmark = pytest.mark.hf
 lazy_import("transformers")
 
 import zoo  # noqa: E402
-from conftest import assert_clean_error, finish  # noqa: E402
+from helpers import assert_clean_error, finish  # noqa: E402
 from zoo import _BERTLIKE, _SEQ2SEQ, EOS, PAD, POSITIONS, VOCAB, Kind, _config  # noqa: E402
 
 EXTRA = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import ROOT, LazyModule, lazy_import
+from helpers import ROOT, LazyModule, lazy_import
 
 nbformat = lazy_import("nbformat", "nbclient", "ipykernel")  # imported when a test runs
 nbclient = LazyModule("nbclient")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import typer.main
-from conftest import SAMPLES
+from helpers import SAMPLES
 from typer.testing import CliRunner
 
 from attnviz.cli.main import app
@@ -344,7 +344,7 @@ def test_the_walker_catches_an_option_generate_ignores(walker: Walker, monkeypat
 # --- the contradictions #36 names, each with the run that used to pass ----------------------
 
 def test_head_with_average_is_refused(cli):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("heatmap", *SENTENCES, "--head", "0", "--average"), 2,
                        "--head and --average exclude each other")
@@ -355,7 +355,7 @@ def test_head_with_average_is_refused(cli):
 def test_sentence_needs_query(cli):
     import json
 
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("heatmap", *SENTENCES, "--sentence", "2"), 2,
                        "--sentence picks the sentence --query breaks down", "add --query")
@@ -368,7 +368,7 @@ def test_sentence_needs_query(cli):
 def test_query_with_norm_weighting_is_refused(cli):
     """It used to end in 'recomputing query 1 from the slices differs from the run' (exit 1):
     the breakdown recomputes α, the maps then hold ‖α·W_O v‖."""
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("heatmap", *SENTENCES, "--query", "cat", "--weighting", "norm"), 2,
                        "--query breaks down the attention weights", "--weighting norm")
@@ -381,7 +381,7 @@ def test_query_with_norm_weighting_is_refused(cli):
                                         (["--average"], "--average"),
                                         (["--scale", "log"], "--scale")])
 def test_json_refuses_what_it_cannot_show(cli, args, flag):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("heatmap", *SENTENCES, "--json", *args), 2, flag)
 
@@ -431,7 +431,7 @@ def test_heatmap_help_lists_no_old_spelling(cli):
 def test_overview_ablation_names_the_scorecard_command(cli):
     """heatmap and generate have no scorecard to show: --overview ablation names ablate (it
     used to say 'add --ablate'); the control: ablate shows it."""
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     for command in ("heatmap", "generate"):
         assert_clean_error(cli(command, *SENTENCES, "--overview", "ablation"), 2,

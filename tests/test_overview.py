@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from conftest import ROOT, assert_clean_error
+from helpers import ROOT, assert_clean_error
 from rich.console import Console
 
 from attnviz.compute.overview import build_overview, head_type, wanted

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BUNDLED, ROOT, finish, side_by_side
+from helpers import BUNDLED, ROOT, finish, side_by_side
 
 SENTENCE = "the cat sat on the mat the cat sat"
 

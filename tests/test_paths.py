@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import BUNDLED
+from helpers import BUNDLED
 
 from attnviz.render.elide import elide_at_boundaries
 

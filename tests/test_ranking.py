@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_clean_error
+from helpers import assert_clean_error
 
 from attnviz.compute.ranking import HEAD_TYPES, rank_heads
 from attnviz.compute.stats import SPECIAL_RE, head_stats

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, minilm_folder
+from helpers import ROOT, minilm_folder
 
 
 def _script(root: Path = ROOT):

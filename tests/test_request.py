@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import assert_clean_error, count_calls
 
 from attnviz.core.request import (
     SOURCE_KINDS,
@@ -16,7 +17,6 @@ from attnviz.core.request import (
     RandomSpec,
     SourceSpec,
 )
-from tests.conftest import assert_clean_error, count_calls
 
 DISTILBERT = "sample_weights/models/distilbert-tiny-model"  # 2 layers × 4 heads
 

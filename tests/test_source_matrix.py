@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SAMPLES, torch_loads_pickles
+from helpers import SAMPLES, torch_loads_pickles
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import needs_safe_pickles
+from helpers import needs_safe_pickles
 
 from attnviz.compute.forward import load_weights, per_head_forward, reshaped_forward
 from attnviz.compute.split import PROOF_TOLERANCE, make_report, prove_split, split_projections
@@ -194,7 +194,7 @@ def test_kdim_view_says_not_square(cli):
 @pytest.mark.parametrize("flag", ["--out", "-o", "--png"])
 def test_png_is_written_with_four_panels(cli, tmp_path, flag):
     """--out, as in every command; --png, its older name, still works."""
-    from conftest import colored_runs, read_image
+    from helpers import colored_runs, read_image
 
     out = tmp_path / "split.png"
     result = cli("split", "-E", "32", "-H", "4", flag, out)
@@ -222,7 +222,7 @@ def test_png_is_written_with_four_panels(cli, tmp_path, flag):
     (["--out", "a.png", "--png", "b.png"], 2, "--png is the old name of --out"),
 ])
 def test_bad_arguments(cli, args, code, fragment, tmp_path, monkeypatch):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     monkeypatch.chdir(tmp_path)
     assert_clean_error(cli("split", *args), code, fragment)
@@ -231,7 +231,7 @@ def test_bad_arguments(cli, args, code, fragment, tmp_path, monkeypatch):
 
 @needs_safe_pickles
 def test_checkpoint_without_head_count_asks_for_it(cli, tmp_path):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     path = tmp_path / "mha.pt"
     torch.save(torch.nn.MultiheadAttention(16, 2).state_dict(), path)

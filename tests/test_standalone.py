@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SAMPLES
+from helpers import SAMPLES
 from safetensors import safe_open
 
 

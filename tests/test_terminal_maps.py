@@ -192,7 +192,7 @@ def test_statistics_numbers_are_never_truncated_even_when_narrow():
 
 def _yellow_in_panels(path) -> bool:
     """Whether a figure's panels (the colour bar excluded) hold viridis' top colour."""
-    from conftest import colored_runs, read_image
+    from helpers import colored_runs, read_image
 
     image = read_image(path)
     columns = colored_runs(image, axis=1)

@@ -118,7 +118,7 @@ def test_terminal_and_json_say_which_weighting(cli):
 
 
 def test_unknown_weighting_is_a_usage_error(cli):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     assert_clean_error(cli("heatmap", "a b", "--weighting", "size"), 2, "--weighting")
 
@@ -217,7 +217,7 @@ def test_hf_norms_match_the_models_own_modules(kind, zoo_model, cli, tmp_path):
 
 @pytest.mark.hf
 def test_output_attentions_models_are_refused(zoo_model, cli):
-    from conftest import assert_clean_error
+    from helpers import assert_clean_error
 
     result = cli("heatmap", "--model", zoo_model("bloom"), "the cat sat", "--weighting", "norm",
                  "--device", "cpu")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import assert_clean_error
+from helpers import assert_clean_error
 
 SENTENCE = "the cat sat on the mat the cat sat"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import lazy_import
+from helpers import lazy_import
 
 pytestmark = pytest.mark.hf
 transformers = lazy_import("transformers", "tokenizers")

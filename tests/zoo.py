@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from conftest import lazy_import
+from helpers import lazy_import
 
 transformers = lazy_import("transformers", "tokenizers")  # imported when a model is built
 
@@ -282,20 +282,41 @@ def build(kind: str, folder: Path) -> Path:
     return folder
 
 
-def build_lm(kind: str, folder: Path) -> Path:
-    """Write the zoo's `kind` WITH its language-model head (AutoModelForCausalLM, or
-    AutoModelForSeq2SeqLM for an encoder-decoder) and its tokenizer to `folder`; the end of a
-    sequence is the zoo's EOS."""
-    transformers.utils.logging.disable_progress_bar()
-    row = ZOO[kind]
-    auto = transformers.AutoModelForSeq2SeqLM if row.encoder_decoder \
-        else transformers.AutoModelForCausalLM
+def lm_model(kind: str, model_class: str | None = None, vocab_size: int | None = None) -> Any:
+    """The zoo's `kind` WITH a head, random as `build_model`, in eval mode: its language-model
+    head (AutoModelForCausalLM, or AutoModelForSeq2SeqLM for an encoder-decoder), or the
+    transformers class `model_class` (a masked-LM head, ...); `vocab_size` embedding rows
+    instead of the zoo's. Generation ends at the zoo's EOS."""
+    row = row_of(kind)
+    config = row.config()
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
     torch.manual_seed(0)
-    model = auto.from_config(row.config(), attn_implementation="eager")
+    if model_class is not None:
+        model = getattr(transformers, model_class)(config)
+    else:
+        auto = transformers.AutoModelForSeq2SeqLM if row.encoder_decoder \
+            else transformers.AutoModelForCausalLM
+        model = auto.from_config(config, attn_implementation="eager")
     randomize(model, row)
-    model.generation_config.eos_token_id = EOS
-    model.eval().save_pretrained(folder)
-    save_tokenizer(folder, row)
+    if getattr(model, "generation_config", None) is not None:  # None: cannot generate
+        model.generation_config.eos_token_id = EOS
+    return model.eval()
+
+
+def build_lm(kind: str, folder: Path, model_class: str | None = None,
+             vocab_size: int | None = None,
+             edit: Callable[[Any], None] | None = None) -> Path:
+    """Write `lm_model(kind, model_class, vocab_size)` and the zoo's tokenizer to `folder`;
+    return the folder. `edit(model)`, run under no_grad before saving, is where a test's own
+    variant changes weights (a logit bias on one id, a sharper head)."""
+    transformers.utils.logging.disable_progress_bar()
+    model = lm_model(kind, model_class, vocab_size)
+    if edit is not None:
+        with torch.no_grad():
+            edit(model)
+    model.save_pretrained(folder)
+    save_tokenizer(folder, row_of(kind))
     return folder
 
 
