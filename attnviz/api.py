@@ -56,7 +56,7 @@ class Split(SplitResult):
 
     def figure(self) -> Figure:
         """A matplotlib Figure of the four matrices with head boundaries."""
-        from attnviz.render.figure import split_figure
+        from attnviz.render.split_figure import split_figure
 
         return split_figure(self.matrix_panels(), self.title)
 
@@ -105,7 +105,7 @@ class Heatmap(HeatmapResult):
     def _document(self) -> dict[str, Any]:
         """The page's document, its notes naming options by keyword (`export`)."""
         from attnviz.errors import with_options
-        from attnviz.render.html import document_from_run
+        from attnviz.render.html_document import document_from_run
 
         document = document_from_run(self.run, self.head_stats, self.breakdown,
                                      generation=self.generation)

@@ -15,8 +15,7 @@ import torch
 from safetensors.torch import save_file
 from test_circuits import RTOL, composition_errors, dense_layer, head_errors, run_json
 
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
+from attnviz.core.request import HeadHints, RandomSpec
 
 # ---- 1. scale: ranks and ratios do not depend on the weights' scale ----------------------------
 

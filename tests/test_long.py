@@ -17,7 +17,7 @@ from attnviz.compute.forward import load_weights, per_head_forward
 from attnviz.compute.inputs import make_batch
 from attnviz.compute.stats import head_stats
 from attnviz.core import memory
-from attnviz.sources.layers import RandomSpec
+from attnviz.core.request import RandomSpec
 
 # three sentences of different lengths (padding), with repeated tokens (duplicate, induction)
 TEXTS = [" ".join(f"w{i % 7}" for i in range(23)), "a b c a b c d a b",

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 from attnviz.compute import positions
 from attnviz.compute.forward import load_weights
+from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError
 from attnviz.load.checkpoint import DictStore
 from attnviz.recognize import claimed_keys, conventions, find_layers
 from attnviz.recognize import model_types as mt
-from attnviz.recognize.base import HeadHints
 from attnviz.recognize.conventions import Convention, linear
 
 B, L = 2, 5

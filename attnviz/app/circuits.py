@@ -18,9 +18,8 @@ from attnviz.compute.circuits_result import (  # noqa: F401 - the use case's res
     CompositionGrid,
     LayerCircuits,
 )
+from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.errors import CheckpointError, option, quoted
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     import torch

@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import UsageError, option, quoted
-from attnviz.recognize.base import HeadHints
 from attnviz.recognize.match import role_of
-from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     from attnviz.core.layer import AttentionLayer

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
 from attnviz.core.layer_detail import HeadRow, LayerDetail
+from attnviz.core.request import HeadHints
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, UsageError, option
 from attnviz.load.checkpoint import TensorStore
 from attnviz.recognize import Inventory
-from attnviz.recognize.base import HeadHints
 
 if TYPE_CHECKING:
     import numpy as np

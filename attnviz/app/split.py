@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.errors import CheckFailed, UsageError, option
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     from attnviz.compute.forward import LayerWeights

@@ -255,7 +255,8 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
                          files.ablation_figure)
     if files.html is not None:
         from attnviz.cli.paths import write_page
-        from attnviz.render.html import document_from_run, render_html
+        from attnviz.render.html import render_html
+        from attnviz.render.html_document import document_from_run
 
         report(f"writing the page {files.html.name}")
         document = document_from_run(result.run, result.head_stats, result.breakdown,
@@ -279,7 +280,8 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
     """Header lines, the overview, terminal maps, the statistics table and the --query
     breakdown."""
     from attnviz.compute.views import downsample
-    from attnviz.render.maps_terminal import print_maps, print_query, print_stats
+    from attnviz.render.maps_terminal import print_maps, print_stats
+    from attnviz.render.query_terminal import print_query
 
     run = result.run
     out = console()

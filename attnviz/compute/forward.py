@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.compute import kernel
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, option, quoted
 from attnviz.load.checkpoint import TensorStore
 

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture, hf, hf_guard
 from attnviz.sources.ablation_result import (
