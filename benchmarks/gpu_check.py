@@ -28,7 +28,7 @@ from attnviz.compute.layer_stream import LayerRun, stream_layer
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import HeadHints
 from attnviz.core.tensor_ref import TensorRef
-from attnviz.load.checkpoint import DictStore
+from attnviz.load.store import DictStore
 from attnviz.recognize import find_layers
 
 

@@ -270,3 +270,84 @@ def test_the_parameter_count_can_fail():
               "class C:\n    def m(self, a, b, c, d, e, g): pass\n"
               "def v(a, b, c, d, e, *args, **kw): pass\n")
     assert many_parameters(source, "m") == ["m.f", "m.v"]
+
+
+def reexport_shims(source: str) -> list[str]:
+    """Imports written `import x as x` / `from m import x as x`: the idiom that re-exports a name
+    so it can be imported from here as well as from its home."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name} as {a.asname}" for a in node.names if a.asname == a.name]
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"from {node.module} import {a.name} as {a.asname}" for a in node.names
+                      if a.asname == a.name]
+    return found
+
+
+def top_level_names(source: str) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it only imports) at its top level, `if` blocks included
+    (`TYPE_CHECKING`)."""
+    defined: set[str] = set()
+    imported: set[str] = set()
+
+    def scan(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(n.id for t in targets for n in ast.walk(t)
+                               if isinstance(n, ast.Name))
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                imported.update(a.asname or a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.If | ast.Try):
+                scan(node.body + node.orelse + [s for h in getattr(node, "handlers", [])
+                                                for s in h.body])
+
+    scan(ast.parse(source).body)
+    return defined, imported - defined
+
+
+def borrowed_names(source: str, homes: dict[str, str]) -> list[str]:
+    """Names `source` imports from an attnviz module that only imports them itself (so the
+    name has a second path besides its home). `homes` maps a module to its source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in homes and node.level == 0:
+            _, only_imported = top_level_names(homes[node.module])
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if a.name in only_imported and f"{node.module}.{a.name}" not in homes]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=module_name)
+def test_no_reexport_shims(path):
+    """One home per public name: nothing inside attnviz re-exports another module's name."""
+    assert reexport_shims(path.read_text()) == []
+
+
+def test_every_name_is_imported_from_its_home():
+    """A name is imported from the module that defines it, not through one that imports it
+    (the package's lazy `attnviz.__init__` is the public door and is not imported inside)."""
+    homes = {module: path.read_text() for module, path in MODULES.items()}
+    offenders = {module: found for module, path in MODULES.items()
+                 if (found := borrowed_names(homes[module], homes))}
+    assert offenders == {}
+
+
+def test_the_one_home_checks_can_fail():
+    """Negative control: both shim spellings, and a name borrowed through a module that merely
+    imports it, are seen; a plain import, a submodule and a name defined at home are not."""
+    source = ("import os as os\nimport attnviz.core as core\n"
+              "from attnviz.core.request import HeadHints as HeadHints\n"
+              "from attnviz.core.request import RandomSpec as Spec\n")
+    assert reexport_shims(source) == ["import os as os",
+                                      "from attnviz.core.request import HeadHints as HeadHints"]
+    homes = {"attnviz.recognize.base": "from attnviz.core.request import HeadHints\n"
+                                       "def finish(): pass\n",
+             "attnviz.core.request": "class HeadHints: pass\n",
+             "attnviz.recognize.base.sub": ""}
+    importer = ("from attnviz.recognize.base import HeadHints, finish, sub\n"
+                "from attnviz.core.request import HeadHints\n")
+    assert borrowed_names(importer, homes) == ["attnviz.recognize.base.HeadHints"]

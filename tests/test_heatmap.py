@@ -19,7 +19,7 @@ from attnviz.compute.stats import head_stats
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import TensorRef
-from attnviz.load.checkpoint import DictStore
+from attnviz.load.store import DictStore
 
 SENTENCES = ["the cat sat on the mat", "a dog", "one two three four five six seven eight"]
 

@@ -13,7 +13,7 @@ from attnviz.compute import positions
 from attnviz.compute.forward import load_weights
 from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError
-from attnviz.load.checkpoint import DictStore
+from attnviz.load.store import DictStore
 from attnviz.recognize import claimed_keys, conventions, find_layers
 from attnviz.recognize import model_types as mt
 from attnviz.recognize.conventions import Convention, linear

@@ -12,7 +12,7 @@ from conftest import needs_safe_pickles
 from attnviz.compute.forward import load_weights, per_head_forward, reshaped_forward
 from attnviz.compute.split import PROOF_TOLERANCE, make_report, prove_split, split_projections
 from attnviz.core.request import HeadHints, RandomSpec
-from attnviz.load.checkpoint import DictStore
+from attnviz.load.store import DictStore
 from attnviz.recognize import find_layers
 from attnviz.sources.layers import random_mha
 

@@ -15,7 +15,7 @@ from attnviz.recognize.match import role_of
 
 if TYPE_CHECKING:
     from attnviz.core.layer import AttentionLayer
-    from attnviz.load.checkpoint import TensorStore
+    from attnviz.load.store import TensorStore
 
 # Norms that feed an attention module, by name beside it (or beside its parent): pre-norm
 # LayerNorm/RMSNorm of GPT-2, LLaMA and its kin, NeoX, BLOOM, Falcon, T5, ViT, CLIP, timm and

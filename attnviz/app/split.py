@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from attnviz.compute.split_views import BandPicture, MatrixPanel
     from attnviz.core.layer import AttentionLayer
     from attnviz.sources.ablation_result import AblationResult
-    from attnviz.sources.hf import VerifyResult
+    from attnviz.sources.hf.verify import VerifyResult
 
 VERIFY_SENTENCES = ["the cat sat on the mat and the cat slept",
                     "heads split the projection, not the input"]

@@ -170,8 +170,8 @@ def run_command(
         if worker is None:
             preload_matplotlib()
     from attnviz.app.generate import generate_spec
-    from attnviz.app.heatmap import parse_memory_budget, run_heatmap
-    from attnviz.app.heatmap_sources import parse_max_memory
+    from attnviz.app.heatmap import run_heatmap
+    from attnviz.app.heatmap_sources import parse_max_memory, parse_memory_budget
     writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)
     texts = tuple(sentences or ())
     if probe is not None:
@@ -321,7 +321,7 @@ MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
 def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
     """Source, inputs, path, layers and notes; `compact` (an overview without maps): one line
     per kind of layer, and each sentence's tokens, which no map shows then."""
-    from attnviz.render.elide import elide_at_boundaries
+    from attnviz.errors import elide_at_boundaries
 
     # one line: a long path loses whole middle components (--json and --export have it exact)
     device = f"   device {run.device}"

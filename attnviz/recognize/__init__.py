@@ -19,7 +19,7 @@ import attnviz.recognize.match as match
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import HeadHints
 from attnviz.errors import AttnvizError, CheckpointError, UsageError, option, printable, quoted
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import Unresolved, natural_key
 from attnviz.recognize.discovered import Discover
 from attnviz.recognize.model_types import check_config

@@ -22,8 +22,8 @@ import attnviz.recognize.model_types as model_types
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError, printable
-from attnviz.load.checkpoint import TensorStore
 from attnviz.load.config import model_type, tower_config
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import Unresolved, finish, optional_ref, ref
 
 

@@ -13,8 +13,8 @@ from attnviz.core.layer import AttentionLayer, check_self_widths
 from attnviz.core.request import HeadHints
 from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import DtypeError, HeadCountError, LayoutError, printable
-from attnviz.load.checkpoint import TensorStore
 from attnviz.load.config import model_type, tower_config
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import (
     Unresolved,
     finish,

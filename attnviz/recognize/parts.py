@@ -10,7 +10,7 @@ import attnviz.recognize.model_type_table as model_type_table
 from attnviz.core.request import HeadHints
 from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import HeadCountError, LayoutError, option, printable
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import optional_ref
 from attnviz.recognize.conventions import Convention
 from attnviz.recognize.packing import PackedLayout, split_packed

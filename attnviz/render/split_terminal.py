@@ -11,8 +11,8 @@ from rich.text import Text
 
 from attnviz.compute.split import ProjectionSplit, Proof, SplitReport
 from attnviz.compute.split_views import BandPicture
-from attnviz.errors import printable
-from attnviz.render.elide import MAX_TABLE_ROWS, elide_at_boundaries, elided, gap_note
+from attnviz.errors import elide_at_boundaries, printable
+from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
 
 if TYPE_CHECKING:

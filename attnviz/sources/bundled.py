@@ -19,7 +19,8 @@ from attnviz.core.request import HeadHints
 from attnviz.core.words import hashed_ids
 from attnviz.data import BUNDLED
 from attnviz.errors import CheckpointError, UsageError, option, quoted
-from attnviz.load.checkpoint import TensorStore, open_checkpoint
+from attnviz.load.checkpoint import open_checkpoint
+from attnviz.load.store import TensorStore
 from attnviz.recognize import find_layers
 from attnviz.recognize.base import metadata_int
 

@@ -22,7 +22,7 @@ from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.core.request import GenerateSpec
 from attnviz.core.words import hashed_ids
 from attnviz.errors import CheckpointError, UsageError
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
 from attnviz.sources.generate_spec import Generation, unnamed

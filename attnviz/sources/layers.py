@@ -5,7 +5,7 @@ from __future__ import annotations
 from attnviz.core.layer import AttentionLayer, divisor_choices
 from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.errors import UsageError, option
-from attnviz.load.checkpoint import DictStore, TensorStore
+from attnviz.load.store import DictStore, TensorStore
 from attnviz.recognize import find_layers
 
 MAX_RANDOM_DIM = 8192  # a (3E, E) float32 in_proj is 800 MB at E = 8192
