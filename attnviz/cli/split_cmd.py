@@ -106,17 +106,17 @@ def _random_spec(checkpoint: bool, embed_dim: int | None, num_heads: int | None,
 def _print_result(result: SplitResult, png_path: Path | None) -> None:
     from attnviz.render.split_terminal import (
         LABEL_WIDTH,
-        ablation_lines,
         print_split,
+        proof_lines,
         verify_lines,
     )
 
     out = console()
     picture = result.band_picture(max(8, min(out.width, 120) - LABEL_WIDTH))
     print_split(out, result.report, picture, result.explanation(), result.source)
-    if result.ablation is not None:
+    if result.proof is not None:
         out.print()
-        out.print(ablation_lines(result.ablation, result.recompute_skipped))
+        out.print(proof_lines(result.proof, result.recompute_skipped))
     if result.verified is not None:
         out.print()
         out.print(verify_lines(result.verified, list(result.sentences)))
