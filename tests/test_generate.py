@@ -257,7 +257,7 @@ def _reference_tiny() -> Any:
 
     from safetensors.torch import load_file
 
-    from attnviz.sources import bundled
+    from attnviz.data import BUNDLED
 
     spec = importlib.util.spec_from_file_location(
         "train_induction", ROOT / "sample_weights" / "train_induction.py")
@@ -265,7 +265,7 @@ def _reference_tiny() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = module.TinyAttnModel(1024, 64, 64, 2, 2)
-    model.load_state_dict(load_file(str(bundled.BUNDLED)))
+    model.load_state_dict(load_file(str(BUNDLED)))
     return model.eval()
 
 

@@ -290,7 +290,9 @@ def test_a_failed_streamed_export_leaves_no_file(cli, tmp_path, monkeypatch):
                                                 ("1.5g", 3 * 2**29), ("3000000", 3000000),
                                                 (" 64 MiB ", 64 * 2**20)])
 def test_memory_budget_sizes(text, expected):
-    assert heatmap_mod.parse_memory_budget(text) == expected
+    from attnviz.app.heatmap_sources import parse_memory_budget
+
+    assert parse_memory_budget(text) == expected
 
 
 @pytest.mark.parametrize("text", ["lots", "12XB", "-5MB", "1KB", "0"])
