@@ -186,7 +186,7 @@ CONVENTIONAL_ALIASES = {"numpy": "np", "torch.nn.functional": "F",
 
 
 def module_aliases(source: str, is_module) -> list[str]:
-    """Imports that give a module another name (`from attnviz.sources import layers as
+    """Imports that give a module another name (`from attnviz.sources import random_layer as
     sources`): a reader then meets one module under two names. Function and class aliases, and
     the community's conventional `np` / `F`, are not counted. `is_module(dotted)` says whether
     a dotted name is a module."""
@@ -219,11 +219,11 @@ def test_no_module_goes_by_another_name(path):
 
 def test_the_alias_check_can_fail():
     source = ("import numpy as np\nimport attnviz.sources.bundled as tinymodel\n"
-              "from attnviz.sources import layers as sources\n"
+              "from attnviz.sources import random_layer as sources\n"
               "from attnviz.render.safe import safe_text as plain\n")
     assert module_aliases(source, _is_attnviz_module) == [
         "import attnviz.sources.bundled as tinymodel",
-        "from attnviz.sources import layers as sources"]
+        "from attnviz.sources import random_layer as sources"]
 
 
 # The main path passes one request and small frozen "how to run" objects down (issue 20), not
@@ -351,3 +351,40 @@ def test_the_one_home_checks_can_fail():
     importer = ("from attnviz.recognize.base import HeadHints, finish, sub\n"
                 "from attnviz.core.request import HeadHints\n")
     assert borrowed_names(importer, homes) == ["attnviz.recognize.base.HeadHints"]
+
+
+# One module per concept per layer is fine across top packages (compute/split.py computes the
+# split, app/split.py is its use case); inside one top package two modules of one name are two
+# places a reader must tell apart (sources/layers.py beside sources/hf/layers.py, until #32).
+SAME_NAME_ALLOWED: set[tuple[str, str]] = set()
+
+
+def same_named_modules(modules: list[str]) -> list[tuple[str, str]]:
+    """(top package, file name) for each file name that two modules of one top package share
+    (`__init__` and `__main__` aside)."""
+    seen: dict[tuple[str, str], int] = {}
+    for module in modules:
+        parts = module.split(".")
+        if len(parts) > 2 and parts[-1] not in ("__init__", "__main__"):
+            key = (parts[1], parts[-1])
+            seen[key] = seen.get(key, 0) + 1
+    return sorted(key for key, count in seen.items() if count > 1)
+
+
+def _module_files() -> list[str]:
+    return sorted(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+                  for p in PACKAGE.rglob("*.py"))
+
+
+def test_no_two_modules_of_one_name_in_one_top_package():
+    found = same_named_modules(_module_files())
+    assert [key for key in found if key not in SAME_NAME_ALLOWED] == []
+    assert SAME_NAME_ALLOWED <= set(found), "no longer shared, so drop it from the allow-list"
+
+
+def test_the_same_name_check_can_fail():
+    """Negative control: sources/layers.py beside sources/hf/layers.py is caught; one name in
+    two top packages, and package __init__ files, are not."""
+    modules = ["attnviz.sources.layers", "attnviz.sources.hf.layers", "attnviz.compute.split",
+               "attnviz.app.split", "attnviz.sources.__init__", "attnviz.sources.hf.__init__"]
+    assert same_named_modules(modules) == [("sources", "layers")]

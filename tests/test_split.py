@@ -14,7 +14,7 @@ from attnviz.compute.split import PROOF_TOLERANCE, make_report, prove_split, spl
 from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.load.store import DictStore
 from attnviz.recognize import find_layers
-from attnviz.sources.layers import random_mha
+from attnviz.sources.random_layer import random_mha
 
 CASES = [  # (E, H, kdim, vdim, bias, add_bias_kv)
     (64, 8, None, None, True, False),

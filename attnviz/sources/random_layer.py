@@ -1,4 +1,4 @@
-"""Where a layer comes from: a freshly initialized nn.MultiheadAttention, or a checkpoint."""
+"""The `--random` source's layer: a freshly initialized, seeded nn.MultiheadAttention."""
 
 from __future__ import annotations
 
