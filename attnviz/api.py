@@ -18,11 +18,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from attnviz.app.circuits import CircuitsRequest, CircuitsResult, run_circuits
+from attnviz.app.circuits import CircuitsRequest, run_circuits
 from attnviz.app.heatmap import HeatmapResult
 from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
+from attnviz.compute.circuits_result import CircuitsResult
 from attnviz.core.request import (
     DEFAULT_EMBED_DIM,
     DEFAULT_MAX_SENTENCES,
@@ -33,8 +34,8 @@ from attnviz.core.request import (
     RandomSpec,
 )
 from attnviz.errors import UsageError, option
-from attnviz.load.checkpoint import TensorStore
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
+from attnviz.load.store import TensorStore
 from attnviz.recognize import Inventory
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class Split(SplitResult):
 
     def figure(self) -> Figure:
         """A matplotlib Figure of the four matrices with head boundaries."""
-        from attnviz.render.figure import split_figure
+        from attnviz.render.split_figure import split_figure
 
         return split_figure(self.matrix_panels(), self.title)
 
@@ -105,7 +106,7 @@ class Heatmap(HeatmapResult):
     def _document(self) -> dict[str, Any]:
         """The page's document, its notes naming options by keyword (`export`)."""
         from attnviz.errors import with_options
-        from attnviz.render.html import document_from_run
+        from attnviz.render.html_document import document_from_run
 
         document = document_from_run(self.run, self.head_stats, self.breakdown,
                                      generation=self.generation)

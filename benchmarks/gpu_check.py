@@ -25,10 +25,11 @@ from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch
 from attnviz.compute.layer_stream import LayerRun, stream_layer
-from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.load.checkpoint import DictStore
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.request import HeadHints
+from attnviz.core.tensor_ref import TensorRef
+from attnviz.load.store import DictStore
 from attnviz.recognize import find_layers
-from attnviz.recognize.base import HeadHints
 
 
 def mha_layer(E: int, H: int) -> tuple[AttentionLayer, DictStore]:

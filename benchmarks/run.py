@@ -783,8 +783,9 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     from attnviz.compute.inputs import make_batch
     from attnviz.compute.stats import head_stats
     from attnviz.core import memory
-    from attnviz.recognize.base import HeadHints
-    from attnviz.render.figure import heatmap_figure, save_figure
+    from attnviz.core.request import HeadHints
+    from attnviz.render.figure import heatmap_figure
+    from attnviz.render.figure_io import save_figure
 
     L, cells = sizes.structure, streaming.DISPLAY_CELLS
     batch = make_batch([zipf_words(L, seed=2)], max_tokens=40000)
@@ -830,7 +831,8 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     import matplotlib.pyplot as plt
 
     from attnviz.compute.views import MapView
-    from attnviz.render.figure import heatmap_figure, save_figure
+    from attnviz.render.figure import heatmap_figure
+    from attnviz.render.figure_io import save_figure
 
     rng = np.random.default_rng(0)
 

@@ -22,7 +22,7 @@ def _tiny_model():
     """The bundled model as sample_weights/train_induction.py defines and trains it."""
     from safetensors.torch import load_file
 
-    from attnviz.sources.bundled import BUNDLED
+    from attnviz.data import BUNDLED
 
     spec = importlib.util.spec_from_file_location(
         "train_induction", ROOT / "sample_weights" / "train_induction.py")
@@ -178,7 +178,7 @@ def test_standalone_layer_hidden_change(tmp_path):
     from safetensors.torch import save_file
 
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
-    from attnviz.recognize.base import HeadHints
+    from attnviz.core.request import HeadHints
 
     torch.manual_seed(0)
     mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()

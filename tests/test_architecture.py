@@ -187,7 +187,7 @@ CONVENTIONAL_ALIASES = {"numpy": "np", "torch.nn.functional": "F",
 
 
 def module_aliases(source: str, is_module) -> list[str]:
-    """Imports that give a module another name (`from attnviz.sources import layers as
+    """Imports that give a module another name (`from attnviz.sources import random_layer as
     sources`): a reader then meets one module under two names. Function and class aliases, and
     the community's conventional `np` / `F`, are not counted. `is_module(dotted)` says whether
     a dotted name is a module."""
@@ -220,11 +220,11 @@ def test_no_module_goes_by_another_name(path):
 
 def test_the_alias_check_can_fail():
     source = ("import numpy as np\nimport attnviz.sources.bundled as tinymodel\n"
-              "from attnviz.sources import layers as sources\n"
+              "from attnviz.sources import random_layer as sources\n"
               "from attnviz.render.safe import safe_text as plain\n")
     assert module_aliases(source, _is_attnviz_module) == [
         "import attnviz.sources.bundled as tinymodel",
-        "from attnviz.sources import layers as sources"]
+        "from attnviz.sources import random_layer as sources"]
 
 
 # The main path passes one request and small frozen "how to run" objects down (issue 20), not
@@ -271,3 +271,121 @@ def test_the_parameter_count_can_fail():
               "class C:\n    def m(self, a, b, c, d, e, g): pass\n"
               "def v(a, b, c, d, e, *args, **kw): pass\n")
     assert many_parameters(source, "m") == ["m.f", "m.v"]
+
+
+def reexport_shims(source: str) -> list[str]:
+    """Imports written `import x as x` / `from m import x as x`: the idiom that re-exports a name
+    so it can be imported from here as well as from its home."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name} as {a.asname}" for a in node.names if a.asname == a.name]
+        elif isinstance(node, ast.ImportFrom):
+            found += [f"from {node.module} import {a.name} as {a.asname}" for a in node.names
+                      if a.asname == a.name]
+    return found
+
+
+def top_level_names(source: str) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it only imports) at its top level, `if` blocks included
+    (`TYPE_CHECKING`)."""
+    defined: set[str] = set()
+    imported: set[str] = set()
+
+    def scan(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(n.id for t in targets for n in ast.walk(t)
+                               if isinstance(n, ast.Name))
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                imported.update(a.asname or a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.If | ast.Try):
+                scan(node.body + node.orelse + [s for h in getattr(node, "handlers", [])
+                                                for s in h.body])
+
+    scan(ast.parse(source).body)
+    return defined, imported - defined
+
+
+def borrowed_names(source: str, homes: dict[str, str]) -> list[str]:
+    """Names `source` imports from an attnviz module that only imports them itself (so the
+    name has a second path besides its home). `homes` maps a module to its source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in homes and node.level == 0:
+            _, only_imported = top_level_names(homes[node.module])
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if a.name in only_imported and f"{node.module}.{a.name}" not in homes]
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=module_name)
+def test_no_reexport_shims(path):
+    """One home per public name: nothing inside attnviz re-exports another module's name."""
+    assert reexport_shims(path.read_text()) == []
+
+
+def test_every_name_is_imported_from_its_home():
+    """A name is imported from the module that defines it, not through one that imports it
+    (the package's lazy `attnviz.__init__` is the public door and is not imported inside)."""
+    homes = {module: path.read_text() for module, path in MODULES.items()}
+    offenders = {module: found for module, path in MODULES.items()
+                 if (found := borrowed_names(homes[module], homes))}
+    assert offenders == {}
+
+
+def test_the_one_home_checks_can_fail():
+    """Negative control: both shim spellings, and a name borrowed through a module that merely
+    imports it, are seen; a plain import, a submodule and a name defined at home are not."""
+    source = ("import os as os\nimport attnviz.core as core\n"
+              "from attnviz.core.request import HeadHints as HeadHints\n"
+              "from attnviz.core.request import RandomSpec as Spec\n")
+    assert reexport_shims(source) == ["import os as os",
+                                      "from attnviz.core.request import HeadHints as HeadHints"]
+    homes = {"attnviz.recognize.base": "from attnviz.core.request import HeadHints\n"
+                                       "def finish(): pass\n",
+             "attnviz.core.request": "class HeadHints: pass\n",
+             "attnviz.recognize.base.sub": ""}
+    importer = ("from attnviz.recognize.base import HeadHints, finish, sub\n"
+                "from attnviz.core.request import HeadHints\n")
+    assert borrowed_names(importer, homes) == ["attnviz.recognize.base.HeadHints"]
+
+
+# One module per concept per layer is fine across top packages (compute/split.py computes the
+# split, app/split.py is its use case); inside one top package two modules of one name are two
+# places a reader must tell apart (sources/layers.py beside sources/hf/layers.py, until #32).
+SAME_NAME_ALLOWED: set[tuple[str, str]] = set()
+
+
+def same_named_modules(modules: list[str]) -> list[tuple[str, str]]:
+    """(top package, file name) for each file name that two modules of one top package share
+    (`__init__` and `__main__` aside)."""
+    seen: dict[tuple[str, str], int] = {}
+    for module in modules:
+        parts = module.split(".")
+        if len(parts) > 2 and parts[-1] not in ("__init__", "__main__"):
+            key = (parts[1], parts[-1])
+            seen[key] = seen.get(key, 0) + 1
+    return sorted(key for key, count in seen.items() if count > 1)
+
+
+def _module_files() -> list[str]:
+    return sorted(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+                  for p in PACKAGE.rglob("*.py"))
+
+
+def test_no_two_modules_of_one_name_in_one_top_package():
+    found = same_named_modules(_module_files())
+    assert [key for key in found if key not in SAME_NAME_ALLOWED] == []
+    assert SAME_NAME_ALLOWED <= set(found), "no longer shared, so drop it from the allow-list"
+
+
+def test_the_same_name_check_can_fail():
+    """Negative control: sources/layers.py beside sources/hf/layers.py is caught; one name in
+    two top packages, and package __init__ files, are not."""
+    modules = ["attnviz.sources.layers", "attnviz.sources.hf.layers", "attnviz.compute.split",
+               "attnviz.app.split", "attnviz.sources.__init__", "attnviz.sources.hf.__init__"]
+    assert same_named_modules(modules) == [("sources", "layers")]

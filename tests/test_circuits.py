@@ -14,8 +14,7 @@ import torch
 
 from attnviz.app.circuits import CircuitsRequest, run_circuits
 from attnviz.compute.circuits import EFFECTIVE_SHARE, RANK_RTOL
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
+from attnviz.core.request import HeadHints, RandomSpec
 
 RTOL = 1e-4
 TOP = 8  # singular values compared per circuit (all of them for d ≤ 8)
@@ -142,7 +141,7 @@ def test_checkpoint_mha_with_kdim(tmp_path):
 def bundled_reference(fold=True):
     from safetensors.torch import load_file
 
-    from attnviz.sources.bundled import BUNDLED
+    from attnviz.data import BUNDLED
 
     w = load_file(BUNDLED)
     ref = {}

@@ -15,8 +15,7 @@ import torch
 from safetensors.torch import save_file
 from test_circuits import RTOL, composition_errors, dense_layer, head_errors, run_json
 
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
+from attnviz.core.request import HeadHints, RandomSpec
 
 # ---- 1. scale: ranks and ratios do not depend on the weights' scale ----------------------------
 
@@ -217,7 +216,8 @@ def test_only_different_widths_skip_composition(tmp_path, cli):
 def test_compose_heads_of_different_sizes():
     """Same width (24), different head sizes (2 heads of 12, 3 of 8): composition's cross
     blocks are (d_later × d_earlier), and the scores equal the dense ones."""
-    from attnviz.compute.circuits import StoredWeight, compose, layer_circuits
+    from attnviz.compute.circuits import compose, layer_circuits
+    from attnviz.compute.circuits_factors import StoredWeight
 
     gen = torch.Generator().manual_seed(9)
     layers = []
@@ -372,7 +372,8 @@ def test_float64_weights_past_float32s_range(float32_path, scale):
     """float64 weights at 1e±100, which float32 cannot hold at all (they became 0 or inf on
     conversion), through the float32 path in their unit: the dense float64 computation's
     ranks, norms (~1e±200) and singular values; a γ of 1e-30 folded in as well."""
-    from attnviz.compute.circuits import StoredWeight, layer_circuits
+    from attnviz.compute.circuits import layer_circuits
+    from attnviz.compute.circuits_factors import StoredWeight
 
     gen = torch.Generator().manual_seed(11)
     W = {n: torch.randn(64, 64, generator=gen, dtype=torch.float64) * scale for n in "qkvo"}

@@ -21,7 +21,8 @@ from helpers import SAMPLES, assert_clean_error  # noqa: E402
 from zoo import load_for_capture  # noqa: E402
 
 from attnviz.app.split import SplitRequest, run_split  # noqa: E402
-from attnviz.load.checkpoint import DictStore, open_checkpoint  # noqa: E402
+from attnviz.load.checkpoint import open_checkpoint  # noqa: E402
+from attnviz.load.store import DictStore  # noqa: E402
 from attnviz.recognize import conventions, find_layers  # noqa: E402
 from attnviz.sources.discover import discover_modules  # noqa: E402
 

@@ -190,7 +190,8 @@ def test_png_has_the_pixels_matplotlib_would_write(tmp_path):
     with one panel changed is a control the comparison must catch."""
     from PIL import Image
 
-    from attnviz.render.figure import heatmap_figure, save_figure
+    from attnviz.render.figure import heatmap_figure
+    from attnviz.render.figure_io import save_figure
 
     run = attnviz.run_heatmap(["the cat sat on the mat", "a dog"])
     fig = heatmap_figure(run.views, "pixels")

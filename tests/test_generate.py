@@ -38,7 +38,7 @@ def lm_folder(tmp_path_factory: Any) -> Any:
 
 
 def _run(folder: Path, prompts: list[str], n: int = N_NEW, **spec: Any) -> tuple[Any, Any, Any]:
-    from attnviz.sources.generate_spec import GenerateSpec
+    from attnviz.core.request import GenerateSpec
     from attnviz.sources.hf.generate import load_lm
     from attnviz.sources.hf.generate_maps import run_generation
     from attnviz.sources.hf.inputs import encode
@@ -257,7 +257,7 @@ def _reference_tiny() -> Any:
 
     from safetensors.torch import load_file
 
-    from attnviz.sources import bundled
+    from attnviz.data import BUNDLED
 
     spec = importlib.util.spec_from_file_location(
         "train_induction", ROOT / "sample_weights" / "train_induction.py")
@@ -265,7 +265,7 @@ def _reference_tiny() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = module.TinyAttnModel(1024, 64, 64, 2, 2)
-    model.load_state_dict(load_file(str(bundled.BUNDLED)))
+    model.load_state_dict(load_file(str(BUNDLED)))
     return model.eval()
 
 
@@ -273,9 +273,9 @@ def _bundled_run(sentences: list[str], n: int, **spec: Any) -> tuple[Any, Any]:
     import torch
 
     from attnviz.compute.inputs import make_batch
+    from attnviz.core.request import GenerateSpec
     from attnviz.sources import bundled
     from attnviz.sources.bundled_generate import continue_text
-    from attnviz.sources.generate_spec import GenerateSpec
 
     return continue_text(bundled.open_bundled(), make_batch(sentences), GenerateSpec(n, **spec),
                          None, torch.device("cpu"))
@@ -431,7 +431,8 @@ def test_figure_cross_strip_is_the_alignment_as_produced(tmp_path: Path) -> None
     from helpers import read_image
 
     from attnviz.api import run_model
-    from attnviz.render.figure import heatmap_figure, save_figure
+    from attnviz.render.figure import heatmap_figure
+    from attnviz.render.figure_io import save_figure
 
     result = run_model("sample_weights/models/marian-tiny-model",
                        ["the cat sat on the mat", "a dog ran"], generate=3, device="cpu")
@@ -530,8 +531,7 @@ def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
 
     from attnviz.app.heatmap import run_heatmap
     from attnviz.compute.maps import select_maps
-    from attnviz.core.request import HeatmapRequest
-    from attnviz.sources.generate_spec import GenerateSpec
+    from attnviz.core.request import GenerateSpec, HeatmapRequest
 
     folder = str(lm_folder(kind))
 
@@ -584,8 +584,7 @@ def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
     import torch
 
     from attnviz.app.heatmap import run_heatmap
-    from attnviz.core.request import HeatmapRequest
-    from attnviz.sources.generate_spec import GenerateSpec
+    from attnviz.core.request import GenerateSpec, HeatmapRequest
 
     folder = str(lm_folder(kind))
     every = run_heatmap(HeatmapRequest.build(

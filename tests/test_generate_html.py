@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from browser import Browser, find_chromium
 
-from attnviz.render.html import LEVELS, render_html
-from attnviz.render.html_codes import dequantize
+from attnviz.render.html import render_html
+from attnviz.render.html_codes import LEVELS, dequantize
 
 SENTENCES = ["the cat sat on the mat the cat", "one two three four one two"]
 N_NEW = 4
@@ -24,7 +24,7 @@ needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not ins
 
 
 def _document(result: Any) -> dict[str, Any]:
-    from attnviz.render.html import document_from_run
+    from attnviz.render.html_document import document_from_run
 
     return document_from_run(result.run, result.head_stats, result.breakdown,
                              generation=result.generation)
@@ -33,8 +33,7 @@ def _document(result: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def bundled_generated() -> tuple[Any, dict[str, Any]]:
     from attnviz.app.heatmap import run_heatmap
-    from attnviz.core.request import HeatmapRequest
-    from attnviz.sources.generate_spec import GenerateSpec
+    from attnviz.core.request import GenerateSpec, HeatmapRequest
 
     result = run_heatmap(HeatmapRequest.build(sentences=tuple(SENTENCES), device="cpu",
                                               generate=GenerateSpec(N_NEW)))

@@ -141,8 +141,7 @@ def test_unnamed_ids_in_every_output(padded_lm: Any, cli: Any, tmp_path: Path,
 def test_unnamed_ids_when_streamed(padded_lm: Any) -> None:
     """The two-pass (bounded memory) path names them in the teacher-forced forward's tokens."""
     from attnviz.app.heatmap import run_heatmap
-    from attnviz.core.request import HeatmapRequest
-    from attnviz.sources.generate_spec import GenerateSpec
+    from attnviz.core.request import GenerateSpec, HeatmapRequest
 
     folder = padded_lm("phi")
     ids, tokenizer = _reference_ids(folder, False)

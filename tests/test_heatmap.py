@@ -17,8 +17,9 @@ from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import hashed_vector, make_batch
 from attnviz.compute.stats import head_stats
 from attnviz.core import memory
-from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.load.checkpoint import DictStore
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.tensor_ref import TensorRef
+from attnviz.load.store import DictStore
 
 SENTENCES = ["the cat sat on the mat", "a dog", "one two three four five six seven eight"]
 
@@ -335,7 +336,7 @@ def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
     from attnviz.app import heatmap as heatmap_mod
     from attnviz.compute import streaming
     from attnviz.compute.inputs import make_batch
-    from attnviz.sources.layers import RandomSpec
+    from attnviz.core.request import RandomSpec
 
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", 32)
@@ -355,7 +356,7 @@ def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
 
     from attnviz.app import heatmap as heatmap_mod
     from attnviz.compute.inputs import make_batch
-    from attnviz.sources.layers import RandomSpec
+    from attnviz.core.request import RandomSpec
 
     batch = make_batch(["the cat sat on the mat the cat sat", "a dog ran", "x y x y x"])
     build = heatmap_mod.HeatmapRequest.build
@@ -387,7 +388,8 @@ def test_figure_downsamples_maps_larger_than_their_panel():
     import numpy as np
 
     from attnviz.compute.views import MapView
-    from attnviz.render.figure import FIGURE_DPI, heatmap_figure, panel_inches
+    from attnviz.render.figure import heatmap_figure, panel_inches
+    from attnviz.render.figure_io import FIGURE_DPI
 
     n = 1000
     values = np.random.default_rng(0).random((n, n)).astype(np.float32)

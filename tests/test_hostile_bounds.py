@@ -356,7 +356,7 @@ def _bundled_variant(tmp_path: Path, change: str) -> Path:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from attnviz.sources.bundled import BUNDLED
+    from attnviz.data import BUNDLED
 
     with safe_open(str(BUNDLED), framework="pt") as f:
         metadata = f.metadata()

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from attnviz.core.request import HeadHints
 from attnviz.errors import AttnvizError
 from attnviz.load.checkpoint import open_checkpoint
 from attnviz.recognize import find_layers
-from attnviz.recognize.base import HeadHints
 
 
 def _st_bytes(header: object, data: bytes = b"") -> bytes:

@@ -19,10 +19,11 @@ from attnviz.app.heatmap import HeatmapRequest, run_on_batch
 from attnviz.cli.paths import write_page
 from attnviz.compute.inputs import Batch
 from attnviz.compute.stats import head_stats
+from attnviz.core.request import RandomSpec
 from attnviz.errors import printable
 from attnviz.render import html as page_html
-from attnviz.render.html import document_from_run, render_html
-from attnviz.sources.layers import RandomSpec
+from attnviz.render.html import render_html
+from attnviz.render.html_document import document_from_run
 
 # each is escaped by the terminal (errors.printable): what the page must never hold raw
 HOSTILE_CHARS = ["\u202e", "\u200b", "\u2066", "\u2069", "\x1b", "\x00", "\x9b", "\x85",

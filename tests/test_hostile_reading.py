@@ -120,14 +120,14 @@ def vocab_folder(root: Path, vocab_words: list[str] | None = None) -> Path:
 
 
 def test_embedding_rows_are_read_for_the_tokens_used(cli, tmp_path, monkeypatch):
-    from attnviz.load import checkpoint
+    from attnviz.load import store
 
     folder = vocab_folder(tmp_path, ["[UNK]", "the", "cat", "sat"])
     reads, rows = [], []
-    real_read, real_rows = checkpoint.TensorStore.read, checkpoint.TensorStore.read_rows
-    monkeypatch.setattr(checkpoint.TensorStore, "read",
+    real_read, real_rows = store.TensorStore.read, store.TensorStore.read_rows
+    monkeypatch.setattr(store.TensorStore, "read",
                         lambda self, name: reads.append(name) or real_read(self, name))
-    monkeypatch.setattr(checkpoint.TensorStore, "read_rows", lambda self, name, a, b: (
+    monkeypatch.setattr(store.TensorStore, "read_rows", lambda self, name, a, b: (
         rows.append((name, a, b)) or real_rows(self, name, a, b)))
     result = cli("heatmap", "--weights", folder, "-H", "2", "the cat sat the dog", "--json")
     assert_printed_clean(result)

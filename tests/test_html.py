@@ -23,18 +23,11 @@ from attnviz.cli.paths import write_page
 from attnviz.compute.breakdown import query_breakdown
 from attnviz.compute.inputs import Batch, make_batch
 from attnviz.compute.stats import head_stats
+from attnviz.core.request import RandomSpec
 from attnviz.errors import OutputError
-from attnviz.render.html import (
-    LEVELS,
-    MASKED,
-    decode_map,
-    dequantize,
-    document_from_run,
-    notebook_html,
-    quantize,
-    render_html,
-)
-from attnviz.sources.layers import RandomSpec
+from attnviz.render.html import notebook_html, render_html
+from attnviz.render.html_codes import LEVELS, MASKED, dequantize, quantize
+from attnviz.render.html_document import decode_map, document_from_run
 
 HOSTILE = ["the", "</script>", '<img src=x onerror="window.pwned=1">', "cat", "&amp;",
            "https://evil.example/x.js", "<!--", "the"]

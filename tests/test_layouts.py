@@ -18,10 +18,12 @@ from safetensors.torch import save_file
 from attnviz.compute.forward import LayerWeights, load_weights, read_ref
 from attnviz.compute.split import make_report
 from attnviz.core.layer import AttentionLayer
+from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError, UsageError
-from attnviz.load.checkpoint import DictStore, open_checkpoint
+from attnviz.load.checkpoint import open_checkpoint
+from attnviz.load.store import DictStore
 from attnviz.recognize import claimed_keys, find_layers, select_layer
-from attnviz.recognize.base import HeadHints, ref
+from attnviz.recognize.base import ref
 from attnviz.recognize.packing import grouped
 
 torch.set_num_threads(1)

@@ -17,7 +17,7 @@ from attnviz.compute.forward import load_weights, per_head_forward
 from attnviz.compute.inputs import make_batch
 from attnviz.compute.stats import head_stats
 from attnviz.core import memory
-from attnviz.sources.layers import RandomSpec
+from attnviz.core.request import RandomSpec
 
 # three sentences of different lengths (padding), with repeated tokens (duplicate, induction)
 TEXTS = [" ".join(f"w{i % 7}" for i in range(23)), "a b c a b c d a b",
@@ -290,7 +290,9 @@ def test_a_failed_streamed_export_leaves_no_file(cli, tmp_path, monkeypatch):
                                                 ("1.5g", 3 * 2**29), ("3000000", 3000000),
                                                 (" 64 MiB ", 64 * 2**20)])
 def test_memory_budget_sizes(text, expected):
-    assert heatmap_mod.parse_memory_budget(text) == expected
+    from attnviz.app.heatmap_sources import parse_memory_budget
+
+    assert parse_memory_budget(text) == expected
 
 
 @pytest.mark.parametrize("text", ["lots", "12XB", "-5MB", "1KB", "0"])

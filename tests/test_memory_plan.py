@@ -171,7 +171,7 @@ def test_maps_past_512_keys_stream_unless_read():
     """A 600-token layer fits the default budget: it streams (display views and statistics
     equal the full maps'), except when its maps are read whole (--weighting norm), which still
     works; the full run is the negative control of the streamed one's decision."""
-    from attnviz.sources.layers import RandomSpec
+    from attnviz.core.request import RandomSpec
 
     batch = make_batch([" ".join(f"w{i % 50}" for i in range(600))], max_tokens=1000)
     request = dict(random=RandomSpec(32, 4))

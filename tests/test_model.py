@@ -2,7 +2,8 @@
 exported maps equal transformers' own eager output_attentions for each sentence run alone, a
 batch equals its sentences run alone, --query recomputes the model's own weights from the
 captured q_h and k_h, encoder-decoder models run their decoder (self- and cross-attention), and
-the ablation proof passes on attnviz's own head slicing and fails on deliberately wrong slices."""
+the split proof (`split --verify`) passes on attnviz's own head slicing and fails on
+deliberately wrong slices."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from attnviz.compute.breakdown import query_breakdown  # noqa: E402
 from attnviz.core import memory  # noqa: E402
 from attnviz.errors import UsageError, with_options  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
-from attnviz.sources import ablation, hf  # noqa: E402
 from attnviz.sources import capture as cap  # noqa: E402
+from attnviz.sources import hf, split_proof  # noqa: E402
 
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGETS = ["the big red barn", "a cat sat far away"]  # one per sentence; T ≠ S
@@ -237,14 +238,14 @@ def _verify_param(kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", [_verify_param(kind) for kind in TEXT])
-def test_ablation_proof_passes(model, kind):
+def test_split_proof_passes(model, kind):
     """Every layer attnviz recognizes, encoder, decoder and cross-attention included: negating
     each head's rows changes that head (or its group) only."""
     m = model(kind)
     layers = find_layers(m.loaded.store).layers
     assert layers, "no layer recognized"
     for layer in layers:
-        result = ablation.ablate(m.loaded, layer, SENTENCES, m.targets)
+        result = split_proof.prove_split(m.loaded, layer, SENTENCES, m.targets)
         assert result.passed, (layer.name, [(c.projection, c.head, c.reason)
                                             for c in result.failures])
         assert len(result.checks) == layer.num_heads + 2 * layer.num_kv_heads
@@ -272,17 +273,17 @@ PACKINGS = {"separate q/k/v": "llama", "stacked qkv (multi-query)": "gpt_bigcode
 
 
 @pytest.mark.parametrize("packing", PACKINGS)
-def test_ablation_proof_fails_on_wrong_slices(model, packing):
+def test_split_proof_fails_on_wrong_slices(model, packing):
     """Negative controls: heads 0 and 1 swapped in attnviz's description fail, per projection;
     the proof blames exactly the swapped heads."""
     m = model(PACKINGS[packing])
     layer = find_layers(m.loaded.store).layers[1]
-    assert ablation.ablate(m.loaded, layer, SENTENCES).passed
+    assert split_proof.prove_split(m.loaded, layer, SENTENCES).passed
     for projection in ("q", "k", "v"):
         if projection != "q" and layer.num_kv_heads < 2:
             continue  # one key/value head: nothing to swap
         wrong = swap(layer, 0, 1, projection)
-        result = ablation.ablate(m.loaded, layer, SENTENCES, described=wrong)
+        result = split_proof.prove_split(m.loaded, layer, SENTENCES, described=wrong)
         assert not result.passed, projection
         failed = {(c.projection, c.head) for c in result.failures}
         assert failed == {(projection, 0), (projection, 1)}, (projection, failed)
@@ -303,7 +304,7 @@ def test_untestable_head_is_said(tmp_path):
     loaded = hf.load_model(str(tmp_path), tokenizer=load_tokenizer(tmp_path))
     layer = find_layers(loaded.store).layers[0]
     assert layer.q_rows(2) == (16, 24)
-    result = ablation.ablate(loaded, layer, SENTENCES)
+    result = split_proof.prove_split(loaded, layer, SENTENCES)
     assert result.passed
     # its key cannot show a change either: every score of head 2 is 0
     assert [(c.projection, c.head) for c in result.untestable] == [("q", 2), ("k", 2)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import BUNDLED
 
-from attnviz.render.elide import elide_at_boundaries
+from attnviz.errors import elide_at_boundaries
 
 SENTENCE = "the cat sat on the mat"
 

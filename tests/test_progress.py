@@ -13,7 +13,7 @@ from rich.console import Console
 
 from attnviz.app.heatmap import HeatmapRequest, run_heatmap
 from attnviz.cli import progress as progress_mod
-from attnviz.sources.layers import RandomSpec
+from attnviz.core.request import RandomSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,11 +11,12 @@ import torch.nn.functional as F
 
 from attnviz.compute import positions
 from attnviz.compute.forward import load_weights
+from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError
-from attnviz.load.checkpoint import DictStore
+from attnviz.load.store import DictStore
 from attnviz.recognize import claimed_keys, conventions, find_layers
+from attnviz.recognize import model_type_table as table
 from attnviz.recognize import model_types as mt
-from attnviz.recognize.base import HeadHints
 from attnviz.recognize.conventions import Convention, linear
 
 B, L = 2, 5
@@ -91,7 +92,7 @@ def test_a_new_fused_convention_is_one_row_too(monkeypatch) -> None:
     tensors = {"m.attn.fused_all.weight": draw((H + 2 * H_kv) * d, E),
                "m.attn.back.weight": draw(E, H * d)}
     row = Convention("fused-zeta", (("fused_all.weight", "qkv"),), ("back.weight",),
-                     packing=mt.STACKED)
+                     packing=table.STACKED)
     monkeypatch.setattr(conventions, "CONVENTIONS", (row, *conventions.CONVENTIONS))
     store = DictStore(tensors, config={"model_type": "qwen2", "num_attention_heads": H,
                                        "num_key_value_heads": H_kv})
@@ -108,7 +109,7 @@ def test_a_new_model_type_is_one_row(monkeypatch) -> None:
     store = DictStore(tensors, config={"model_type": "zeta", "zeta_heads": 2})
     (layer,) = find_layers(store).layers
     assert layer.family == "qkv_proj" and not layer.heads_known
-    monkeypatch.setitem(mt.MODEL_TYPES, "zeta", mt.ModelType(
+    monkeypatch.setitem(table.MODEL_TYPES, "zeta", table.ModelType(
         heads=("zeta_heads",), positions="alibi", causal="always", scale=0.5))
     (layer,) = find_layers(store).layers
     assert (layer.family, layer.num_heads, layer.positions, layer.causal, layer.scale) == \
@@ -119,7 +120,7 @@ def test_one_model_type_table_for_recognize_and_positions() -> None:
     """compute/positions keeps no list of its own: what it recomputes is the table's verify rows,
     its sliding-window rules are the table's."""
     assert positions.SCHEMES == {kind: "rope" if row.positions == "rope" else "none"
-                                 for kind, row in mt.MODEL_TYPES.items() if row.verify}
+                                 for kind, row in table.MODEL_TYPES.items() if row.verify}
     assert set(positions.SCHEMES) == {"bert", "gpt2", "bart", "llama", "mistral", "qwen2",
                                       "gpt_neox"}
     mistral = {"sliding_window": 4}
@@ -129,7 +130,7 @@ def test_one_model_type_table_for_recognize_and_positions() -> None:
     assert [positions.sliding_window(qwen2, "qwen2", i) for i in (0, 1)] == [None, 4]
     layered = {"sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]}
     assert [positions.sliding_window(layered, "gemma2", i) for i in (0, 1)] == [None, 4]
-    neox = mt.MODEL_TYPES["gpt_neox"]
+    neox = table.MODEL_TYPES["gpt_neox"]
     assert mt.layer_rotary_fraction(neox, {}, 8) == 0.25  # GPTNeoXConfig's default rotary_pct
     half = {"rope_parameters": {"partial_rotary_factor": 0.5}}
     assert mt.layer_rotary_fraction(neox, half, 8) == 0.5
@@ -137,8 +138,8 @@ def test_one_model_type_table_for_recognize_and_positions() -> None:
 
 def test_every_convention_names_a_known_model_type_row() -> None:
     for row in conventions.CONVENTIONS:
-        assert row.assume is None or row.assume in mt.MODEL_TYPES, row
-        assert all(kind is None or kind in mt.MODEL_TYPES for kind in row.only), row
+        assert row.assume is None or row.assume in table.MODEL_TYPES, row
+        assert all(kind is None or kind in table.MODEL_TYPES for kind in row.only), row
 
 
 # ---------------------------------------------------------------------------------------------

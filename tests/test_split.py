@@ -11,10 +11,10 @@ from helpers import needs_safe_pickles
 
 from attnviz.compute.forward import load_weights, per_head_forward, reshaped_forward
 from attnviz.compute.split import PROOF_TOLERANCE, make_report, prove_split, split_projections
-from attnviz.load.checkpoint import DictStore
+from attnviz.core.request import HeadHints, RandomSpec
+from attnviz.load.store import DictStore
 from attnviz.recognize import find_layers
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec, random_mha
+from attnviz.sources.random_layer import random_mha
 
 CASES = [  # (E, H, kdim, vdim, bias, add_bias_kv)
     (64, 8, None, None, True, False),

@@ -87,7 +87,7 @@ def test_displayed_rows_are_the_norms_normalized(tmp_path):
 def test_bundled_model_norms(cli, tmp_path):
     from safetensors.torch import load_file
 
-    from attnviz.sources.bundled import BUNDLED
+    from attnviz.data import BUNDLED
 
     out = tmp_path / "b.safetensors"
     result = cli("heatmap", "--probe", "induction", "--weighting", "norm", "--export", out,

@@ -33,7 +33,7 @@ from attnviz.app.split import SplitRequest, run_split  # noqa: E402
 from attnviz.core.layer import AttentionLayer  # noqa: E402
 from attnviz.load.checkpoint import open_checkpoint  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
-from attnviz.recognize import model_types as mt  # noqa: E402
+from attnviz.recognize import model_type_table as table  # noqa: E402
 from attnviz.sources import capture as cap  # noqa: E402
 
 KINDS = list(ZOO)
@@ -140,15 +140,15 @@ def test_split_heads_are_the_forwards_heads(zoo_model, kind) -> None:
 
 
 @pytest.mark.parametrize(("kind", "wrong"), [
-    ("gpt_neox", {"packing": mt.THIRDS}),  # per-head interleave read as stacked thirds
-    ("codegen", {"packing": replace(mt.CODEGEN, order="qkv")}),  # CodeGen's blocks are q, v, k
-    ("falcon", {"packing": mt.STACKED}),  # per kv group read as stacked
-    ("persimmon", {"packing": mt.THIRDS}),  # per-head interleave read as stacked thirds
+    ("gpt_neox", {"packing": table.THIRDS}),  # per-head interleave read as stacked thirds
+    ("codegen", {"packing": replace(table.CODEGEN, order="qkv")}),  # CodeGen's blocks are q, v, k
+    ("falcon", {"packing": table.STACKED}),  # per kv group read as stacked
+    ("persimmon", {"packing": table.THIRDS}),  # per-head interleave read as stacked thirds
     ("gemma2", {"scale": None}),  # query_pre_attn_scalar^-½ read as 1/√d
 ])
 def test_a_wrong_table_row_is_caught(zoo_model, monkeypatch, kind, wrong) -> None:
     """Negative controls: the comparison fails when a row of the model-type table is wrong."""
-    monkeypatch.setitem(mt.MODEL_TYPES, kind, replace(mt.MODEL_TYPES[kind], **wrong))
+    monkeypatch.setitem(table.MODEL_TYPES, kind, replace(table.MODEL_TYPES[kind], **wrong))
     with pytest.raises(AssertionError, match="Tensor-likes are not close"):
         check_split(zoo_model(kind), kind)
 

@@ -18,15 +18,14 @@ from attnviz.compute.circuits_result import (  # noqa: F401 - the use case's res
     CompositionGrid,
     LayerCircuits,
 )
+from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.errors import CheckpointError, option, quoted
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     import torch
 
     from attnviz.compute.circuits import LayerFactors
-    from attnviz.load.checkpoint import TensorStore
+    from attnviz.load.store import TensorStore
 
 # composition keeps every chosen layer's weights (float32): on by default up to this many bytes
 COMPOSITION_AUTO_BYTES = 1 << 30
@@ -83,7 +82,7 @@ def _each_layer(store: TensorStore, chosen: list[ChosenLayer], device: torch.dev
     import os
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from attnviz.compute.circuits import op_threads
+    from attnviz.compute.circuits_factors import op_threads
 
     def one(c: ChosenLayer) -> tuple[LayerCircuits, LayerFactors]:
         return _one_layer(store, c, norm_scale(store, c.layer), device, keep)
@@ -120,7 +119,8 @@ def _composition_wanted(asked: bool | None, chosen: list[ChosenLayer]) -> tuple[
 def _one_layer(store: TensorStore, c: ChosenLayer, gamma: NormScale | None,
                device: torch.device, keep: bool) -> tuple[LayerCircuits, LayerFactors]:
 
-    from attnviz.compute.circuits import StoredWeight, layer_circuits
+    from attnviz.compute.circuits import layer_circuits
+    from attnviz.compute.circuits_factors import StoredWeight
     from attnviz.compute.forward import read_ref
 
     layer = c.layer
@@ -161,7 +161,7 @@ def finite(tensor: torch.Tensor, key: str, role: str, c: ChosenLayer,
 
     import torch
 
-    from attnviz.compute.circuits import StoredWeight, peak
+    from attnviz.compute.circuits_factors import StoredWeight, peak
 
     if not math.isfinite(peak(StoredWeight(tensor))):  # a pass without a full-size copy
         values = tensor.float()  # only here, to count (float8 has no isnan kernel on a CPU)

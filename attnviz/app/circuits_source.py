@@ -8,15 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import UsageError, option, quoted
-from attnviz.recognize.base import HeadHints
 from attnviz.recognize.match import role_of
-from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     from attnviz.core.layer import AttentionLayer
-    from attnviz.load.checkpoint import TensorStore
+    from attnviz.load.store import TensorStore
 
 # Norms that feed an attention module, by name beside it (or beside its parent): pre-norm
 # LayerNorm/RMSNorm of GPT-2, LLaMA and its kin, NeoX, BLOOM, Falcon, T5, ViT, CLIP, timm and

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from attnviz.compute.inputs import TokenLimit, length_problem
-from attnviz.core.request import HeatmapRequest
+from attnviz.core.request import GenerateSpec, HeatmapRequest
 from attnviz.errors import UsageError, option
-from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
+from attnviz.sources.generate_spec import Focus, Generation
 
 if TYPE_CHECKING:
     from attnviz.compute.ranking import HeadRanking

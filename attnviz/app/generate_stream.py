@@ -22,8 +22,8 @@ from attnviz.errors import CheckpointError, printable
 
 if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun
-    from attnviz.core.request import HeatmapRequest
-    from attnviz.sources.generate_spec import GenerateSpec, Generation
+    from attnviz.core.request import GenerateSpec, HeatmapRequest
+    from attnviz.sources.generate_spec import Generation
     from attnviz.sources.hf.load import LoadedModel
 
 METHOD = ("model.generate (its own KV cache and generation settings) with attnviz's attention "

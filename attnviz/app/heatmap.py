@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun
     from attnviz.compute.stats import HeadStats
     from attnviz.compute.views import MapView
-    from attnviz.sources.generate_spec import Focus, GenerateSpec, Generation
+    from attnviz.core.request import GenerateSpec
+    from attnviz.sources.generate_spec import Focus, Generation
 
 # scripts and tests reach the request and the standalone runner through this module
 __all__ = ["HeatmapRequest", "HeatmapResult", "check_applicable", "check_panels",

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
 from attnviz.core.layer_detail import HeadRow, LayerDetail
+from attnviz.core.request import HeadHints
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, UsageError, option
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 from attnviz.recognize import Inventory
-from attnviz.recognize.base import HeadHints
 
 if TYPE_CHECKING:
     import numpy as np
@@ -171,7 +172,7 @@ def _line_sums(view: NDArray[np.generic], keep_rows: bool,
     and the count of NaN/Inf, reading blocks of stored rows of at most CHUNK_ELEMENTS."""
     import numpy as np
 
-    from attnviz.load.checkpoint import as_float32
+    from attnviz.load.safetensors_file import as_float32
 
     rows, cols = view.shape
     size = rows if keep_rows else cols

@@ -11,12 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from attnviz.compute.inputs import (
-    DEFAULT_MAX_SENTENCES,
-    DEFAULT_MAX_TOKENS,
-    TokenLimit,
-    length_problem,
-)
+from attnviz.compute.inputs import TokenLimit, length_problem
+from attnviz.core.request import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
 from attnviz.core.words import split_words
 from attnviz.errors import AttnvizError, UsageError, option, printable_path
 

@@ -110,7 +110,7 @@ class RandomLayer(_OnBatch):
 
     def plan(self, request: HeatmapRequest, batch: Batch, opened: OpenedSource | None
              ) -> Checked[LayerPlan]:
-        from attnviz.sources.layers import check_random_spec
+        from attnviz.sources.random_layer import check_random_spec
 
         spec = request.source.random
         assert spec is not None  # the table picks this source for a random spec only

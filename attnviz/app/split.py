@@ -8,17 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.errors import CheckFailed, UsageError, option
-from attnviz.recognize.base import HeadHints
-from attnviz.sources.layers import RandomSpec
 
 if TYPE_CHECKING:
     from attnviz.compute.forward import LayerWeights
     from attnviz.compute.split import SplitReport
     from attnviz.compute.split_views import BandPicture, MatrixPanel
     from attnviz.core.layer import AttentionLayer
-    from attnviz.sources.ablation_result import AblationResult
-    from attnviz.sources.hf import VerifyResult
+    from attnviz.sources.hf.verify import VerifyResult
+    from attnviz.sources.split_proof_result import ProofResult
 
 VERIFY_SENTENCES = ["the cat sat on the mat and the cat slept",
                     "heads split the projection, not the input"]
@@ -48,7 +47,7 @@ class SplitResult:
     layer_weights: LayerWeights
     verified: VerifyResult | None = None  # the recompute proof, where it applies
     sentences: tuple[str, ...] = tuple(VERIFY_SENTENCES)
-    ablation: AblationResult | None = None  # the ablation proof (split --model --verify)
+    proof: ProofResult | None = None  # the split proof (split --model --verify)
     recompute_skipped: str | None = None  # why the recompute proof did not run
 
     @property
@@ -56,10 +55,10 @@ class SplitResult:
         """The check that did not hold, if any: the CLI exits 1 with it."""
         if self.verified is not None and not math.isfinite(self.verified.max_diff):
             return _non_finite_model(self.source)
-        if self.ablation is not None and not self.ablation.passed:
-            worst = self.ablation.failures[0]
-            return CheckFailed(f"the ablation proof failed for {len(self.ablation.failures)} "
-                               f"of {len(self.ablation.checks)} perturbations (first: W_"
+        if self.proof is not None and not self.proof.passed:
+            worst = self.proof.failures[0]
+            return CheckFailed(f"the ablation proof failed for {len(self.proof.failures)} "
+                               f"of {len(self.proof.checks)} perturbations (first: W_"
                                f"{worst.projection} head {worst.head}: {worst.reason})",
                                fix="attnviz's head slicing of this layer is wrong: report this "
                                "with the model")
@@ -101,12 +100,12 @@ class SplitResult:
     def to_json(self) -> dict[str, Any]:
         doc = self.report.to_json()
         doc["source"] = self.source
-        if self.ablation is not None:
-            doc["verify"] = {"passed": self.failure is None, "label": self.ablation.label,
-                             "layer": self.ablation.layer_index,
+        if self.proof is not None:
+            doc["verify"] = {"passed": self.failure is None, "label": self.proof.label,
+                             "layer": self.proof.layer_index,
                              "sentences": list(self.sentences),
                              "proofs": ["ablation"] + (["recompute"] if self.verified else []),
-                             "ablation": self.ablation.to_json()}
+                             "ablation": self.proof.to_json()}
             if self.verified is not None:
                 v = self.verified
                 doc["verify"]["recompute"] = {
@@ -154,12 +153,12 @@ def run_split(request: SplitRequest) -> SplitResult:
         raise UsageError(f"{option('layer')}, {option('num_kv_heads')} and "
                          f"{option('head_dim')} need {option('weights')} or {option('model')}")
     opened = open_source(spec)
-    verified = ablation = skipped = None
+    verified = proof = skipped = None
     if kind is SourceKind.MODEL:
         layer = opened.select(request.layer if request.layer is not None else "0")
         if request.verify:
             assert opened.folder is not None
-            verified, ablation, skipped = verify_model_layer(str(opened.folder), layer)
+            verified, proof, skipped = verify_model_layer(str(opened.folder), layer)
     elif kind is SourceKind.WEIGHTS:
         layer = opened.select(request.layer)
     else:
@@ -167,17 +166,17 @@ def run_split(request: SplitRequest) -> SplitResult:
     store = opened.store
     report, layer_weights = make_report(layer, store, request.seed)
     return SplitResult(layer, store.source, report, layer_weights, verified,
-                       ablation=ablation, recompute_skipped=skipped)
+                       proof=proof, recompute_skipped=skipped)
 
 
 def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, str | None]:
-    """(recompute proof or None, ablation proof, why the recompute proof did not run)."""
+    """(recompute proof or None, split proof, why the recompute proof did not run)."""
     from attnviz.sources import hf
-    from attnviz.sources.ablation import ablate
+    from attnviz.sources.split_proof import prove_split
 
     loaded = hf.load_model(folder)
     targets = VERIFY_TARGETS if loaded.encoder_decoder else None
-    ablation = ablate(loaded, layer, VERIFY_SENTENCES, targets)
+    proof = prove_split(loaded, layer, VERIFY_SENTENCES, targets)
     plan = hf.plan_run(loaded, hf.RunInputs(VERIFY_SENTENCES, targets), None,
                        hf.ModelRun(need_layers=True))
     call = hf.call_of(plan.layers, loaded.model, layer)
@@ -185,4 +184,4 @@ def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, st
     verified = None
     if skipped is None:
         verified = hf.verify_layer(loaded, layer, VERIFY_SENTENCES, plan=plan)
-    return verified, ablation, skipped
+    return verified, proof, skipped

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnviz.recognize.base import HeadHints
+from attnviz.core.request import HeadHints
 
 if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun

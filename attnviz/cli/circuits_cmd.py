@@ -59,7 +59,7 @@ def circuits(
     writes), and how later heads compose with earlier ones (default: the bundled model)."""
     from attnviz.app.circuits import CircuitsRequest, run_circuits
     from attnviz.app.outputs import check_output_path
-    from attnviz.recognize.base import HeadHints
+    from attnviz.core.request import HeadHints
     from attnviz.render.figure_io import FIGURE_SUFFIXES
 
     out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(

@@ -170,8 +170,8 @@ def run_command(
         if worker is None:
             preload_matplotlib()
     from attnviz.app.generate import generate_spec
-    from attnviz.app.heatmap import parse_memory_budget, run_heatmap
-    from attnviz.app.heatmap_sources import parse_max_memory
+    from attnviz.app.heatmap import run_heatmap
+    from attnviz.app.heatmap_sources import parse_max_memory, parse_memory_budget
     writes = generate_spec(generate, sample, temperature, top_p, seed if generate else None)
     texts = tuple(sentences or ())
     if probe is not None:
@@ -255,7 +255,8 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
                          files.ablation_figure)
     if files.html is not None:
         from attnviz.cli.paths import write_page
-        from attnviz.render.html import document_from_run, render_html
+        from attnviz.render.html import render_html
+        from attnviz.render.html_document import document_from_run
 
         report(f"writing the page {files.html.name}")
         document = document_from_run(result.run, result.head_stats, result.breakdown,
@@ -279,7 +280,8 @@ def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
     """Header lines, the overview, terminal maps, the statistics table and the --query
     breakdown."""
     from attnviz.compute.views import downsample
-    from attnviz.render.maps_terminal import print_maps, print_query, print_stats
+    from attnviz.render.maps_terminal import print_maps, print_stats
+    from attnviz.render.query_terminal import print_query
 
     run = result.run
     out = console()
@@ -319,7 +321,7 @@ MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
 def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
     """Source, inputs, path, layers and notes; `compact` (an overview without maps): one line
     per kind of layer, and each sentence's tokens, which no map shows then."""
-    from attnviz.render.elide import elide_at_boundaries
+    from attnviz.errors import elide_at_boundaries
 
     # one line: a long path loses whole middle components (--json and --export have it exact)
     device = f"   device {run.device}"

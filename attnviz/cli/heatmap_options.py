@@ -173,7 +173,7 @@ def output_files(out: Path | None, export: Path | None, html: Path | None,
         return OutputFiles()
     reads = inputs()
     from attnviz.app.outputs import check_distinct, check_output_path
-    from attnviz.render.figure import FIGURE_SUFFIXES
+    from attnviz.render.figure_io import FIGURE_SUFFIXES
 
     # The page's and the scorecard's modules import torch: only when asked for (a figure's
     # worker forks before torch is imported, attnviz.cli.figure_worker).

@@ -33,7 +33,7 @@ def inspect(
 ) -> None:
     """List every attention layer in a checkpoint: geometry, weight shapes, heads (headers only)."""
     from attnviz.app.inspect_checkpoint import InspectRequest, inspect_checkpoint
-    from attnviz.recognize.base import HeadHints
+    from attnviz.core.request import HeadHints
 
     result = inspect_checkpoint(InspectRequest(checkpoint, layer,
                                                HeadHints(num_heads, num_kv_heads, head_dim), scan))

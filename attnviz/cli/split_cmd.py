@@ -35,7 +35,7 @@ from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
     from attnviz.app.split import SplitResult
-    from attnviz.sources.layers import RandomSpec
+    from attnviz.core.request import RandomSpec
 
 
 def split(
@@ -59,8 +59,8 @@ def split(
     against torch's own forward."""
     from attnviz.app.outputs import check_output_path
     from attnviz.app.split import SplitRequest, run_split
-    from attnviz.recognize.base import HeadHints
-    from attnviz.render.figure import FIGURE_SUFFIXES
+    from attnviz.core.request import HeadHints
+    from attnviz.render.figure_io import FIGURE_SUFFIXES
 
     if out is not None and png is not None:
         raise UsageError("--png is the old name of --out: give one of them", fix="drop --png")
@@ -73,7 +73,7 @@ def split(
         None if random else num_heads, num_kv_heads, head_dim), random, seed or 0, verify))
     if png_path is not None:
         from attnviz.cli.paths import write_figure
-        from attnviz.render.figure import split_figure
+        from attnviz.render.split_figure import split_figure
 
         write_figure(split_figure(result.matrix_panels(), result.title), png_path)
     if as_json:
@@ -89,7 +89,7 @@ def _random_spec(checkpoint: bool, embed_dim: int | None, num_heads: int | None,
                  ) -> RandomSpec | None:
     """The random layer to split, or None for a checkpoint (whose shapes are its own, so the
     random-init options are refused)."""
-    from attnviz.sources.layers import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
+    from attnviz.core.request import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
     if checkpoint:
         refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim},
@@ -106,17 +106,17 @@ def _random_spec(checkpoint: bool, embed_dim: int | None, num_heads: int | None,
 def _print_result(result: SplitResult, png_path: Path | None) -> None:
     from attnviz.render.split_terminal import (
         LABEL_WIDTH,
-        ablation_lines,
         print_split,
+        proof_lines,
         verify_lines,
     )
 
     out = console()
     picture = result.band_picture(max(8, min(out.width, 120) - LABEL_WIDTH))
     print_split(out, result.report, picture, result.explanation(), result.source)
-    if result.ablation is not None:
+    if result.proof is not None:
         out.print()
-        out.print(ablation_lines(result.ablation, result.recompute_skipped))
+        out.print(proof_lines(result.proof, result.recompute_skipped))
     if result.verified is not None:
         out.print()
         out.print(verify_lines(result.verified, list(result.sentences)))

@@ -23,7 +23,7 @@ from attnviz.compute.inputs import Batch, input_vectors, padding_mask
 from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, option
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 
 
 def layer_attention(layer: AttentionLayer, weights: LayerWeights,

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.compute import kernel
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, option, quoted
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 
 
 @dataclass(frozen=True)

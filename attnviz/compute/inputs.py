@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnviz.core.request import DEFAULT_MAX_SENTENCES as DEFAULT_MAX_SENTENCES
-from attnviz.core.request import DEFAULT_MAX_TOKENS as DEFAULT_MAX_TOKENS
+from attnviz.core.request import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
 from attnviz.core.words import split_words, token_hash
 from attnviz.errors import UsageError, option, printable_path
-from attnviz.load.checkpoint import TensorStore
 from attnviz.load.jsonfile import parse_json
 from attnviz.load.paths import read_capped
+from attnviz.load.store import TensorStore
 
 if TYPE_CHECKING:
     import torch

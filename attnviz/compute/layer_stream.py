@@ -20,7 +20,7 @@ from attnviz.compute.streaming import MapReducer
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import merge_ranges
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 
 
 @dataclass(frozen=True)

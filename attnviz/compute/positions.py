@@ -21,13 +21,13 @@ from attnviz.compute.forward import LayerWeights
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import LayoutError, UsageError, printable
 from attnviz.load.config import model_type, number
-from attnviz.recognize import model_types
+from attnviz.recognize import model_type_table, model_types
 
 # model_type → where positions enter attention, for the types whose positions attnviz recomputes
 # (split --verify, heatmap --query). Read from the one model-type table; causal masking and the
 # scale come from the layer.
 SCHEMES = {kind: "rope" if entry.positions == "rope" else "none"
-           for kind, entry in model_types.MODEL_TYPES.items() if entry.verify}
+           for kind, entry in model_type_table.MODEL_TYPES.items() if entry.verify}
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -59,7 +59,7 @@ def positions_for(config: dict[str, Any], layer: AttentionLayer, index: int,
 def rope_tables(config: dict[str, Any], kind: str, head_dim: int, length: int
                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, int], str]:
     """((cos, sin, rotated dims), description) for positions 0..length-1."""
-    entry = model_types.lookup(kind) or model_types.GENERIC
+    entry = model_types.lookup(kind) or model_type_table.GENERIC
     dims = int(head_dim * model_types.layer_rotary_fraction(entry, config, head_dim))
     # transformers 5 writes rope_parameters; 4.x wrote rope_theta (rotary_emb_base for NeoX) and
     # an optional rope_scaling dict.

@@ -14,7 +14,7 @@ import torch
 from attnviz.compute.inputs import Batch
 from attnviz.compute.views import MapView
 from attnviz.core.layer import AttentionLayer
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckFailed, UsageError, option
 
 # The proof passes when max |Δ| <= PROOF_TOLERANCE × max(1, max |reference|), for the output and

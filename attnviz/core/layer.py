@@ -15,9 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 # TensorRef and its row ranges are part of this vocabulary; they live in their own module.
-from attnviz.core.tensor_ref import RowRanges as RowRanges
-from attnviz.core.tensor_ref import TensorRef as TensorRef
-from attnviz.core.tensor_ref import merge_ranges as merge_ranges
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import HeadCountError, LayoutError, UsageError, option
 
 

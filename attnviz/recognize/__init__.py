@@ -1,7 +1,7 @@
 """Recognition: tensors + config.json → AttentionLayer descriptions, driven by two tables.
 
 `conventions.CONVENTIONS` lists naming conventions and storage schemes (which tensor is W_q, how a
-fused tensor stacks its rows), `model_types.MODEL_TYPES` what each model_type's attention does.
+fused tensor stacks its rows), `model_type_table.MODEL_TYPES` what each model_type's attention does.
 Rows are tried in order; a tensor claimed by one row is never offered to a later one. Tensors that
 look like attention but match no row can be resolved by a `Discover` hook (sources/discover.py
 builds the model from config.json on the meta device); what stays unmatched is listed, never
@@ -17,9 +17,10 @@ import attnviz.recognize.conventions as conventions
 import attnviz.recognize.discovered as discovered
 import attnviz.recognize.match as match
 from attnviz.core.layer import AttentionLayer
+from attnviz.core.request import HeadHints
 from attnviz.errors import AttnvizError, CheckpointError, UsageError, option, printable, quoted
-from attnviz.load.checkpoint import TensorStore
-from attnviz.recognize.base import HeadHints, Unresolved, natural_key
+from attnviz.load.store import TensorStore
+from attnviz.recognize.base import Unresolved, natural_key
 from attnviz.recognize.discovered import Discover
 from attnviz.recognize.model_types import check_config
 

@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from attnviz.core.layer import AttentionLayer, TensorRef
-from attnviz.core.request import HeadHints as HeadHints  # the request's, shared
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.request import HeadHints  # the request's, shared
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import DtypeError, LayoutError, printable, quoted
-from attnviz.load.checkpoint import FLOAT_DTYPES, TensorStore
+from attnviz.load.store import FLOAT_DTYPES, TensorStore
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnviz.recognize.model_types import STACKED, THIRDS, Packing
+from attnviz.recognize.model_type_table import STACKED, THIRDS, Packing
 
 Parts = tuple[tuple[str, str], ...]  # (tensor name under the prefix, the parts it holds in order)
 
@@ -130,7 +130,7 @@ CONVENTIONS: tuple[Convention, ...] = (
                config=False, positions_keys=(("pos_embed", "learned"),),
                no_heads_note="timm stores no head count: pass --num-heads (e.g. 12 for "
                "vit_base), or add num_heads to the safetensors metadata"),
-    # fused query_key_value: the row layout is the model_type's (see model_types.MODEL_TYPES)
+    # fused query_key_value: the row layout is the model_type's (see model_type_table.MODEL_TYPES)
     Convention("gpt-neox", (("query_key_value.weight", "qkv"),), ("dense.weight",),
                packing=None, module=("attention",), only=(None, "gpt_neox"), assume="gpt_neox"),
     # Persimmon (and Fuyu's language model): per-head interleaved, from the model_type's row

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import attnviz.recognize.match as match
+import attnviz.recognize.model_type_table as model_type_table
 import attnviz.recognize.model_types as model_types
 from attnviz.core.layer import AttentionLayer
+from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError, printable
-from attnviz.load.checkpoint import TensorStore
 from attnviz.load.config import model_type, tower_config
-from attnviz.recognize.base import HeadHints, Unresolved, finish, optional_ref, ref
+from attnviz.load.store import TensorStore
+from attnviz.recognize.base import Unresolved, finish, optional_ref, ref
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,7 @@ def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
                                  + "bias") for part in "qkvo"}
     config = tower_config(store.config, prefix)[1]
     role = match.role_of(prefix)
-    found = model_types.config_heads(entry or model_types.GENERIC, config, role)
+    found = model_types.config_heads(entry or model_type_table.GENERIC, config, role)
     heads = HeadHints(hints.num_heads or fact.num_heads or found.num_heads,
                       hints.num_kv_heads or fact.num_kv_heads or found.num_kv_heads,
                       hints.head_dim or fact.head_dim or found.head_dim)
@@ -241,5 +243,6 @@ def _build(store: TensorStore, prefix: str, fact: ModuleFacts,
     notes = [] if entry is not None else [
         f"model_type {printable(kind or '')!r} is not known to attnviz: positions, causal "
         "masking and scale are shown as none, not causal, 1/√d"]
-    ctx = match.Context(prefix, config, kind, tower, entry or model_types.GENERIC, family, role, ())
+    ctx = match.Context(prefix, config, kind, tower, entry or model_type_table.GENERIC, family,
+                        role, ())
     return match.describe(layer, store, ctx, None, tuple(notes))

@@ -1,19 +1,21 @@
 """Applying one naming convention at one prefix: tensors + config.json → an AttentionLayer, or an
 `Unresolved` entry that says what is missing. Everything family-specific comes from the two tables
-(`conventions.CONVENTIONS`, `model_types.MODEL_TYPES`); this module only reads them."""
+(`conventions.CONVENTIONS`, `model_type_table.MODEL_TYPES`); this module only reads them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
+import attnviz.recognize.model_type_table as model_type_table
 import attnviz.recognize.model_types as model_types
-from attnviz.core.layer import AttentionLayer, TensorRef, check_self_widths
+from attnviz.core.layer import AttentionLayer, check_self_widths
+from attnviz.core.request import HeadHints
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import DtypeError, HeadCountError, LayoutError, printable
-from attnviz.load.checkpoint import TensorStore
 from attnviz.load.config import model_type, tower_config
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import (
-    HeadHints,
     Unresolved,
     finish,
     layer_index,
@@ -43,7 +45,8 @@ class Context:
     config: dict[str, Any]  # the layer's own (tower) config, {} when the format has none
     kind: str | None  # model_type, tower suffix removed
     tower: str | None
-    entry: model_types.ModelType  # the model_type's row, the one the convention assumes, or GENERIC
+    # the model_type's row, the one the convention assumes, or GENERIC
+    entry: model_type_table.ModelType
     family: str
     role: str  # encoder, decoder, cross or self
     notes: tuple[str, ...]  # about how the facts were chosen
@@ -75,7 +78,7 @@ def context(store: TensorStore, row: Convention, prefix: str) -> Context | None:
     entry, notes = model_types.lookup(kind), []
     family = model_types.family_of(kind) if entry is not None and kind is not None else row.label
     if entry is None:
-        entry = model_types.MODEL_TYPES[row.assume] if row.assume else model_types.GENERIC
+        entry = model_type_table.MODEL_TYPES[row.assume] if row.assume else model_type_table.GENERIC
         if row.config and row.packing is None and kind is None and row.assume:
             notes.append(f"no config.json: {family} layout assumed from the key names")
         elif row.config and row.assume is None and kind is None:
@@ -194,7 +197,7 @@ def _reads_own_stream(row: Convention, prefix: str) -> bool:
 
 
 def _fused_heads(store: TensorStore, row: Convention, ctx: Context,
-                 packing: model_types.Packing | None, counts: tuple[HeadHints, HeadHints],
+                 packing: model_type_table.Packing | None, counts: tuple[HeadHints, HeadHints],
                  o_weight: TensorRef
                  ) -> tuple[HeadHints, tuple[int, int, int] | None, str] | Unresolved:
     """For the row's first tensor that fuses q, k and v: (head hints, the head counts its

@@ -13,15 +13,14 @@ from typing import Any
 
 from attnviz.errors import ConfigError, LayoutError, printable
 from attnviz.load.config import TOWERS, count, flag, number, rope_label, rotary_fraction
-from attnviz.recognize.model_type_table import CODEGEN as CODEGEN
-from attnviz.recognize.model_type_table import GENERIC as GENERIC
-from attnviz.recognize.model_type_table import MODEL_TYPES as MODEL_TYPES
-from attnviz.recognize.model_type_table import PER_GROUP as PER_GROUP
-from attnviz.recognize.model_type_table import ROLE_HEADS, TOWER_SUFFIXES, ConfigScale
-from attnviz.recognize.model_type_table import STACKED as STACKED
-from attnviz.recognize.model_type_table import THIRDS as THIRDS
-from attnviz.recognize.model_type_table import ModelType as ModelType
-from attnviz.recognize.model_type_table import Packing as Packing
+from attnviz.recognize.model_type_table import (
+    GENERIC,
+    MODEL_TYPES,
+    ROLE_HEADS,
+    TOWER_SUFFIXES,
+    ConfigScale,
+    ModelType,
+)
 
 MAX_HEADS = 1 << 16  # far above any real model; keeps loops over heads bounded
 

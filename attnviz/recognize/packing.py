@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnviz.core.layer import TensorRef
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import LayoutError, printable
-from attnviz.recognize.model_types import Packing
+from attnviz.recognize.model_type_table import Packing
 
 SIZES = {"q": "H·d", "k": "H_kv·d", "v": "H_kv·d"}
 
@@ -76,7 +76,7 @@ def split_packed(whole: TensorRef, parts: str, layout: PackedLayout, storage: st
 def grouped(fused: TensorRef, num_heads: int, num_kv: int, head_dim: int, storage: str,
             source: str) -> tuple[TensorRef, TensorRef, TensorRef]:
     """q, k, v references into rows laid out as (H_kv, H/H_kv + 2, d), in head order."""
-    from attnviz.recognize.model_types import PER_GROUP
+    from attnviz.recognize.model_type_table import PER_GROUP
 
     parts = split_packed(fused, "qkv", PackedLayout(PER_GROUP, (num_heads, num_kv, head_dim)),
                          storage, source)

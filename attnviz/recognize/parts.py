@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import attnviz.recognize.model_types as model_types
-from attnviz.core.layer import TensorRef
+import attnviz.recognize.model_type_table as model_type_table
+from attnviz.core.request import HeadHints
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import HeadCountError, LayoutError, option, printable
-from attnviz.load.checkpoint import TensorStore
-from attnviz.recognize.base import HeadHints, optional_ref
+from attnviz.load.store import TensorStore
+from attnviz.recognize.base import optional_ref
 from attnviz.recognize.conventions import Convention
 from attnviz.recognize.packing import PackedLayout, split_packed
 
@@ -19,14 +20,14 @@ from attnviz.recognize.packing import PackedLayout, split_packed
 class Splitter:
     """What splitting a fused tensor (or bias) into its q/k/v parts needs."""
 
-    packing: model_types.Packing | None
+    packing: model_type_table.Packing | None
     shape_heads: tuple[int, int, int] | None
     storage: str
     row: Convention
     source: str
 
     def __call__(self, whole: TensorRef, held: str, square: int | None) -> dict[str, TensorRef]:
-        layout = PackedLayout(self.packing or model_types.THIRDS, self.shape_heads, square)
+        layout = PackedLayout(self.packing or model_type_table.THIRDS, self.shape_heads, square)
         try:
             return split_packed(whole, held, layout, self.storage, self.source)
         except LayoutError as error:
@@ -67,7 +68,7 @@ def bias_parts(store: TensorStore, row: Convention, prefix: str,
     return biases
 
 
-def packed_heads(heads: HeadHints, hints: HeadHints, packing: model_types.Packing,
+def packed_heads(heads: HeadHints, hints: HeadHints, packing: model_type_table.Packing,
                   o_weight: TensorRef, source: str) -> tuple[int, int, int]:
     """(H, H_kv, d) for a head-dependent packing. H_kv: the command line, else the packing's
     rule (all heads, one, or config.json's count); d: given, else W_o's H·d columns / H."""

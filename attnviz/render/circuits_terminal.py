@@ -15,8 +15,7 @@ from attnviz.compute.circuits_result import (
     CompositionGrid,
     LayerCircuits,
 )
-from attnviz.errors import printable
-from attnviz.render.elide import elide_at_boundaries
+from attnviz.errors import elide_at_boundaries, printable
 from attnviz.render.safe import safe_text
 
 SHOWN_SINGULAR = 2  # top singular values per circuit in the table

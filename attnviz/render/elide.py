@@ -7,10 +7,7 @@ them all (--json lists every head).
 
 from __future__ import annotations
 
-# the text elision lives with errors.printable_path (the lowest layer), which uses it too
-from attnviz.errors import elide_at_boundaries
-
-__all__ = ["MAX_MAP_PANELS", "MAX_TABLE_ROWS", "elide_at_boundaries", "elided", "gap_note"]
+__all__ = ["MAX_MAP_PANELS", "MAX_TABLE_ROWS", "elided", "gap_note"]
 
 MAX_TABLE_ROWS = 64  # per-head rows of one table
 MAX_MAP_PANELS = 32  # terminal heatmap panels per sentence

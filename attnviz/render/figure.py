@@ -7,11 +7,7 @@ from typing import TYPE_CHECKING
 
 # The figure basics and the split figure live beside this module; re-exported for callers that
 # import every figure from here (cli, api, benchmarks).
-from attnviz.render.figure_io import FIGURE_DPI as FIGURE_DPI
-from attnviz.render.figure_io import FIGURE_SUFFIXES as FIGURE_SUFFIXES
-from attnviz.render.figure_io import isolated, new_figure
-from attnviz.render.figure_io import save_figure as save_figure
-from attnviz.render.split_figure import split_figure as split_figure
+from attnviz.render.figure_io import FIGURE_DPI, isolated, new_figure
 
 if TYPE_CHECKING:
     import numpy as np

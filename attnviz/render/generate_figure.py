@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.render.figure import FIGURE_DPI, MASKED_COLOR, TEXT_PT, Grid, heatmap_figure
-from attnviz.render.figure_io import isolated
+from attnviz.render.figure import MASKED_COLOR, TEXT_PT, Grid, heatmap_figure
+from attnviz.render.figure_io import FIGURE_DPI, isolated
 from attnviz.render.figure_io import label as safe
 
 if TYPE_CHECKING:

@@ -25,12 +25,6 @@ from typing import Any
 
 # The document side, re-exported: callers (cli, api, tests) import the page's API from here.
 from attnviz.errors import printable
-from attnviz.render.html_codes import LEVELS as LEVELS
-from attnviz.render.html_codes import MASKED as MASKED
-from attnviz.render.html_codes import dequantize as dequantize
-from attnviz.render.html_codes import quantize as quantize
-from attnviz.render.html_document import decode_map as decode_map
-from attnviz.render.html_document import document_from_run as document_from_run
 
 HTML_SUFFIXES = (".html", ".htm")
 

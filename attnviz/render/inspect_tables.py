@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from attnviz.core.layer_detail import LayerDetail
-from attnviz.errors import printable
-from attnviz.render.elide import MAX_TABLE_ROWS, elide_at_boundaries, elided, gap_note
+from attnviz.errors import elide_at_boundaries, printable
+from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
 
 

@@ -21,7 +21,6 @@ from attnviz.errors import printable
 from attnviz.render.elide import MAX_MAP_PANELS, MAX_TABLE_ROWS, elided, gap_note
 
 # Re-exported: cli/heatmap_cmd.py prints the --query breakdown through this module.
-from attnviz.render.query_terminal import print_query as print_query
 
 if TYPE_CHECKING:
     from attnviz.compute.stats import HeadStats

@@ -11,13 +11,13 @@ from rich.text import Text
 
 from attnviz.compute.split import ProjectionSplit, Proof, SplitReport
 from attnviz.compute.split_views import BandPicture
-from attnviz.errors import printable
-from attnviz.render.elide import MAX_TABLE_ROWS, elide_at_boundaries, elided, gap_note
+from attnviz.errors import elide_at_boundaries, printable
+from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
 
 if TYPE_CHECKING:
-    from attnviz.sources.ablation_result import AblationResult
     from attnviz.sources.hf.verify import VerifyResult
+    from attnviz.sources.split_proof_result import ProofResult
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
 LABEL_WIDTH = 14  # "h12 96:104 │ "
@@ -202,8 +202,9 @@ def verify_lines(result: VerifyResult, sentences: list[str]) -> Text:
     return text
 
 
-def ablation_lines(result: AblationResult, recompute_skipped: str | None) -> Text:
-    """The ablation proof of `split --model --verify`, one line per perturbation."""
+def proof_lines(result: ProofResult, recompute_skipped: str | None) -> Text:
+    """The split proof of `split --model --verify`, one line per perturbation (printed as the
+    "ablation proof", its name in the output and the JSON)."""
     text = Text()
     text.append("verify ", style="bold")
     text.append(f"ablation proof, through the model's own forward pass (layer {result.label}, "

@@ -15,12 +15,14 @@ from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch, TokenLimit, length_problem, padding_mask
 from attnviz.compute.results import AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
+from attnviz.core.request import HeadHints
 from attnviz.core.words import hashed_ids
-from attnviz.data import BUNDLED as BUNDLED
+from attnviz.data import BUNDLED
 from attnviz.errors import CheckpointError, UsageError, option, quoted
-from attnviz.load.checkpoint import TensorStore, open_checkpoint
+from attnviz.load.checkpoint import open_checkpoint
+from attnviz.load.store import TensorStore
 from attnviz.recognize import find_layers
-from attnviz.recognize.base import HeadHints, metadata_int
+from attnviz.recognize.base import metadata_int
 
 FAMILY = "attnviz-tiny"
 

@@ -19,12 +19,13 @@ from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import load_weights
 from attnviz.compute.inputs import Batch, length_problem
 from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.core.request import GenerateSpec
 from attnviz.core.words import hashed_ids
 from attnviz.errors import CheckpointError, UsageError
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
-from attnviz.sources.generate_spec import GenerateSpec, Generation, unnamed
+from attnviz.sources.generate_spec import Generation, unnamed
 
 METHOD = ("greedy decoding over the bundled model's own logits (final LayerNorm, unembedding), "
           "the whole sequence run at each step; maps from one causal forward over prompt + "

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from attnviz.errors import printable
-from attnviz.load.checkpoint import TensorStore
 from attnviz.load.config import model_type
+from attnviz.load.store import TensorStore
 from attnviz.recognize.discovered import ModuleFacts, Param
 from attnviz.sources.hf_guard import silenced
 

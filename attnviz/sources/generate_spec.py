@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # GenerateSpec is the request's own (attnviz.core.request), shared by both generators
-from attnviz.core.request import MAX_NEW_TOKENS as MAX_NEW_TOKENS
-from attnviz.core.request import GenerateSpec as GenerateSpec
+from attnviz.core.request import GenerateSpec
 
 
 def unnamed(token_id: int) -> str:

@@ -31,7 +31,7 @@ from attnviz.compute.inputs import padding_mask
 from attnviz.compute.results import AttentionRun
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
 

@@ -35,7 +35,7 @@ from attnviz.errors import (
     printable_path,
     quoted,
 )
-from attnviz.load.checkpoint import TensorStore
+from attnviz.load.store import TensorStore
 from attnviz.sources.config_guard import check_config_values
 
 LAYER_COUNT_FIELDS = frozenset({"num_hidden_layers", "n_layer", "n_layers", "num_layers",

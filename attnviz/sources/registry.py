@@ -112,7 +112,7 @@ class Random:
     kind = SourceKind.RANDOM
 
     def open(self, spec: SourceSpec) -> OpenedSource:
-        from attnviz.sources.layers import random_mha
+        from attnviz.sources.random_layer import random_mha
 
         assert spec.random is not None  # source_kind picks this source for a spec only
         from attnviz.recognize import Inventory

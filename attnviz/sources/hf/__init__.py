@@ -16,8 +16,8 @@ and cross-attention (target × source).
 
 `verify_layer` (the recompute proof) recomputes one layer's weights from its captured input with
 attnviz's own AttentionLayer slices, read from the checkpoint files, and positions recomputed
-from config.json by `attnviz.compute.positions` (never taken from the model); the ablation proof,
-which needs no per-family math, is `attnviz.sources.ablation`.
+from config.json by `attnviz.compute.positions` (never taken from the model); the split proof,
+which needs no per-family math, is `attnviz.sources.split_proof`.
 transformers is imported lazily: the core install works without it.
 
 The parts: `load` (folder → LoadedModel), `inputs` (sentences → padded feed), `layers` (the

@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
+from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, printable, printable_path
 from attnviz.load.paths import library_path
 from attnviz.sources import capture, hf_guard
 from attnviz.sources.capture_eager import ACTIVE, Session
-from attnviz.sources.generate_spec import GenerateSpec
 from attnviz.sources.hf.generate_returned import (
     add_forward_attentions,
     add_generate_attentions,

@@ -19,10 +19,10 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, option, printable
 from attnviz.load.checkpoint import read_json
 from attnviz.sources import hf_guard
-from attnviz.sources.generate_spec import GenerateSpec
 
 # decoding-mode fields: one sequence per prompt, greedy or sampled, one token per forward
 _ONE_SEQUENCE: dict[str, Any] = {

@@ -9,12 +9,8 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.inputs import (
-    DEFAULT_MAX_TOKENS,
-    Batch,
-    TokenLimit,
-    length_problem,
-)
+from attnviz.compute.inputs import Batch, TokenLimit, length_problem
+from attnviz.core.request import DEFAULT_MAX_TOKENS
 from attnviz.errors import (
     CheckpointError,
     UsageError,

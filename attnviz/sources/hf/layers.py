@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, cast
 
-from attnviz.compute.inputs import DEFAULT_MAX_TOKENS
 from attnviz.core import memory
+from attnviz.core.request import DEFAULT_MAX_TOKENS
 from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import (
     CheckpointError,

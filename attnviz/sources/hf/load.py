@@ -25,8 +25,9 @@ from attnviz.errors import (
     printable_path,
     quoted,
 )
-from attnviz.load.checkpoint import TensorStore, open_checkpoint
+from attnviz.load.checkpoint import open_checkpoint
 from attnviz.load.paths import library_path
+from attnviz.load.store import TensorStore
 from attnviz.recognize import find_layers
 from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.versions import check_versions, install_hint

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.inputs import DEFAULT_MAX_TOKENS
 from attnviz.core.layer import AttentionLayer
+from attnviz.core.request import DEFAULT_MAX_TOKENS
 from attnviz.errors import (
     CheckFailed,
     CheckpointError,

@@ -1,4 +1,5 @@
-"""What the ablation proof found: one check per perturbed head, and the verdict."""
+"""What the split proof (`split --model --verify`) found: one check per perturbed head, and
+the verdict."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class HeadCheck:
 
 
 @dataclass(frozen=True)
-class AblationResult:
+class ProofResult:
     layer_index: int  # the call index in the model's forward pass
     label: str  # "3", "enc 1", "cross 0"
     module: str  # the module that runs it

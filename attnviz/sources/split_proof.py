@@ -1,4 +1,5 @@
-"""The ablation proof: attnviz's head slicing checked through the model's own forward pass.
+"""The split proof (`split --model --verify`): attnviz's head slicing checked through the
+model's own forward pass, by negating one head's rows at a time.
 
 Nothing is recomputed, so no family's position scheme, norm or scaling has to be known: for
 each head, the rows attnviz assigns to it (its AttentionLayer: q_rows / kv_rows, wherever the
@@ -26,17 +27,18 @@ from typing import Any
 
 import torch
 
-from attnviz.core.layer import AttentionLayer, TensorRef
+from attnviz.core.layer import AttentionLayer
+from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources import capture, hf, hf_guard
-from attnviz.sources.ablation_result import (
+from attnviz.sources.hf import collect, layers, run
+from attnviz.sources.split_proof_result import (
     CHANGED_FACTOR,
     UNCHANGED,
     UNIFORM,
-    AblationResult,
     HeadCheck,
+    ProofResult,
 )
-from attnviz.sources.hf import collect, layers, run
 
 
 class _Stop(Exception):
@@ -143,10 +145,10 @@ def _spread(maps: torch.Tensor, head: int) -> float:
     return float(spread.max())
 
 
-def ablate(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
-           targets: list[str] | None = None, *,
-           described: AttentionLayer | None = None) -> AblationResult:
-    """The ablation proof of attnviz's `layer` (found in the model by its W_q's module);
+def prove_split(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
+                targets: list[str] | None = None, *,
+                described: AttentionLayer | None = None) -> ProofResult:
+    """The split proof of attnviz's `layer` (found in the model by its W_q's module);
     `described` replaces the description whose rows are perturbed (tests: a wrong one)."""
     used = described or layer
     heads = used.num_heads or 0
@@ -172,8 +174,8 @@ def ablate(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
         notes.append("the input of the output projection was not captured: W_v not checked")
     else:
         checks += _value_checks(loaded.model, used, observe, base_o, judge)
-    return AblationResult(call.index, call.label, call.display_name, used, checks, unchanged,
-                          judge.changed, len(sentences), notes)
+    return ProofResult(call.index, call.label, call.display_name, used, checks, unchanged,
+                       judge.changed, len(sentences), notes)
 
 
 def _parts(weight: TensorRef, bias: TensorRef | None, start: int, stop: int

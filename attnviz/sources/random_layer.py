@@ -1,15 +1,12 @@
-"""Where a layer comes from: a freshly initialized nn.MultiheadAttention, or a checkpoint."""
+"""The `--random` source's layer: a freshly initialized, seeded nn.MultiheadAttention."""
 
 from __future__ import annotations
 
 from attnviz.core.layer import AttentionLayer, divisor_choices
-from attnviz.core.request import DEFAULT_EMBED_DIM as DEFAULT_EMBED_DIM
-from attnviz.core.request import DEFAULT_NUM_HEADS as DEFAULT_NUM_HEADS
-from attnviz.core.request import RandomSpec as RandomSpec
+from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.errors import UsageError, option
-from attnviz.load.checkpoint import DictStore, TensorStore
+from attnviz.load.store import DictStore, TensorStore
 from attnviz.recognize import find_layers
-from attnviz.recognize.base import HeadHints
 
 MAX_RANDOM_DIM = 8192  # a (3E, E) float32 in_proj is 800 MB at E = 8192
 
