@@ -24,11 +24,13 @@ from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
 from attnviz.compute.circuits_result import CircuitsResult
+from attnviz.core.choices import AblationMode, ColorScale, Dtype, OverviewShows, Weighting
 from attnviz.core.request import (
     DEFAULT_EMBED_DIM,
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
     DEFAULT_NUM_HEADS,
+    MAX_SEED,
     HeadHints,
     HeatmapRequest,
     RandomSpec,
@@ -41,6 +43,8 @@ from attnviz.recognize import Inventory
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from matplotlib.figure import Figure
+
+    from attnviz.compute.overview import Overview
 
 _T = TypeVar("_T")
 
@@ -68,15 +72,20 @@ class Split(SplitResult):
 class Heatmap(HeatmapResult):
     """Attention maps (`views`), head statistics (`head_stats`) and the run they came from."""
 
-    def figure(self, scale: str = "max", size: float | None = None,
+    def figure(self, scale: str = ColorScale.MAX, size: float | None = None,
                dpi: int | None = None) -> Figure:
         """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer
         (`scale` max|fixed|log, `size` the side of a panel in inches, as the CLI's options)."""
         from attnviz.app.weighting import legend
         from attnviz.render.generate_figure import run_figure
 
-        return run_figure(self.views, self.title(), (scale, size, dpi),
+        kind = ColorScale.parse(scale, "scale")
+        return run_figure(self.views, self.title(), (kind, size, dpi),
                           legend(self.run.weighting), (self.run, self.generation))
+
+    def overview(self, shows: str = OverviewShows.LABEL) -> Overview:
+        """The layers × heads grid (`shows`: label, a statistic, or ablation), as --overview."""
+        return super().overview(OverviewShows.parse(shows, "overview"))
 
     def ablation_figure(self) -> Figure:
         """The causal head scorecard (`ablate=`): a layers × heads heatmap per measure."""
@@ -120,8 +129,6 @@ def _as(cls: type[_T], result: DataclassInstance) -> _T:
 
 # --- arguments checked as the command line checks them (keyword names, not flags) ----------
 
-_SEED_BOUND = 2**63  # torch.manual_seed takes a signed 64-bit integer
-
 
 def _texts(value: object, name: str, allow_none: bool = False) -> list[str] | None:
     """A sequence of texts: a bare string, bytes or an array is a TypeError, not letters."""
@@ -151,8 +158,8 @@ def _int(value: object, name: str, low: int | None = None, allow_none: bool = Fa
         bound = "a positive integer" if low == 1 else f">= {low}"
         raise UsageError(f"{option(name)} must be {bound}"
                          f", got {number}", option=name)
-    if high is not None and number >= high:
-        raise UsageError(f"{option(name)} {number} is too large (below {high})", option=name)
+    if high is not None and number > high:
+        raise UsageError(f"{option(name)} must be {low or 0}..{high}, not {number}", option=name)
     return int(number)
 
 
@@ -193,6 +200,10 @@ def _number(value: object, name: str) -> float:
     if not math.isfinite(value):
         raise UsageError(f"{option(name)} must be a finite number, got {value}", option=name)
     return float(value)
+
+
+def _ablate(value: object) -> AblationMode | None:
+    return None if value is None else AblationMode.parse(value, "ablate")
 
 
 def _dim(value: object, name: str, default: int) -> int:
@@ -239,7 +250,7 @@ def split(weights: str | Path | None = None, *, model: str | None = None,
     model itself). Without weights or model: a random nn.MultiheadAttention(embed_dim, ...)."""
     random = None
     hints = _hints(num_heads, num_kv_heads, head_dim)
-    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
+    seed = _int(seed, "seed", 0, high=MAX_SEED) or 0
     if weights is None and model is None:
         random = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
                             _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
@@ -272,7 +283,7 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
     nn.MultiheadAttention (`random=True`) on a padded batch of sentences. `weighting="norm"`:
     value-weighted maps ‖α·W_O v‖ (rows normalized); `ablate="zero"|"mean"`: the causal head
     scorecard (`.ablation`, `.ablation_figure()`)."""
-    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
+    seed = _int(seed, "seed", 0, high=MAX_SEED) or 0
     spec = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
                       _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
                       seed=seed) if _flag(random, "random") else None
@@ -292,7 +303,7 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
         keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
         max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
         max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
-        weighting=_str(weighting, "weighting", False) or "", ablate=_str(ablate, "ablate"))
+        weighting=Weighting.parse(weighting, "weighting"), ablate=_ablate(ablate))
     return _as(Heatmap, _run_heatmap(request))
 
 
@@ -316,7 +327,7 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
     # checked as the CLI checks --generate, --sample, --temperature, --top-p and --seed: a
     # sampling option without generate (or sample) is refused, never ignored
     temperature, top_p = _number(temperature, "temperature"), _number(top_p, "top_p")
-    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
+    seed = _int(seed, "seed", 0, high=MAX_SEED) or 0
     spec = generate_spec(None if generate is None else _int(generate, "generate", 0),
                          _flag(sample, "sample"), None if temperature == 1.0 else temperature,
                          None if top_p == 1.0 else top_p, seed or None)
@@ -327,14 +338,14 @@ def run_model(model: str | Path, sentences: Sequence[str], *, layer: str | int |
     request = HeatmapRequest.build(
         sentences=tuple(_texts(sentences, "sentences") or ()),
         model=str(_path(model, "model")), layer=_str(layer, "layer", ints=True),
-        device=_str(device, "device", False) or "", dtype=_str(dtype, "dtype", False) or "",
+        device=_str(device, "device", False) or "", dtype=Dtype.parse(dtype, "dtype"),
         head=_int(head, "head", 0, True), average=_flag(average, "average"),
         query=_str(query, "query", ints=True), sentence=_int(sentence, "sentence", 1) or 1,
         keep_full_maps=_flag(keep_full_maps, "keep_full_maps"),
         targets=None if targets_given is None else tuple(targets_given),
         max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
         max_sentences=_int(max_sentences, "max_sentences", 1) or 1,
-        weighting=_str(weighting, "weighting", False) or "", ablate=_str(ablate, "ablate"),
+        weighting=Weighting.parse(weighting, "weighting"), ablate=_ablate(ablate),
         generate=spec)
     return _as(Heatmap, _run_heatmap(request))
 
@@ -368,7 +379,7 @@ def circuits(weights: str | Path | None = None, *, model: str | Path | None = No
     (default), a checkpoint (`weights`), a Hugging Face folder (`model`) or a random
     nn.MultiheadAttention (`random=True`)."""
     hints = _hints(num_heads, num_kv_heads, head_dim)
-    seed = _int(seed, "seed", 0, high=_SEED_BOUND) or 0
+    seed = _int(seed, "seed", 0, high=MAX_SEED) or 0
     spec = None
     if _flag(random, "random"):  # sizes checked as split's are: 0 is refused, never defaulted
         spec = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),

@@ -201,8 +201,10 @@ def test_usage_errors(loaded, monkeypatch):
         hf.plan_run(model, hf.RunInputs(SENTENCES, None, 5))
     with pytest.raises(UsageError, match="no sentence"):
         hf.plan_run(model, [])
-    with pytest.raises(UsageError, match="unknown dtype"):
-        hf.load_model(str(model.folder), dtype="float64")
+    from attnviz.api import run_model  # a dtype is parsed where the request is built
+
+    with pytest.raises(UsageError, match="unknown dtype 'float64'"):
+        run_model(str(model.folder), SENTENCES, dtype="float64")
     with pytest.raises(UsageError, match="no such model folder"):
         hf.load_model("./missing-folder")
     if not torch.cuda.is_available():

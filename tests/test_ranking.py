@@ -83,7 +83,7 @@ def test_rank_in_the_terminal(cli):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--probe", "copying"], "unknown probe 'copying'"),
+    (["--probe", "copying"], "unknown --probe 'copying'"),
     (["--probe", "induction", "a b c"], "--probe replaces the sentences"),
 ])
 def test_probe_misuse(cli, args, fragment):

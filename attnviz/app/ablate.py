@@ -7,19 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from attnviz.compute.ablation_measures import MODES, AblationReport
+from attnviz.compute.ablation_measures import AblationReport
 from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun
     from attnviz.sources.hf.layers import Plan
     from attnviz.sources.hf.load import LoadedModel
-
-
-def check_mode(mode: str | None) -> None:
-    if mode is not None and mode not in MODES:
-        raise UsageError(f"unknown {option('ablate')} {mode!r}", fix=f"use {' or '.join(MODES)}",
-                         option="ablate")
 
 
 def ablate_standalone(run: AttentionRun, mode: str, head: int | None,

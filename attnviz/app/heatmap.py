@@ -11,13 +11,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnviz.app.ablate import check_mode
 from attnviz.app.export import export
 from attnviz.app.heatmap_json import run_json
 from attnviz.app.heatmap_sources import check_panels, parse_memory_budget, request_sentences
 from attnviz.app.naming import run_title
 from attnviz.app.source_layers import run_on_batch
-from attnviz.app.weighting import check_weighting, weigh_run
+from attnviz.app.weighting import weigh_run
 from attnviz.core.request import HeatmapRequest, Selection
 from attnviz.errors import (
     CheckFailed,
@@ -188,8 +187,6 @@ def _run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None
     if request.measure.generate is not None:
         return _generate(request, request.measure.generate, report)
     check_applicable(request)
-    check_weighting(request.measure.weighting)
-    check_mode(request.measure.ablate)
     source = SOURCES[request.source.kind]
     checked = source.check(request)
     if checked.panels is not None:

@@ -19,7 +19,7 @@ from attnviz.app.heatmap_sources import (
     source_limit,
 )
 from attnviz.app.standalone import head_hint_warnings, renumber, synthetic_note
-from attnviz.compute.inputs import POSITION_SCHEMES, Batch
+from attnviz.compute.inputs import Batch
 from attnviz.core.request import HeatmapRequest
 from attnviz.errors import UsageError, option
 
@@ -87,8 +87,8 @@ class _OnBatch:
 
 
 def _common(request: HeatmapRequest, batch: Batch) -> tuple[torch.device, tuple[int, int] | None]:
-    """The --query row (resolved before any work: a typo costs nothing), the positions scheme
-    and the device, checked."""
+    """The --query row (resolved before any work: a typo costs nothing) and the device,
+    checked (the positions scheme is a Positions member, parsed where the request is built)."""
     from attnviz.compute.device import resolve_device
     from attnviz.compute.inputs import find_query
 
@@ -96,9 +96,6 @@ def _common(request: HeatmapRequest, batch: Batch) -> tuple[torch.device, tuple[
     if request.selection.query is not None:
         index = request.selection.sentence - 1
         query_row = index, find_query(batch.tokens[index], request.selection.query)
-    if request.source.positions not in POSITION_SCHEMES:
-        raise UsageError(f"unknown {option('positions')} {request.source.positions!r}",
-                         fix=f"use {' or '.join(POSITION_SCHEMES)}", option="positions")
     return resolve_device(request.source.device), query_row
 
 

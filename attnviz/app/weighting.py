@@ -6,20 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnviz.compute.results import AttentionRun, ValueWeighting
-from attnviz.compute.value_norms import NORM_LEGEND, WEIGHTINGS, norm_maps, normalized_rows
+from attnviz.compute.value_norms import NORM_LEGEND, norm_maps, normalized_rows
 from attnviz.errors import CheckpointError, UsageError, option
 
 NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what head h writes from "
         "key j into query i's output; rows normalized to sum to 1; statistics, "
         f"{option('overview')} and {option('rank')} read these maps; {option('export')} holds "
         "the raw norms as norm.{layer}")
-
-
-def check_weighting(weighting: str) -> None:
-    if weighting not in WEIGHTINGS:
-        raise UsageError(f"unknown {option('weighting')} {weighting!r}",
-                         fix=f"use {' or '.join(WEIGHTINGS)}",
-                         option="weighting")
 
 
 def weigh_run(run: AttentionRun) -> None:

@@ -47,12 +47,14 @@ from attnviz.cli.options import (
     NumKvHeads,
     Seed,
     VDim,
+    choice_option,
     path_arg,
 )
+from attnviz.core import choices
 from attnviz.core.choices import AblationMode
 from attnviz.errors import UsageError
 
-Mode = Annotated[AblationMode, typer.Option("--mode", help=(
+Mode = Annotated[AblationMode, choice_option(AblationMode, "--mode", help=(
     "What replaces a removed head's slice of the input to W_O: zero, or mean (its mean over "
     "the batch's real tokens)."))]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
@@ -69,7 +71,8 @@ def ablate(
     weights: Weights = None, model: Model = None, random: Random = False, device: Device = "auto",
     embed_dim: EmbedDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
     num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None, head_dim: HeadDim = None,
-    causal: Causal = False, positions: Positions = "none", dtype: Dtype = "float32",
+    causal: Causal = False, positions: Positions = choices.Positions.NONE,
+    dtype: Dtype = choices.Dtype.FLOAT32,
     device_map: DeviceMap = None, max_memory: MaxMemory = None,
     layer: Layer = None, head: Head = None, mode: Mode = AblationMode.ZERO,
     out: Out = None, as_json: Json = False, stats: Stats = None, maps: Maps = None,
@@ -86,7 +89,7 @@ def ablate(
                 random=random, device=device, embed_dim=embed_dim, kdim=kdim, vdim=vdim,
                 seed=seed, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                 causal=causal, positions=positions, dtype=dtype, device_map=device_map,
-                max_memory=max_memory, layer=layer, head=head, ablate=AblationMode(mode).value,
+                max_memory=max_memory, layer=layer, head=head, ablate=mode,
                 out=out, as_json=as_json, stats=stats, maps=maps, overview=overview, rank=rank,
                 quiet=quiet, size=size, dpi=dpi, max_tokens=max_tokens,
                 max_sentences=max_sentences, max_panels=max_panels, memory_budget=memory_budget)

@@ -35,7 +35,9 @@ from attnviz.cli.heatmap_options import (
     Size,
     Stats,
 )
-from attnviz.cli.options import MAX_SEED, Json, Model
+from attnviz.cli.options import Json, Model
+from attnviz.core import choices
+from attnviz.core.request import MAX_SEED
 
 DEFAULT_NEW_TOKENS = 8
 
@@ -55,13 +57,13 @@ SampleSeed = Annotated[int | None, typer.Option("--seed", min=0, max=MAX_SEED, h
 
 def generate(
     sentences: Sentences = None, file: File = None, probe: Probe = None, model: Model = None,
-    device: Device = "auto", dtype: Dtype = "float32",
+    device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
     max_new_tokens: MaxNewTokens = DEFAULT_NEW_TOKENS, sample: Sample = False,
     temperature: Temperature = None, top_p: TopP = None, seed: SampleSeed = None,
     layer: Layer = None, head: Head = None, average: Average = False,
     out: Out = None, export: Export = None, html: Html = None, as_json: Json = False,
     stats: Stats = None, maps: Maps = None, overview: Overview = None, rank: Rank = False,
-    quiet: Quiet = False, scale: Scale = "max", size: Size = None, dpi: Dpi = 100,
+    quiet: Quiet = False, scale: Scale = choices.ColorScale.MAX, size: Size = None, dpi: Dpi = 100,
     max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
     memory_budget: MemoryBudget = None,
 ) -> None:

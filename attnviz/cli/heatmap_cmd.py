@@ -76,6 +76,7 @@ from attnviz.cli.options import (
 )
 from attnviz.cli.paths import inputs_read, preload_matplotlib
 from attnviz.cli.progress import progress
+from attnviz.core import choices
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -92,21 +93,22 @@ def heatmap(
     sentence: Sentence = 1, export: Export = None, html: Html = None, stats: Stats = None,
     maps: Maps = None, quiet: Quiet = False, as_json: Json = False, rank: Rank = False,
     overview: Overview = None, probe: Probe = None, causal: Causal = False,
-    positions: Positions = "none", device: Device = "auto", model: Model = None,
-    dtype: Dtype = "float32", device_map: DeviceMap = None, max_memory: MaxMemory = None,
+    positions: Positions = choices.Positions.NONE, device: Device = "auto", model: Model = None,
+    dtype: Dtype = choices.Dtype.FLOAT32, device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     target: Target = None, random: Random = False,
     embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
     head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
     max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
-    memory_budget: MemoryBudget = None, size: Size = None, dpi: Dpi = 100, scale: Scale = "max",
-    weighting: Weighting = "attention",
+    memory_budget: MemoryBudget = None, size: Size = None, dpi: Dpi = 100,
+    scale: Scale = choices.ColorScale.MAX, weighting: Weighting = choices.Weighting.ATTENTION,
     old_generate: OldGenerate = None, old_sample: OldSample = False,
     old_temperature: OldTemperature = None, old_top_p: OldTopP = None,
     old_ablate: OldAblate = False, old_ablate_mean: OldAblateMean = False,
 ) -> None:
     """Run attention on sentences (one padded batch) and show every head's map, its statistics,
     and a figure."""
-    if overview == "ablation":
+    if overview == choices.OverviewShows.ABLATION:
         from attnviz.errors import UsageError
 
         raise UsageError("--overview ablation shows the causal head scorecard, which moved to "
@@ -122,22 +124,24 @@ def run_command(
     out: Path | None = None, query: str | None = None, sentence: int = 1,
     export: Path | None = None, html: Path | None = None, stats: bool | None = None,
     maps: bool | None = None, quiet: bool = False, as_json: bool = False, rank: bool = False,
-    overview: str | None = None, probe: str | None = None, causal: bool = False,
-    positions: str = "none", device: str = "auto", model: str | None = None,
-    dtype: str = "float32", device_map: str | None = None, max_memory: str | None = None,
+    overview: choices.OverviewShows | None = None, probe: choices.Probe | None = None,
+    causal: bool = False, positions: choices.Positions = choices.Positions.NONE,
+    device: str = "auto", model: str | None = None, dtype: choices.Dtype = choices.Dtype.FLOAT32,
+    device_map: str | None = None, max_memory: str | None = None,
     target: list[str] | None = None, generate: int | None = None, sample: bool = False,
     temperature: float | None = None, top_p: float | None = None, random: bool = False,
     embed_dim: int | None = None, num_heads: int | None = None, num_kv_heads: int | None = None,
     head_dim: int | None = None, kdim: int | None = None, vdim: int | None = None,
     seed: int | None = None, max_tokens: int = 256, max_sentences: int = 64,
     max_panels: int = 256, memory_budget: str | None = None, size: float | None = None,
-    dpi: int = 100, scale: str = "max", weighting: str = "attention",
-    ablate: str | None = None,
+    dpi: int = 100, scale: choices.ColorScale = choices.ColorScale.MAX,
+    weighting: choices.Weighting = choices.Weighting.ATTENTION,
+    ablate: choices.AblationMode | None = None,
 ) -> None:
     """One run of heatmap, generate or ablate: every option checked, the request built once,
     run, and shown. `generate`: tokens to write (attnviz generate; `seed` then seeds the draw);
-    `ablate`: "zero" or "mean" (attnviz ablate)."""
-    from attnviz.compute.scale import check_scale
+    `ablate`: the scorecard's mode (attnviz ablate). Every choice arrives as its Enum member,
+    parsed by Typer (attnviz.core.choices)."""
     from attnviz.core.request import (
         HeadHints,
         HeatmapRequest,
@@ -149,7 +153,6 @@ def run_command(
         SourceSpec,
     )
 
-    check_scale(scale)
     shown = Shown.choose(overview, maps, stats, bool(out or export or html), model is not None,
                          layer, head, average, sentence, scale)
     check_display(shown, {"average": average, "scale": scale, "maps": maps is True,
@@ -157,7 +160,7 @@ def run_command(
                           "max_panels": max_panels}, as_json, out is not None)
     check_figure_options(out, size, dpi)
     check_quiet(quiet, {"--maps": maps, "--stats": stats, "--rank": rank,
-                        "--overview": overview not in (None, "off"),
+                        "--overview": overview not in (None, choices.OverviewShows.OFF),
                         # shown in the terminal, or on the page / the scorecard's figure only
                         "--query": query is not None and html is None},
                 written=bool(out or export or html))
@@ -196,7 +199,7 @@ def run_command(
         if worker is not None:
             worker.close()
     print_warnings(result.warnings)
-    show(result, shown, files, as_json, quiet, rank, overview != "off")
+    show(result, shown, files, as_json, quiet, rank, overview != choices.OverviewShows.OFF)
 
 
 def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool, quiet: bool,
@@ -228,7 +231,8 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
 
 
 def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str], None],
-                look: tuple[str, float | None, int], worker: FigureWorker | None = None) -> None:
+                look: tuple[choices.ColorScale, float | None, int],
+                worker: FigureWorker | None = None) -> None:
     """--export, --out and --html, each announced to the progress spinner as it starts; look:
     the figure's (scale, size, dpi); worker: a figure worker ready to draw it."""
     scale, size, dpi = look

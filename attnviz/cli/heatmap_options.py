@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnviz.cli.options import path_arg, positive, refuse_random_options
+from attnviz.cli.options import choice_option, path_arg, positive, refuse_random_options
+from attnviz.core import choices
+from attnviz.core.choices import ColorScale, OverviewShows
 from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
@@ -23,8 +25,8 @@ Sentences = Annotated[list[str] | None, typer.Argument(help=(
     "One or more sentences (quote each). Tokens are words and punctuation marks."))]
 File = Annotated[Path | None, typer.Option("--file", "-f", callback=path_arg, help=(
     "Read sentences from a text file, one per line ('-': standard input)."))]
-Probe = Annotated[str | None, typer.Option("--probe", help=(
-    "Run on a probe input instead of sentences: 'induction' (random words, each span "
+Probe = Annotated[choices.Probe | None, choice_option(choices.Probe, "--probe", help=(
+    "Run on a probe input instead of sentences: induction (random words, each span "
     "repeated) makes induction heads show."))]
 
 # which weights
@@ -38,11 +40,11 @@ Layer = Annotated[str | None, typer.Option("--layer", "-l", help=(
     "layer."))]
 Causal = Annotated[bool, typer.Option("--causal", help=(
     "Decoder-style masking: query i sees keys 0..i (the bundled model always is)."))]
-Positions = Annotated[str, typer.Option("--positions", help=(
-    "Add 'sinusoidal' position encodings to the layer's inputs, or 'none'."))]
+Positions = Annotated[choices.Positions, choice_option(choices.Positions, "--positions", help=(
+    "Add sinusoidal position encodings to the layer's inputs, or none."))]
 Device = Annotated[str, typer.Option("--device", help=(
     "auto (a GPU when present), cpu, cuda, cuda:N or mps."))]
-Dtype = Annotated[str, typer.Option("--dtype", help=(
+Dtype = Annotated[choices.Dtype, choice_option(choices.Dtype, "--dtype", metavar="DTYPE", help=(
     "float32, bfloat16, float16, or auto (the checkpoint's own dtype, as transformers 5 "
     "loads it: half the memory of float32 for a bfloat16 model)."))]
 MaxMemory = Annotated[str | None, typer.Option("--max-memory", metavar="SIZE", help=(
@@ -71,7 +73,8 @@ Stats = Annotated[bool | None, typer.Option("--stats/--no-stats", help=(
 Maps = Annotated[bool | None, typer.Option("--maps/--no-maps", help=(
     "Print the terminal heatmaps (default: on, unless --out, --export or --html writes "
     "them to a file, or --model shows its overview)."))]
-Overview = Annotated[str | None, typer.Option("--overview", help=(
+Overview = Annotated[OverviewShows | None, choice_option(
+    OverviewShows, "--overview", metavar="NAME", help=(
     "Print a layers × heads grid, a cell per head: label (its type: prev, first, last, "
     "spec, self, dup, ind, next, punct, broad, other) or a statistic (entropy, max, "
     "distance, first, previous, last, special, self, duplicate, induction, next, "
@@ -83,12 +86,12 @@ Rank = Annotated[bool, typer.Option("--rank", help=(
     "Rank the heads by type (previous-token, first/last-token, special-token, self, "
     "duplicate, induction, next-token, punctuation, broad; in 'attnviz ablate' also by "
     "causal effect): the top 3 of each."))]
-Weighting = Annotated[str, typer.Option("--weighting", help=(
+Weighting = Annotated[choices.Weighting, choice_option(choices.Weighting, "--weighting", help=(
     "What a cell shows: attention (the weight α_ij) or norm (‖α_ij · W_O^h v_j‖, what head h "
     "writes from key j into query i, rows normalized to sum to 1; --export adds the raw "
     "norms as norm.{layer}). Statistics, --overview and --rank read the maps shown."),
     rich_help_panel="Head analysis")]
-Scale = Annotated[str, typer.Option("--scale", help=(
+Scale = Annotated[ColorScale, choice_option(ColorScale, "--scale", help=(
     "Colour scale of maps and figures: max (0 to the largest weight shown), fixed (0 to "
     "1) or log (3 decades below the largest)."))]
 
@@ -126,15 +129,15 @@ class Shown:
 
     maps: bool
     stats: bool
-    overview: str | None  # what the layers × heads overview shows; None: no overview
+    overview: OverviewShows | None  # what the layers × heads overview shows; None: none
     maps_written: bool  # maps went to files only: say where they are
     sentence_index: int = 0  # the sentence --query refers to
-    scale: str = "max"
+    scale: ColorScale = ColorScale.MAX
 
     @classmethod
-    def choose(cls, overview: str | None, maps: bool | None, stats: bool | None, writes: bool,
-               model: bool, layer: str | None, head: int | None, average: bool, sentence: int,
-               scale: str) -> Shown:
+    def choose(cls, overview: OverviewShows | None, maps: bool | None, stats: bool | None,
+               writes: bool, model: bool, layer: str | None, head: int | None, average: bool,
+               sentence: int, scale: ColorScale) -> Shown:
         """The defaults: maps unless a file holds them; for a --model run that asks for no
         maps in particular, the overview in place of maps and table (see compute.overview)."""
         from attnviz.compute.overview import wanted
@@ -221,8 +224,8 @@ def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim
 
 # what each flag check_display reads is when not given (the command's defaults; `maps`: --maps
 # asked for, as --no-maps never contradicts an output that prints no map)
-FLAG_DEFAULTS = {"average": False, "scale": "max", "maps": False, "stats": None, "quiet": False,
-                 "size": None, "dpi": 100, "max_panels": 256}
+FLAG_DEFAULTS = {"average": False, "scale": ColorScale.MAX, "maps": False, "stats": None,
+                 "quiet": False, "size": None, "dpi": 100, "max_panels": 256}
 
 
 def check_display(shown: Shown, values: dict[str, object], as_json: bool, out: bool) -> None:
@@ -246,13 +249,11 @@ def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None
         raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="dpi")
 
 
-def probe_sentences(probe: str, given: bool) -> list[str]:
-    """The probe's sentences; a probe replaces sentences, so both at once is a mistake."""
-    from attnviz.core.probe import PROBES, induction_probe
+def probe_sentences(probe: choices.Probe, given: bool) -> list[str]:
+    """The probe's sentences (the one probe, induction); a probe replaces sentences, so both at
+    once is a mistake."""
+    from attnviz.core.probe import induction_probe
 
-    if probe not in PROBES:
-        raise UsageError(f"unknown probe {probe!r}", fix=f"use {', '.join(PROBES)}",
-                         option="probe")
     if given:
         raise UsageError("--probe replaces the sentences", fix="drop the sentences or --probe")
     return induction_probe()

@@ -9,9 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import typer.core
 
+from attnviz.core.request import MAX_SEED
+
 if TYPE_CHECKING:
     from rich.text import Text
 
+    from attnviz.core.choices import Choice
     from attnviz.render.safe import SafeConsole
 
 
@@ -53,7 +56,17 @@ def positive(param: typer.CallbackParam, value: int | None) -> int | None:
     return value
 
 
-MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+def choice_option(enum: type[Choice], *flags: str, **settings: Any) -> Any:
+    """A Typer option taking one of `enum`'s values (attnviz.core.choices): --help lists them,
+    and any other value is `Choice.parse`'s one usage error (`unknown --scale 'sqrt' — use
+    max, fixed, log`), the text the Python API gives for its keyword, not click's own."""
+    name = flags[0].lstrip("-").replace("-", "_")
+
+    def parse(value: object) -> Choice:
+        return enum.parse(value, name)
+
+    return typer.Option(*flags, parser=parse, **settings)
+
 
 NumHeads = Annotated[int | None, typer.Option("--num-heads", "-H", callback=positive, help=(
     "Query heads (default 8 for random init; for checkpoints, overrides config/metadata)."))]

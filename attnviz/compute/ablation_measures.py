@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
-MODES = ("zero", "mean")
+from attnviz.core.choices import AblationMode
+
+MODES = AblationMode.values()
 CAUSAL_LOSS = "next-token loss"
 KL = "KL divergence"
 NO_NEXT_TOKEN = "no next token to predict: every sentence has one token"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from attnviz.core.choices import Positions
 from attnviz.core.request import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
 from attnviz.core.words import split_words, token_hash
 from attnviz.errors import UsageError, option, printable_path
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 EMBEDDING_SUFFIXES = ("word_embeddings.weight", "embed_tokens.weight", "wte.weight",
                       "token_embedding.weight", "shared.weight", "embed_in.weight")
-POSITION_SCHEMES = ("none", "sinusoidal")
+POSITION_SCHEMES = Positions.values()
 
 
 @dataclass(frozen=True)

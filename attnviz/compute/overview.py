@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from attnviz.compute.ranking import HEAD_TYPES
-from attnviz.errors import UsageError, option
+from attnviz.core.choices import OverviewShows
 
 if TYPE_CHECKING:  # stats imports torch; the CLI calls `wanted` before torch's import (the
     # figure worker forks first: attnviz.cli.figure_worker)
@@ -45,7 +45,8 @@ STATISTICS: dict[str, tuple[str, str]] = {
 }
 LABEL = "label"
 OFF = "off"
-CHOICES = (LABEL, *STATISTICS, OFF)
+CHOICES = OverviewShows.values()  # parsed where the CLI and the API take them
+assert set(CHOICES) == {LABEL, *STATISTICS, OFF}, "OverviewShows and STATISTICS differ"
 
 
 @dataclass(frozen=True)
@@ -94,12 +95,6 @@ class Overview:
                                     for cell in row.cells]} for row in self.rows]}
 
 
-def check_choice(shows: str) -> None:
-    if shows not in CHOICES:
-        raise UsageError(f"unknown {option('overview')} {shows!r}", fix=f"use {', '.join(CHOICES)}",
-                         option="overview")
-
-
 def head_type(stats: HeadStats) -> tuple[str, str, float | None]:
     """(type, the HeadStats field behind it, its value) of one head (see the module doc)."""
     from attnviz.compute.stats import LABEL_THRESHOLD
@@ -120,7 +115,6 @@ def build_overview(head_stats: list[HeadStats], shows: str = LABEL,
     """One row per layer (consecutive statistics of one layer), one cell per head; rows in
     the run's order, grouped by stack (enc, dec, cross). A cell's value is the statistic
     `shows` names, or `value_of(stats)` for a measure kept outside the statistics (ablation)."""
-    check_choice(shows)
     if value_of is None:
         field = STATISTICS[shows][0] if shows in STATISTICS else None
         value_of = (lambda stats: None) if field is None else (  # noqa: E731
@@ -143,16 +137,14 @@ def _stack(label: str) -> str:
     return label.rpartition(" ")[0]
 
 
-def wanted(shows: str | None, model: bool, layer: str | None, head: int | None, average: bool,
-           maps: bool | None) -> tuple[str | None, bool]:
+def wanted(shows: OverviewShows | None, model: bool, layer: str | None, head: int | None,
+           average: bool, maps: bool | None) -> tuple[OverviewShows | None, bool]:
     """(what the terminal overview shows, or None for none; whether it stands in for the maps
     and the statistics table). A --model run that asks for no particular maps (no --layer,
     --head, --average or --maps), whose full maps would run to hundreds of lines, gets the
     overview in their place (the head types unless --overview names a statistic; OFF: the
     maps as before); any other run gets it beside them when --overview asks."""
-    if shows is not None:
-        check_choice(shows)
     if shows == OFF:
         return None, False
     compact = model and layer is None and head is None and not average and maps is not True
-    return (shows or LABEL if compact else shows), compact
+    return (shows or OverviewShows.LABEL if compact else shows), compact

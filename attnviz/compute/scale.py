@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from attnviz.errors import UsageError, option
+from attnviz.core.choices import ColorScale
 
-SCALES = ("max", "fixed", "log")
+SCALES = ColorScale.values()
 DEFAULT_SCALE = "max"
 LOG_DECADES = 3  # --scale log spans 10^-3 of the largest weight to the largest
 
@@ -60,15 +60,9 @@ class Scale:
         return f"scale max: 0 to {top}, the largest weight shown"
 
 
-def check_scale(kind: str) -> None:
-    if kind not in SCALES:
-        raise UsageError(f"unknown {option('scale')} {kind!r}", fix=f"use {', '.join(SCALES)}",
-                         option="scale")
-
-
 def map_scale(kind: str, maps: Iterable[Any]) -> Scale:
-    """The scale of a set of displayed maps (numpy arrays of weights)."""
-    check_scale(kind)
+    """The scale of a set of displayed maps (numpy arrays of weights); `kind` is one of SCALES,
+    parsed where the CLI and the API take it (attnviz.core.choices)."""
     if kind == "fixed":
         return Scale(kind, 0.0, 1.0)
     top = max((float(m.max()) for m in maps if m.size), default=0.0)

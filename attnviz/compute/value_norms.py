@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.compute.forward import LayerWeights
+from attnviz.core.choices import Weighting
 from attnviz.core.layer import AttentionLayer
 
 NORM_LEGEND = "‖α·W_O v‖, each row normalized to sum to 1"
-WEIGHTINGS = ("attention", "norm")
+WEIGHTINGS = Weighting.values()
 
 
 def state_norms(values: torch.Tensor, W_o: torch.Tensor, o_cols: Callable[[int], tuple[int, int]],

@@ -1,13 +1,108 @@
-"""Choices a command takes as one option, as `str` Enums: the CLI parses them (Typer lists the
-values in --help and refuses others), and the request keeps their plain string value."""
+"""Choices a command takes as one option, as `str` Enums: the CLI's Typer options take them (Typer
+lists the values in --help and refuses others), the request dataclasses hold them, and the
+Python API parses its strings into them once, where it builds the request (`Choice.parse`), so
+nothing below checks them again. A member is its value: `str()`, f-strings and JSON print
+`max`, never `ColorScale.MAX`."""
 
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypeVar
+
+from attnviz.errors import UsageError, option
+
+_C = TypeVar("_C", bound="Choice")
 
 
-class AblationMode(str, Enum):
+class Choice(str, Enum):
+    """One option's values; `parse` turns the API's string into a member, or one usage error
+    naming the option and listing every value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(str(member.value) for member in cls)
+
+    @classmethod
+    def parse(cls: type[_C], value: object, name: str) -> _C:
+        """`value` (a member or its string) as a member of `cls`; `name`: the option's keyword."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+        for member in cls:
+            if member.value == value:
+                return member
+        raise UsageError(f"unknown {option(name)} {value!r}",
+                         fix=f"use {', '.join(cls.values())}", option=name)
+
+
+class ColorScale(Choice):
+    """--scale: the colour scale of maps and figures."""
+
+    MAX = "max"  # 0 to the largest weight shown
+    FIXED = "fixed"  # 0 to 1
+    LOG = "log"  # 3 decades below the largest
+
+
+class Weighting(Choice):
+    """--weighting: what a cell shows."""
+
+    ATTENTION = "attention"  # the weight α_ij
+    NORM = "norm"  # ‖α_ij · W_O^h v_j‖, rows normalized (attnviz.app.weighting)
+
+
+class AblationMode(Choice):
     """What replaces a removed head's slice of the input to W_O (attnviz ablate --mode)."""
 
     ZERO = "zero"  # zeroed
     MEAN = "mean"  # its mean over the batch's real tokens
+
+
+class Positions(Choice):
+    """--positions: encodings added to a standalone layer's inputs."""
+
+    NONE = "none"
+    SINUSOIDAL = "sinusoidal"
+
+
+class Dtype(Choice):
+    """--dtype: what a --model's weights are loaded as."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    AUTO = "auto"  # the checkpoint's own
+
+
+class OverviewShows(Choice):
+    """--overview: what a cell of the layers × heads grid shows: the head's type (label), one
+    statistic (attnviz.compute.overview.STATISTICS, which a test keeps equal to these), the
+    causal scorecard's effect (attnviz ablate), or nothing (off)."""
+
+    LABEL = "label"
+    ENTROPY = "entropy"
+    MAX = "max"
+    DISTANCE = "distance"
+    FIRST = "first"
+    PREVIOUS = "previous"
+    LAST = "last"
+    SPECIAL = "special"
+    SELF = "self"
+    DUPLICATE = "duplicate"
+    INDUCTION = "induction"
+    NEXT = "next"
+    PUNCTUATION = "punctuation"
+    ABLATION = "ablation"
+    OFF = "off"
+
+
+class Probe(Choice):
+    """--probe: an input made to show one head type (attnviz.core.probe)."""
+
+    INDUCTION = "induction"

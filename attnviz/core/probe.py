@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import random
 
-PROBES = ("induction",)
+from attnviz.core.choices import Probe
+
+PROBES = Probe.values()
 SPAN_LENGTHS = (4, 8, 16)  # one sentence per span length: span + copy
 WORDS = tuple(dict.fromkeys((
     "time year people way day man thing woman life child world school state family student "

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from attnviz.core.choices import AblationMode, Dtype, Positions, Weighting
 from attnviz.errors import UsageError, option
 
 DEFAULT_MAX_TOKENS = 256  # attention costs O(L²) per head
@@ -59,7 +60,9 @@ class RandomSpec:
 # that); at 1e4 logits within ±100 are equally likely (uniform); logits up to 3e34 stay finite.
 MIN_TEMPERATURE = 1e-4
 MAX_TEMPERATURE = 1e4
-MAX_SEED = 2**64 - 1  # torch.manual_seed's range
+# every seed (--seed, seed=) is 0..MAX_SEED: torch.manual_seed and Generator.manual_seed take
+# 0..2**64 - 1 (a negative one wraps around), so the CLI and the API check this one bound
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -133,9 +136,9 @@ class SourceSpec:
     random: RandomSpec | None = None  # a random nn.MultiheadAttention
     hints: HeadHints = HeadHints()  # head counts for a checkpoint layer
     causal: bool = False
-    positions: str = "none"  # standalone layers: position encodings added to the inputs
+    positions: Positions = Positions.NONE  # standalone layers: encodings added to the inputs
     device: str = "auto"
-    dtype: str = "float32"  # model only ("auto": the checkpoint's own)
+    dtype: Dtype = Dtype.FLOAT32  # model only ("auto": the checkpoint's own)
     device_map: str | None = None  # model only
     max_memory: int | None = None  # model only: bytes of weights in memory, the rest offloaded
 
@@ -169,8 +172,8 @@ class Selection:
 class Measure:
     """What is measured beyond the attention maps."""
 
-    weighting: str = "attention"  # "norm": value-weighted maps (attnviz.app.weighting)
-    ablate: str | None = None  # "zero" or "mean": the causal head scorecard (attnviz.app.ablate)
+    weighting: Weighting = Weighting.ATTENTION  # NORM: value-weighted (attnviz.app.weighting)
+    ablate: AblationMode | None = None  # the causal head scorecard (attnviz.app.ablate)
     generate: GenerateSpec | None = None  # continue each sentence first (attnviz.app.generate)
 
 

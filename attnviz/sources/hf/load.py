@@ -32,7 +32,7 @@ from attnviz.recognize import find_layers
 from attnviz.sources import capture, hf_guard
 from attnviz.sources.hf.versions import check_versions, install_hint
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")  # auto: the checkpoint's own
+DTYPES = ("float32", "bfloat16", "float16", "auto")  # = core.choices.Dtype (a test keeps it)
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
 TOLERANCE = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 STACK_OF = {capture.LayerKind.SELF: "enc", capture.LayerKind.DECODER_SELF: "dec",
@@ -176,11 +176,9 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32",
 
 def check_load_options(device: str, dtype: str, device_map: str | None,
                        max_memory: int | None = None) -> None:
-    """The loading options, checked before anything is read."""
+    """The loading options, checked before anything is read (`dtype` is a Dtype member,
+    parsed where the request is built)."""
     require_transformers()
-    if dtype not in DTYPES:
-        raise UsageError(f"unknown dtype {dtype!r}", fix=f"use one of {', '.join(DTYPES)}",
-                         option="dtype")
     if device_map is not None:
         if device_map != "auto":
             raise UsageError(f"unknown device map {device_map!r}", fix="use auto",
