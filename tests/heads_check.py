@@ -3,7 +3,7 @@
 `check_heads(model, store, layer, inputs, scalings, family)`: q_h from attnviz's W_q rows on the
 projection's captured input equals the model's query of head h, and k likewise for the kv head
 attnviz pairs it with. The model's side comes from its attention call through
-`attnviz.sources.capture` (keep_qk) or, for models outside the attention interface, from the
+`attnviz.sources.hf.capture` (keep_qk) or, for models outside the attention interface, from the
 module's own head-splitting method on its projection output. Rotary embeddings are compared at
 position 0, where they rotate nothing; q/k norms inside the module are applied as the module
 applies them; q is compared after each side's scaling (OPT scales q before the interface).
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.core.layer import AttentionLayer
-from attnviz.sources import capture as cap
-from attnviz.sources import capture_eager
+from attnviz.sources.hf import capture as cap
+from attnviz.sources.hf import capture_eager
 
 ATOL, RTOL = 1e-4, 1e-5
 # Families outside the attention interface whose module splits its projection's output into heads

@@ -311,9 +311,9 @@ def test_hf_mean_ablation_over_several_forwards_equals_a_mean_hook(tmp_path, mon
     from zoo import build_lm
 
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
-    from attnviz.sources import hf_ablation
+    from attnviz.sources.hf import ablation
 
-    monkeypatch.setattr(hf_ablation, "MAX_COPIES", 3)
+    monkeypatch.setattr(ablation, "MAX_COPIES", 3)
     folder = build_lm("llama", tmp_path / "llama", "LlamaForCausalLM")
     sentences = ["the cat sat on the mat", "a dog ran"]
     report = run_heatmap(HeatmapRequest.build(sentences=tuple(sentences), model=str(folder),

@@ -159,7 +159,7 @@ def test_a_w_o_module_running_more_often_than_its_attention_is_refused():
     """The runtime check that keeps edits on calls: a W_O module whose call count per forward
     is not its attention module's is refused, named."""
     from attnviz.errors import CheckpointError
-    from attnviz.sources.hf_ablation import _Runner, _Site
+    from attnviz.sources.hf.ablation import _Runner, _Site
 
     linear = torch.nn.Linear(4, 4)
 
@@ -409,7 +409,7 @@ def test_the_lm_head_model_is_placed_as_the_first_load_was():
     device)."""
     from types import SimpleNamespace
 
-    from attnviz.sources.hf_ablation import _lm_placement
+    from attnviz.sources.hf.ablation import _lm_placement
 
     model = torch.nn.Embedding(4, 2)
     model.get_input_embeddings = lambda: model

@@ -39,8 +39,11 @@ def imports(path: Path) -> list[tuple[str, bool]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from pkg import sub` is an edge to pkg.sub, as `from pkg.sub import x` is (both
+            # run pkg's __init__ first, neither needs it finished); a name pkg's __init__ defines
+            # or imports resolves to pkg itself (`internal`), so a cycle through it is still seen
             names = [f"{node.module}.{a.name}" for a in node.names]
-            found += [(node.module, id(node) in top)] + [(n, id(node) in top) for n in names]
+            found += [(n, id(node) in top) for n in names]
         elif isinstance(node, ast.Import):
             found += [(a.name, id(node) in top) for a in node.names]
     return found
@@ -117,6 +120,17 @@ def test_the_contract_can_fail(tmp_path):
             del MODULES[name]
 
 
+def test_a_submodule_import_is_an_edge_to_the_submodule(tmp_path):
+    """`from attnviz.sources.hf import capture` depends on hf.capture, not on hf's __init__
+    (which imports hf.inputs, which imports capture that way); a name the __init__ holds is an
+    edge to the package (negative control: such an import inside hf.inputs would be a cycle)."""
+    path = tmp_path / "m.py"
+    path.write_text("from attnviz.sources.hf import capture\n"
+                    "from attnviz.sources.hf import load_model\n")
+    assert {internal(name) for name, _ in imports(path)} == {"attnviz.sources.hf.capture",
+                                                              "attnviz.sources.hf"}
+
+
 HEAVY_AT_COLLECTION = ("matplotlib", "transformers", "tokenizers", "accelerate")
 
 
@@ -176,10 +190,10 @@ def test_no_private_names_cross_modules():
 
 def test_the_private_name_scan_can_fail():
     """Negative control: both forms are seen; public names and dunders are not."""
-    source = ("from attnviz.sources.capture import _Session, Session, __version__\n"
+    source = ("from attnviz.sources.hf.capture import _Session, Session, __version__\n"
               "from attnviz.compute import cells\n"
               "cells._device_sums(1)\ncells.cell_sums(1)\n")
-    assert private_imports(source) == ["attnviz.sources.capture._Session", "cells._device_sums"]
+    assert private_imports(source) == ["attnviz.sources.hf.capture._Session", "cells._device_sums"]
 
 
 CONVENTIONAL_ALIASES = {"numpy": "np", "torch.nn.functional": "F",
@@ -233,8 +247,9 @@ def test_the_alias_check_can_fail():
 MOST_PARAMETERS = 6
 MIRRORS = {
     # transformers' attention interface: (module, query, key, value, attention_mask, ...)
-    "attnviz.sources.capture_eager.attend", "attnviz.sources.capture_eager.attention_function",
-    "attnviz.sources.capture_eager.generic_eager",
+    "attnviz.sources.hf.capture_eager.attend",
+    "attnviz.sources.hf.capture_eager.attention_function",
+    "attnviz.sources.hf.capture_eager.generic_eager",
     # torch's MultiheadAttention.forward: (query, key, value, key_padding_mask, attn_mask)
     "attnviz.compute.forward.per_head_forward", "attnviz.compute.forward.reshaped_forward",
 }

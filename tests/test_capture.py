@@ -1,4 +1,4 @@
-"""attnviz.sources.capture on every architecture of the zoo: maps equal transformers' own eager
+"""attnviz.sources.hf.capture on every architecture of the zoo: maps equal transformers' own eager
 output_attentions, blocks equal whole maps, only shown layers pay for eager attention."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from zoo import (  # noqa: E402
 )
 
 from attnviz.errors import UsageError  # noqa: E402
-from attnviz.sources import capture as cap  # noqa: E402
+from attnviz.sources.hf import capture as cap  # noqa: E402
 
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGET = "the big red barn"  # decoder input of encoder-decoder models: T != S
@@ -353,7 +353,7 @@ def test_half_precision_on_cpu_runs_the_eager_blocks_in_float32(zoo_model, kind,
         assert_same(ours, half_map.float(), atol=2e-2)
         assert_same(ours.sum(-1), torch.ones(ours.shape[:-1]))
     assert not torch.allclose(half_out.attentions[-1].float().sum(-1), torch.ones(()), atol=1e-5)
-    monkeypatch.setattr("attnviz.sources.capture_eager._upcast", lambda query: False)
+    monkeypatch.setattr("attnviz.sources.hf.capture_eager._upcast", lambda query: False)
     result, maps = captured(Loaded(kind, model, half, tokenizer), enc)
     assert all(layer.upcast_from is None for layer in result.layers)
     assert maps.maps(0).dtype == torch.bfloat16

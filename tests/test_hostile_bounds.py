@@ -157,7 +157,7 @@ def test_max_sentences_is_honoured_with_model(cli, minilm):
 # --- the tokenizer's normalizers: bounded before any text reaches Rust ----------------------
 
 def _steps(normalizer: dict, pre_tokenizer: dict | None = None):
-    from attnviz.sources.tokenizer_bound import steps_of
+    from attnviz.sources.hf.tokenizer_bound import steps_of
 
     return steps_of(normalizer, "normalizer") + steps_of(pre_tokenizer, "pre_tokenizer")
 
@@ -183,7 +183,7 @@ AMPLIFIERS = {
 @pytest.mark.parametrize("name", sorted(AMPLIFIERS))
 def test_amplifying_normalizers_are_refused_by_step(name):
     from attnviz.errors import CheckpointError
-    from attnviz.sources.tokenizer_bound import check_text_bound
+    from attnviz.sources.hf.tokenizer_bound import check_text_bound
 
     steps = _steps(AMPLIFIERS[name])
     with pytest.raises(CheckpointError) as caught:
@@ -194,7 +194,7 @@ def test_amplifying_normalizers_are_refused_by_step(name):
 
 def test_ordinary_normalizers_pass():
     """Negative control: BERT's, NFKC with a Metaspace, a shrinking Replace — long texts pass."""
-    from attnviz.sources.tokenizer_bound import check_text_bound
+    from attnviz.sources.hf.tokenizer_bound import check_text_bound
 
     for normalizer, pre in (
             ({"type": "BertNormalizer", "lowercase": True}, {"type": "BertPreTokenizer"}),
@@ -594,7 +594,7 @@ def _template(copies: int) -> dict:
 
 def test_a_template_repeating_the_text_is_refused_by_step():
     from attnviz.errors import CheckpointError
-    from attnviz.sources.tokenizer_bound import check_text_bound, steps_of
+    from attnviz.sources.hf.tokenizer_bound import check_text_bound, steps_of
 
     with pytest.raises(CheckpointError) as caught:
         check_text_bound(steps_of(_template(5000), "post_processor"), 1000, "sentence 1", "m")
@@ -610,7 +610,7 @@ def test_the_template_bound_is_an_upper_bound_of_what_tokenizers_does():
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A $A $A", special_tokens=[("[CLS]", 101)])
-    from attnviz.sources.tokenizer_bound import steps_of
+    from attnviz.sources.hf.tokenizer_bound import steps_of
 
     text = "a a a a"
     (step,) = steps_of(_template(3), "post_processor")
@@ -633,7 +633,7 @@ def test_a_decoder_that_multiplies_text_is_refused(minilm):
     import json
 
     from attnviz.errors import CheckpointError
-    from attnviz.sources.tokenizer_bound import chain_of
+    from attnviz.sources.hf.tokenizer_bound import chain_of
 
     spec = json.loads((minilm / "tokenizer.json").read_text())
     assert chain_of(_Described(spec))  # negative control: the model's own decoder passes
@@ -651,7 +651,7 @@ def test_a_wordpiece_reading_huge_words_refuses_long_texts(minilm):
     import json
 
     from attnviz.errors import CheckpointError
-    from attnviz.sources.tokenizer_bound import chain_of, check_text_bound
+    from attnviz.sources.hf.tokenizer_bound import chain_of, check_text_bound
 
     spec = json.loads((minilm / "tokenizer.json").read_text())
     check_text_bound(chain_of(_Described(spec)), 40_000, "sentence 1", "m")  # BERT's own: 100

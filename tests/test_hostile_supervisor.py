@@ -155,7 +155,7 @@ def test_help_runs_supervised():
 ABORT_CAP = 3 << 29
 ABORTS = """
 import sys
-import attnviz.sources.tokenizer_bound as bound
+import attnviz.sources.hf.tokenizer_bound as bound
 bound.MAX_NORMALIZED_CHARS = 10**15
 sys.argv = ['attnviz', 'heatmap', '--model', {folder!r}, '--json', 'a cat']
 from attnviz.cli.main import main

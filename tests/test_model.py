@@ -26,8 +26,9 @@ from attnviz.compute.breakdown import query_breakdown  # noqa: E402
 from attnviz.core import memory  # noqa: E402
 from attnviz.errors import UsageError, with_options  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
-from attnviz.sources import capture as cap  # noqa: E402
-from attnviz.sources import hf, split_proof  # noqa: E402
+from attnviz.sources import hf  # noqa: E402
+from attnviz.sources.hf import capture as cap  # noqa: E402
+from attnviz.sources.hf import split_proof  # noqa: E402
 
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGETS = ["the big red barn", "a cat sat far away"]  # one per sentence; T ≠ S
@@ -366,7 +367,7 @@ def test_causal_blocks_run_over_the_keys_they_see(model, monkeypatch, kind):
     the keys its queries see (`capture_eager.keys_seen`: fewer than all for an early block),
     and the maps equal one whole block's, which sees every key (phi3: left padding, whose
     fully masked rows keep every key). Control: one key fewer changes the maps."""
-    from attnviz.sources import capture_eager
+    from attnviz.sources.hf import capture_eager
 
     m = model(kind)
     whole = run(m, SENTENCES)
@@ -395,7 +396,7 @@ def test_keys_seen_shortens_only_what_it_can_prove():
     """A causal float mask: the keys up to the block's last query; every key where a row sees
     none (left padding), for a boolean mask, or beside a key-axis bias of three axes (ALiBi);
     a 2-D position index does not stop it. Control: a padding-only mask keeps every key."""
-    from attnviz.sources.capture_eager import keys_seen
+    from attnviz.sources.hf.capture_eager import keys_seen
 
     low = torch.finfo(torch.float32).min
     causal = torch.triu(torch.full((6, 6), low), 1)[None, None]  # (1, 1, L, S)
@@ -417,7 +418,7 @@ def test_keys_seen_is_worked_out_once_per_mask_and_block(monkeypatch):
     cached."""
     from types import SimpleNamespace
 
-    from attnviz.sources import capture_eager
+    from attnviz.sources.hf import capture_eager
 
     real, calls = capture_eager.keys_seen, []
     monkeypatch.setattr(capture_eager, "keys_seen",

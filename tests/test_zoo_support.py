@@ -34,7 +34,7 @@ from attnviz.core.layer import AttentionLayer  # noqa: E402
 from attnviz.load.checkpoint import open_checkpoint  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
 from attnviz.recognize import model_type_table as table  # noqa: E402
-from attnviz.sources import capture as cap  # noqa: E402
+from attnviz.sources.hf import capture as cap  # noqa: E402
 
 KINDS = list(ZOO)
 ROOT = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ def ablate_standalone(run: AttentionRun, mode: str, head: int | None,
 def ablate_hf(loaded: LoadedModel, plan: Plan, run: AttentionRun, mode: str, head: int | None,
               report: Callable[[str], None]) -> AblationReport:
     """A Hugging Face model's scorecard of the run's shown heads."""
-    from attnviz.sources.hf_ablation import ablate_model
+    from attnviz.sources.hf.ablation import ablate_model
 
     shown = plan.shown if plan.shown is not None else []
     by_index = {layer.index: layer for layer in shown}

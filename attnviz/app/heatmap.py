@@ -147,7 +147,7 @@ def run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None 
     and flags checked before any weight is read). `progress` hears, in words, each step as it
     starts (the CLI shows them beside a spinner). A model's maps that come out non-finite, on
     any path (whole, streamed, exported, generated), name its config.json fields too."""
-    from attnviz.sources.config_guard import naming_config
+    from attnviz.sources.hf.config_guard import naming_config
 
     with naming_config(request.source.model), naming_weights(request):
         return _run_heatmap(request, progress)

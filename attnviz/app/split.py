@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from attnviz.compute.split import SplitReport
     from attnviz.compute.split_views import BandPicture, MatrixPanel
     from attnviz.core.layer import AttentionLayer
+    from attnviz.sources.hf.split_proof_result import ProofResult
     from attnviz.sources.hf.verify import VerifyResult
-    from attnviz.sources.split_proof_result import ProofResult
 
 VERIFY_SENTENCES = ["the cat sat on the mat and the cat slept",
                     "heads split the projection, not the input"]
@@ -119,7 +119,7 @@ class SplitResult:
 def _non_finite_model(source: str) -> CheckFailed:
     """The model's own maps on the verification sentences hold NaN or Inf: its weights or the
     config.json fields its forward computes with are the cause, not attnviz's slicing."""
-    from attnviz.sources.config_guard import config_hint
+    from attnviz.sources.hf.config_guard import config_hint
 
     hint = config_hint(source)
     return CheckFailed("the model's own attention on the verification sentences is not finite "
@@ -172,7 +172,7 @@ def run_split(request: SplitRequest) -> SplitResult:
 def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, str | None]:
     """(recompute proof or None, split proof, why the recompute proof did not run)."""
     from attnviz.sources import hf
-    from attnviz.sources.split_proof import prove_split
+    from attnviz.sources.hf.split_proof import prove_split
 
     loaded = hf.load_model(folder)
     targets = VERIFY_TARGETS if loaded.encoder_decoder else None

@@ -26,7 +26,7 @@ SDPA_TOLERANCE = 1e-4  # explicit per-head output vs F.scaled_dot_product_attent
 
 @dataclass(frozen=True)
 class CapturedScores:
-    """What a model's own attention call received for one layer (attnviz.sources.capture with
+    """What a model's own attention call received for one layer (attnviz.sources.hf.capture with
     keep_qk), in the padded batch's coordinates: enough to recompute its scores head by head
     with no knowledge of the family's positions (q and k are taken after rotary)."""
 

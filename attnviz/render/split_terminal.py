@@ -16,8 +16,8 @@ from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text
 
 if TYPE_CHECKING:
+    from attnviz.sources.hf.split_proof_result import ProofResult
     from attnviz.sources.hf.verify import VerifyResult
-    from attnviz.sources.split_proof_result import ProofResult
 
 PROJECTION_TITLES = {"q": "W_q", "k": "W_k", "v": "W_v", "o": "W_o"}
 LABEL_WIDTH = 14  # "h12 96:104 │ "

@@ -17,7 +17,6 @@ from attnviz.errors import printable
 from attnviz.load.config import model_type
 from attnviz.load.store import TensorStore
 from attnviz.recognize.discovered import ModuleFacts, Param
-from attnviz.sources.hf_guard import silenced
 
 HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
 KV_ATTRS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "n_kv_heads")
@@ -36,6 +35,10 @@ def discover_modules(store: TensorStore) -> list[ModuleFacts] | str:
         import transformers
     except ImportError:
         return "transformers is not installed"
+    # here, not at the top: importing attnviz.sources.hf imports torch, and a checkpoint the
+    # naming tables recognize is inspected without it (discovery is imported for every one)
+    from attnviz.sources.hf.guard import silenced
+
     fields = {k: v for k, v in store.config.items() if k != "model_type"}
     try:
         with silenced():

@@ -6,7 +6,7 @@ or replaced by that slice's mean over the batch's real tokens (`mean`). The forw
 `attnviz.sources.bundled.run_tiny` runs (embeddings + positions, pre-LayerNorm attention blocks,
 then the final LayerNorm and the unembedding the bundled model was trained with); a standalone
 layer is its own model: its output is the hidden state, and there is no LM head.
-Hugging Face models take `attnviz.sources.hf_ablation` (the model's own forward, hooked).
+Hugging Face models take `attnviz.sources.hf.ablation` (the model's own forward, hooked).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Real pretrained models through Hugging Face transformers: load offline, capture, verify.
 
-`run_plan` runs the model's own forward pass once through `attnviz.sources.capture`: the layers
+`run_plan` runs the model's own forward pass once through `attnviz.sources.hf.capture`: the layers
 shown go through their module's own eager attention (in blocks of query rows under a memory
 budget), the others through sdpa; models whose modeling file does not use transformers'
 attention interface return their maps through `output_attentions` instead. Nothing here depends
@@ -17,7 +17,7 @@ and cross-attention (target × source).
 `verify_layer` (the recompute proof) recomputes one layer's weights from its captured input with
 attnviz's own AttentionLayer slices, read from the checkpoint files, and positions recomputed
 from config.json by `attnviz.compute.positions` (never taken from the model); the split proof,
-which needs no per-family math, is `attnviz.sources.split_proof`.
+which needs no per-family math, is `attnviz.sources.hf.split_proof`.
 transformers is imported lazily: the core install works without it.
 
 The parts: `load` (folder → LoadedModel), `inputs` (sentences → padded feed), `layers` (the

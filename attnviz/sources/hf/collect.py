@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnviz.sources import capture
+from attnviz.sources.hf import capture
 from attnviz.sources.hf.layers import (
     ModelLayer,
     Plan,

@@ -30,8 +30,8 @@ import torch
 from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, printable, printable_path
 from attnviz.load.paths import library_path
-from attnviz.sources import capture, hf_guard
-from attnviz.sources.capture_eager import ACTIVE, Session
+from attnviz.sources.hf import capture, guard
+from attnviz.sources.hf.capture_eager import ACTIVE, Session
 from attnviz.sources.hf.generate_returned import (
     add_forward_attentions,
     add_generate_attentions,
@@ -104,8 +104,8 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
     # generation_config.json without the fields attnviz sets at each call (generate_settings)
     generation_config, file_fields = generation_config_of(Path(folder), where)
     given = {} if generation_config is None else {"generation_config": generation_config}
-    with hf_guard.silenced(stderr=True), \
-            hf_guard.contained("transformers cannot load the model with a language-model head",
+    with guard.silenced(stderr=True), \
+            guard.contained("transformers cannot load the model with a language-model head",
                                FILES_FIX, where):
         model, info = auto.from_pretrained(library_path(folder), attn_implementation="eager",
                                            output_loading_info=True, **given,
@@ -119,7 +119,7 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
                               "it is a base model without a language-model head, which cannot "
                               "generate", fix="use a checkpoint saved with its head "
                               "(…ForCausalLM, …ForConditionalGeneration)", where=where)
-    hf_guard.check_loaded(info, set(), where)
+    guard.check_loaded(info, set(), where)
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
                        capture_path(model), _store=opened.store,
                        position_limit=opened.position_limit)
@@ -184,7 +184,7 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
         steps = Steps(torch.empty(0), ids.shape[1], set_aside=aside)
         kwargs.update(input_ids=ids, attention_mask=mask)
     with _seeded(spec.seed), _capturing(model, steps, interface, keep, block_bytes, shown), \
-            hf_guard.silenced(), _contained(loaded):
+            guard.silenced(), _contained(loaded):
         out = model.generate(**kwargs)
     steps.sequences = out.sequences.cpu()
     if not keep:
@@ -276,7 +276,7 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, fed: tuple[torch.Tens
     sequences = out.sequences  # (B, L + T)
     last = sequences[:, -1:]
     # renamed `cache` in transformers 5.2x; the old name still answers, with a warning
-    with hf_guard.silenced():
+    with guard.silenced():
         cache = out["cache"] if "cache" in out.keys() else out.get("past_key_values")
     if cache is None:
         raise CheckpointError("the model's generate returned no cache to continue from",
@@ -296,7 +296,7 @@ def _last_row(loaded: LoadedModel, steps: Steps, out: Any, fed: tuple[torch.Tens
             feed["position_ids"] = (full.cumsum(-1) - 1).clamp(min=0)[:, -1:]
     if "cache_position" in _forward_parameters(model):  # the last token's own position
         feed["cache_position"] = torch.tensor([sequences.shape[1] - 1], device=last.device)
-    with _capturing(model, steps, interface, True, None, shown), hf_guard.silenced(), \
+    with _capturing(model, steps, interface, True, None, shown), guard.silenced(), \
             torch.no_grad(), _contained(loaded):
         result = model(**feed, **({} if interface else {"output_attentions": True}))
     if not interface:

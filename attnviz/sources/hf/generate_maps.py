@@ -10,8 +10,8 @@ from attnviz.compute.inputs import Batch
 from attnviz.compute.results import AttentionRun, LayerAttention, ModelCall
 from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, printable
-from attnviz.sources import capture
 from attnviz.sources.generate_spec import Generation
+from attnviz.sources.hf import capture
 from attnviz.sources.hf.generate import METHOD_OUTPUT_ATTENTIONS, Steps, eos_ids, generate
 from attnviz.sources.hf.generate_settings import aside_note
 from attnviz.sources.hf.layers import ModelLayer, select

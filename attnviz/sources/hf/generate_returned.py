@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from attnviz.sources import capture
+from attnviz.sources.hf import capture
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ from typing import Any
 from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, option, printable
 from attnviz.load.checkpoint import read_json
-from attnviz.sources import hf_guard
+from attnviz.sources.hf import guard
 
 # decoding-mode fields: one sequence per prompt, greedy or sampled, one token per forward
 _ONE_SEQUENCE: dict[str, Any] = {
@@ -64,7 +64,7 @@ def generation_config_of(folder: Path, where: str) -> tuple[Any, dict[str, Any]]
     raw = read_json(path, "generation_config.json")
     kept = {name: value for name, value in raw.items() if name not in OVERRIDDEN}
     try:
-        with hf_guard.silenced():
+        with guard.silenced():
             config = transformers.GenerationConfig.from_dict(kept)
     except (ValueError, TypeError, AttributeError, KeyError) as exc:
         raise CheckpointError(f"transformers refuses the model's generation_config.json: "

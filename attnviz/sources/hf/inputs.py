@@ -18,7 +18,7 @@ from attnviz.errors import (
     printable,
     printable_path,
 )
-from attnviz.sources import hf_guard, tokenizer_bound
+from attnviz.sources.hf import guard, tokenizer_bound
 from attnviz.sources.hf.load import LoadedModel, OpenedModel, input_device
 from attnviz.sources.hf.token_names import token_names
 
@@ -102,7 +102,7 @@ def _encode(model: OpenedModel | LoadedModel, sentences: list[str], max_tokens: 
                          fix=f"pass one or more sentences, or {option('file')} FILE")
     model_limit = model.position_limit
     where = printable_path(model.folder)
-    with hf_guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",
+    with guard.contained("the model's tokenizer cannot be read", "check its tokenizer.json",
                          where):
         steps = tokenizer_bound.chain_of(model.tokenizer)
     out = []
@@ -131,8 +131,8 @@ def _tokenize(model: OpenedModel | LoadedModel, text: str, what: str, target: bo
               where: str) -> dict[str, list]:
     """The tokenizer's output for one text, its ids checked against the embedding's rows."""
     # A tokenizer can fail in Rust (a panic surfaces as a BaseException): contained.
-    with hf_guard.silenced(stderr=True), \
-            hf_guard.contained(f"the model's tokenizer failed on {what}",
+    with guard.silenced(stderr=True), \
+            guard.contained(f"the model's tokenizer failed on {what}",
                                "check or replace its tokenizer files", where):
         if target:
             row = dict(model.tokenizer(text_target=text, add_special_tokens=True))

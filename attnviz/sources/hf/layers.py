@@ -17,7 +17,7 @@ from attnviz.errors import (
     option,
     printable,
 )
-from attnviz.sources import capture, hf_guard
+from attnviz.sources.hf import capture, guard
 from attnviz.sources.hf.inputs import Encoded, Prepared, prepare
 from attnviz.sources.hf.load import STACK_OF, LoadedModel, OpenedModel
 
@@ -44,7 +44,7 @@ class ModelLayer:
 def probe(loaded: LoadedModel, prepared: Prepared) -> list[ModelLayer]:
     """Every attention call of the forward pass, from one run on a single token (all sdpa)."""
     try:
-        with hf_guard.silenced():
+        with guard.silenced():
             result = capture.capture(prepared.runner, prepared.tiny(), shown_layers=[])
     except (RuntimeError, ValueError, IndexError) as exc:  # a model that cannot run at all
         raise CheckpointError(f"the model's forward pass failed: {printable(str(exc), 200)}",

@@ -29,7 +29,7 @@ from attnviz.load.checkpoint import open_checkpoint
 from attnviz.load.paths import library_path
 from attnviz.load.store import TensorStore
 from attnviz.recognize import find_layers
-from attnviz.sources import capture, hf_guard
+from attnviz.sources.hf import capture, guard
 from attnviz.sources.hf.versions import check_versions, install_hint
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")  # = core.choices.Dtype (a test keeps it)
@@ -204,7 +204,7 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
     folder = resolve_folder(spec)
     where = printable_path(folder)
     store = open_checkpoint(folder)  # headers only
-    hf_guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
+    guard.check_folder(folder, store)  # config.json and its layer counts: before transformers
     # config.json's fields read in attnviz's words (a list where a count belongs, 'yes' for a
     # flag) before transformers' own validation answers in its; the run does not use the result,
     # so a layout attnviz's tables read differently from the model (ConvBERT's head_ratio) is
@@ -218,20 +218,20 @@ def open_model(spec: str, tokenizer: Any = None) -> OpenedModel:
     import transformers
 
     readable = library_path(folder)  # a non-UTF-8 name: an ASCII link to the same folder
-    with hf_guard.silenced(stderr=True):  # transformers' reports and warnings are attnviz's to word
-        with hf_guard.contained("transformers cannot read the model's config.json", FILES_FIX,
+    with guard.silenced(stderr=True):  # transformers' reports and warnings are attnviz's to word
+        with guard.contained("transformers cannot read the model's config.json", FILES_FIX,
                              where):
             config = transformers.AutoConfig.from_pretrained(readable, **COMMON)
-            meta = hf_guard.meta_model(transformers, config)  # shapes only, on the meta device
-        tower = hf_guard.text_runner(meta, config)
+            meta = guard.meta_model(transformers, config)  # shapes only, on the meta device
+        tower = guard.text_runner(meta, config)
         if tokenizer is None:
-            hf_guard.check_tokenizer_files(folder)
-        hf_guard.check_sizes(meta, store, where)
+            guard.check_tokenizer_files(folder)
+        guard.check_sizes(meta, store, where)
         rows = int(token_embedding(meta, tower, folder).num_embeddings)
         limit = position_limit(meta, config)
         del meta
         if tokenizer is None:
-            with hf_guard.contained("the model's tokenizer cannot be loaded",
+            with guard.contained("the model's tokenizer cannot be loaded",
                                  "check or replace its tokenizer files", where):
                 tokenizer = transformers.AutoTokenizer.from_pretrained(readable, **COMMON)
     return OpenedModel(folder, config, tokenizer, store, tower, rows, limit)
@@ -266,8 +266,8 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
     dtype_key = dtype_keyword()
     placement, offload = _placement(device, device_map, max_memory)
     try:
-        with hf_guard.silenced(stderr=True), \
-                hf_guard.contained("transformers cannot load the model", FILES_FIX, where):
+        with guard.silenced(stderr=True), \
+                guard.contained("transformers cannot load the model", FILES_FIX, where):
             model, info = transformers.AutoModel.from_pretrained(
                 library_path(folder), attn_implementation="eager", output_loading_info=True,
                 **{dtype_key: dtype if dtype == "auto" else getattr(torch, dtype)}, **placement,
@@ -288,7 +288,7 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
                               "compare maps in", fix=f"pass {option('dtype')} float32", where=where)
     runner = getattr(model, opened.tower) if opened.tower is not None else model
     runner_params = {id(p) for p in runner.parameters()}
-    hf_guard.check_loaded(info, {name for name, p in model.named_parameters()
+    guard.check_loaded(info, {name for name, p in model.named_parameters()
                               if id(p) in runner_params}, where)
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
                        capture_path(model), _store=opened.store, tower=opened.tower,

@@ -18,7 +18,7 @@ from attnviz.errors import (
     printable,
     printable_path,
 )
-from attnviz.sources import capture, hf_guard
+from attnviz.sources.hf import capture, guard
 from attnviz.sources.hf.collect import Collector, ExportRows, input_hooks
 from attnviz.sources.hf.inputs import Prepared
 from attnviz.sources.hf.layers import (
@@ -70,7 +70,7 @@ def run_plan(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
                          "output_attentions", fix=f"drop {option('query')}", option="query")
     setup = _setup(plan, how)
     if values:
-        from attnviz.sources.value_states import check_values
+        from attnviz.sources.hf.value_states import check_values
 
         check_values(loaded)
         setup.keep_qk = True
@@ -88,7 +88,7 @@ def run_plan(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
     results = [_layer_result(ran, layer, calls[layer.index],
                              query is not None and layer is shown[-1]) for layer in shown]
     if values:
-        from attnviz.sources.value_states import attach_value_norms
+        from attnviz.sources.hf.value_states import attach_value_norms
 
         attach_value_norms(loaded, plan, result.layers, shown, results)
     causal = all(r.causal for r in results if r.kind != capture.LayerKind.CROSS.value)
@@ -149,7 +149,7 @@ def _capture(loaded: LoadedModel, plan: Plan, setup: _Setup, collector: Collecto
         else {plan.shown[-1].index}
     handles, inputs = input_hooks(plan, keep)
     try:
-        with hf_guard.silenced():
+        with guard.silenced():
             result = capture.capture(plan.prepared.runner, plan.prepared.feed, setup.indices,
                                  setup.planned.block_bytes, collector, keep_qk=setup.keep_qk)
     except UsageError as error:

@@ -16,7 +16,7 @@ from attnviz.errors import (
     option,
     printable,
 )
-from attnviz.sources import capture
+from attnviz.sources.hf import capture
 from attnviz.sources.hf.layers import ModelLayer, ModelRun, Plan, RunInputs, plan_run
 from attnviz.sources.hf.load import TOLERANCE, LoadedModel
 from attnviz.sources.hf.run import run_plan

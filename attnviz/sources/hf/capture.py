@@ -31,7 +31,7 @@ import torch
 
 from attnviz.core import memory
 from attnviz.errors import CheckpointError, UsageError
-from attnviz.sources.capture_eager import (
+from attnviz.sources.hf.capture_eager import (
     ACTIVE,
     Session,
     attention_function,
@@ -39,7 +39,7 @@ from attnviz.sources.capture_eager import (
     eager_function,
     generic_eager,
 )
-from attnviz.sources.capture_types import (
+from attnviz.sources.hf.capture_types import (
     NAME,
     CapturedLayer,
     CapturePath,

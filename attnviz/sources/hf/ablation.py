@@ -44,10 +44,10 @@ from attnviz.compute.ablation_measures import (
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, option, printable
 from attnviz.load.paths import library_path
-from attnviz.sources import hf_guard
+from attnviz.sources.hf import guard
 from attnviz.sources.hf.layers import ModelLayer, Plan
 from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, dtype_keyword, input_device
-from attnviz.sources.value_states import recognized_layers
+from attnviz.sources.hf.value_states import recognized_layers
 
 COPY_BUDGET_BYTES = 256 * 2**20  # hidden states of the stacked copies, roughly
 MAX_COPIES = 128
@@ -78,8 +78,8 @@ def _load_lm(loaded: LoadedModel) -> tuple[Any, str | None, list[str], Any]:
 
     where = printable(str(loaded.folder))
     placement, offload = _lm_placement(loaded)
-    with hf_guard.silenced(stderr=True), \
-            hf_guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
+    with guard.silenced(stderr=True), \
+            guard.contained("transformers cannot load the model's LM head", FILES_FIX, where):
         model, info = getattr(transformers, arch).from_pretrained(
             library_path(loaded.folder), attn_implementation="eager", output_loading_info=True,
             **{dtype_keyword(): getattr(torch, loaded.dtype)}, **placement, **COMMON)
@@ -208,7 +208,7 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
         width = max(site.layer.embed_dim or 1 for site in sites)
         per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES
                          // max(1, real.shape[0] * real.shape[1] * width * 4 * 8)))
-        with torch.no_grad(), hf_guard.silenced():
+        with torch.no_grad(), guard.silenced():
             effects, scored = _effects(run, heads, mode, per, report,
                                        _Scored(kind, real, ids))
     finally:

@@ -30,9 +30,9 @@ import torch
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, printable
-from attnviz.sources import capture, hf, hf_guard
-from attnviz.sources.hf import collect, layers, run
-from attnviz.sources.split_proof_result import (
+from attnviz.sources import hf
+from attnviz.sources.hf import capture, collect, guard, layers, run
+from attnviz.sources.hf.split_proof_result import (
     CHANGED_FACTOR,
     UNCHANGED,
     UNIFORM,
@@ -68,7 +68,7 @@ class _Observer:
         handle = self.o_module.register_forward_pre_hook(hook, with_kwargs=True)
         prepared = self.plan.prepared
         try:
-            with hf_guard.silenced():
+            with guard.silenced():
                 capture.capture(prepared.runner, prepared.feed, [self.call.index], None, collector)
         except _Stop:
             pass

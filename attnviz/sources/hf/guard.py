@@ -36,7 +36,7 @@ from attnviz.errors import (
     quoted,
 )
 from attnviz.load.store import TensorStore
-from attnviz.sources.config_guard import check_config_values
+from attnviz.sources.hf.config_guard import check_config_values
 
 LAYER_COUNT_FIELDS = frozenset({"num_hidden_layers", "n_layer", "n_layers", "num_layers",
                                 "encoder_layers", "decoder_layers", "num_decoder_layers",

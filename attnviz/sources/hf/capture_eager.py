@@ -16,7 +16,7 @@ import torch
 
 from attnviz.core import memory
 from attnviz.errors import CheckpointError
-from attnviz.sources.capture_types import (
+from attnviz.sources.hf.capture_types import (
     CROSS_PARTS,
     SCORE_KWARGS,
     SDPA_UNSUPPORTED,

@@ -14,7 +14,7 @@ from attnviz.compute.results import LayerAttention, ValueWeighting
 from attnviz.compute.value_norms import state_norms
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, UsageError, option, printable
-from attnviz.sources import capture
+from attnviz.sources.hf import capture
 from attnviz.sources.hf.layers import ModelLayer, Plan, cols_tokens, model_layers, offsets
 from attnviz.sources.hf.load import LoadedModel
 
