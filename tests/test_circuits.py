@@ -527,19 +527,23 @@ def test_cholesky_roots_serve_only_well_conditioned_heads():
         assert float((torch.linalg.svdvals(root) - want).abs().max()) <= 1e-6 * float(want[0])
 
 
-def write_bf16_llama(folder, layers, E, H, Hkv, d, seed):
-    """A LLaMA-layout folder of random bfloat16 attention weights and randomized RMSNorm
-    scales (as benchmarks/run.py writes target 7's), returning them as float64."""
+def write_llama(folder, *, layers=2, E=96, H=4, Hkv=2, d=32, seed=4, scale=1.0,
+                dtype=torch.float32):
+    """A LLaMA-layout folder of random attention weights (times `scale`, drawn in float64 so a
+    tiny or huge scale survives) and randomized RMSNorm scales (γ of order 1), stored as `dtype`
+    (as benchmarks/run.py writes target 7's in bfloat16); returned as float64 as stored."""
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(seed)
     shapes = {"self_attn.q_proj.weight": (H * d, E), "self_attn.k_proj.weight": (Hkv * d, E),
               "self_attn.v_proj.weight": (Hkv * d, E), "self_attn.o_proj.weight": (E, H * d),
               "input_layernorm.weight": (E,)}
-    tensors = {f"model.layers.{i}.{k}": (torch.randn(s, generator=gen) * 0.02 if len(s) == 2
-                                         else 1 + 0.5 * torch.randn(s, generator=gen)
-                                         ).to(torch.bfloat16)
-               for i in range(layers) for k, s in shapes.items()}
+    tensors = {}
+    for i in range(layers):
+        for k, s in shapes.items():
+            raw = torch.randn(s, generator=gen, dtype=torch.float64)
+            value = raw * 0.02 * scale if len(s) == 2 else 1 + 0.5 * raw
+            tensors[f"model.layers.{i}.{k}"] = value.to(dtype)
     folder.mkdir()
     save_file(tensors, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({
@@ -568,7 +572,8 @@ def test_large_bf16_checkpoint_matches_dense(tmp_path, monkeypatch):
         served.append(int(done.sum()))
         return roots, done
     monkeypatch.setattr(circuits_factors, "_cholesky_roots", counted)
-    w = write_bf16_llama(tmp_path / "m", 2, E, H, Hkv, d, seed=4)
+    w = write_llama(tmp_path / "m", layers=2, E=E, H=H, Hkv=Hkv, d=d, seed=4,
+                    dtype=torch.bfloat16)
     doc = run_json(model=str(tmp_path / "m"), composition=True)
     assert [layer["label"] for layer in doc["layers"]] == ["0", "1"]
 

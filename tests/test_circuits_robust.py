@@ -13,33 +13,18 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_circuits import RTOL, composition_errors, dense_layer, head_errors, run_json
+from test_circuits import (
+    RTOL,
+    composition_errors,
+    dense_layer,
+    head_errors,
+    run_json,
+    write_llama,
+)
 
 from attnviz.core.request import HeadHints, RandomSpec
 
 # ---- 1. scale: ranks and ratios do not depend on the weights' scale ----------------------------
-
-
-def write_llama(folder, scale, E=96, H=4, Hkv=2, d=32, layers=2, seed=4):
-    """A LLaMA-layout folder of random float32 attention weights times `scale` and random
-    RMSNorm scales (γ of order 1), returned as float64 as stored."""
-    gen = torch.Generator().manual_seed(seed)
-    shapes = {"self_attn.q_proj.weight": (H * d, E), "self_attn.k_proj.weight": (Hkv * d, E),
-              "self_attn.v_proj.weight": (Hkv * d, E), "self_attn.o_proj.weight": (E, H * d),
-              "input_layernorm.weight": (E,)}
-    tensors = {}
-    for i in range(layers):
-        for k, s in shapes.items():
-            raw = torch.randn(s, generator=gen, dtype=torch.float64)
-            value = raw * 0.02 * scale if len(s) == 2 else 1 + 0.5 * raw
-            tensors[f"model.layers.{i}.{k}"] = value.float()
-    folder.mkdir()
-    save_file(tensors, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": E,
-        "num_attention_heads": H, "num_key_value_heads": Hkv, "num_hidden_layers": layers,
-        "intermediate_size": 4 * E, "vocab_size": 100}))
-    return {k: v.double() for k, v in tensors.items()}
 
 
 def llama_reference(w, H=4, Hkv=2, d=32, layers=2):
@@ -68,9 +53,9 @@ def test_scale_does_not_change_ranks_or_ratios(tmp_path, float32_path, scale):
     scores as at scale 1, norms and singular values scaled by scale² (each circuit is a product
     of two weights), and every number equal to the dense float64 computation on the full
     product matrices of the weights as stored."""
-    write_llama(tmp_path / "one", 1.0)
+    write_llama(tmp_path / "one")
     base = run_json(model=str(tmp_path / "one"), composition=True)
-    w = write_llama(tmp_path / "scaled", scale)
+    w = write_llama(tmp_path / "scaled", scale=scale)
     doc = run_json(model=str(tmp_path / "scaled"), composition=True)
     ref = llama_reference(w)
     assert head_errors(doc, ref) <= RTOL

@@ -309,9 +309,12 @@ def test_the_walker_catches_a_refusal_taken_away(walker: Walker, monkeypatch):
     assert found == {"sentence": "dropped"}
 
 
-def test_the_walker_catches_an_option_the_command_ignores(walker: Walker, monkeypatch):
-    """A heatmap command that ignores --rank (as if a new option were wired to nothing)."""
-    info = next(c for c in app.registered_commands if c.callback.__name__ == "heatmap")
+@pytest.mark.parametrize("command", ["heatmap", "generate"])
+def test_the_walker_catches_an_option_the_command_ignores(walker: Walker, monkeypatch,
+                                                          command: str):
+    """A command that ignores --rank (as if a new option were wired to nothing) is caught on its
+    walk; with the command intact the walk is clean (test_no_option_is_dropped)."""
+    info = next(c for c in app.registered_commands if c.callback.__name__ == command)
     real = info.callback
 
     @functools.wraps(real)
@@ -320,24 +323,7 @@ def test_the_walker_catches_an_option_the_command_ignores(walker: Walker, monkey
         return real(*args, **kwargs)
 
     monkeypatch.setattr(info, "callback", ignoring_rank)
-    found = walker.walk("heatmap", "bundled", SOURCES["heatmap"]["bundled"], True)
-    assert found == {"rank": "dropped"}
-
-
-def test_the_walker_catches_an_option_generate_ignores(walker: Walker, monkeypatch):
-    """The same control on `generate`: a command that drops --rank (as if it were wired to
-    nothing) is caught on its walk; with the command intact the walk is clean
-    (test_no_option_is_dropped)."""
-    info = next(c for c in app.registered_commands if c.callback.__name__ == "generate")
-    real = info.callback
-
-    @functools.wraps(real)
-    def ignoring_rank(*args: Any, **kwargs: Any) -> Any:
-        kwargs["rank"] = False
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(info, "callback", ignoring_rank)
-    found = walker.walk("generate", "bundled", SOURCES["generate"]["bundled"], True)
+    found = walker.walk(command, "bundled", SOURCES[command]["bundled"], True)
     assert found == {"rank": "dropped"}
 
 
