@@ -279,8 +279,8 @@ def test_cli_phi3_end_to_end(cli, zoo_model, tmp_path):
     """Phi-3 (fused qkv_proj, left padding, grouped-query): heatmap, --query and a figure."""
     folder = zoo_model("phi3")
     png = tmp_path / "maps.png"
-    result = cli("heatmap", "--model", folder, *SENTENCES, "--layer", "0:2", "--query", "-1",
-                 "--sentence", "1", "--out", png, "--json")
+    result = cli("heatmap", "--model", folder, *SENTENCES, "--layer", "0:2", "--query", "-1@1",
+                 "--out", png, "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [layer["label"] for layer in doc["layers"]] == ["0", "1"]
@@ -365,8 +365,7 @@ def test_cli_split_verify_fails_on_a_wrong_description(cli, zoo_model, monkeypat
 def test_cli_query_on_a_streamed_model_run(cli, zoo_model, monkeypatch):
 
     folder = zoo_model("gpt2")
-    args = ["heatmap", "--model", folder, *SENTENCES, "--sentence", "2", "--query", "barn",
-            "--json"]
+    args = ["heatmap", "--model", folder, *SENTENCES, "--query", "barn@2", "--json"]
     full = json.loads(cli(*args).stdout)
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     result = cli(*args)

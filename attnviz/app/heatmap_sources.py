@@ -70,7 +70,7 @@ def check_sentence(request: HeatmapRequest, count: int) -> None:
     """The sentence --query refers to exists."""
     number = request.selection.sentence
     if not 1 <= number <= count:
-        raise UsageError(f"{option('sentence')} {number} is out of range",
+        raise UsageError(f"sentence {number} is out of range",
                          fix=f"choose 1..{count}", option="sentence")
 
 

@@ -9,25 +9,37 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from attnviz.cli.compound import (
+    AVERAGE_RENAMED,
+    FIGURE_KEYS,
+    FIGURE_RENAMED,
+    LIMIT_KEYS,
+    LIMIT_RENAMED,
+    SENTENCE_RENAMED,
+    SPEC_KEYS,
+    SPEC_RENAMED,
+    Figure,
+    HeadOrMean,
+    Limit,
+    QueryAt,
+    Spec,
+    head_or_mean,
+    key_values,
+    old_spellings,
+    query_at,
+)
 from attnviz.cli.figure_worker import FigureJob, FigureWorker
 from attnviz.cli.heatmap_options import (
-    Average,
     Causal,
     Device,
     DeviceMap,
-    Dpi,
     Dtype,
     Export,
     File,
-    Head,
     Html,
     Layer,
     Maps,
     MaxMemory,
-    MaxPanels,
-    MaxSentences,
-    MaxTokens,
-    MemoryBudget,
     OldAblate,
     OldAblateMean,
     OldGenerate,
@@ -37,17 +49,13 @@ from attnviz.cli.heatmap_options import (
     Out,
     OutputFiles,
     Overview,
-    Positions,
     Probe,
-    Query,
     Quiet,
-    Random,
+    RandomLayer,
     Rank,
     Scale,
-    Sentence,
     Sentences,
     Shown,
-    Size,
     Stats,
     Target,
     Weighting,
@@ -60,15 +68,9 @@ from attnviz.cli.heatmap_options import (
     random_spec,
 )
 from attnviz.cli.options import (
-    EmbedDim,
-    HeadDim,
     Json,
-    KDim,
     Model,
     NumHeads,
-    NumKvHeads,
-    Seed,
-    VDim,
     console,
     plain,
     strict_json,
@@ -87,21 +89,19 @@ if TYPE_CHECKING:
     from attnviz.compute.results import AttentionRun
 
 
+@old_spellings(*SPEC_RENAMED, *LIMIT_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED,
+               SENTENCE_RENAMED)
 def heatmap(
-    sentences: Sentences = None, file: File = None, weights: Weights = None, layer: Layer = None,
-    head: Head = None, average: Average = False, out: Out = None, query: Query = None,
-    sentence: Sentence = 1, export: Export = None, html: Html = None, stats: Stats = None,
-    maps: Maps = None, quiet: Quiet = False, as_json: Json = False, rank: Rank = False,
-    overview: Overview = None, probe: Probe = None, causal: Causal = False,
-    positions: Positions = choices.Positions.NONE, device: Device = "auto", model: Model = None,
-    dtype: Dtype = choices.Dtype.FLOAT32, device_map: DeviceMap = None,
-    max_memory: MaxMemory = None,
-    target: Target = None, random: Random = False,
-    embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
-    head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
-    max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
-    memory_budget: MemoryBudget = None, size: Size = None, dpi: Dpi = 100,
-    scale: Scale = choices.ColorScale.MAX, weighting: Weighting = choices.Weighting.ATTENTION,
+    sentences: Sentences = None, file: File = None, probe: Probe = None, target: Target = None,
+    weights: Weights = None, model: Model = None, random: RandomLayer = False,
+    device: Device = "auto", num_heads: NumHeads = None, causal: Causal = False,
+    spec: Spec = None, dtype: Dtype = choices.Dtype.FLOAT32, device_map: DeviceMap = None,
+    max_memory: MaxMemory = None, layer: Layer = None, head: HeadOrMean = None,
+    query: QueryAt = None, weighting: Weighting = choices.Weighting.ATTENTION,
+    out: Out = None, export: Export = None, html: Html = None, as_json: Json = False,
+    stats: Stats = None, maps: Maps = None, overview: Overview = None, rank: Rank = False,
+    quiet: Quiet = False, scale: Scale = choices.ColorScale.MAX, figure: Figure = None,
+    limit: Limit = None,
     old_generate: OldGenerate = None, old_sample: OldSample = False,
     old_temperature: OldTemperature = None, old_top_p: OldTopP = None,
     old_ablate: OldAblate = False, old_ablate_mean: OldAblateMean = False,
@@ -114,8 +114,14 @@ def heatmap(
         raise UsageError("--overview ablation shows the causal head scorecard, which moved to "
                          "its own command", fix="use 'attnviz ablate … --overview ablation' "
                          "(see 'attnviz ablate --help')")
-    run_command(**{name: value for name, value in locals().items()
-                   if not name.startswith("old_")})
+    run_command(
+        sentences=sentences, file=file, probe=probe, target=target, weights=weights,
+        model=model, random=random, device=device, num_heads=num_heads, causal=causal,
+        dtype=dtype, device_map=device_map, max_memory=max_memory, layer=layer,
+        weighting=weighting, out=out, export=export, html=html, as_json=as_json, stats=stats,
+        maps=maps, overview=overview, rank=rank, quiet=quiet, scale=scale,
+        **key_values("--spec", spec, SPEC_KEYS), **head_or_mean(head), **query_at(query),
+        **key_values("--figure", figure, FIGURE_KEYS), **key_values("--limit", limit, LIMIT_KEYS))
 
 
 def run_command(

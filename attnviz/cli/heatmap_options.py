@@ -11,10 +11,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnviz.cli.options import choice_option, path_arg, positive, refuse_random_options
+from attnviz.cli.options import (
+    choice_option,
+    flag_of,
+    path_arg,
+    positive,
+    refuse_random_options,
+)
 from attnviz.core import choices
 from attnviz.core.choices import ColorScale, OverviewShows
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
     from attnviz.app.outputs import ReadSet
@@ -59,6 +65,8 @@ Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "sentence)."))]
 Random = Annotated[bool, typer.Option("--random", help=(
     "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))]
+RandomLayer = Annotated[bool, typer.Option("--random", help=(
+    "Use a random nn.MultiheadAttention (its size: -H and --spec)."))]
 
 # what to show
 Head = Annotated[int | None, typer.Option("--head", help="Show only this head.")]
@@ -79,7 +87,7 @@ Overview = Annotated[OverviewShows | None, choice_option(
     "spec, self, dup, ind, next, punct, broad, other) or a statistic (entropy, max, "
     "distance, first, previous, last, special, self, duplicate, induction, next, "
     "punctuation, or ablation in 'attnviz ablate'); off: none. Default: label for "
-    "--model without --layer, --head, --average or --maps (maps only when asked for)."))]
+    "--model without --layer, --head or --maps (maps only when asked for)."))]
 Quiet = Annotated[bool, typer.Option("--quiet", help=(
     "Print only the 'wrote …' lines (and errors): no header, maps or tables."))]
 Rank = Annotated[bool, typer.Option("--rank", help=(
@@ -214,8 +222,9 @@ def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim
     from attnviz.core.request import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
 
     if not random:
-        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,
-                               "--seed": seed}, "--random only", "add --random")
+        refuse_random_options({flag_of(name): value for name, value in (
+            ("embed_dim", embed_dim), ("kdim", kdim), ("vdim", vdim), ("seed", seed))},
+            "--random only", "add --random")
         return None
     return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
                       DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
@@ -241,12 +250,14 @@ def check_display(shown: Shown, values: dict[str, object], as_json: bool, out: b
 
 
 def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
-    """--size and --dpi in range (given without --out, they are refused by check_display)."""
+    """The figure's size and dpi in range (given without --out, they are refused by
+    check_display)."""
     if size is not None and not 0.5 <= size <= 20:
-        raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
-                         option="size")
+        raise UsageError(f"{option('size')} {size:g} is out of range",
+                         fix="choose 0.5 to 20 (inches)", option="size")
     if not 20 <= dpi <= 1200:
-        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="dpi")
+        raise UsageError(f"{option('dpi')} {dpi} is out of range", fix="choose 20 to 1200",
+                         option="dpi")
 
 
 def probe_sentences(probe: choices.Probe, given: bool) -> list[str]:
