@@ -72,6 +72,7 @@ from attnviz.cli.options import (
     Model,
     NumHeads,
     console,
+    flag_of,
     plain,
     strict_json,
     with_flags,
@@ -83,10 +84,7 @@ from attnviz.core import choices
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rich.console import Console
-
     from attnviz.app.heatmap import HeatmapResult
-    from attnviz.compute.results import AttentionRun
 
 
 @old_spellings(*SPEC_RENAMED, *LIMIT_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED,
@@ -216,7 +214,9 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
             ranked=rank, overview=(shown.overview or "label") if overview_in_json else None)))
         return
     if not quiet:
-        print_heatmap(result, shown)
+        from attnviz.render.heatmap_terminal import print_heatmap
+
+        print_heatmap(console(), result, shown, flag_of)
     if rank:
         from attnviz.render.ranking_terminal import print_ranking
 
@@ -284,95 +284,3 @@ def print_warnings(warnings: list[str]) -> None:
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in warnings:
         errors.print(plain(f"warning: {line}"))
-
-
-def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
-    """Header lines, the overview, terminal maps, the statistics table and the --query
-    breakdown."""
-    from attnviz.compute.views import downsample
-    from attnviz.render.maps_terminal import print_maps, print_stats
-    from attnviz.render.query_terminal import print_query
-
-    run = result.run
-    out = console()
-    print_header(out, run, compact=shown.overview is not None and not shown.maps)
-    if result.generation is not None:
-        from attnviz.render.generate_terminal import print_generation
-
-        print_generation(out, result.generation, result.focus)
-    if shown.overview is not None:
-        from attnviz.render.overview_terminal import print_overview
-
-        print_overview(out, result.overview(shown.overview))
-        out.print()
-    if shown.maps:
-        fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
-        print_maps(out, fitted, run.batch.sentences, shown.scale,
-                          None if run.target is None else run.target.sentences)
-    elif shown.maps_written:
-        out.print(plain("maps: in the files written below (--maps prints them here too)"),
-                  style="dim")
-    if result.ablation is not None:
-        from attnviz.render.ablation_terminal import print_scorecard
-
-        out.print()
-        print_scorecard(out, result.ablation, result.head_stats)
-    if shown.stats:
-        out.print()
-        print_stats(out, result.head_stats)
-    if result.breakdown is not None:
-        out.print()
-        print_query(out, result.breakdown, run.batch.tokens[shown.sentence_index])
-
-
-MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
-
-
-def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
-    """Source, inputs, path, layers and notes; `compact` (an overview without maps): one line
-    per kind of layer, and each sentence's tokens, which no map shows then."""
-    from attnviz.errors import elide_at_boundaries
-
-    # one line: a long path loses whole middle components (--json and --export have it exact)
-    device = f"   device {run.device}"
-    out.print(plain(f"source  {elide_at_boundaries(run.source, out.width - 8 - len(device))}"
-                    f"{device}"))
-    out.print(plain(f"inputs  {run.inputs_described}"))
-    if run.path is not None:
-        out.print(plain(f"path    {run.path}"))
-    kinds: dict[tuple[int, str, bool], list[str]] = {}
-    for captured in run.layers:
-        causal = run.causal if captured.causal is None else captured.causal
-        described = (captured.heads, captured.method, causal)
-        if compact:
-            kinds.setdefault(described, []).append(captured.display_label)
-            continue
-        out.print(plain(f"layer {captured.display_label} ({captured.display_name or 'top level'}, "
-                        f"{captured.heads} heads): {captured.method}"
-                        + ("; causal" if causal else "")))
-    for (heads, method, causal), labels in kinds.items():
-        out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {_span(labels)} ({heads} "
-                        f"heads): {method}" + ("; causal" if causal else "")))
-    for note in run.notes:
-        out.print(plain(f"note: {with_flags(note)}"))
-    if compact:
-        _print_tokens(out, "sentence", run.batch.tokens)
-        if run.target is not None:
-            _print_tokens(out, "target", run.target.tokens)
-    out.print()
-
-
-def _span(labels: list[str]) -> str:
-    """'0-23' for consecutive layer numbers, else the labels listed."""
-    if len(labels) > 2 and all(label.isdigit() for label in labels) and \
-            [int(label) for label in labels] == list(range(int(labels[0]), int(labels[-1]) + 1)):
-        return f"{labels[0]}-{labels[-1]}"
-    return ", ".join(labels)
-
-
-def _print_tokens(out: Console, what: str, tokens: list[list[str]]) -> None:
-    for b, sentence in enumerate(tokens, 1):
-        listed = " ".join(sentence[:MAX_LISTED_TOKENS]) + (
-            f" … {len(sentence) - MAX_LISTED_TOKENS} more" if len(sentence) > MAX_LISTED_TOKENS
-            else "")
-        out.print(plain(f"{what} {b} ({len(sentence)} tokens): {listed}"), overflow="fold")

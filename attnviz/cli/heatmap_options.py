@@ -21,6 +21,7 @@ from attnviz.cli.options import (
 from attnviz.core import choices
 from attnviz.core.choices import ColorScale, OverviewShows
 from attnviz.errors import UsageError, option
+from attnviz.render.heatmap_terminal import TerminalView
 
 if TYPE_CHECKING:
     from attnviz.app.outputs import ReadSet
@@ -132,28 +133,35 @@ MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help=(
 
 
 @dataclass(frozen=True)
-class Shown:
-    """What the terminal shows of a run."""
-
-    maps: bool
-    stats: bool
-    overview: OverviewShows | None  # what the layers × heads overview shows; None: none
-    maps_written: bool  # maps went to files only: say where they are
-    sentence_index: int = 0  # the sentence --query refers to
-    scale: ColorScale = ColorScale.MAX
+class Shown(TerminalView):
+    """What the terminal shows of a run (drawn by attnviz.render.heatmap_terminal), chosen from
+    the options and the terminal's defaults."""
 
     @classmethod
     def choose(cls, overview: OverviewShows | None, maps: bool | None, stats: bool | None,
                writes: bool, model: bool, layer: str | None, head: int | None, average: bool,
                sentence: int, scale: ColorScale) -> Shown:
         """The defaults: maps unless a file holds them; for a --model run that asks for no
-        maps in particular, the overview in place of maps and table (see compute.overview)."""
-        from attnviz.compute.overview import wanted
-
-        shows, compact = wanted(overview, model, layer, head, average, maps)
+        maps in particular, the overview in place of maps and table (`overview_default`)."""
+        shows, compact = overview_default(overview, model, layer, head, average, maps)
         show_maps = maps if maps is not None else not (writes or compact)
         return cls(show_maps, stats if stats is not None else not compact, shows,
                    writes and maps is None and not compact, sentence - 1, scale)
+
+
+def overview_default(shows: OverviewShows | None, model: bool, layer: str | None,
+                     head: int | None, average: bool, maps: bool | None
+                     ) -> tuple[OverviewShows | None, bool]:
+    """(what the terminal overview shows, or None for none; whether it stands in for the maps
+    and the statistics table). A --model run that asks for no particular maps (no --layer,
+    --head or --maps), whose full maps would run to hundreds of lines, gets the overview in
+    their place (the head types unless --overview names a statistic; off: the maps as before);
+    any other run gets it beside them when --overview asks. A default of the terminal's, so it
+    is decided here, not where the overview is computed (attnviz.compute.overview)."""
+    if shows == OverviewShows.OFF:
+        return None, False
+    compact = model and layer is None and head is None and not average and maps is not True
+    return (shows or OverviewShows.LABEL if compact else shows), compact
 
 
 @dataclass(frozen=True)
