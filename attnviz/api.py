@@ -76,12 +76,9 @@ class Heatmap(HeatmapResult):
                dpi: int | None = None) -> Figure:
         """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer
         (`scale` max|fixed|log, `size` the side of a panel in inches, as the CLI's options)."""
-        from attnviz.app.weighting import legend
-        from attnviz.render.generate_figure import run_figure
+        from attnviz.render.heatmap_output import run_figure_of
 
-        kind = ColorScale.parse(scale, "scale")
-        return run_figure(self.views, self.title(), (kind, size, dpi),
-                          legend(self.run.weighting), (self.run, self.generation))
+        return run_figure_of(self, ColorScale.parse(scale, "scale"), size, dpi)
 
     def overview(self, shows: str = OverviewShows.LABEL) -> Overview:
         """The layers × heads grid (`shows`: label, a statistic, or ablation), as --overview."""
@@ -114,13 +111,9 @@ class Heatmap(HeatmapResult):
 
     def _document(self) -> dict[str, Any]:
         """The page's document, its notes naming options by keyword (`export`)."""
-        from attnviz.errors import with_options
-        from attnviz.render.html_document import document_from_run
+        from attnviz.render.heatmap_output import page_document
 
-        document = document_from_run(self.run, self.head_stats, self.breakdown,
-                                     generation=self.generation)
-        document["notes"] = [with_options(note) for note in document["notes"]]
-        return document
+        return page_document(self)
 
 
 def _as(cls: type[_T], result: DataclassInstance) -> _T:

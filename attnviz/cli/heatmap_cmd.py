@@ -75,7 +75,6 @@ from attnviz.cli.options import (
     flag_of,
     plain,
     strict_json,
-    with_flags,
 )
 from attnviz.cli.paths import inputs_read, preload_matplotlib
 from attnviz.cli.progress import progress
@@ -246,17 +245,16 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         report(f"writing {files.export.name}")
         result.export(files.export)
     if files.figure is not None:
-        from attnviz.app.weighting import legend
         from attnviz.cli.paths import write_figure
+        from attnviz.render.heatmap_output import legend
 
         report(f"drawing the figure {files.figure.name}")
         job = FigureJob(result.views, result.title(), scale, size, dpi,
                         legend(result.run.weighting), files.figure)
         if worker is None or result.generation is not None or not worker.draw(job):
-            from attnviz.render.generate_figure import run_figure
+            from attnviz.render.heatmap_output import run_figure_of
 
-            write_figure(run_figure(job.views, job.title, look, job.legend,
-                                    (result.run, result.generation)), files.figure)
+            write_figure(run_figure_of(result, scale, size, dpi), files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
 
@@ -265,14 +263,11 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
                          files.ablation_figure)
     if files.html is not None:
         from attnviz.cli.paths import write_page
+        from attnviz.render.heatmap_output import page_document
         from attnviz.render.html import render_html
-        from attnviz.render.html_document import document_from_run
 
         report(f"writing the page {files.html.name}")
-        document = document_from_run(result.run, result.head_stats, result.breakdown,
-                                     generation=result.generation)
-        document["notes"] = [with_flags(note) for note in document["notes"]]
-        write_page(render_html(document), files.html)
+        write_page(render_html(page_document(result, flag_of)), files.html)
 
 
 def print_warnings(warnings: list[str]) -> None:
