@@ -164,3 +164,37 @@ def test_given_fields_are_the_options_set():
     request = HeatmapRequest.build(sentences=("a",), targets=("b",), hints=HeadHints(2),
                                    sentence=2, query="a")
     assert given_fields(request) == {"sentences", "target", "num_heads", "sentence", "query"}
+
+
+def test_layer_options_build_the_random_layer_and_the_hints_in_one_place():
+    """-H sizes a random layer and is a hint for a checkpoint's; the random layer's own sizes
+    without it are one usage error naming each (split's seed, which also draws its proof batch,
+    is not)."""
+    from attnviz.core.request import HeadHints, LayerOptions, RandomSpec
+    from attnviz.errors import UsageError
+
+    assert LayerOptions(num_heads=4, num_kv_heads=2).build(False, "x", "y") == (
+        None, HeadHints(4, 2, None))
+    assert LayerOptions(embed_dim=32, num_heads=4, num_kv_heads=2, seed=3).build(
+        True, "x", "y") == (RandomSpec(32, 4, seed=3), HeadHints(None, 2, None))
+    with pytest.raises(UsageError) as refused:
+        LayerOptions(kdim=8, seed=3).build(False, "a random layer only", "drop {them}")
+    assert str(refused.value) == "kdim, seed apply to a random layer only"
+    assert refused.value.fix == "drop them"
+    # control: split's seed is taken by a checkpoint, its sizes are not
+    assert LayerOptions(seed=3).build(False, "x", "y", seed_is_random=False)[0] is None
+    with pytest.raises(UsageError, match="embed_dim applies"):
+        LayerOptions(embed_dim=8, seed=3).build(False, "x", "drop {them}", seed_is_random=False)
+
+
+def test_api_circuits_refuses_a_seed_without_a_random_layer():
+    """It used to be ignored (the CLI's circuits refused it): the API now builds the layer as
+    the CLI does; the control: with random=True the seed changes the layer."""
+    import attnviz
+    from attnviz.errors import UsageError
+
+    with pytest.raises(UsageError, match="seed applies to a random layer only"):
+        attnviz.circuits(seed=3)
+    a = attnviz.circuits(random=True, seed=3, embed_dim=8, num_heads=2, composition=False)
+    b = attnviz.circuits(random=True, embed_dim=8, num_heads=2, composition=False)
+    assert a.to_json() != b.to_json()

@@ -146,9 +146,9 @@ def run_command(
     `ablate`: the scorecard's mode (attnviz ablate). Every choice arrives as its Enum member,
     parsed by Typer (attnviz.core.choices)."""
     from attnviz.core.request import (
-        HeadHints,
         HeatmapRequest,
         Inputs,
+        LayerOptions,
         Limits,
         Measure,
         Outputs,
@@ -182,13 +182,13 @@ def run_command(
     texts = tuple(sentences or ())
     if probe is not None:
         texts = tuple(probe_sentences(probe, bool(texts) or file is not None))
+    layer_spec, hints = random_spec(random, LayerOptions(
+        embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim,
+        seed=None if generate else seed))
     request = HeatmapRequest(  # built once; the use case and the source read it as it is
         Inputs(texts, file, tuple(target) if target else None),
-        SourceSpec(weights, model,
-                   random_spec(random, embed_dim, num_heads, kdim, vdim,
-                               None if generate else seed),
-                   HeadHints(None if random else num_heads, num_kv_heads, head_dim),
-                   causal, positions, device, dtype, device_map, parse_max_memory(max_memory)),
+        SourceSpec(weights, model, layer_spec, hints, causal, positions, device, dtype,
+                   device_map, parse_max_memory(max_memory)),
         Selection(layer, head, average, query, sentence),
         Measure(weighting, ablate, writes),
         Outputs(files.figure, files.html, files.export,

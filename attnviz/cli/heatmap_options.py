@@ -13,10 +13,8 @@ import typer
 
 from attnviz.cli.options import (
     choice_option,
-    flag_of,
     path_arg,
     positive,
-    refuse_random_options,
 )
 from attnviz.core import choices
 from attnviz.core.choices import ColorScale, OverviewShows
@@ -25,7 +23,7 @@ from attnviz.render.heatmap_terminal import TerminalView
 
 if TYPE_CHECKING:
     from attnviz.app.outputs import ReadSet
-    from attnviz.core.request import RandomSpec
+    from attnviz.core.request import HeadHints, LayerOptions, RandomSpec
 
 # what to run on
 Sentences = Annotated[list[str] | None, typer.Argument(help=(
@@ -224,19 +222,10 @@ def check_quiet(quiet: bool, loud_flags: dict[str, bool | None], written: bool) 
                          fix="add --out, --html or --export, or drop --quiet")
 
 
-def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,
-                vdim: int | None, seed: int | None) -> RandomSpec | None:
-    """--random's layer; its options given without it are usage errors."""
-    from attnviz.core.request import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
-
-    if not random:
-        refuse_random_options({flag_of(name): value for name, value in (
-            ("embed_dim", embed_dim), ("kdim", kdim), ("vdim", vdim), ("seed", seed))},
-            "--random only", "add --random")
-        return None
-    return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
-                      DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
-                      seed=seed or 0)
+def random_spec(random: bool, sizes: LayerOptions) -> tuple[RandomSpec | None, HeadHints]:
+    """--random's layer and the head hints (attnviz.core.request.LayerOptions.build); the random
+    layer's options given without --random are usage errors."""
+    return sizes.build(random, f"{option('random')} only", f"add {option('random')}")
 
 
 # what each flag check_display reads is when not given (the command's defaults; `maps`: --maps

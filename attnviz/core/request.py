@@ -53,6 +53,45 @@ class RandomSpec:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class LayerOptions:
+    """The options that size a random layer or give a checkpoint layer's head counts, as the
+    caller got them (None: not given). `build` turns them into the random layer and the head
+    hints, the one place every command and the Python API do so."""
+
+    embed_dim: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    kdim: int | None = None
+    vdim: int | None = None
+    bias: bool = True
+    seed: int | None = None
+
+    def build(self, random: bool, only: str, fix: str, seed_is_random: bool = True
+              ) -> tuple[RandomSpec | None, HeadHints]:
+        """(the random layer, the head hints). With `random`, the number of heads sizes the
+        layer and the defaults fill the rest; without it, it is a hint for a checkpoint's layer,
+        and the random layer's own sizes (and its `seed`, unless `seed_is_random` is False:
+        split's seed also draws its proof batch) are one usage error naming each given:
+        '‹kdim› applies to `only` — `fix`' (`{them}` in `fix`: it or them)."""
+        if random:
+            return RandomSpec(
+                DEFAULT_EMBED_DIM if self.embed_dim is None else self.embed_dim,
+                DEFAULT_NUM_HEADS if self.num_heads is None else self.num_heads,
+                self.kdim, self.vdim, self.bias, seed=self.seed or 0), \
+                HeadHints(None, self.num_kv_heads, self.head_dim)
+        names = ("embed_dim", "kdim", "vdim", "seed") if seed_is_random else \
+            ("embed_dim", "kdim", "vdim")
+        given = [name for name in names if getattr(self, name) is not None]
+        if given:
+            one = len(given) == 1
+            raise UsageError(f"{', '.join(option(name) for name in given)} "
+                             f"{'applies' if one else 'apply'} to {only}",
+                             fix=fix.format(them="it" if one else "them"))
+        return None, HeadHints(self.num_heads, self.num_kv_heads, self.head_dim)
+
+
 # --temperature's range. Sampling divides the logits by T in float32 (transformers casts them):
 # below ~1e-38 a logit of 5 overflows to inf, and a T past float32's 3.4e38 is inf itself
 # (-inf / inf: NaN), and the draw fails inside the model. Far inside those limits: at 1e-4 a
