@@ -198,3 +198,19 @@ def test_api_circuits_refuses_a_seed_without_a_random_layer():
     a = attnviz.circuits(random=True, seed=3, embed_dim=8, num_heads=2, composition=False)
     b = attnviz.circuits(random=True, embed_dim=8, num_heads=2, composition=False)
     assert a.to_json() != b.to_json()
+
+
+@pytest.mark.parametrize("source", [[], ["--random"],
+                                    ["--weights", "sample_weights/bert-tiny", "--layer", "0"]])
+def test_the_panel_limit_is_checked_once_per_run(cli, monkeypatch, tmp_path, source):
+    """Known from the headers before the run, the panel count is not counted again after it
+    (it was, twice or three times); the control: the one check still refuses a figure past
+    the limit."""
+    from attnviz.app import heatmap
+
+    calls = count_calls(monkeypatch, heatmap, "check_panels")
+    out = tmp_path / "f.png"
+    assert cli("heatmap", *source, "a b c", "--out", out, "--no-stats").exit_code == 0
+    assert len(calls) == 1
+    assert_clean_error(cli("heatmap", *source, "a b c", "--out", out, "--limit", "panels=1"), 2,
+                       "more than --limit panels 1")

@@ -79,21 +79,23 @@ class HfModel:
                           need_layers=ablate is not None, views=request.outputs.views)
         text = hf.RunInputs(state.sentences, _targets(request), limits.max_tokens, state.encoded)
         plan = hf.plan_run(loaded, text, request.selection.layer, how)
-        if plan.shown is not None:  # numbered already (a long input): checked before the run
-            check_panels(request, checked.sentences, len(plan.shown),
-                         max(shown.num_heads or 0 for shown in plan.shown))
+        panels = None
+        if plan.shown is not None and checked.panels is None:
+            # numbered only now (a long input), config.json could not say: before the run
+            panels = (len(plan.shown), max(shown.num_heads or 0 for shown in plan.shown))
+            check_panels(request, checked.sentences, *panels)
         export = request.outputs.export
         if export is not None and not values:
             exported = run_model_exporting(loaded, plan, export)
             if exported is not None:
-                return Ran(exported)
+                return Ran(exported, panels=panels)
         attention_run = hf.run_plan(loaded, plan)
         if ablate is None:
-            return Ran(attention_run)
+            return Ran(attention_run, panels=panels)
         from attnviz.app.ablate import ablate_hf
 
         return Ran(attention_run, ablate_hf(loaded, plan, attention_run, ablate,
-                                            request.selection.head, report))
+                                            request.selection.head, report), panels)
 
 
 def _targets(request: HeatmapRequest) -> list[str] | None:
