@@ -252,3 +252,22 @@ def test_old_torch_refuses_pickles(cli, tmp_path, monkeypatch, torch_version):
         return
     assert_clean_error(cli("inspect", path, "-H", "2"), 1,
                        "needs torch >= 2.10, this is 2.", "convert the checkpoint to .safetensors")
+
+
+def test_a_model_the_scorecard_cannot_edit_points_to_the_maps_alone():
+    """The library's "drop ‹ablate›" read "drop 'attnviz ablate'" inside `attnviz ablate`, the
+    command itself; there it now names the command for the maps alone, while the API keeps its
+    keyword and other commands their own spelling."""
+    from attnviz.cli.compound import spell_as
+    from attnviz.cli.options import flag_of
+    from attnviz.errors import CheckpointError, option
+
+    error = CheckpointError("the scorecard cannot run", fix=f"drop {option('ablate')}")
+    token = spell_as("ablate")
+    try:
+        shown = error.one_line(flag_of)
+    finally:
+        spell_as(None, token)
+    assert shown.endswith("— drop 'attnviz ablate' (run 'attnviz heatmap' for the maps alone)")
+    assert error.one_line().endswith("— drop ablate")  # the API: its keyword
+    assert error.one_line(flag_of).endswith("— drop 'attnviz ablate'")  # control: outside it

@@ -9,7 +9,6 @@ from helpers import assert_clean_error, lazy_import
 lazy_import("transformers")
 pytestmark = pytest.mark.hf
 
-from attnviz.sources import hf  # noqa: E402
 
 DISTILBERT = "sample_weights/models/distilbert-tiny-model"  # 64 positions, 2 layers × 4 heads
 MARIAN = "sample_weights/models/marian-tiny-model"  # 64 positions, 2 + 2 layers × 4 heads
@@ -28,7 +27,9 @@ def no_weights(monkeypatch):
         calls.append(args)
         raise WeightsLoaded("the weights were loaded")
 
-    monkeypatch.setattr(hf, "load_weights", refuse)  # as the model source calls it
+    from attnviz.sources.hf import load
+
+    monkeypatch.setattr(load, "load_weights", refuse)  # as the model source calls it
     return calls
 
 

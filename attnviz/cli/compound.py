@@ -165,7 +165,11 @@ COMPOUND_FLAGS = {
     "average": "--head mean", "sentence": "--query TOKEN@S",
 }
 GENERATE_FLAGS = {name: shown for name, shown in COMPOUND_FLAGS.items() if name != "seed"}
-COMMAND_FLAGS = {"heatmap": COMPOUND_FLAGS, "ablate": COMPOUND_FLAGS, "generate": GENERATE_FLAGS}
+# `ablate`'s library messages say "drop ‹ablate›" where a model cannot be scored: in the command
+# that is the scorecard, the way out is the maps alone
+ABLATE_FLAGS = {**COMPOUND_FLAGS,
+                "ablate": "'attnviz ablate' (run 'attnviz heatmap' for the maps alone)"}
+COMMAND_FLAGS = {"heatmap": COMPOUND_FLAGS, "ablate": ABLATE_FLAGS, "generate": GENERATE_FLAGS}
 
 _spelled: ContextVar[dict[str, str] | None] = ContextVar("attnviz_spelled", default=None)
 
