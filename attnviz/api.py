@@ -26,14 +26,12 @@ from attnviz.app.split import SplitRequest, SplitResult, run_split
 from attnviz.compute.circuits_result import CircuitsResult
 from attnviz.core.choices import AblationMode, ColorScale, Dtype, OverviewShows, Weighting
 from attnviz.core.request import (
-    DEFAULT_EMBED_DIM,
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
-    DEFAULT_NUM_HEADS,
     MAX_SEED,
     HeadHints,
     HeatmapRequest,
-    RandomSpec,
+    LayerOptions,
 )
 from attnviz.errors import UsageError, option
 from attnviz.load.checkpoint import open_checkpoint as _open_checkpoint
@@ -76,12 +74,9 @@ class Heatmap(HeatmapResult):
                dpi: int | None = None) -> Figure:
         """A matplotlib Figure: a grid of the selected maps, one row per sentence and layer
         (`scale` max|fixed|log, `size` the side of a panel in inches, as the CLI's options)."""
-        from attnviz.app.weighting import legend
-        from attnviz.render.generate_figure import run_figure
+        from attnviz.render.heatmap_output import run_figure_of
 
-        kind = ColorScale.parse(scale, "scale")
-        return run_figure(self.views, self.title(), (kind, size, dpi),
-                          legend(self.run.weighting), (self.run, self.generation))
+        return run_figure_of(self, ColorScale.parse(scale, "scale"), size, dpi)
 
     def overview(self, shows: str = OverviewShows.LABEL) -> Overview:
         """The layers × heads grid (`shows`: label, a statistic, or ablation), as --overview."""
@@ -114,13 +109,9 @@ class Heatmap(HeatmapResult):
 
     def _document(self) -> dict[str, Any]:
         """The page's document, its notes naming options by keyword (`export`)."""
-        from attnviz.errors import with_options
-        from attnviz.render.html_document import document_from_run
+        from attnviz.render.heatmap_output import page_document
 
-        document = document_from_run(self.run, self.head_stats, self.breakdown,
-                                     generation=self.generation)
-        document["notes"] = [with_options(note) for note in document["notes"]]
-        return document
+        return page_document(self)
 
 
 def _as(cls: type[_T], result: DataclassInstance) -> _T:
@@ -206,9 +197,18 @@ def _ablate(value: object) -> AblationMode | None:
     return None if value is None else AblationMode.parse(value, "ablate")
 
 
-def _dim(value: object, name: str, default: int) -> int:
-    """A random layer's size: None takes the default; 0 or less is refused, never defaulted."""
-    return default if value is None else _int(value, name, 1) or default
+def _sizes(embed_dim: object = None, num_heads: object = None, num_kv_heads: object = None,
+           head_dim: object = None, kdim: object = None, vdim: object = None,
+           bias: object = True, seed: int | None = None) -> LayerOptions:
+    """A layer's sizes and head counts, each checked (0 or less is refused, never defaulted),
+    for `LayerOptions.build`: the random layer and head hints, built as the commands build
+    them."""
+    def size(value: object, name: str) -> int | None:
+        return _int(value, name, 1, True)
+
+    return LayerOptions(size(embed_dim, "embed_dim"), size(num_heads, "num_heads"),
+                        size(num_kv_heads, "num_kv_heads"), size(head_dim, "head_dim"),
+                        size(kdim, "kdim"), size(vdim, "vdim"), _flag(bias, "bias"), seed)
 
 
 def _hints(num_heads: object, num_kv_heads: object, head_dim: object) -> HeadHints:
@@ -248,22 +248,16 @@ def split(weights: str | Path | None = None, *, model: str | None = None,
           bias: bool = True, seed: int = 0, verify: bool = False) -> Split:
     """How the heads split one layer, proved against torch's forward (`verify`: against the
     model itself). Without weights or model: a random nn.MultiheadAttention(embed_dim, ...)."""
-    random = None
-    hints = _hints(num_heads, num_kv_heads, head_dim)
     seed = _int(seed, "seed", 0, high=MAX_SEED) or 0
-    if weights is None and model is None:
-        random = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
-                            _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
-                            _int(kdim, "kdim", 1, True), _int(vdim, "vdim", 1, True),
-                            _flag(bias, "bias"), seed=seed)
-        hints = HeadHints(None, hints.num_kv_heads, hints.head_dim)
-    elif embed_dim is not None or kdim is not None or vdim is not None:
-        raise UsageError(f"{option('embed_dim')}, {option('kdim')} and {option('vdim')} apply to "
-                         "a random layer only",
-                         fix="drop them, or pass neither weights nor model")
-    elif not _flag(bias, "bias"):  # a checkpoint's biases are its own
+    checkpoint = weights is not None or model is not None
+    if checkpoint and not _flag(bias, "bias"):  # a checkpoint's biases are its own
         raise UsageError(f"{option('bias')}=False applies to a random layer only",
                          fix="drop it, or pass neither weights nor model", option="bias")
+    # the seed draws split's proof batch too: a checkpoint takes it
+    random, hints = _sizes(embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, bias,
+                           seed).build(not checkpoint, "a random layer only",
+                                       "drop {them}, or pass neither weights nor model",
+                                       seed_is_random=False)
     result = run_split(SplitRequest(
         _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),
         hints, random, seed, _flag(verify, "verify")))
@@ -284,19 +278,13 @@ def run_heatmap(sentences: Sequence[str], *, weights: str | Path | None = None,
     value-weighted maps ‖α·W_O v‖ (rows normalized); `ablate="zero"|"mean"`: the causal head
     scorecard (`.ablation`, `.ablation_figure()`)."""
     seed = _int(seed, "seed", 0, high=MAX_SEED) or 0
-    spec = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
-                      _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
-                      seed=seed) if _flag(random, "random") else None
-    if not random and embed_dim is not None:
-        raise UsageError(f"{option('embed_dim')} applies to a random layer only",
-                         fix="drop it, or pass random=True", option="embed_dim")
-    if not random and seed != 0:  # the random init's seed: nothing else here draws
-        raise UsageError(f"{option('seed')} applies to a random layer only",
-                         fix="drop it, or pass random=True", option="seed")
+    # the random init's seed: nothing else here draws (0, the default, is not given)
+    spec, hints = _sizes(embed_dim, num_heads, seed=seed or None).build(
+        _flag(random, "random"), "a random layer only", "drop {them}, or pass random=True")
     request = HeatmapRequest.build(  # the request the CLI builds, from the same names
         sentences=tuple(_texts(sentences, "sentences") or ()), weights=_path(weights, "weights"),
         random=spec, layer=_str(layer, "layer", ints=True),
-        hints=HeadHints(None if random else _int(num_heads, "num_heads", 1, True)),
+        hints=hints,
         causal=_flag(causal, "causal"), device=_str(device, "device", False) or "",
         head=_int(head, "head", 0, True), average=_flag(average, "average"),
         query=_str(query, "query", ints=True), sentence=_int(sentence, "sentence", 1) or 1,
@@ -378,18 +366,10 @@ def circuits(weights: str | Path | None = None, *, model: str | Path | None = No
     """QK and OV circuits of every head and composition between layers, of the bundled model
     (default), a checkpoint (`weights`), a Hugging Face folder (`model`) or a random
     nn.MultiheadAttention (`random=True`)."""
-    hints = _hints(num_heads, num_kv_heads, head_dim)
     seed = _int(seed, "seed", 0, high=MAX_SEED) or 0
-    spec = None
-    if _flag(random, "random"):  # sizes checked as split's are: 0 is refused, never defaulted
-        spec = RandomSpec(_dim(embed_dim, "embed_dim", DEFAULT_EMBED_DIM),
-                          _dim(num_heads, "num_heads", DEFAULT_NUM_HEADS),
-                          _int(kdim, "kdim", 1, True), _int(vdim, "vdim", 1, True), seed=seed)
-        hints = HeadHints(None, hints.num_kv_heads, hints.head_dim)
-    elif embed_dim is not None or kdim is not None or vdim is not None:
-        raise UsageError(f"{option('embed_dim')}, {option('kdim')} and {option('vdim')} apply to a "
-                         "random layer only",
-                         fix="drop them, or pass random=True")
+    spec, hints = _sizes(embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim,
+                         seed=seed or None).build(_flag(random, "random"), "a random layer only",
+                                                  "drop {them}, or pass random=True")
     result = run_circuits(CircuitsRequest(
         _path(weights, "weights"), _str(model, "model"), _str(layer, "layer", ints=True),
         hints, spec, None if composition is None else _flag(composition, "composition"),

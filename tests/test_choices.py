@@ -37,13 +37,15 @@ from attnviz.errors import UsageError
 
 # each flag of each command that takes a choice, and its Enum
 CLI_CHOICES: dict[str, dict[str, type[Choice]]] = {
-    "heatmap": {"--scale": ColorScale, "--weighting": Weighting, "--positions": Positions,
-                "--dtype": Dtype, "--overview": OverviewShows, "--probe": Probe},
+    "heatmap": {"--scale": ColorScale, "--weighting": Weighting, "--dtype": Dtype,
+                "--overview": OverviewShows, "--probe": Probe},
     "generate": {"--scale": ColorScale, "--dtype": Dtype, "--overview": OverviewShows,
                  "--probe": Probe},
-    "ablate": {"--mode": AblationMode, "--positions": Positions, "--dtype": Dtype,
-               "--overview": OverviewShows, "--probe": Probe},
+    "ablate": {"--mode": AblationMode, "--dtype": Dtype, "--overview": OverviewShows,
+               "--probe": Probe},
 }
+# choices set inside a KEY=VALUE option (attnviz.cli.compound): --spec positions=…
+SPEC_CHOICES = {"positions": Positions}
 # each keyword of the Python API that takes a choice, and its Enum
 API_CHOICES = {"run_heatmap": {"weighting": Weighting, "ablate": AblationMode},
                "run_model": {"weighting": Weighting, "ablate": AblationMode, "dtype": Dtype}}
@@ -136,11 +138,9 @@ def test_api_keywords_take_exactly_the_enum(function):
 
 
 CASES = [("heatmap", "--scale", "sqrt", ("a b",)), ("heatmap", "--weighting", "value", ("a b",)),
-         ("heatmap", "--positions", "rope", ("a b",)),
          ("heatmap", "--dtype", "float64", ("a b",)),
          ("heatmap", "--overview", "sharpness", ("a b",)), ("heatmap", "--probe", "copying", ()),
-         ("generate", "--scale", "sqrt", ("a b",)), ("ablate", "--mode", "half", ("a b",)),
-         ("ablate", "--positions", "rope", ("a b",))]
+         ("generate", "--scale", "sqrt", ("a b",)), ("ablate", "--mode", "half", ("a b",))]
 
 
 @pytest.mark.parametrize("command, flag, value, rest", CASES)
@@ -149,6 +149,19 @@ def test_cli_refuses_an_unknown_value_in_one_line(cli, command, flag, value, res
     result = cli(command, flag, value, *rest)
     assert_clean_error(result, 2, f"error: unknown {flag} {value!r} ({flag}) — use "
                        f"{', '.join(enum.values())}")
+
+
+@pytest.mark.parametrize("command", ["heatmap", "ablate"])
+def test_spec_refuses_an_unknown_choice_in_one_line(cli, command):
+    """A choice inside --spec is parsed by its Enum like any other (the same one line); the
+    control: each of its values runs."""
+    for key, enum in SPEC_CHOICES.items():
+        result = cli(command, "--random", "--spec", f"{key}=rope", "a b")
+        assert_clean_error(result, 2, f"error: unknown --spec {key} 'rope' (--spec {key}) — "
+                           f"use {', '.join(enum.values())}")
+        for value in enum.values():
+            ran = cli(command, "--random", "--spec", f"{key}={value}", "a b", "--json")
+            assert ran.exit_code == 0, ran.output
 
 
 def test_api_refuses_an_unknown_value_with_the_cli_text(cli):
@@ -192,11 +205,16 @@ def test_seed_bound_is_torchs():
 
 @pytest.mark.parametrize("command", ["split", "heatmap"])
 def test_cli_seed_at_and_past_the_bound(cli, command):
-    extra = ("--random", "--json", "a b") if command == "heatmap" else ("--json",)
-    at = cli(command, "--seed", str(MAX_SEED), *extra)
+    """split's --seed; heatmap's random init is seeded by --spec seed=."""
+    def seed(value: int) -> tuple[str, ...]:
+        if command == "heatmap":
+            return ("--random", "--json", "a b", "--spec", f"seed={value}")
+        return ("--json", "--seed", str(value))
+
+    at = cli(command, *seed(MAX_SEED))
     assert at.exit_code == 0, at.output
-    past = cli(command, "--seed", str(MAX_SEED + 1), *extra)
-    assert_clean_error(past, 2, "--seed", str(MAX_SEED))
+    past = cli(command, *seed(MAX_SEED + 1))
+    assert_clean_error(past, 2, "seed", str(MAX_SEED))
 
 
 def test_api_seed_at_and_past_the_bound():

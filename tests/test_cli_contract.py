@@ -7,11 +7,12 @@ import pytest
 from helpers import BUNDLED, SAMPLES, assert_clean_error
 
 CASES = [
-    (["heatmap", "a b", "-E", "32"], "--embed-dim applies to --random only"),
-    (["heatmap", "a b", "--seed", "3", "--kdim", "8"], "--kdim, --seed apply to --random only"),
+    (["heatmap", "a b", "--spec", "E=32"], "--spec E applies to --random only"),
+    (["heatmap", "a b", "--spec", "seed=3,kdim=8"],
+     "--spec kdim, --spec seed apply to --random only"),
     (["heatmap", "--model", "m", "a", "--causal"], "--causal does not apply to --model"),
-    (["heatmap", "--model", "m", "a", "-H", "4", "--positions", "sinusoidal"],
-     "--positions, --num-heads do not apply to --model"),
+    (["heatmap", "--model", "m", "a", "-H", "4", "--spec", "positions=sinusoidal"],
+     "--spec positions, --num-heads do not apply to --model"),
     (["heatmap", "a b", "--dtype", "bfloat16"],
      "--dtype, --device-map and --max-memory apply to --model only"),
     (["heatmap", "a b", "--random", "--weights", BUNDLED], "exclude each other"),
@@ -29,7 +30,7 @@ def test_inapplicable_flags_are_usage_errors(cli, args, fragment):
 
 def test_applicable_flags_still_work(cli):
     """Negative control: the same flags with the source they belong to run."""
-    assert cli("heatmap", "a b", "--random", "-E", "32", "--seed", "3").exit_code == 0
+    assert cli("heatmap", "a b", "--random", "--spec", "E=32,seed=3").exit_code == 0
     assert cli("split", "-E", "16", "-H", "2", "--no-bias").exit_code == 0
 
 
@@ -41,13 +42,13 @@ def test_file_dash_reads_standard_input(cli, tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["sentences"] == ["the cat sat", "a dog ran far"]
     long_line = " ".join(["w"] * 300) + "\n"
-    assert_clean_error(cli("heatmap", "-f", "-", input=long_line), 2, "more than --max-tokens")
+    assert_clean_error(cli("heatmap", "-f", "-", input=long_line), 2, "more than --limit tokens")
 
 
 @pytest.mark.parametrize("args, flag, applies", [
     (["-H", "4"], "--num-heads", ["--random"]),
-    (["--head-dim", "8"], "--head-dim", ["--weights", SAMPLES / "mha.safetensors"]),
-    (["--memory-budget", "1GB"], "--memory-budget", ["--random"]),
+    (["--spec", "d=8"], "--spec d", ["--weights", SAMPLES / "mha.safetensors"]),
+    (["--limit", "memory=1GB"], "--limit memory", ["--random"]),
 ])
 def test_flags_the_bundled_model_ignores_are_refused(cli, args, flag, applies):
     """The bundled model has its own 2 heads per layer and always runs whole: a head count or a

@@ -100,8 +100,8 @@ def test_library_errors_refer_to_options_neutrally():
 def test_the_cli_shows_flags_and_python_callers_keywords(cli):
     import attnviz
 
-    result = cli("heatmap", "--random", "a b c d", "--max-tokens", "2")
-    assert result.exit_code == 2 and "more than --max-tokens 2" in result.stderr
+    result = cli("heatmap", "--random", "a b c d", "--limit", "tokens=2")
+    assert result.exit_code == 2 and "more than --limit tokens 2" in result.stderr
     with pytest.raises(UsageError) as info:
         attnviz.run_heatmap(["a b c d"], random=True, max_tokens=2)
     assert "more than max_tokens 2" in str(info.value)
@@ -172,7 +172,7 @@ def test_the_cli_shows_a_note_with_flags_and_the_api_with_keywords(cli):
     import attnviz
 
     words = " ".join(f"w{i}" for i in range(300))
-    result = cli("heatmap", "--random", words, "--max-tokens", "400", "--memory-budget", "1MB")
+    result = cli("heatmap", "--random", words, "--limit", "tokens=400", "--limit", "memory=1MB")
     assert result.exit_code == 0, result.output
     shown = " ".join(result.stdout.split())  # the terminal folds long lines
     assert "; --export writes the full maps block by block" in shown
@@ -252,3 +252,22 @@ def test_old_torch_refuses_pickles(cli, tmp_path, monkeypatch, torch_version):
         return
     assert_clean_error(cli("inspect", path, "-H", "2"), 1,
                        "needs torch >= 2.10, this is 2.", "convert the checkpoint to .safetensors")
+
+
+def test_a_model_the_scorecard_cannot_edit_points_to_the_maps_alone():
+    """The library's "drop ‹ablate›" read "drop 'attnviz ablate'" inside `attnviz ablate`, the
+    command itself; there it now names the command for the maps alone, while the API keeps its
+    keyword and other commands their own spelling."""
+    from attnviz.cli.compound import spell_as
+    from attnviz.cli.options import flag_of
+    from attnviz.errors import CheckpointError, option
+
+    error = CheckpointError("the scorecard cannot run", fix=f"drop {option('ablate')}")
+    token = spell_as("ablate")
+    try:
+        shown = error.one_line(flag_of)
+    finally:
+        spell_as(None, token)
+    assert shown.endswith("— drop 'attnviz ablate' (run 'attnviz heatmap' for the maps alone)")
+    assert error.one_line().endswith("— drop ablate")  # the API: its keyword
+    assert error.one_line(flag_of).endswith("— drop 'attnviz ablate'")  # control: outside it

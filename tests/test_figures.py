@@ -1,6 +1,6 @@
 """Figures that read at a glance, checked by reading the PNG back (never golden images): the
 title in its own band and named after the model, masked cells apart from zero weight, text of
-8 pt or more, --size and --dpi, every token labelled where it fits, an even grid."""
+8 pt or more, --figure size and --figure dpi, every token labelled where it fits, an even grid."""
 
 from __future__ import annotations
 
@@ -135,8 +135,9 @@ def test_sentences_of_different_lengths_fill_equal_panels(cli, tmp_path):
 
 def test_size_and_dpi(cli, tmp_path):
     shapes = {}
-    for name, extra in (("base", ["--size", "2.5"]), ("dpi", ["--size", "2.5", "--dpi", "200"]),
-                        ("size", ["--size", "5"])):
+    for name, extra in (("base", ["--figure", "size=2.5"]),
+                        ("dpi", ["--figure", "size=2.5,dpi=200"]),
+                        ("size", ["--figure", "size=5"])):
         out = tmp_path / f"{name}.png"
         result = cli("heatmap", "--random", "-H", "2", "a b c", "--no-stats", "--out", out,
                      *extra)
@@ -149,10 +150,10 @@ def test_size_and_dpi(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--size", "3"], "--size shape the --out figure"),
-    (["--dpi", "300"], "--dpi shape the --out figure"),
-    (["--out", "m.png", "--size", "0.1"], "--size 0.1 is out of range"),
-    (["--out", "m.png", "--dpi", "5"], "--dpi 5 is out of range"),
+    (["--figure", "size=3"], "--figure size shape the --out figure"),
+    (["--figure", "dpi=300"], "--figure dpi shape the --out figure"),
+    (["--out", "m.png", "--figure", "size=0.1"], "--figure size 0.1 is out of range"),
+    (["--out", "m.png", "--figure", "dpi=5"], "--figure dpi 5 is out of range"),
 ])
 def test_figure_options_are_checked(cli, tmp_path, monkeypatch, args, fragment):
     monkeypatch.chdir(tmp_path)

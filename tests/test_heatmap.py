@@ -36,7 +36,7 @@ def _export(cli, tmp_path, *args):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_export_equals_separately_built_torch_module(cli, tmp_path, causal):
-    args = ["--random", "-E", "32", "-H", "4", "--seed", "3", *SENTENCES]
+    args = ["--random", "--spec", "E=32,seed=3", "-H", "4", *SENTENCES]
     tensors, tokens = _export(cli, tmp_path, *args, *(["--causal"] if causal else []))
     torch.manual_seed(3)
     mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
@@ -157,7 +157,7 @@ def test_head_statistics_label_clear_patterns():
 
 def test_figure_has_one_panel_per_sentence_and_head(cli, tmp_path):
     out = tmp_path / "maps.png"
-    result = cli("heatmap", "--random", "-E", "48", "-H", "3", "the cat sat on the mat",
+    result = cli("heatmap", "--random", "--spec", "E=48", "-H", "3", "the cat sat on the mat",
                  "a dog ran", "--out", out, "--no-maps", "--no-stats")
     assert result.exit_code == 0, result.output
     image = read_image(out)
@@ -185,7 +185,7 @@ def test_terminal_output_fits_80_columns(cli):
 
 def test_long_sentences_are_downsampled(cli):
     words = " ".join(f"w{i}" for i in range(120))
-    result = cli("heatmap", "--random", words, "--max-tokens", "200", "--head", "0")
+    result = cli("heatmap", "--random", words, "--limit", "tokens=200", "--head", "0")
     assert result.exit_code == 0, result.output
     assert "downsampled to fit" in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
@@ -221,17 +221,18 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     (["a b", "--head", "9"], "head 9 is out of range"),
     (["a b", "--query", "zebra"], "token 'zebra' is not in the sentence"),
     (["a b", "--query", "5"], "query index 5 is out of range"),
-    (["a b", "--query", "a", "--sentence", "2"], "--sentence 2 is out of range"),
-    (["a b c d", "--max-tokens", "3"], "more than --max-tokens 3"),
-    (["a", "b", "--max-sentences", "1"], "exceed --max-sentences 1"),
+    (["a b", "--query", "a@2"], "sentence 2 is out of range"),
+    (["a b c d", "--limit", "tokens=3"], "more than --limit tokens 3"),
+    (["a", "b", "--limit", "sentences=1"], "exceed --limit sentences 1"),
     # an index no machine has: refused with or without CUDA, for the reason that applies
     (["a b", "--device", "cuda:999"], "there is no GPU 999" if torch.cuda.is_available()
      else "CUDA is not available"),
     (["a b", "--device", "tpu"], "device"),
-    (["a b", "--positions", "rope"], "unknown --positions"),
+    (["a b", "--spec", "positions=rope"], "unknown --spec positions"),
     (["a b", "--out", "x.gif"], "cannot tell the output format"),
     (["a b", "--export", "x.npz"], "cannot tell the output format"),
-    (["a b", "c", "--out", "m.png", "--max-panels", "15"], "16 panels, more than --max-panels"),
+    (["a b", "c", "--out", "m.png", "--limit", "panels=15"],
+     "16 panels, more than --limit panels"),
 ])
 def test_bad_input(cli, tmp_path, monkeypatch, args, fragment):
     monkeypatch.chdir(tmp_path)
@@ -300,14 +301,15 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "long input: maps computed one head and sentence at a time" in result.stdout
     assert "downsampled to fit" in result.stdout
-    assert "mean of heads" not in result.stdout  # only with --average, as for full maps
+    assert "mean of heads" not in result.stdout  # only with --head mean, as for full maps
     image = read_image(out)
     assert image.std() > 0.05
     panels = [r for r in colored_runs(image, axis=1) if r[1] - r[0] > 0.1 * image.shape[1]]
     assert len(panels) == 4
 
 
-@pytest.mark.parametrize("extra", [["--kdim", "16", "--vdim", "24"], ["--causal"]])
+@pytest.mark.parametrize("extra", [["--spec", "E=32,kdim=16,vdim=24"],
+                                   ["--spec", "E=32", "--causal"]])
 def test_query_on_a_streamed_run_equals_the_full_maps(cli, monkeypatch, extra):
     """--query no longer forces full maps: streaming keeps that query's row of every head, and
     the breakdown (q_h, k_h from the key inputs, scores, weights) is the full run's."""
@@ -315,8 +317,8 @@ def test_query_on_a_streamed_run_equals_the_full_maps(cli, monkeypatch, extra):
 
 
     words = " ".join(f"w{i % 11}" for i in range(40))
-    args = ["heatmap", "--random", "-E", "32", "-H", "4", *extra, "a b a", words, "--sentence",
-            "2", "--query", "-3", "--json"]
+    args = ["heatmap", "--random", "-H", "4", *extra, "a b a", words, "--query", "-3@2",
+            "--json"]
     full = json_mod.loads(cli(*args).stdout)
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     result = cli(*args)

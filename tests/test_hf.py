@@ -24,7 +24,11 @@ from attnviz.compute import positions  # noqa: E402
 from attnviz.core import memory  # noqa: E402
 from attnviz.errors import CheckpointError, UsageError  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
-from attnviz.sources import hf  # noqa: E402
+from attnviz.sources.hf import versions  # noqa: E402
+from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run  # noqa: E402
+from attnviz.sources.hf.load import TOLERANCE, LoadedModel, load_model, require_transformers  # noqa: E402
+from attnviz.sources.hf.run import run_plan  # noqa: E402
+from attnviz.sources.hf.verify import call_of, recompute_supported, verify_layer  # noqa: E402
 
 RECOMPUTED = ["bert", "gpt2", "llama", "gpt_neox", "mistral", "qwen2", "bart"]
 
@@ -34,23 +38,23 @@ pytestmark = [pytestmark, pytest.mark.usefixtures("one_thread")]
 
 @pytest.fixture(scope="module")
 def loaded(zoo_model):
-    cache: dict[str, hf.LoadedModel] = {}
+    cache: dict[str, LoadedModel] = {}
 
-    def get(kind: str) -> hf.LoadedModel:
+    def get(kind: str) -> LoadedModel:
         if kind not in cache:
             if kind == "minilm":
-                cache[kind] = hf.load_model(str(minilm_folder()))
+                cache[kind] = load_model(str(minilm_folder()))
             else:
                 folder = zoo_model(kind)
-                cache[kind] = hf.load_model(str(folder), tokenizer=load_tokenizer(folder))
+                cache[kind] = load_model(str(folder), tokenizer=load_tokenizer(folder))
         return cache[kind]
 
     return get
 
 
-def run(model: hf.LoadedModel, sentences: list[str], layer: str | None = None,
+def run(model: LoadedModel, sentences: list[str], layer: str | None = None,
         **kwargs) -> object:
-    return hf.run_plan(model, hf.plan_run(model, sentences, layer, hf.ModelRun(**kwargs)))
+    return run_plan(model, plan_run(model, sentences, layer, ModelRun(**kwargs)))
 
 
 def test_minilm_maps_equal_output_attentions(loaded):
@@ -88,7 +92,7 @@ def test_recompute_proof_passes(loaded, kind):
     for layer in find_layers(model.store).layers:
         if layer.name.startswith("decoder."):
             continue  # the recompute proof covers self-attention over the source
-        result = hf.verify_layer(model, layer, SENTENCES)
+        result = verify_layer(model, layer, SENTENCES)
         assert result.passed, (layer.name, result.per_head)
         assert len(result.per_head) == layer.num_heads
     if kind in ("llama", "gpt_neox", "mistral", "qwen2"):
@@ -112,7 +116,7 @@ def swap_heads(layer, a: int, b: int, kind: str = "q"):
 def test_recompute_proof_fails_on_wrong_query_slicing(loaded, kind):
     model = loaded(kind)
     layer = find_layers(model.store).layers[0]
-    result = hf.verify_layer(model, layer, SENTENCES, described=swap_heads(layer, 0, 1))
+    result = verify_layer(model, layer, SENTENCES, described=swap_heads(layer, 0, 1))
     assert not result.passed
     assert min(result.per_head[:2]) > 1e-2  # the swapped heads
     assert max(result.per_head[2:]) <= result.tolerance  # the rest still agree
@@ -121,28 +125,28 @@ def test_recompute_proof_fails_on_wrong_query_slicing(loaded, kind):
 def test_recompute_proof_fails_on_wrong_kv_slicing(loaded):
     model = loaded("llama")  # 4 query heads share 2 kv heads: each kv head serves two
     layer = find_layers(model.store).layers[1]
-    result = hf.verify_layer(model, layer, SENTENCES, described=swap_heads(layer, 0, 1, "kv"))
+    result = verify_layer(model, layer, SENTENCES, described=swap_heads(layer, 0, 1, "kv"))
     assert min(result.per_head) > 1e-2
 
 
 def test_sliding_window_is_needed(loaded, monkeypatch):
     model = loaded("mistral")  # window 4, sentences of up to 16 tokens
     layer = find_layers(model.store).layers[0]
-    assert "sliding window of 4 keys" in hf.verify_layer(model, layer, SENTENCES).positions
+    assert "sliding window of 4 keys" in verify_layer(model, layer, SENTENCES).positions
     monkeypatch.setattr(positions, "sliding_window", lambda *args: None)
-    assert not hf.verify_layer(model, layer, SENTENCES).passed
+    assert not verify_layer(model, layer, SENTENCES).passed
 
 
 def test_recompute_proof_says_where_it_does_not_apply(loaded):
     model = loaded("opt")
     layer = find_layers(model.store).layers[0]
     with pytest.raises(UsageError, match="does not recompute the positions of model_type 'opt'"):
-        hf.verify_layer(model, layer, SENTENCES)
+        verify_layer(model, layer, SENTENCES)
     t5 = loaded("t5")
-    plan = hf.plan_run(t5, SENTENCES, None, hf.ModelRun(need_layers=True))
-    call = hf.call_of(plan.layers, t5.model, find_layers(t5.store).layers[-1])
+    plan = plan_run(t5, SENTENCES, None, ModelRun(need_layers=True))
+    call = call_of(plan.layers, t5.model, find_layers(t5.store).layers[-1])
     assert call.label == "enc 1"
-    assert "model_type 't5'" in hf.recompute_supported(t5, call)
+    assert "model_type 't5'" in recompute_supported(t5, call)
 
 
 def test_query_on_a_bfloat16_model_uses_its_tolerance(zoo_model):
@@ -151,9 +155,9 @@ def test_query_on_a_bfloat16_model_uses_its_tolerance(zoo_model):
     from attnviz.compute.breakdown import query_breakdown
 
     folder = zoo_model("llama")
-    model = hf.load_model(str(folder), dtype="bfloat16", tokenizer=load_tokenizer(folder))
+    model = load_model(str(folder), dtype="bfloat16", tokenizer=load_tokenizer(folder))
     result = run(model, SENTENCES, "-1", query=(0, "3"))
-    assert result.tolerance == hf.TOLERANCE["bfloat16"]
+    assert result.tolerance == TOLERANCE["bfloat16"]
     breakdown = query_breakdown(result, result.layers[0].index, 0, 3)
     assert breakdown.max_diff <= result.tolerance
 
@@ -187,10 +191,10 @@ def test_hub_id_resolves_from_the_local_cache_only(zoo_model, tmp_path, monkeypa
     (tmp_path / "models--tiny--gpt2" / "refs").mkdir()
     (tmp_path / "models--tiny--gpt2" / "refs" / "main").write_text("abc123")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    model = hf.load_model("tiny/gpt2")
+    model = load_model("tiny/gpt2")
     assert model.folder == snapshot
     with pytest.raises(CheckpointError, match="not in the local Hugging Face cache"):
-        hf.load_model("tiny/absent")
+        load_model("tiny/absent")
 
 
 def test_usage_errors(loaded, monkeypatch):
@@ -198,23 +202,23 @@ def test_usage_errors(loaded, monkeypatch):
     with pytest.raises(UsageError, match="not a layer of this model"):
         run(model, SENTENCES, "2")
     with pytest.raises(UsageError, match="more than max_tokens 5"):
-        hf.plan_run(model, hf.RunInputs(SENTENCES, None, 5))
+        plan_run(model, RunInputs(SENTENCES, None, 5))
     with pytest.raises(UsageError, match="no sentence"):
-        hf.plan_run(model, [])
+        plan_run(model, [])
     from attnviz.api import run_model  # a dtype is parsed where the request is built
 
     with pytest.raises(UsageError, match="unknown dtype 'float64'"):
         run_model(str(model.folder), SENTENCES, dtype="float64")
     with pytest.raises(UsageError, match="no such model folder"):
-        hf.load_model("./missing-folder")
+        load_model("./missing-folder")
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="CUDA is not available"):
-            hf.load_model(str(model.folder), device="cuda")
+            load_model(str(model.folder), device="cuda")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "accelerate" else real(name, *a))
     with pytest.raises(UsageError, match="needs accelerate"):
-        hf.load_model(str(model.folder), device_map="auto")
+        load_model(str(model.folder), device_map="auto")
 
 
 def test_missing_extra_names_the_install(monkeypatch):
@@ -222,9 +226,9 @@ def test_missing_extra_names_the_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "transformers" else real(name, *a))
     with pytest.raises(UsageError) as info:
-        hf.require_transformers()
+        require_transformers()
     assert str(info.value) == "model needs the Hugging Face extra"  # the CLI says --model
-    assert info.value.fix == hf.versions.install_hint()  # from this checkout: pip install -e
+    assert info.value.fix == versions.install_hint()  # from this checkout: pip install -e
 
 
 # ------------------------------------------------------------------------------------------
@@ -279,8 +283,8 @@ def test_cli_phi3_end_to_end(cli, zoo_model, tmp_path):
     """Phi-3 (fused qkv_proj, left padding, grouped-query): heatmap, --query and a figure."""
     folder = zoo_model("phi3")
     png = tmp_path / "maps.png"
-    result = cli("heatmap", "--model", folder, *SENTENCES, "--layer", "0:2", "--query", "-1",
-                 "--sentence", "1", "--out", png, "--json")
+    result = cli("heatmap", "--model", folder, *SENTENCES, "--layer", "0:2", "--query", "-1@1",
+                 "--out", png, "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [layer["label"] for layer in doc["layers"]] == ["0", "1"]
@@ -324,9 +328,9 @@ def test_cli_split_model_verify(cli, zoo_model):
     result = cli("split", "--model", folder, "--layer", "1", "--verify", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)["verify"]
-    assert doc["passed"] is True and doc["proofs"] == ["ablation", "recompute"]
+    assert doc["passed"] is True and doc["proofs"] == ["split", "recompute"]
     assert doc["recompute"]["max_abs_diff"] < 1e-5
-    assert [c["status"] for c in doc["ablation"]["checks"]] == ["pass"] * 12
+    assert [c["status"] for c in doc["split"]["checks"]] == ["pass"] * 12
     text = cli("split", "--model", folder, "--layer", "0", "--verify").stdout
     assert "✓ every head's rows are where attnviz says (12 perturbations)" in text
     assert "c_attn.weight.T[0:8]" in text  # Conv1D: W_q head 0 is columns 0:8 of c_attn
@@ -334,14 +338,14 @@ def test_cli_split_model_verify(cli, zoo_model):
 
 
 def test_cli_split_verify_decoder_layer(cli, zoo_model):
-    """An encoder-decoder's decoder and cross-attention layers: the ablation proof runs (with
+    """An encoder-decoder's decoder and cross-attention layers: the split proof runs (with
     a target), the recompute proof says why it does not."""
     folder = zoo_model("bart")
     result = cli("split", "--model", folder, "--layer", "decoder.layers.1.encoder_attn",
                  "--verify")
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
-    assert "ablation proof, through the model's own forward pass (layer cross 1" in text
+    assert "split proof, through the model's own forward pass (layer cross 1" in text
     assert "recompute proof not run: the recompute proof covers self-attention" in text
 
 
@@ -359,14 +363,13 @@ def test_cli_split_verify_fails_on_a_wrong_description(cli, zoo_model, monkeypat
     result = cli("split", "--model", zoo_model("llama"), "--layer", "0", "--verify")
     assert result.exit_code == 1
     assert "✗ FAILED: 2 of 8 perturbations" in result.stdout
-    assert result.stderr.strip().startswith("error: the ablation proof failed for 2 of 8")
+    assert result.stderr.strip().startswith("error: the split proof failed for 2 of 8")
 
 
 def test_cli_query_on_a_streamed_model_run(cli, zoo_model, monkeypatch):
 
     folder = zoo_model("gpt2")
-    args = ["heatmap", "--model", folder, *SENTENCES, "--sentence", "2", "--query", "barn",
-            "--json"]
+    args = ["heatmap", "--model", folder, *SENTENCES, "--query", "barn@2", "--json"]
     full = json.loads(cli(*args).stdout)
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     result = cli(*args)

@@ -69,7 +69,7 @@ def test_split_model_verify_passes(cli, zoo_model, kind):
     result = cli("split", "--model", zoo_model(kind), "--layer", "1", "--verify", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)["verify"]
-    assert doc["passed"] is True and "ablation" in doc["proofs"]
+    assert doc["passed"] is True and "split" in doc["proofs"]
 
 
 def test_floors_are_the_declared_range():

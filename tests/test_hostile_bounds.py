@@ -26,7 +26,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_canvas_cap_refuses_before_drawing(cli, tmp_path, monkeypatch):
-    """--size 20 and --dpi 600 are each in range; together 8 panels would be ~98,000 px wide."""
+    """--figure size=20 and dpi=600 are each in range; together 8 panels would be ~98,000 px
+    wide."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -34,10 +35,10 @@ def test_canvas_cap_refuses_before_drawing(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(Figure, "savefig", lambda *a, **k: drawn.append(a))
     monkeypatch.setattr(FigureCanvasAgg, "draw", lambda *a, **k: drawn.append(a))  # PNGs
     out = tmp_path / "m.png"
-    result = cli("heatmap", "--random", "the cat sat", "--out", out, "--size", "20",
-                 "--dpi", "600")
+    result = cli("heatmap", "--random", "the cat sat", "--out", out, "--figure", "size=20",
+                 "--figure", "dpi=600")
     assert_clean_error(result, 2, "the figure would be", "more than the 50,000,000 pixels",
-                       "lower --dpi or --size")
+                       "lower --figure dpi or --figure size")
     assert drawn == [] and not out.exists()
 
 
@@ -47,7 +48,7 @@ def test_canvas_within_the_cap_is_drawn(cli, tmp_path):
 
     out = tmp_path / "m.png"
     result = cli("heatmap", "--random", "the cat sat", "--head", "0", "--out", out,
-                 "--size", "3", "--dpi", "200")
+                 "--figure", "size=3", "--figure", "dpi=200")
     assert result.exit_code == 0, result.output
     width, height = png_size(out)
     assert width * height <= MAX_CANVAS_PIXELS and width > 3 * 200  # the dpi was honoured
@@ -146,10 +147,10 @@ def test_head_count_from_config_that_contradicts_the_weights_is_bad_data(cli, tm
 @pytest.mark.slow
 def test_max_sentences_is_honoured_with_model(cli, minilm):
     many = [f"sentence {i}" for i in range(70)]
-    assert_clean_error(cli("heatmap", "--model", minilm, "--max-sentences", "3", *many[:4]), 2,
-                       "4 sentences exceed --max-sentences 3")
+    assert_clean_error(cli("heatmap", "--model", minilm, "--limit", "sentences=3", *many[:4]), 2,
+                       "4 sentences exceed --limit sentences 3")
     result = cli("heatmap", "--model", minilm, "--layer", "0", "--head", "0", "--json",
-                 "--max-sentences", "100", *many)
+                 "--limit", "sentences=100", *many)
     assert result.exit_code == 0, result.output
     assert "exceed" not in result.output
 
@@ -255,10 +256,10 @@ def test_budget_past_available_memory_is_refused_up_front(cli, monkeypatch):
     from attnviz.app import heatmap_sources
 
     monkeypatch.setattr(heatmap_sources, "available_memory", lambda: 4 * 2**30)
-    assert_clean_error(cli("heatmap", "--random", "a b", "--memory-budget", "100GB"), 2,
-                       "more than the 4.0 GB this machine has available", "--memory-budget",
+    assert_clean_error(cli("heatmap", "--random", "a b", "--limit", "memory=100GB"), 2,
+                       "more than the 4.0 GB this machine has available", "--limit memory",
                        "give at most 4096MB")
-    assert cli("heatmap", "--random", "a b", "--memory-budget", "1GB").exit_code == 0
+    assert cli("heatmap", "--random", "a b", "--limit", "memory=1GB").exit_code == 0
 
 
 def test_available_memory_reads_the_address_space_limit():
@@ -286,7 +287,7 @@ def test_allocator_failure_is_one_line_naming_the_budget(cli, monkeypatch, failu
 
     monkeypatch.setattr(heatmap_sources, "run_layer", fail, raising=False)
     result = cli("heatmap", "--random", "a b")
-    assert_clean_error(result, 1, "out of memory", "lower --memory-budget")
+    assert_clean_error(result, 1, "out of memory", "lower --limit memory")
     assert "unexpected" not in result.stderr
 
 
@@ -295,7 +296,7 @@ def test_export_metadata_is_bounded(cli, tmp_path):
     header — refused before the file is written; a tenth of it is exported."""
     word = "é" * 15_000
     out = tmp_path / "m.safetensors"
-    args = ["heatmap", "--random", "--json", "--max-sentences", "200", "--export", out]
+    args = ["heatmap", "--random", "--json", "--limit", "sentences=200", "--export", out]
     assert_clean_error(cli(*args, *[word] * 200), 2, "the export's metadata",
                        "more than 16 MB", "drop --export")
     assert list(tmp_path.iterdir()) == []
@@ -530,8 +531,8 @@ def test_sane_config_values_run(cli, zoo_model, tmp_path):
 LONG = " ".join(["cat"] * 600)
 NAN_PATHS = {
     "whole maps": ["--json", "the cat sat"],
-    "streamed": ["--json", "--max-tokens", "4000", "--memory-budget", "1MB", LONG],
-    "exported": ["--memory-budget", "1MB", "--max-tokens", "4000", "--export", "{out}", LONG],
+    "streamed": ["--json", "--limit", "tokens=4000", "--limit", "memory=1MB", LONG],
+    "exported": ["--limit", "memory=1MB", "--limit", "tokens=4000", "--export", "{out}", LONG],
 }
 
 

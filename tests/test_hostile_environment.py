@@ -183,7 +183,8 @@ def test_longest_legal_output_name(cli, tmp_path, suffix):
 LONG_OUTPUTS = {
     "split figure": (["split", "-E", "8", "-H", "2", "--out"], ".svg"),
     "circuits figure": (["circuits", "--random", "-E", "8", "-H", "2", "--out"], ".pdf"),
-    "heatmap page": (["heatmap", "--random", "-E", "8", "-H", "2", "a b", "--html"], ".html"),
+    "heatmap page": (["heatmap", "--random", "--spec", "E=8", "-H", "2", "a b", "--html"],
+                     ".html"),
     "generated maps": (["generate", "--max-new-tokens", "2", "a b", "--out"], ".png"),
 }
 

@@ -213,8 +213,8 @@ def test_streamed_runs_keep_display_maps_of_the_first_heads_only(cli, monkeypatc
         return result
 
     monkeypatch.setattr(streaming.MapReducer, "finish", spy)
-    result = cli("heatmap", "--random", "-E", "16", "-H", "8", "a b c a b", "--json")
+    result = cli("heatmap", "--random", "--spec", "E=16", "-H", "8", "a b c a b", "--json")
     assert_printed_clean(result)
     assert kept == [[0, 1]] and len(json.loads(result.stdout)["head_stats"]) == 8
-    assert_error(cli("heatmap", "--random", "-E", "16", "-H", "8", "a b c", "--head", "5"), 2,
-                 "only the maps of heads 0..1 are kept", "--export")
+    assert_error(cli("heatmap", "--random", "--spec", "E=16", "-H", "8", "a b c", "--head", "5"),
+                 2, "only the maps of heads 0..1 are kept", "--export")

@@ -231,7 +231,7 @@ def test_streamed_export_equals_the_in_memory_export(cli, tmp_path, case):
     """--export of a long input is written block by block while the maps stream, header first;
     the file loads with safetensors and equals the export of the full maps (padded queries and
     keys, the causal mask and the bias_k column included)."""
-    args = {"plain": ["--random", "-E", "16", "-H", "4"],
+    args = {"plain": ["--random", "--spec", "E=16", "-H", "4"],
             "bias_k causal": ["--weights", tmp_path / "bias_kv.safetensors", "-H", "2",
                               "--causal"],
             "gqa": ["--weights", SAMPLES / "llama-gqa-tiny", "--layer", "1"]}[case]
@@ -245,7 +245,7 @@ def test_streamed_export_equals_the_in_memory_export(cli, tmp_path, case):
     full_path, block_path = tmp_path / "full.safetensors", tmp_path / "blocks.safetensors"
     result = cli(*common, "--export", full_path)
     assert result.exit_code == 0, result.output
-    result = cli(*common, "--export", block_path, "--memory-budget", "1KB")
+    result = cli(*common, "--export", block_path, "--limit", "memory=1KB")
     assert result.exit_code != 0  # below the minimum budget
     batch = make_batch(TEXTS)
     monkeypatch_budget = pytest.MonkeyPatch()
@@ -297,21 +297,21 @@ def test_memory_budget_sizes(text, expected):
 
 @pytest.mark.parametrize("text", ["lots", "12XB", "-5MB", "1KB", "0"])
 def test_memory_budget_refuses_bad_sizes(cli, text):
-    result = cli("heatmap", "a b", "--random", "--memory-budget", text)
-    assert_clean_error(result, 2, "--memory-budget")
+    result = cli("heatmap", "a b", "--random", "--limit", f"memory={text}")
+    assert_clean_error(result, 2, "--limit memory")
 
 
 def test_memory_budget_decides_between_full_and_block_maps(cli):
     words = " ".join(f"w{i % 31}" for i in range(300))  # 8 heads: 2.9 MB of full maps
-    args = ["heatmap", "--random", words, "--json", "--max-tokens", "400"]
-    small = json.loads(cli(*args, "--memory-budget", "1MB").stdout)
-    large = json.loads(cli(*args, "--memory-budget", "64MB").stdout)
+    args = ["heatmap", "--random", words, "--json", "--limit", "tokens=400"]
+    small = json.loads(cli(*args, "--limit", "memory=1MB").stdout)
+    large = json.loads(cli(*args, "--limit", "memory=64MB").stdout)
     assert small["layers"][0]["method"].startswith("explicit per head, streamed")
     assert not large["layers"][0]["method"].startswith("explicit per head, streamed")
     for a, b in zip(large["head_stats"], small["head_stats"], strict=True):
         for key in STAT_KEYS:
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-7), key
-    assert "--memory-budget" in cli("heatmap", "--help").stdout
+    assert "memory (for attention maps" in " ".join(cli("heatmap", "--help").stdout.split())
 
 
 def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypatch):

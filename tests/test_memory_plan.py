@@ -262,7 +262,7 @@ def _long_llama(zoo_model, tmp_path):
 
     from zoo import load_tokenizer
 
-    from attnviz.sources import hf
+    from attnviz.sources.hf.load import load_model
 
     folder = tmp_path / "llama"
     folder.mkdir()
@@ -273,7 +273,7 @@ def _long_llama(zoo_model, tmp_path):
     config = json.loads((source / "config.json").read_text())
     config["max_position_embeddings"] = 4096
     (folder / "config.json").write_text(json.dumps(config))
-    return hf.load_model(str(folder), tokenizer=load_tokenizer(folder))
+    return load_model(str(folder), tokenizer=load_tokenizer(folder))
 
 
 @pytest.mark.hf
@@ -284,17 +284,18 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
     display views and statistics equal those of the whole maps (allow_stream=False, the run
     that keeps them). A 500-token input stays whole with no probe (the control of the
     decision); another layer's maps do not match (the control of the comparison)."""
-    from attnviz.sources import hf
+    from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run
+    from attnviz.sources.hf.run import run_plan
 
     loaded = _long_llama(zoo_model, tmp_path)
     sentences = [" ".join(["the", "cat", "sat"] * 200), "the cat sat on the mat"]
 
     def runs(layer: str):
-        plan = hf.plan_run(loaded, hf.RunInputs(sentences, max_tokens=4000), layer)
+        plan = plan_run(loaded, RunInputs(sentences, max_tokens=4000), layer)
         assert plan.shown is not None  # probed: the decision needs the layers' heads
         assert plan.prepared.batch.max_len > memory.WHOLE_KEYS
-        return (hf.run_plan(loaded, plan, hf.ModelRun(allow_stream=True)),
-                hf.run_plan(loaded, plan, hf.ModelRun()))
+        return (run_plan(loaded, plan, ModelRun(allow_stream=True)),
+                run_plan(loaded, plan, ModelRun()))
 
     streamed, whole = runs("0")
     assert any("long input" in note for note in streamed.notes)
@@ -306,10 +307,10 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
     other = runs("1")[0].layers[0]  # negative control: layer 1's views are not layer 0's maps
     assert _mismatch(whole, other.views, other.stats, streaming.DISPLAY_CELLS)[0] > 1e-3
 
-    short = hf.plan_run(loaded, hf.RunInputs([" ".join(["the", "cat"] * 249)], max_tokens=4000),
-                        "all")
+    short = plan_run(loaded, RunInputs([" ".join(["the", "cat"] * 249)], max_tokens=4000),
+                     "all")
     assert short.shown is None and short.prepared.batch.max_len <= memory.WHOLE_KEYS
-    kept = hf.run_plan(loaded, short, hf.ModelRun(allow_stream=True))
+    kept = run_plan(loaded, short, ModelRun(allow_stream=True))
     assert all(layer.weights is not None for layer in kept.layers)
     assert not any("long input" in note for note in kept.notes)
 
@@ -339,10 +340,10 @@ def test_model_overview_builds_no_views_unless_an_output_shows_maps(cli, zoo_mod
     folder = _long_llama(zoo_model, tmp_path).folder
     calls = count_calls(monkeypatch, streaming, "cell_sums")  # blocks reduced to cells
     words = " ".join(["the", "cat", "sat"] * 200)
-    plain = cli("heatmap", "--model", str(folder), words, "--max-tokens", "4000", "--json")
+    plain = cli("heatmap", "--model", str(folder), words, "--limit", "tokens=4000", "--json")
     assert plain.exit_code == 0, plain.output
     assert calls == []
-    figure = cli("heatmap", "--model", str(folder), words, "--max-tokens", "4000", "--json",
+    figure = cli("heatmap", "--model", str(folder), words, "--limit", "tokens=4000", "--json",
                  "--out", str(tmp_path / "maps.png"))
     assert figure.exit_code == 0, figure.output
     assert calls

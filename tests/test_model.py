@@ -26,9 +26,11 @@ from attnviz.compute.breakdown import query_breakdown  # noqa: E402
 from attnviz.core import memory  # noqa: E402
 from attnviz.errors import UsageError, with_options  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
-from attnviz.sources import hf  # noqa: E402
 from attnviz.sources.hf import capture as cap  # noqa: E402
 from attnviz.sources.hf import split_proof  # noqa: E402
+from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run  # noqa: E402
+from attnviz.sources.hf.load import PATHS, LoadedModel, load_model  # noqa: E402
+from attnviz.sources.hf.run import run_plan  # noqa: E402
 
 INTERFACE = [kind for kind in TEXT if kind not in FALLBACK]
 TARGETS = ["the big red barn", "a cat sat far away"]  # one per sentence; T ≠ S
@@ -41,7 +43,7 @@ pytestmark = [pytestmark, pytest.mark.usefixtures("one_thread")]
 @dataclass
 class Model:
     kind: str
-    loaded: hf.LoadedModel
+    loaded: LoadedModel
     reference: Any  # the same weights with transformers' eager attention
 
     @property
@@ -58,7 +60,7 @@ def model(zoo_model):
             folder = zoo_model(kind)
             # The zoo's own tokenizer: transformers 5 maps some model types (qwen2) to a class
             # that rebuilds the saved WordLevel tokenizer without its vocabulary.
-            loaded = hf.load_model(str(folder), tokenizer=load_tokenizer(folder))
+            loaded = load_model(str(folder), tokenizer=load_tokenizer(folder))
             reference = getattr(transformers, ZOO[kind].model_class).from_pretrained(
                 folder, attn_implementation="eager").eval()
             cache[kind] = Model(kind, loaded, reference)
@@ -94,8 +96,8 @@ def alone(m: Model, sentence: str, target: str | None = None) -> dict[str, Any]:
 def run(m: Model, sentences: list[str], layer: str | None = None,
         targets: list[str] | None = None, **kwargs: Any) -> Any:
     """As the app runs a model: the plan and the run read one ModelRun (kwargs: its fields)."""
-    plan = hf.plan_run(m.loaded, hf.RunInputs(sentences, targets), layer, hf.ModelRun(**kwargs))
-    return hf.run_plan(m.loaded, plan)
+    plan = plan_run(m.loaded, RunInputs(sentences, targets), layer, ModelRun(**kwargs))
+    return run_plan(m.loaded, plan)
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL) -> None:
@@ -124,7 +126,7 @@ def test_exported_maps_equal_eager_for_each_sentence_alone(model, kind, tmp_path
 
     m = model(kind)
     result = run(m, SENTENCES, targets=m.targets)
-    assert result.path == hf.PATHS[m.loaded.path]
+    assert result.path == PATHS[m.loaded.path]
     assert (m.loaded.path == cap.CapturePath.INTERFACE) == (kind not in FALLBACK)
     path = tmp_path / "maps.safetensors"
     app.export(result, path)
@@ -179,11 +181,11 @@ def test_probed_run_equals_a_run_that_numbers_its_own_layers(model, kind):
     calls; BLOOM: output_attentions)."""
     m = model(kind)
     for spec in (None, "1", "0:2"):
-        text = hf.RunInputs(SENTENCES, m.targets)
-        direct = hf.plan_run(m.loaded, text, spec)
-        probed = hf.plan_run(m.loaded, text, spec, hf.ModelRun(need_layers=True))
+        text = RunInputs(SENTENCES, m.targets)
+        direct = plan_run(m.loaded, text, spec)
+        probed = plan_run(m.loaded, text, spec, ModelRun(need_layers=True))
         assert direct.layers is None and probed.layers is not None
-        a, b = hf.run_plan(m.loaded, direct), hf.run_plan(m.loaded, probed)
+        a, b = run_plan(m.loaded, direct), run_plan(m.loaded, probed)
         assert [(c.index, c.label, c.kind, c.display_name, c.heads) for c in a.layers] == \
             [(c.index, c.label, c.kind, c.display_name, c.heads) for c in b.layers]
         for x, y in zip(a.layers, b.layers, strict=True):
@@ -234,7 +236,7 @@ def test_query_is_refused_on_output_attentions_models(model, kind):
 
 def _verify_param(kind: str) -> Any:
     """Every text architecture of the zoo: attnviz's recognizer describes each (recognize/
-    conventions.py), so the ablation proof has a description to prove."""
+    conventions.py), so the split proof has a description to prove."""
     return kind
 
 
@@ -253,7 +255,7 @@ def test_split_proof_passes(model, kind):
         assert not result.untestable  # the zoo's attention is sharp: every head shows
     from attnviz.compute.positions import SCHEMES  # families whose positions attnviz recomputes
 
-    record(kind, verify="ablation" + (" + recompute" if m.loaded.config.model_type in SCHEMES
+    record(kind, verify="split" + (" + recompute" if m.loaded.config.model_type in SCHEMES
                                       else ""))
 
 
@@ -302,7 +304,7 @@ def test_untestable_head_is_said(tmp_path):
         attention.query.bias[16:24] = 0
     model.save_pretrained(tmp_path)
     save_tokenizer(tmp_path, zoo_rows["bert"])
-    loaded = hf.load_model(str(tmp_path), tokenizer=load_tokenizer(tmp_path))
+    loaded = load_model(str(tmp_path), tokenizer=load_tokenizer(tmp_path))
     layer = find_layers(loaded.store).layers[0]
     assert layer.q_rows(2) == (16, 24)
     result = split_proof.prove_split(loaded, layer, SENTENCES)
@@ -488,10 +490,10 @@ def test_streamed_export_equals_the_in_memory_export(model, kind, monkeypatch, t
     from attnviz.app import export as exporting
 
     m = model(kind)
-    plan = hf.plan_run(m.loaded, hf.RunInputs(SENTENCES, m.targets), "all",
-                       hf.ModelRun(need_layers=True))
+    plan = plan_run(m.loaded, RunInputs(SENTENCES, m.targets), "all",
+                    ModelRun(need_layers=True))
     whole = tmp_path / "whole.safetensors"
-    exporting.export(hf.run_plan(m.loaded, plan), whole)
+    exporting.export(run_plan(m.loaded, plan), whole)
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
     monkeypatch.setattr(memory, "EAGER_BLOCK_BYTES", 3 * 2 * 4 * 16 * 4)  # 3 rows per block
     streamed = tmp_path / "streamed.safetensors"
@@ -512,21 +514,21 @@ def test_short_inputs_export_after_the_run(model, tmp_path):
     from attnviz.app import export as exporting
 
     m = model("gpt2")
-    plan = hf.plan_run(m.loaded, SENTENCES, "all", hf.ModelRun(need_layers=True))
+    plan = plan_run(m.loaded, SENTENCES, "all", ModelRun(need_layers=True))
     assert exporting.run_model_exporting(m.loaded, plan, tmp_path / "x.safetensors") is None
     assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_memory_budget_decides_streaming_and_block_size(model):
-    """--memory-budget applies to --model: under it the maps stream, in eager blocks of at most
+    """--limit memory applies to --model: under it the maps stream, in eager blocks of at most
     a quarter of it, and the streamed views equal the full maps'."""
 
     m = model("llama")
     full = run(m, SENTENCES, "all")
     assert all(layer.weights is not None for layer in full.layers)  # the default budget: whole
     budget = 4 * 2 * 4 * 16 * 4  # a quarter of it: 2 query rows per block
-    plan = hf.plan_run(m.loaded, SENTENCES, "all", hf.ModelRun(memory_budget=budget))
-    streamed = hf.run_plan(m.loaded, plan, hf.ModelRun(allow_stream=True, memory_budget=budget))
+    plan = plan_run(m.loaded, SENTENCES, "all", ModelRun(memory_budget=budget))
+    streamed = run_plan(m.loaded, plan, ModelRun(allow_stream=True, memory_budget=budget))
     assert memory.eager_block_bytes(budget) == budget // 4 < memory.EAGER_BLOCK_BYTES
     for a, b in zip(full.layers, streamed.layers, strict=True):
         assert_streamed_views(a, b, full.batch)

@@ -38,29 +38,34 @@ UNOBSERVABLE = {
     "device_map": "one CPU: accelerate places every layer on it",
     "memory_budget": "the maps are the same whatever the budget (tests/test_long.py)",
     "max_memory": "offloading changes where the weights wait, not the maps (test_model.py)",
+    "limit:memory": "the maps are the same whatever the budget (tests/test_long.py)",
 }
 
-# a value per option, differing from the default in effect; (command, source) may override
+# a value per option, differing from the default in effect; (command, source) may override.
+# An option holding several settings (--spec E=…,kdim=…) is walked once per setting, each named
+# `option:setting`.
 VALUES: dict[str, dict[str, list[str]]] = {
     "heatmap": {
         "file": ["--file", f"{OUT}/../extra.txt"], "layer": ["--layer", "1"],
-        "head": ["--head", "1"], "average": ["--average"], "out": ["--out", f"{OUT}/f.png"],
-        "query": ["--query", "cat"], "sentence": ["--sentence", "2"],
+        "head": ["--head", "1"], "head:mean": ["--head", "mean"],
+        "out": ["--out", f"{OUT}/f.png"], "query": ["--query", "cat"],
+        "query:sentence": ["--query", "cat@2"],
         "export": ["--export", f"{OUT}/x.safetensors"], "html": ["--html", f"{OUT}/p.html"],
         "stats": ["--no-stats"], "maps": ["--no-maps"], "quiet": ["--quiet"],
         "rank": ["--rank"], "overview": ["--overview", "entropy"],
         "probe": ["--probe", "induction"], "causal": ["--causal"],
-        "positions": ["--positions", "sinusoidal"], "device": ["--device", "cpu"],
+        "spec:positions": ["--spec", "positions=sinusoidal"], "device": ["--device", "cpu"],
         "dtype": ["--dtype", "bfloat16"], "device_map": ["--device-map", "auto"],
         "max_memory": ["--max-memory", "1GB"],
         "target": ["--target", "the cat", "--target", "a dog"],
-        "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
-        "num_kv_heads": ["--num-kv-heads", "2"], "head_dim": ["--head-dim", "2"],
-        "kdim": ["--kdim", "8"], "vdim": ["--vdim", "8"], "seed": ["--seed", "3"],
-        "max_tokens": ["--max-tokens", "3"], "max_sentences": ["--max-sentences", "1"],
-        "max_panels": ["--max-panels", "1"], "memory_budget": ["--memory-budget", "1MB"],
-        "size": ["--size", "3"], "dpi": ["--dpi", "50"], "scale": ["--scale", "log"],
-        "weighting": ["--weighting", "norm"],
+        "spec:E": ["--spec", "E=32"], "num_heads": ["-H", "2"],
+        "spec:kv": ["--spec", "kv=2"], "spec:d": ["--spec", "d=2"],
+        "spec:kdim": ["--spec", "kdim=8"], "spec:vdim": ["--spec", "vdim=8"],
+        "spec:seed": ["--spec", "seed=3"],
+        "limit:tokens": ["--limit", "tokens=3"], "limit:sentences": ["--limit", "sentences=1"],
+        "limit:panels": ["--limit", "panels=1"], "limit:memory": ["--limit", "memory=1MB"],
+        "figure:size": ["--figure", "size=3"], "figure:dpi": ["--figure", "dpi=50"],
+        "scale": ["--scale", "log"], "weighting": ["--weighting", "norm"],
     },
     "generate": {
         "file": ["--file", f"{OUT}/../extra.txt"], "probe": ["--probe", "induction"],
@@ -68,26 +73,29 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "max_new_tokens": ["--max-new-tokens", "3"], "sample": ["--sample"],
         "temperature": ["--temperature", "0.5"], "top_p": ["--top-p", "0.5"],
         "seed": ["--seed", "3"], "layer": ["--layer", "1"], "head": ["--head", "1"],
-        "average": ["--average"], "out": ["--out", f"{OUT}/f.png"],
+        "head:mean": ["--head", "mean"], "out": ["--out", f"{OUT}/f.png"],
         "export": ["--export", f"{OUT}/x.safetensors"], "html": ["--html", f"{OUT}/p.html"],
         "stats": ["--no-stats"], "maps": ["--no-maps"], "overview": ["--overview", "entropy"],
         "rank": ["--rank"], "quiet": ["--quiet"], "scale": ["--scale", "log"],
-        "size": ["--size", "3"], "dpi": ["--dpi", "50"], "max_tokens": ["--max-tokens", "3"],
-        "max_sentences": ["--max-sentences", "1"], "max_panels": ["--max-panels", "1"],
+        "figure:size": ["--figure", "size=3"], "figure:dpi": ["--figure", "dpi=50"],
+        "limit:tokens": ["--limit", "tokens=3"], "limit:sentences": ["--limit", "sentences=1"],
+        "limit:panels": ["--limit", "panels=1"], "limit:memory": ["--limit", "memory=1MB"],
     },
     "ablate": {
         "file": ["--file", f"{OUT}/../extra.txt"], "probe": ["--probe", "induction"],
-        "causal": ["--causal"], "positions": ["--positions", "sinusoidal"],
+        "causal": ["--causal"], "spec:positions": ["--spec", "positions=sinusoidal"],
         "device": ["--device", "cpu"], "dtype": ["--dtype", "bfloat16"],
         "device_map": ["--device-map", "auto"], "max_memory": ["--max-memory", "1GB"],
-        "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
-        "num_kv_heads": ["--num-kv-heads", "2"], "head_dim": ["--head-dim", "2"],
-        "kdim": ["--kdim", "8"], "vdim": ["--vdim", "8"], "seed": ["--seed", "3"],
+        "spec:E": ["--spec", "E=32"], "num_heads": ["-H", "2"],
+        "spec:kv": ["--spec", "kv=2"], "spec:d": ["--spec", "d=2"],
+        "spec:kdim": ["--spec", "kdim=8"], "spec:vdim": ["--spec", "vdim=8"],
+        "spec:seed": ["--spec", "seed=3"],
         "layer": ["--layer", "1"], "head": ["--head", "1"], "mode": ["--mode", "mean"],
         "out": ["--out", f"{OUT}/f.png"], "stats": ["--no-stats"], "maps": ["--no-maps"],
         "overview": ["--overview", "entropy"], "rank": ["--rank"], "quiet": ["--quiet"],
-        "size": ["--size", "3"], "dpi": ["--dpi", "50"], "max_tokens": ["--max-tokens", "3"],
-        "max_sentences": ["--max-sentences", "1"], "max_panels": ["--max-panels", "1"],
+        "figure:size": ["--figure", "size=3"], "figure:dpi": ["--figure", "dpi=50"],
+        "limit:tokens": ["--limit", "tokens=3"], "limit:sentences": ["--limit", "sentences=1"],
+        "limit:panels": ["--limit", "panels=1"], "limit:memory": ["--limit", "memory=1MB"],
     },
     "split": {
         "layer": ["--layer", "1"], "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
@@ -147,9 +155,14 @@ def commands() -> dict[str, Any]:
     return typer.main.get_command(app).commands  # type: ignore[attr-defined, no-any-return]
 
 
+def option_of(name: str) -> str:
+    """The option a VALUES entry sets (`spec` for `spec:kv`)."""
+    return name.partition(":")[0]
+
+
 def flags(command: str, name: str) -> list[str]:
     """Every spelling of an option a refusal may name it by (--stats and --no-stats)."""
-    param = next(p for p in commands()[command].params if p.name == name)
+    param = next(p for p in commands()[command].params if p.name == option_of(name))
     return [flag for flag in [*param.opts, *param.secondary_opts] if flag.startswith("--")]
 
 
@@ -237,9 +250,10 @@ def test_every_option_of_every_command_is_walked():
     for name, command in commands().items():
         options = {p.name for p in command.params} - AXES
         old = {p.name for p in command.params if p.name.startswith("old_")}
-        missing = options - old - set(VALUES[name]) - set(UNOBSERVABLE)
+        walked = {option_of(entry) for entry in VALUES[name]}
+        missing = options - old - walked - set(UNOBSERVABLE)
         assert not missing, f"{name}: give {sorted(missing)} a value in VALUES"
-        assert set(VALUES[name]) <= options, f"{name}: VALUES names options it lacks"
+        assert walked <= options, f"{name}: VALUES names options it lacks"
 
 
 @pytest.fixture(scope="module")
@@ -298,15 +312,15 @@ def test_no_option_is_dropped_on_a_model(model_walker: Walker, command: str, jso
 # --- negative controls: the walker catches a dropped option ---------------------------------
 
 def test_the_walker_catches_a_refusal_taken_away(walker: Walker, monkeypatch):
-    """With --sentence's rule gone from the table, --sentence without --query is dropped again
-    (the old behaviour), and the walk says so."""
+    """With --causal's rule gone from the table, --causal on the bundled model (causal already)
+    is dropped, and the walk says so."""
     from attnviz.core import option_rules
 
-    kept = tuple(rule for rule in option_rules.RULES if rule.options != "sentence")
+    kept = tuple(rule for rule in option_rules.RULES if rule.options != "causal")
     assert len(kept) == len(option_rules.RULES) - 1
     monkeypatch.setattr(option_rules, "RULES", kept)
     found = walker.walk("heatmap", "bundled", SOURCES["heatmap"]["bundled"], True)
-    assert found == {"sentence": "dropped"}
+    assert found == {"causal": "dropped"}
 
 
 @pytest.mark.parametrize("command", ["heatmap", "generate"])
@@ -329,26 +343,33 @@ def test_the_walker_catches_an_option_the_command_ignores(walker: Walker, monkey
 
 # --- the contradictions #36 names, each with the run that used to pass ----------------------
 
-def test_head_with_average_is_refused(cli):
+def test_head_is_one_head_or_their_mean(cli):
+    """One option says which head or their mean (--head and --average used to be two options
+    that excluded each other): anything else is refused; the control: N and mean both run, and
+    show different maps."""
     from helpers import assert_clean_error
 
-    assert_clean_error(cli("heatmap", *SENTENCES, "--head", "0", "--average"), 2,
-                       "--head and --average exclude each other")
-    for alone in (["--head", "0"], ["--average"]):  # control: each alone runs
-        assert cli("heatmap", *SENTENCES, *alone, "--no-stats").exit_code == 0
+    assert_clean_error(cli("heatmap", *SENTENCES, "--head", "all"), 2,
+                       "--head takes a head number or 'mean'")
+    shown = [cli("heatmap", *SENTENCES, "--head", head, "--no-stats") for head in ("0", "mean")]
+    assert [result.exit_code for result in shown] == [0, 0]
+    assert "mean of heads" in shown[1].stdout and "mean of heads" not in shown[0].stdout
 
 
-def test_sentence_needs_query(cli):
+def test_query_names_its_sentence(cli):
+    """--query TOKEN@S picks the sentence the breakdown is of (--sentence S without --query used
+    to be a contradiction to refuse); a sentence past the batch is refused."""
     import json
 
     from helpers import assert_clean_error
 
-    assert_clean_error(cli("heatmap", *SENTENCES, "--sentence", "2"), 2,
-                       "--sentence picks the sentence --query breaks down", "add --query")
-    # control: with --query, --sentence picks the sentence the breakdown is of
-    docs = [json.loads(cli("heatmap", *SENTENCES, "--query", "0", "--sentence", str(n),
-                           "--json").stdout)["query"] for n in (1, 2)]
+    docs = [json.loads(cli("heatmap", *SENTENCES, "--query", f"0@{n}", "--json").stdout)["query"]
+            for n in (1, 2)]
     assert docs[0] != docs[1]
+    assert docs[0] == json.loads(cli("heatmap", *SENTENCES, "--query", "0", "--json").stdout)[
+        "query"]  # no @S: the first sentence
+    assert_clean_error(cli("heatmap", *SENTENCES, "--query", "0@3"), 2,
+                       "sentence 3 is out of range", "choose 1..2")
 
 
 def test_query_with_norm_weighting_is_refused(cli):
@@ -364,7 +385,7 @@ def test_query_with_norm_weighting_is_refused(cli):
 
 @pytest.mark.parametrize("args, flag", [(["--maps"], "--maps"), (["--stats"], "--stats"),
                                         (["--no-stats"], "--stats"), (["--quiet"], "--quiet"),
-                                        (["--average"], "--average"),
+                                        (["--head", "mean"], "--head mean"),
                                         (["--scale", "log"], "--scale")])
 def test_json_refuses_what_it_cannot_show(cli, args, flag):
     from helpers import assert_clean_error
@@ -375,7 +396,7 @@ def test_json_refuses_what_it_cannot_show(cli, args, flag):
 def test_json_keeps_what_a_figure_shows(cli, tmp_path):
     """Control: --average and --scale apply to an --out figure beside --json."""
     out = tmp_path / "f.png"
-    for args in (["--average"], ["--scale", "log"]):
+    for args in (["--head", "mean"], ["--scale", "log"]):
         assert cli("heatmap", *SENTENCES, "--json", "--out", out, *args).exit_code == 0
     assert cli("heatmap", *SENTENCES, "--json", "--no-maps").exit_code == 0
 
@@ -425,3 +446,61 @@ def test_overview_ablation_names_the_scorecard_command(cli):
     shown = cli("ablate", *SENTENCES, "--overview", "ablation", "--json")
     assert shown.exit_code == 0, shown.output
     assert shown.stdout.count('"ablation"') >= 1
+
+
+# --- renamed options: one error line naming the new spelling --------------------------------
+
+RENAMED = [
+    ("heatmap", ["-E", "32"], "--spec E=32", ["--random", "--spec", "E=32"]),
+    ("heatmap", ["--kdim", "8"], "--spec kdim=8", ["--random", "--spec", "kdim=8"]),
+    ("heatmap", ["--vdim", "8"], "--spec vdim=8", ["--random", "--spec", "vdim=8"]),
+    ("heatmap", ["--seed", "3"], "--spec seed=3", ["--random", "--spec", "seed=3"]),
+    ("heatmap", ["--num-kv-heads", "2"], "--spec kv=2",
+     ["--weights", str(SAMPLES / "llama-gqa-tiny"), "--layer", "0", "--spec", "kv=2"]),
+    ("heatmap", ["--head-dim", "4"], "--spec d=4",
+     ["--weights", str(SAMPLES / "bert-tiny"), "--layer", "0", "--spec", "d=4"]),
+    ("heatmap", ["--positions", "sinusoidal"], "--spec positions=sinusoidal",
+     ["--random", "--spec", "positions=sinusoidal"]),
+    ("heatmap", ["--max-tokens", "30"], "--limit tokens=30", ["--limit", "tokens=30"]),
+    ("heatmap", ["--max-sentences", "5"], "--limit sentences=5", ["--limit", "sentences=5"]),
+    ("heatmap", ["--max-panels", "99"], "--limit panels=99",
+     ["--limit", "panels=99", "--out", "{out}"]),
+    ("heatmap", ["--memory-budget", "1GB"], "--limit memory=1GB",
+     ["--random", "--limit", "memory=1GB"]),
+    ("heatmap", ["--size", "3"], "--figure size=3", ["--figure", "size=3", "--out", "{out}"]),
+    ("heatmap", ["--dpi", "50"], "--figure dpi=50", ["--figure", "dpi=50", "--out", "{out}"]),
+    ("heatmap", ["--average"], "--head mean", ["--head", "mean"]),
+    ("heatmap", ["--sentence", "2"], "--query TOKEN@2", ["--query", "cat@1"]),
+    ("generate", ["--average"], "--head mean", ["--head", "mean"]),
+    ("generate", ["--max-tokens", "30"], "--limit tokens=30", ["--limit", "tokens=30"]),
+    ("generate", ["--dpi", "50"], "--figure dpi=50", ["--figure", "dpi=50", "--out", "{out}"]),
+    ("ablate", ["-E", "32"], "--spec E=32", ["--random", "--spec", "E=32"]),
+    ("ablate", ["--memory-budget", "1GB"], "--limit memory=1GB",
+     ["--random", "--limit", "memory=1GB"]),
+    ("ablate", ["--size", "3"], "--figure size=3", ["--figure", "size=3", "--out", "{out}"]),
+]
+
+
+@pytest.mark.parametrize("command, args, now, spelled", RENAMED,
+                         ids=[f"{c}{' '.join(a)}" for c, a, _, _ in RENAMED])
+def test_renamed_options_name_the_new_spelling(cli, tmp_path, command, args, now, spelled):
+    """Exactly one line on stderr, exit 2, nothing written; the control: the new spelling runs."""
+    out = tmp_path / "f.png"
+    result = cli(command, *SENTENCES[:1], "--out", out, *args)
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: ") and args[0] in line.split(" is now ")[0], line
+    assert line.endswith(f"— write {now}"), line
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+    given = [str(out) if arg == "{out}" else arg for arg in spelled]
+    ran = cli(command, *SENTENCES[:1], *given, "--no-stats")
+    assert ran.exit_code == 0, ran.output
+
+
+def test_renamed_options_are_hidden(cli):
+    shown = cli("heatmap", "--help", env={"COLUMNS": "200"}).stdout
+    for flag in ("--embed-dim", "--kdim", "--max-tokens", "--memory-budget", "--average",
+                 "--sentence ", "--dpi", "--head-dim", "--positions"):
+        assert flag not in shown, flag
+    for flag in ("--spec", "--limit", "--figure", "--head"):  # control: the new spellings are
+        assert flag in shown, flag

@@ -11,7 +11,8 @@ import pytest
 from helpers import ROOT, assert_clean_error
 from rich.console import Console
 
-from attnviz.compute.overview import build_overview, head_type, wanted
+from attnviz.cli.heatmap_options import overview_default
+from attnviz.compute.overview import build_overview, head_type
 from attnviz.compute.stats import HeadStats
 from attnviz.render.overview_terminal import overview_lines, print_overview
 
@@ -115,7 +116,8 @@ def test_the_grid_is_drawn_from_the_statistics():
     (("max", False, None, None, False, None), ("max", False)),
 ])
 def test_when_the_overview_shows(args, expected):
-    assert wanted(*args) == expected
+    """The terminal's default (attnviz.cli.heatmap_options, where the view is chosen)."""
+    assert overview_default(*args) == expected
 
 
 def test_unknown_overview_and_quiet(cli):

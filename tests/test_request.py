@@ -77,8 +77,8 @@ def captured(monkeypatch):
 def test_the_cli_and_the_api_build_the_same_request(cli, captured):
     import attnviz
 
-    cli("heatmap", "--random", "-H", "4", "--seed", "3", "--layer", "0", "--head", "1",
-        "--query", "b", "--max-tokens", "20", "a b c", "d e")
+    cli("heatmap", "--random", "-H", "4", "--spec", "seed=3", "--layer", "0", "--head", "1",
+        "--query", "b", "--limit", "tokens=20", "a b c", "d e")
     with pytest.raises(SystemExit):
         attnviz.run_heatmap(["a b c", "d e"], random=True, num_heads=4, seed=3, layer=0,
                             head=1, query="b", max_tokens=20)
@@ -92,7 +92,7 @@ def test_the_cli_and_the_api_build_the_same_request(cli, captured):
 
 
 def test_the_memory_budget_is_parsed_once_into_the_request(cli, captured):
-    cli("heatmap", "--random", "--memory-budget", "2MB", "a b")
+    cli("heatmap", "--random", "--limit", "memory=2MB", "a b")
     assert captured[0].limits.memory_budget == 2 * 2**20
 
 
@@ -128,11 +128,11 @@ def test_panels_the_config_does_not_count_are_counted_on_the_run(cli, monkeypatc
     monkeypatch.setattr(layers, "expected_shown", lambda *args: None)
     out = tmp_path / "maps.png"
     result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out,
-                 "--max-panels", "5")  # 1 sentence × 2 layers × 4 heads = 8
-    assert_clean_error(result, 2, "8 panels, more than --max-panels 5")
+                 "--limit", "panels=5")  # 1 sentence × 2 layers × 4 heads = 8
+    assert_clean_error(result, 2, "8 panels, more than --limit panels 5")
     assert not out.exists()
     assert cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out,
-               "--max-panels", "8").exit_code == 0  # control: within the limit it draws
+               "--limit", "panels=8").exit_code == 0  # control: within the limit it draws
 
 
 # --- one rule for options: the table is checked on the request, whoever built it ----------
@@ -164,3 +164,53 @@ def test_given_fields_are_the_options_set():
     request = HeatmapRequest.build(sentences=("a",), targets=("b",), hints=HeadHints(2),
                                    sentence=2, query="a")
     assert given_fields(request) == {"sentences", "target", "num_heads", "sentence", "query"}
+
+
+def test_layer_options_build_the_random_layer_and_the_hints_in_one_place():
+    """-H sizes a random layer and is a hint for a checkpoint's; the random layer's own sizes
+    without it are one usage error naming each (split's seed, which also draws its proof batch,
+    is not)."""
+    from attnviz.core.request import HeadHints, LayerOptions, RandomSpec
+    from attnviz.errors import UsageError
+
+    assert LayerOptions(num_heads=4, num_kv_heads=2).build(False, "x", "y") == (
+        None, HeadHints(4, 2, None))
+    assert LayerOptions(embed_dim=32, num_heads=4, num_kv_heads=2, seed=3).build(
+        True, "x", "y") == (RandomSpec(32, 4, seed=3), HeadHints(None, 2, None))
+    with pytest.raises(UsageError) as refused:
+        LayerOptions(kdim=8, seed=3).build(False, "a random layer only", "drop {them}")
+    assert str(refused.value) == "kdim, seed apply to a random layer only"
+    assert refused.value.fix == "drop them"
+    # control: split's seed is taken by a checkpoint, its sizes are not
+    assert LayerOptions(seed=3).build(False, "x", "y", seed_is_random=False)[0] is None
+    with pytest.raises(UsageError, match="embed_dim applies"):
+        LayerOptions(embed_dim=8, seed=3).build(False, "x", "drop {them}", seed_is_random=False)
+
+
+def test_api_circuits_refuses_a_seed_without_a_random_layer():
+    """It used to be ignored (the CLI's circuits refused it): the API now builds the layer as
+    the CLI does; the control: with random=True the seed changes the layer."""
+    import attnviz
+    from attnviz.errors import UsageError
+
+    with pytest.raises(UsageError, match="seed applies to a random layer only"):
+        attnviz.circuits(seed=3)
+    a = attnviz.circuits(random=True, seed=3, embed_dim=8, num_heads=2, composition=False)
+    b = attnviz.circuits(random=True, embed_dim=8, num_heads=2, composition=False)
+    assert a.to_json() != b.to_json()
+
+
+@pytest.mark.parametrize("source", [[], ["--random"],
+                                    ["--weights", "sample_weights/bert-tiny", "--layer", "0"]])
+def test_the_panel_limit_is_checked_once_per_run(cli, monkeypatch, tmp_path, source):
+    """Known from the headers before the run, the panel count is not counted again after it
+    (it was, twice or three times); the control: the one check still refuses a figure past
+    the limit."""
+    from attnviz.app import heatmap
+
+    calls = count_calls(monkeypatch, heatmap, "check_panels")
+    out = tmp_path / "f.png"
+    assert cli("heatmap", *source, "a b c", "--out", out, "--no-stats").exit_code == 0
+    assert len(calls) == 1
+    assert_clean_error(cli("heatmap", *source, "a b c", "--out", out, "--limit", "panels=1"), 2,
+                       "more than --limit panels 1")

@@ -26,7 +26,7 @@ def ablate_standalone(run: AttentionRun, mode: str, head: int | None,
     heads = []
     for captured in run.layers:
         if captured.layer is None:
-            raise UsageError(f"{option('ablate')} needs the layers' weights",
+            raise UsageError("the scorecard needs the layers' weights",
                              fix=f"drop {option('ablate')}")
         heads += [(captured.index, captured.display_label, captured.layer, h)
                   for h in range(captured.heads) if head is None or h == head]

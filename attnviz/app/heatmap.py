@@ -189,12 +189,14 @@ def _run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None
     check_applicable(request)
     source = SOURCES[request.source.kind]
     checked = source.check(request)
-    if checked.panels is not None:
+    if checked.panels is not None:  # known before the run: refused before any work
         check_panels(request, checked.sentences, *checked.panels)
     ran = source.run(request, checked, report)
-    layers = ran.run.layers  # the run's own count, where none was known before it
-    check_panels(request, checked.sentences, len(layers),
-                 max((layer.num_heads or 0 for layer in layers), default=0))
+    layers = ran.run.layers
+    # `heads`: the layer's own count (`num_heads` is only what a model's call reported)
+    counted = (len(layers), max((layer.heads for layer in layers), default=0))
+    if counted not in (checked.panels, ran.panels):  # known only now, or other than foreseen
+        check_panels(request, checked.sentences, *counted)
     report("computing head statistics")
     result = summarize(ran.run, request.selection, request.measure.weighting,
                        request.outputs.views)

@@ -41,6 +41,7 @@ class Ran:
 
     run: AttentionRun
     ablation: AblationReport | None = None
+    panels: tuple[int, int] | None = None  # (layers, heads) the source checked in its run
 
 
 class HeatmapSource(Protocol[State]):
@@ -70,7 +71,7 @@ def check_sentence(request: HeatmapRequest, count: int) -> None:
     """The sentence --query refers to exists."""
     number = request.selection.sentence
     if not 1 <= number <= count:
-        raise UsageError(f"{option('sentence')} {number} is out of range",
+        raise UsageError(f"sentence {number} is out of range",
                          fix=f"choose 1..{count}", option="sentence")
 
 
@@ -142,8 +143,9 @@ def available_memory() -> int | None:
 
 
 def check_panels(request: HeatmapRequest, sentences: int, layers: int, heads: int) -> None:
-    """Refuse a figure of more panels than the request's limit (a source calls this with the
-    counts it knows before the run; the use case again with the run's own)."""
+    """Refuse a figure of more panels than the request's limit: once per run, as soon as the
+    counts are known (from the headers or config.json before the run, else from the run's
+    own layers after it)."""
     limit = request.limits.max_panels
     if limit is None or request.outputs.figure is None:
         return

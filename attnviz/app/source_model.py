@@ -66,34 +66,38 @@ class HfModel:
     def run(self, request: HeatmapRequest, checked: Checked[ModelPlan],
             report: Callable[[str], None]) -> Ran:
         from attnviz.app.export import run_model_exporting
-        from attnviz.sources import hf
+        from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run
+        from attnviz.sources.hf.load import load_weights
+        from attnviz.sources.hf.run import run_plan
 
         state, source, limits = checked.state, request.source, request.limits
         values, ablate = request.measure.weighting == "norm", request.measure.ablate
         report(f"loading the model and running it on {_count(len(state.sentences))}")
-        loaded = hf.load_weights(state.opened, source.device, source.dtype, source.device_map,
-                                 source.max_memory)
+        loaded = load_weights(state.opened, source.device, source.dtype, source.device_map,
+                              source.max_memory)
         query = None if request.selection.query is None else (
             request.selection.sentence - 1, request.selection.query)
-        how = hf.ModelRun(not request.outputs.full_maps, query, limits.memory_budget, values,
-                          need_layers=ablate is not None, views=request.outputs.views)
-        text = hf.RunInputs(state.sentences, _targets(request), limits.max_tokens, state.encoded)
-        plan = hf.plan_run(loaded, text, request.selection.layer, how)
-        if plan.shown is not None:  # numbered already (a long input): checked before the run
-            check_panels(request, checked.sentences, len(plan.shown),
-                         max(shown.num_heads or 0 for shown in plan.shown))
+        how = ModelRun(not request.outputs.full_maps, query, limits.memory_budget, values,
+                       need_layers=ablate is not None, views=request.outputs.views)
+        text = RunInputs(state.sentences, _targets(request), limits.max_tokens, state.encoded)
+        plan = plan_run(loaded, text, request.selection.layer, how)
+        panels = None
+        if plan.shown is not None and checked.panels is None:
+            # numbered only now (a long input), config.json could not say: before the run
+            panels = (len(plan.shown), max(shown.num_heads or 0 for shown in plan.shown))
+            check_panels(request, checked.sentences, *panels)
         export = request.outputs.export
         if export is not None and not values:
             exported = run_model_exporting(loaded, plan, export)
             if exported is not None:
-                return Ran(exported)
-        attention_run = hf.run_plan(loaded, plan)
+                return Ran(exported, panels=panels)
+        attention_run = run_plan(loaded, plan)
         if ablate is None:
-            return Ran(attention_run)
+            return Ran(attention_run, panels=panels)
         from attnviz.app.ablate import ablate_hf
 
         return Ran(attention_run, ablate_hf(loaded, plan, attention_run, ablate,
-                                            request.selection.head, report))
+                                            request.selection.head, report), panels)
 
 
 def _targets(request: HeatmapRequest) -> list[str] | None:

@@ -57,7 +57,7 @@ class SplitResult:
             return _non_finite_model(self.source)
         if self.proof is not None and not self.proof.passed:
             worst = self.proof.failures[0]
-            return CheckFailed(f"the ablation proof failed for {len(self.proof.failures)} "
+            return CheckFailed(f"the split proof failed for {len(self.proof.failures)} "
                                f"of {len(self.proof.checks)} perturbations (first: W_"
                                f"{worst.projection} head {worst.head}: {worst.reason})",
                                fix="attnviz's head slicing of this layer is wrong: report this "
@@ -104,8 +104,8 @@ class SplitResult:
             doc["verify"] = {"passed": self.failure is None, "label": self.proof.label,
                              "layer": self.proof.layer_index,
                              "sentences": list(self.sentences),
-                             "proofs": ["ablation"] + (["recompute"] if self.verified else []),
-                             "ablation": self.proof.to_json()}
+                             "proofs": ["split"] + (["recompute"] if self.verified else []),
+                             "split": self.proof.to_json()}
             if self.verified is not None:
                 v = self.verified
                 doc["verify"]["recompute"] = {
@@ -171,17 +171,19 @@ def run_split(request: SplitRequest) -> SplitResult:
 
 def verify_model_layer(folder: str, layer: AttentionLayer) -> tuple[Any, Any, str | None]:
     """(recompute proof or None, split proof, why the recompute proof did not run)."""
-    from attnviz.sources import hf
+    from attnviz.sources.hf.layers import ModelRun, RunInputs, plan_run
+    from attnviz.sources.hf.load import load_model
     from attnviz.sources.hf.split_proof import prove_split
+    from attnviz.sources.hf.verify import call_of, recompute_supported, verify_layer
 
-    loaded = hf.load_model(folder)
+    loaded = load_model(folder)
     targets = VERIFY_TARGETS if loaded.encoder_decoder else None
     proof = prove_split(loaded, layer, VERIFY_SENTENCES, targets)
-    plan = hf.plan_run(loaded, hf.RunInputs(VERIFY_SENTENCES, targets), None,
-                       hf.ModelRun(need_layers=True))
-    call = hf.call_of(plan.layers, loaded.model, layer)
-    skipped = hf.recompute_supported(loaded, call)
+    plan = plan_run(loaded, RunInputs(VERIFY_SENTENCES, targets), None,
+                    ModelRun(need_layers=True))
+    call = call_of(plan.layers, loaded.model, layer)
+    skipped = recompute_supported(loaded, call)
     verified = None
     if skipped is None:
-        verified = hf.verify_layer(loaded, layer, VERIFY_SENTENCES, plan=plan)
+        verified = verify_layer(loaded, layer, VERIFY_SENTENCES, plan=plan)
     return verified, proof, skipped

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnviz.compute.results import AttentionRun, ValueWeighting
-from attnviz.compute.value_norms import NORM_LEGEND, norm_maps, normalized_rows
+from attnviz.compute.value_norms import norm_maps, normalized_rows
 from attnviz.errors import CheckpointError, UsageError, option
 
 NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what head h writes from "
@@ -41,7 +41,3 @@ def weigh_run(run: AttentionRun) -> None:
     run.weighting = "norm"
     run.notes.append(NOTE)
 
-
-def legend(weighting: str) -> str:
-    """The colour bar's label."""
-    return NORM_LEGEND if weighting == "norm" else "attention weight"

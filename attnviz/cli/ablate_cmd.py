@@ -11,42 +11,42 @@ from typing import Annotated
 
 import typer
 
+from attnviz.cli.compound import (
+    FIGURE_KEYS,
+    FIGURE_RENAMED,
+    LIMIT_KEYS,
+    LIMIT_RENAMED,
+    SPEC_KEYS,
+    SPEC_RENAMED,
+    Figure,
+    Limit,
+    Spec,
+    key_values,
+    old_spellings,
+)
 from attnviz.cli.heatmap_cmd import run_command
 from attnviz.cli.heatmap_options import (
     Causal,
     Device,
     DeviceMap,
-    Dpi,
     Dtype,
     File,
     Head,
     Layer,
     Maps,
     MaxMemory,
-    MaxPanels,
-    MaxSentences,
-    MaxTokens,
-    MemoryBudget,
     Overview,
-    Positions,
     Probe,
     Quiet,
-    Random,
+    RandomLayer,
     Sentences,
-    Size,
     Stats,
     Weights,
 )
 from attnviz.cli.options import (
-    EmbedDim,
-    HeadDim,
     Json,
-    KDim,
     Model,
     NumHeads,
-    NumKvHeads,
-    Seed,
-    VDim,
     choice_option,
     path_arg,
 )
@@ -66,19 +66,17 @@ Rank = Annotated[bool, typer.Option("--rank", help=(
     "of each."))]
 
 
+@old_spellings(*SPEC_RENAMED, *LIMIT_RENAMED, *FIGURE_RENAMED)
 def ablate(
     sentences: Sentences = None, file: File = None, probe: Probe = None,
-    weights: Weights = None, model: Model = None, random: Random = False, device: Device = "auto",
-    embed_dim: EmbedDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
-    num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None, head_dim: HeadDim = None,
-    causal: Causal = False, positions: Positions = choices.Positions.NONE,
-    dtype: Dtype = choices.Dtype.FLOAT32,
+    weights: Weights = None, model: Model = None, random: RandomLayer = False,
+    device: Device = "auto", num_heads: NumHeads = None, causal: Causal = False,
+    spec: Spec = None, dtype: Dtype = choices.Dtype.FLOAT32,
     device_map: DeviceMap = None, max_memory: MaxMemory = None,
     layer: Layer = None, head: Head = None, mode: Mode = AblationMode.ZERO,
     out: Out = None, as_json: Json = False, stats: Stats = None, maps: Maps = None,
-    overview: Overview = None, rank: Rank = False, quiet: Quiet = False, size: Size = None,
-    dpi: Dpi = 100, max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64,
-    max_panels: MaxPanels = 256, memory_budget: MemoryBudget = None,
+    overview: Overview = None, rank: Rank = False, quiet: Quiet = False, figure: Figure = None,
+    limit: Limit = None,
 ) -> None:
     """Remove each shown head in turn and rerun the model's own forward: what the head costs the
     final hidden states and, with an LM head, the loss or the output distribution (KL)."""
@@ -86,10 +84,10 @@ def ablate(
         raise UsageError("--quiet prints no tables, and without --out the scorecard is only "
                          "printed", fix="add --out FILE.png, or drop --quiet")
     run_command(sentences=sentences, file=file, probe=probe, weights=weights, model=model,
-                random=random, device=device, embed_dim=embed_dim, kdim=kdim, vdim=vdim,
-                seed=seed, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                causal=causal, positions=positions, dtype=dtype, device_map=device_map,
-                max_memory=max_memory, layer=layer, head=head, ablate=mode,
-                out=out, as_json=as_json, stats=stats, maps=maps, overview=overview, rank=rank,
-                quiet=quiet, size=size, dpi=dpi, max_tokens=max_tokens,
-                max_sentences=max_sentences, max_panels=max_panels, memory_budget=memory_budget)
+                random=random, device=device, num_heads=num_heads, causal=causal, dtype=dtype,
+                device_map=device_map, max_memory=max_memory, layer=layer, head=head,
+                ablate=mode, out=out, as_json=as_json, stats=stats, maps=maps,
+                overview=overview, rank=rank, quiet=quiet,
+                **key_values("--spec", spec, SPEC_KEYS),
+                **key_values("--figure", figure, FIGURE_KEYS),
+                **key_values("--limit", limit, LIMIT_KEYS))

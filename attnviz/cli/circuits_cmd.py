@@ -59,13 +59,13 @@ def circuits(
     writes), and how later heads compose with earlier ones (default: the bundled model)."""
     from attnviz.app.circuits import CircuitsRequest, run_circuits
     from attnviz.app.outputs import check_output_path
-    from attnviz.core.request import HeadHints
+    from attnviz.core.request import LayerOptions
     from attnviz.render.figure_io import FIGURE_SUFFIXES
 
     out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(
         weights, model, None, weights is None and model is None)) if out else None
-    spec = random_spec(random, embed_dim, num_heads, kdim, vdim, seed)
-    hints = HeadHints(None if spec else num_heads, num_kv_heads, head_dim)
+    spec, hints = random_spec(random, LayerOptions(embed_dim, num_heads, num_kv_heads, head_dim,
+                                                   kdim, vdim, seed=seed))
     result = run_circuits(CircuitsRequest(weights, model, layer, hints, spec, composition,
                                           device))
     if out_path is not None:

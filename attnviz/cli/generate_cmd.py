@@ -9,22 +9,28 @@ from typing import Annotated
 
 import typer
 
+from attnviz.cli.compound import (
+    AVERAGE_RENAMED,
+    FIGURE_KEYS,
+    FIGURE_RENAMED,
+    LIMIT_KEYS,
+    LIMIT_RENAMED,
+    Figure,
+    HeadOrMean,
+    Limit,
+    head_or_mean,
+    key_values,
+    old_spellings,
+)
 from attnviz.cli.heatmap_cmd import run_command
 from attnviz.cli.heatmap_options import (
-    Average,
     Device,
-    Dpi,
     Dtype,
     Export,
     File,
-    Head,
     Html,
     Layer,
     Maps,
-    MaxPanels,
-    MaxSentences,
-    MaxTokens,
-    MemoryBudget,
     Out,
     Overview,
     Probe,
@@ -32,7 +38,6 @@ from attnviz.cli.heatmap_options import (
     Rank,
     Scale,
     Sentences,
-    Size,
     Stats,
 )
 from attnviz.cli.options import Json, Model
@@ -43,7 +48,7 @@ DEFAULT_NEW_TOKENS = 8
 
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help=(
     "Write up to N tokens after each sentence (stops earlier at end-of-sequence); the maps show "
-    "a row per generated token. --max-tokens counts prompt + generated tokens."))]
+    "a row per generated token. --limit tokens= counts prompt + generated tokens."))]
 Sample = Annotated[bool, typer.Option("--sample", help=(
     "Sample the next token instead of taking the most likely (greedy, the default)."))]
 Temperature = Annotated[float | None, typer.Option("--temperature", help=(
@@ -55,17 +60,17 @@ SampleSeed = Annotated[int | None, typer.Option("--seed", min=0, max=MAX_SEED, h
     "With --sample: the seed of the draw, for a reproducible sample (default 0)."))]
 
 
+@old_spellings(*LIMIT_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED)
 def generate(
     sentences: Sentences = None, file: File = None, probe: Probe = None, model: Model = None,
     device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
     max_new_tokens: MaxNewTokens = DEFAULT_NEW_TOKENS, sample: Sample = False,
     temperature: Temperature = None, top_p: TopP = None, seed: SampleSeed = None,
-    layer: Layer = None, head: Head = None, average: Average = False,
+    layer: Layer = None, head: HeadOrMean = None,
     out: Out = None, export: Export = None, html: Html = None, as_json: Json = False,
     stats: Stats = None, maps: Maps = None, overview: Overview = None, rank: Rank = False,
-    quiet: Quiet = False, scale: Scale = choices.ColorScale.MAX, size: Size = None, dpi: Dpi = 100,
-    max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
-    memory_budget: MemoryBudget = None,
+    quiet: Quiet = False, scale: Scale = choices.ColorScale.MAX, figure: Figure = None,
+    limit: Limit = None,
 ) -> None:
     """Let the bundled model, or a --model with a language-model head, write after each sentence
     and show attention over prompt + generated tokens: what each new token attends to."""
@@ -77,8 +82,8 @@ def generate(
                          fix="choose another --overview, or run 'attnviz ablate'")
     run_command(sentences=sentences, file=file, probe=probe, model=model, device=device,
                 dtype=dtype, generate=max_new_tokens, sample=sample, temperature=temperature,
-                top_p=top_p, seed=seed, layer=layer, head=head, average=average, out=out,
-                export=export, html=html, as_json=as_json, stats=stats, maps=maps,
-                overview=overview, rank=rank, quiet=quiet, scale=scale, size=size, dpi=dpi,
-                max_tokens=max_tokens, max_sentences=max_sentences, max_panels=max_panels,
-                memory_budget=memory_budget)
+                top_p=top_p, seed=seed, layer=layer, out=out, export=export, html=html,
+                as_json=as_json, stats=stats, maps=maps, overview=overview, rank=rank,
+                quiet=quiet, scale=scale, **head_or_mean(head),
+                **key_values("--figure", figure, FIGURE_KEYS),
+                **key_values("--limit", limit, LIMIT_KEYS))

@@ -9,25 +9,37 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from attnviz.cli.compound import (
+    AVERAGE_RENAMED,
+    FIGURE_KEYS,
+    FIGURE_RENAMED,
+    LIMIT_KEYS,
+    LIMIT_RENAMED,
+    SENTENCE_RENAMED,
+    SPEC_KEYS,
+    SPEC_RENAMED,
+    Figure,
+    HeadOrMean,
+    Limit,
+    QueryAt,
+    Spec,
+    head_or_mean,
+    key_values,
+    old_spellings,
+    query_at,
+)
 from attnviz.cli.figure_worker import FigureJob, FigureWorker
 from attnviz.cli.heatmap_options import (
-    Average,
     Causal,
     Device,
     DeviceMap,
-    Dpi,
     Dtype,
     Export,
     File,
-    Head,
     Html,
     Layer,
     Maps,
     MaxMemory,
-    MaxPanels,
-    MaxSentences,
-    MaxTokens,
-    MemoryBudget,
     OldAblate,
     OldAblateMean,
     OldGenerate,
@@ -37,17 +49,13 @@ from attnviz.cli.heatmap_options import (
     Out,
     OutputFiles,
     Overview,
-    Positions,
     Probe,
-    Query,
     Quiet,
-    Random,
+    RandomLayer,
     Rank,
     Scale,
-    Sentence,
     Sentences,
     Shown,
-    Size,
     Stats,
     Target,
     Weighting,
@@ -60,19 +68,13 @@ from attnviz.cli.heatmap_options import (
     random_spec,
 )
 from attnviz.cli.options import (
-    EmbedDim,
-    HeadDim,
     Json,
-    KDim,
     Model,
     NumHeads,
-    NumKvHeads,
-    Seed,
-    VDim,
     console,
+    flag_of,
     plain,
     strict_json,
-    with_flags,
 )
 from attnviz.cli.paths import inputs_read, preload_matplotlib
 from attnviz.cli.progress import progress
@@ -81,27 +83,22 @@ from attnviz.core import choices
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rich.console import Console
-
     from attnviz.app.heatmap import HeatmapResult
-    from attnviz.compute.results import AttentionRun
 
 
+@old_spellings(*SPEC_RENAMED, *LIMIT_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED,
+               SENTENCE_RENAMED)
 def heatmap(
-    sentences: Sentences = None, file: File = None, weights: Weights = None, layer: Layer = None,
-    head: Head = None, average: Average = False, out: Out = None, query: Query = None,
-    sentence: Sentence = 1, export: Export = None, html: Html = None, stats: Stats = None,
-    maps: Maps = None, quiet: Quiet = False, as_json: Json = False, rank: Rank = False,
-    overview: Overview = None, probe: Probe = None, causal: Causal = False,
-    positions: Positions = choices.Positions.NONE, device: Device = "auto", model: Model = None,
-    dtype: Dtype = choices.Dtype.FLOAT32, device_map: DeviceMap = None,
-    max_memory: MaxMemory = None,
-    target: Target = None, random: Random = False,
-    embed_dim: EmbedDim = None, num_heads: NumHeads = None, num_kv_heads: NumKvHeads = None,
-    head_dim: HeadDim = None, kdim: KDim = None, vdim: VDim = None, seed: Seed = None,
-    max_tokens: MaxTokens = 256, max_sentences: MaxSentences = 64, max_panels: MaxPanels = 256,
-    memory_budget: MemoryBudget = None, size: Size = None, dpi: Dpi = 100,
-    scale: Scale = choices.ColorScale.MAX, weighting: Weighting = choices.Weighting.ATTENTION,
+    sentences: Sentences = None, file: File = None, probe: Probe = None, target: Target = None,
+    weights: Weights = None, model: Model = None, random: RandomLayer = False,
+    device: Device = "auto", num_heads: NumHeads = None, causal: Causal = False,
+    spec: Spec = None, dtype: Dtype = choices.Dtype.FLOAT32, device_map: DeviceMap = None,
+    max_memory: MaxMemory = None, layer: Layer = None, head: HeadOrMean = None,
+    query: QueryAt = None, weighting: Weighting = choices.Weighting.ATTENTION,
+    out: Out = None, export: Export = None, html: Html = None, as_json: Json = False,
+    stats: Stats = None, maps: Maps = None, overview: Overview = None, rank: Rank = False,
+    quiet: Quiet = False, scale: Scale = choices.ColorScale.MAX, figure: Figure = None,
+    limit: Limit = None,
     old_generate: OldGenerate = None, old_sample: OldSample = False,
     old_temperature: OldTemperature = None, old_top_p: OldTopP = None,
     old_ablate: OldAblate = False, old_ablate_mean: OldAblateMean = False,
@@ -114,8 +111,14 @@ def heatmap(
         raise UsageError("--overview ablation shows the causal head scorecard, which moved to "
                          "its own command", fix="use 'attnviz ablate … --overview ablation' "
                          "(see 'attnviz ablate --help')")
-    run_command(**{name: value for name, value in locals().items()
-                   if not name.startswith("old_")})
+    run_command(
+        sentences=sentences, file=file, probe=probe, target=target, weights=weights,
+        model=model, random=random, device=device, num_heads=num_heads, causal=causal,
+        dtype=dtype, device_map=device_map, max_memory=max_memory, layer=layer,
+        weighting=weighting, out=out, export=export, html=html, as_json=as_json, stats=stats,
+        maps=maps, overview=overview, rank=rank, quiet=quiet, scale=scale,
+        **key_values("--spec", spec, SPEC_KEYS), **head_or_mean(head), **query_at(query),
+        **key_values("--figure", figure, FIGURE_KEYS), **key_values("--limit", limit, LIMIT_KEYS))
 
 
 def run_command(
@@ -143,9 +146,9 @@ def run_command(
     `ablate`: the scorecard's mode (attnviz ablate). Every choice arrives as its Enum member,
     parsed by Typer (attnviz.core.choices)."""
     from attnviz.core.request import (
-        HeadHints,
         HeatmapRequest,
         Inputs,
+        LayerOptions,
         Limits,
         Measure,
         Outputs,
@@ -179,13 +182,13 @@ def run_command(
     texts = tuple(sentences or ())
     if probe is not None:
         texts = tuple(probe_sentences(probe, bool(texts) or file is not None))
+    layer_spec, hints = random_spec(random, LayerOptions(
+        embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim,
+        seed=None if generate else seed))
     request = HeatmapRequest(  # built once; the use case and the source read it as it is
         Inputs(texts, file, tuple(target) if target else None),
-        SourceSpec(weights, model,
-                   random_spec(random, embed_dim, num_heads, kdim, vdim,
-                               None if generate else seed),
-                   HeadHints(None if random else num_heads, num_kv_heads, head_dim),
-                   causal, positions, device, dtype, device_map, parse_max_memory(max_memory)),
+        SourceSpec(weights, model, layer_spec, hints, causal, positions, device, dtype,
+                   device_map, parse_max_memory(max_memory)),
         Selection(layer, head, average, query, sentence),
         Measure(weighting, ablate, writes),
         Outputs(files.figure, files.html, files.export,
@@ -210,7 +213,9 @@ def show(result: HeatmapResult, shown: Shown, files: OutputFiles, as_json: bool,
             ranked=rank, overview=(shown.overview or "label") if overview_in_json else None)))
         return
     if not quiet:
-        print_heatmap(result, shown)
+        from attnviz.render.heatmap_terminal import print_heatmap
+
+        print_heatmap(console(), result, shown, flag_of)
     if rank:
         from attnviz.render.ranking_terminal import print_ranking
 
@@ -240,17 +245,16 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
         report(f"writing {files.export.name}")
         result.export(files.export)
     if files.figure is not None:
-        from attnviz.app.weighting import legend
         from attnviz.cli.paths import write_figure
+        from attnviz.render.heatmap_output import legend
 
         report(f"drawing the figure {files.figure.name}")
         job = FigureJob(result.views, result.title(), scale, size, dpi,
                         legend(result.run.weighting), files.figure)
         if worker is None or result.generation is not None or not worker.draw(job):
-            from attnviz.render.generate_figure import run_figure
+            from attnviz.render.heatmap_output import run_figure_of
 
-            write_figure(run_figure(job.views, job.title, look, job.legend,
-                                    (result.run, result.generation)), files.figure)
+            write_figure(run_figure_of(result, scale, size, dpi), files.figure)
         if result.ablation is not None:
             from attnviz.render.ablation_figure import ablation_figure
 
@@ -259,14 +263,11 @@ def write_files(result: HeatmapResult, files: OutputFiles, report: Callable[[str
                          files.ablation_figure)
     if files.html is not None:
         from attnviz.cli.paths import write_page
+        from attnviz.render.heatmap_output import page_document
         from attnviz.render.html import render_html
-        from attnviz.render.html_document import document_from_run
 
         report(f"writing the page {files.html.name}")
-        document = document_from_run(result.run, result.head_stats, result.breakdown,
-                                     generation=result.generation)
-        document["notes"] = [with_flags(note) for note in document["notes"]]
-        write_page(render_html(document), files.html)
+        write_page(render_html(page_document(result, flag_of)), files.html)
 
 
 def print_warnings(warnings: list[str]) -> None:
@@ -278,95 +279,3 @@ def print_warnings(warnings: list[str]) -> None:
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in warnings:
         errors.print(plain(f"warning: {line}"))
-
-
-def print_heatmap(result: HeatmapResult, shown: Shown) -> None:
-    """Header lines, the overview, terminal maps, the statistics table and the --query
-    breakdown."""
-    from attnviz.compute.views import downsample
-    from attnviz.render.maps_terminal import print_maps, print_stats
-    from attnviz.render.query_terminal import print_query
-
-    run = result.run
-    out = console()
-    print_header(out, run, compact=shown.overview is not None and not shown.maps)
-    if result.generation is not None:
-        from attnviz.render.generate_terminal import print_generation
-
-        print_generation(out, result.generation, result.focus)
-    if shown.overview is not None:
-        from attnviz.render.overview_terminal import print_overview
-
-        print_overview(out, result.overview(shown.overview))
-        out.print()
-    if shown.maps:
-        fitted = [downsample(v, 48, max(8, out.width - 10)) for v in result.views]
-        print_maps(out, fitted, run.batch.sentences, shown.scale,
-                          None if run.target is None else run.target.sentences)
-    elif shown.maps_written:
-        out.print(plain("maps: in the files written below (--maps prints them here too)"),
-                  style="dim")
-    if result.ablation is not None:
-        from attnviz.render.ablation_terminal import print_scorecard
-
-        out.print()
-        print_scorecard(out, result.ablation, result.head_stats)
-    if shown.stats:
-        out.print()
-        print_stats(out, result.head_stats)
-    if result.breakdown is not None:
-        out.print()
-        print_query(out, result.breakdown, run.batch.tokens[shown.sentence_index])
-
-
-MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
-
-
-def print_header(out: Console, run: AttentionRun, compact: bool) -> None:
-    """Source, inputs, path, layers and notes; `compact` (an overview without maps): one line
-    per kind of layer, and each sentence's tokens, which no map shows then."""
-    from attnviz.errors import elide_at_boundaries
-
-    # one line: a long path loses whole middle components (--json and --export have it exact)
-    device = f"   device {run.device}"
-    out.print(plain(f"source  {elide_at_boundaries(run.source, out.width - 8 - len(device))}"
-                    f"{device}"))
-    out.print(plain(f"inputs  {run.inputs_described}"))
-    if run.path is not None:
-        out.print(plain(f"path    {run.path}"))
-    kinds: dict[tuple[int, str, bool], list[str]] = {}
-    for captured in run.layers:
-        causal = run.causal if captured.causal is None else captured.causal
-        described = (captured.heads, captured.method, causal)
-        if compact:
-            kinds.setdefault(described, []).append(captured.display_label)
-            continue
-        out.print(plain(f"layer {captured.display_label} ({captured.display_name or 'top level'}, "
-                        f"{captured.heads} heads): {captured.method}"
-                        + ("; causal" if causal else "")))
-    for (heads, method, causal), labels in kinds.items():
-        out.print(plain(f"layer{'s' if len(labels) > 1 else ''} {_span(labels)} ({heads} "
-                        f"heads): {method}" + ("; causal" if causal else "")))
-    for note in run.notes:
-        out.print(plain(f"note: {with_flags(note)}"))
-    if compact:
-        _print_tokens(out, "sentence", run.batch.tokens)
-        if run.target is not None:
-            _print_tokens(out, "target", run.target.tokens)
-    out.print()
-
-
-def _span(labels: list[str]) -> str:
-    """'0-23' for consecutive layer numbers, else the labels listed."""
-    if len(labels) > 2 and all(label.isdigit() for label in labels) and \
-            [int(label) for label in labels] == list(range(int(labels[0]), int(labels[-1]) + 1)):
-        return f"{labels[0]}-{labels[-1]}"
-    return ", ".join(labels)
-
-
-def _print_tokens(out: Console, what: str, tokens: list[list[str]]) -> None:
-    for b, sentence in enumerate(tokens, 1):
-        listed = " ".join(sentence[:MAX_LISTED_TOKENS]) + (
-            f" … {len(sentence) - MAX_LISTED_TOKENS} more" if len(sentence) > MAX_LISTED_TOKENS
-            else "")
-        out.print(plain(f"{what} {b} ({len(sentence)} tokens): {listed}"), overflow="fold")

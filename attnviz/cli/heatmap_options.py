@@ -11,14 +11,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from attnviz.cli.options import choice_option, path_arg, positive, refuse_random_options
+from attnviz.cli.options import (
+    choice_option,
+    path_arg,
+    positive,
+)
 from attnviz.core import choices
 from attnviz.core.choices import ColorScale, OverviewShows
-from attnviz.errors import UsageError
+from attnviz.errors import UsageError, option
+from attnviz.render.heatmap_terminal import TerminalView
 
 if TYPE_CHECKING:
     from attnviz.app.outputs import ReadSet
-    from attnviz.core.request import RandomSpec
+    from attnviz.core.request import HeadHints, LayerOptions, RandomSpec
 
 # what to run on
 Sentences = Annotated[list[str] | None, typer.Argument(help=(
@@ -59,6 +64,8 @@ Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "sentence)."))]
 Random = Annotated[bool, typer.Option("--random", help=(
     "Use a random nn.MultiheadAttention (with -E, -H, --kdim, --vdim, --seed)."))]
+RandomLayer = Annotated[bool, typer.Option("--random", help=(
+    "Use a random nn.MultiheadAttention (its size: -H and --spec)."))]
 
 # what to show
 Head = Annotated[int | None, typer.Option("--head", help="Show only this head.")]
@@ -79,7 +86,7 @@ Overview = Annotated[OverviewShows | None, choice_option(
     "spec, self, dup, ind, next, punct, broad, other) or a statistic (entropy, max, "
     "distance, first, previous, last, special, self, duplicate, induction, next, "
     "punctuation, or ablation in 'attnviz ablate'); off: none. Default: label for "
-    "--model without --layer, --head, --average or --maps (maps only when asked for)."))]
+    "--model without --layer, --head or --maps (maps only when asked for)."))]
 Quiet = Annotated[bool, typer.Option("--quiet", help=(
     "Print only the 'wrote …' lines (and errors): no header, maps or tables."))]
 Rank = Annotated[bool, typer.Option("--rank", help=(
@@ -124,28 +131,35 @@ MemoryBudget = Annotated[str | None, typer.Option("--memory-budget", help=(
 
 
 @dataclass(frozen=True)
-class Shown:
-    """What the terminal shows of a run."""
-
-    maps: bool
-    stats: bool
-    overview: OverviewShows | None  # what the layers × heads overview shows; None: none
-    maps_written: bool  # maps went to files only: say where they are
-    sentence_index: int = 0  # the sentence --query refers to
-    scale: ColorScale = ColorScale.MAX
+class Shown(TerminalView):
+    """What the terminal shows of a run (drawn by attnviz.render.heatmap_terminal), chosen from
+    the options and the terminal's defaults."""
 
     @classmethod
     def choose(cls, overview: OverviewShows | None, maps: bool | None, stats: bool | None,
                writes: bool, model: bool, layer: str | None, head: int | None, average: bool,
                sentence: int, scale: ColorScale) -> Shown:
         """The defaults: maps unless a file holds them; for a --model run that asks for no
-        maps in particular, the overview in place of maps and table (see compute.overview)."""
-        from attnviz.compute.overview import wanted
-
-        shows, compact = wanted(overview, model, layer, head, average, maps)
+        maps in particular, the overview in place of maps and table (`overview_default`)."""
+        shows, compact = overview_default(overview, model, layer, head, average, maps)
         show_maps = maps if maps is not None else not (writes or compact)
         return cls(show_maps, stats if stats is not None else not compact, shows,
                    writes and maps is None and not compact, sentence - 1, scale)
+
+
+def overview_default(shows: OverviewShows | None, model: bool, layer: str | None,
+                     head: int | None, average: bool, maps: bool | None
+                     ) -> tuple[OverviewShows | None, bool]:
+    """(what the terminal overview shows, or None for none; whether it stands in for the maps
+    and the statistics table). A --model run that asks for no particular maps (no --layer,
+    --head or --maps), whose full maps would run to hundreds of lines, gets the overview in
+    their place (the head types unless --overview names a statistic; off: the maps as before);
+    any other run gets it beside them when --overview asks. A default of the terminal's, so it
+    is decided here, not where the overview is computed (attnviz.compute.overview)."""
+    if shows == OverviewShows.OFF:
+        return None, False
+    compact = model and layer is None and head is None and not average and maps is not True
+    return (shows or OverviewShows.LABEL if compact else shows), compact
 
 
 @dataclass(frozen=True)
@@ -208,18 +222,10 @@ def check_quiet(quiet: bool, loud_flags: dict[str, bool | None], written: bool) 
                          fix="add --out, --html or --export, or drop --quiet")
 
 
-def random_spec(random: bool, embed_dim: int | None, num_heads: int | None, kdim: int | None,
-                vdim: int | None, seed: int | None) -> RandomSpec | None:
-    """--random's layer; its options given without it are usage errors."""
-    from attnviz.core.request import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
-
-    if not random:
-        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim,
-                               "--seed": seed}, "--random only", "add --random")
-        return None
-    return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
-                      DEFAULT_NUM_HEADS if num_heads is None else num_heads, kdim, vdim, True,
-                      seed=seed or 0)
+def random_spec(random: bool, sizes: LayerOptions) -> tuple[RandomSpec | None, HeadHints]:
+    """--random's layer and the head hints (attnviz.core.request.LayerOptions.build); the random
+    layer's options given without --random are usage errors."""
+    return sizes.build(random, f"{option('random')} only", f"add {option('random')}")
 
 
 # what each flag check_display reads is when not given (the command's defaults; `maps`: --maps
@@ -241,12 +247,14 @@ def check_display(shown: Shown, values: dict[str, object], as_json: bool, out: b
 
 
 def check_figure_options(out: Path | None, size: float | None, dpi: int) -> None:
-    """--size and --dpi in range (given without --out, they are refused by check_display)."""
+    """The figure's size and dpi in range (given without --out, they are refused by
+    check_display)."""
     if size is not None and not 0.5 <= size <= 20:
-        raise UsageError(f"--size {size:g} is out of range", fix="choose 0.5 to 20 (inches)",
-                         option="size")
+        raise UsageError(f"{option('size')} {size:g} is out of range",
+                         fix="choose 0.5 to 20 (inches)", option="size")
     if not 20 <= dpi <= 1200:
-        raise UsageError(f"--dpi {dpi} is out of range", fix="choose 20 to 1200", option="dpi")
+        raise UsageError(f"{option('dpi')} {dpi} is out of range", fix="choose 20 to 1200",
+                         option="dpi")
 
 
 def probe_sentences(probe: choices.Probe, given: bool) -> list[str]:

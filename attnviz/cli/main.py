@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 from attnviz import __version__
 from attnviz.cli.ablate_cmd import ablate
 from attnviz.cli.circuits_cmd import circuits
+from attnviz.cli.compound import command_of, spell_as
 from attnviz.cli.examples import epilog, summary
 from attnviz.cli.generate_cmd import generate
 from attnviz.cli.heatmap_cmd import heatmap
@@ -38,7 +39,17 @@ _CLI_ERROR: type[Exception] = next(
 class AttnvizGroup(TyperGroup):
     """Every failure becomes one `error: …` line on stderr and an exit code; --debug re-raises."""
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        argv = kwargs.get("args")
+        argv = sys.argv[1:] if argv is None else argv
+        # how the command's messages name options (cli/compound.py), for this run only
+        spelled = spell_as(command_of(list(argv)))
+        try:
+            return self._run(*args, **kwargs)
+        finally:
+            spell_as(None, spelled)
+
+    def _run(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         from attnviz.render.safe import check_terminal_size, prepare_streams, stdout_closed
 
         argv = kwargs.get("args")
@@ -109,7 +120,8 @@ def _fail_known(exc: Exception) -> None:
 
     if _out_of_memory(exc):
         _fail("out of memory: an allocation failed", ExitCode.DATA,
-              "lower --memory-budget (attention maps are then computed in smaller blocks), or "
+              f"lower {flag_of('memory_budget')} (attention maps are then computed in smaller "
+              "blocks), or "
               "pass fewer or shorter sentences, fewer layers (--layer) or heads (--head)")
     problem = stdout_problem(exc)
     if problem is not None:

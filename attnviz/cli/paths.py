@@ -23,9 +23,9 @@ def inputs_read(weights: Path | None, model: str | None, file: Path | None,
     if model is not None:
         folder = Path(model).expanduser()
         if not folder.is_dir():  # a hub id: its snapshot folder in the local cache
-            from attnviz.sources import hf
+            from attnviz.sources.hf.load import resolve_folder
 
-            folder = hf.resolve_folder(model)
+            folder = resolve_folder(model)
         folders.append(folder)
     if bundled:
         from attnviz.data import BUNDLED

@@ -19,7 +19,6 @@ from attnviz.cli.options import (
     VDim,
     console,
     plain,
-    refuse_random_options,
     strict_json,
 )
 from attnviz.cli.paths import inputs_read
@@ -35,7 +34,6 @@ from attnviz.errors import UsageError
 
 if TYPE_CHECKING:
     from attnviz.app.split import SplitResult
-    from attnviz.core.request import RandomSpec
 
 
 def split(
@@ -59,7 +57,7 @@ def split(
     against torch's own forward."""
     from attnviz.app.outputs import check_output_path
     from attnviz.app.split import SplitRequest, run_split
-    from attnviz.core.request import HeadHints
+    from attnviz.core.request import LayerOptions
     from attnviz.render.figure_io import FIGURE_SUFFIXES
 
     if out is not None and png is not None:
@@ -67,10 +65,14 @@ def split(
     figure = out if out is not None else png
     png_path = check_output_path(figure, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
                                  "out" if out is not None else "png") if figure else None
-    random = _random_spec(weights is not None or model is not None, embed_dim, num_heads, kdim,
-                          vdim, bias, seed)
-    result = run_split(SplitRequest(weights, model, layer, HeadHints(
-        None if random else num_heads, num_kv_heads, head_dim), random, seed or 0, verify))
+    checkpoint = weights is not None or model is not None
+    if checkpoint and not bias:
+        raise UsageError("--no-bias applies to random init only", fix="drop it")
+    random, hints = LayerOptions(embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, bias,
+                                 seed).build(not checkpoint, "random init only; a checkpoint's "
+                                             "shapes come from its weights", "drop {them}",
+                                             seed_is_random=False)
+    result = run_split(SplitRequest(weights, model, layer, hints, random, seed or 0, verify))
     if png_path is not None:
         from attnviz.cli.paths import write_figure
         from attnviz.render.split_figure import split_figure
@@ -82,25 +84,6 @@ def split(
         _print_result(result, png_path)
     if result.failure is not None:
         raise result.failure
-
-
-def _random_spec(checkpoint: bool, embed_dim: int | None, num_heads: int | None,
-                 kdim: int | None, vdim: int | None, bias: bool, seed: int | None
-                 ) -> RandomSpec | None:
-    """The random layer to split, or None for a checkpoint (whose shapes are its own, so the
-    random-init options are refused)."""
-    from attnviz.core.request import DEFAULT_EMBED_DIM, DEFAULT_NUM_HEADS, RandomSpec
-
-    if checkpoint:
-        refuse_random_options({"--embed-dim": embed_dim, "--kdim": kdim, "--vdim": vdim},
-                              "random init only; a checkpoint's shapes come from its weights",
-                              "drop them")
-        if not bias:
-            raise UsageError("--no-bias applies to random init only", fix="drop it")
-        return None
-    return RandomSpec(DEFAULT_EMBED_DIM if embed_dim is None else embed_dim,
-                      DEFAULT_NUM_HEADS if num_heads is None else num_heads,
-                      kdim, vdim, bias, seed=seed or 0)
 
 
 def _print_result(result: SplitResult, png_path: Path | None) -> None:

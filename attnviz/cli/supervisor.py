@@ -137,6 +137,15 @@ def _exit_like(status: int) -> None:
     os._exit(int(ExitCode.DATA))
 
 
+def _memory_flag() -> str:
+    """The memory budget's flag in the command that ran (`--limit memory` in heatmap)."""
+    from attnviz.cli.compound import command_of, spell_as
+    from attnviz.cli.options import flag_of
+
+    spell_as(command_of(sys.argv[1:]))
+    return flag_of("memory_budget")
+
+
 def death_message(sig: int) -> str:
     """One line for a child that died of `sig`: the step it was in, the library's last words."""
     try:
@@ -149,8 +158,8 @@ def death_message(sig: int) -> str:
     if sig == signal.SIGKILL:
         cause = ("was killed (SIGKILL), most likely by the system for using too much memory"
                  f"{said}")
-        fix = note.get("fix") or ("lower --memory-budget, or pass fewer or shorter sentences, "
-                                  "fewer layers (--layer) or heads (--head)")
+        fix = note.get("fix") or (f"lower {_memory_flag()}, or pass fewer or shorter "
+                                  "sentences, fewer layers (--layer) or heads (--head)")
     else:
         cause = f"died of {name} inside third-party code{said}"
         fix = note.get("fix") or "rerun with --debug, and please report it"

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 from attnviz.compute.ranking import HEAD_TYPES
 from attnviz.core.choices import OverviewShows
 
-if TYPE_CHECKING:  # stats imports torch; the CLI calls `wanted` before torch's import (the
-    # figure worker forks first: attnviz.cli.figure_worker)
+if TYPE_CHECKING:  # stats imports torch: not needed to name its type
     from attnviz.compute.stats import HeadStats
 
 BROAD = "broad"
@@ -136,15 +135,3 @@ def _stack(label: str) -> str:
     """'cross' of 'cross 1'; '' for a bare layer number."""
     return label.rpartition(" ")[0]
 
-
-def wanted(shows: OverviewShows | None, model: bool, layer: str | None, head: int | None,
-           average: bool, maps: bool | None) -> tuple[OverviewShows | None, bool]:
-    """(what the terminal overview shows, or None for none; whether it stands in for the maps
-    and the statistics table). A --model run that asks for no particular maps (no --layer,
-    --head, --average or --maps), whose full maps would run to hundreds of lines, gets the
-    overview in their place (the head types unless --overview names a statistic; OFF: the
-    maps as before); any other run gets it beside them when --overview asks."""
-    if shows == OFF:
-        return None, False
-    compact = model and layer is None and head is None and not average and maps is not True
-    return (shows or OverviewShows.LABEL if compact else shows), compact

@@ -4,10 +4,10 @@
     HeatmapRequest
     ├── inputs     Inputs     the sentences, --file, --target
     ├── source     SourceSpec bundled | --weights + layer | --random spec | --model + dtype, …
-    ├── selection  Selection  --layer, --head, --average, --query, --sentence
+    ├── selection  Selection  --layer, --head (N or mean), --query (TOKEN@SENTENCE)
     ├── measure    Measure    --weighting; attnviz ablate --mode; attnviz generate
     ├── outputs    Outputs    the files asked for (--out, --html, --export), full maps kept
-    └── limits     Limits     --max-tokens, --max-sentences, --max-panels, --memory-budget
+    └── limits     Limits     --limit tokens=, sentences=, panels=, memory=
 
 The CLI builds it once from its options, the Python API from its keywords, and the same object
 goes down to the use case (`attnviz.app.heatmap.run_heatmap`) and to the source that runs it
@@ -51,6 +51,45 @@ class RandomSpec:
     bias: bool = True
     add_bias_kv: bool = False
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """The options that size a random layer or give a checkpoint layer's head counts, as the
+    caller got them (None: not given). `build` turns them into the random layer and the head
+    hints, the one place every command and the Python API do so."""
+
+    embed_dim: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    kdim: int | None = None
+    vdim: int | None = None
+    bias: bool = True
+    seed: int | None = None
+
+    def build(self, random: bool, only: str, fix: str, seed_is_random: bool = True
+              ) -> tuple[RandomSpec | None, HeadHints]:
+        """(the random layer, the head hints). With `random`, the number of heads sizes the
+        layer and the defaults fill the rest; without it, it is a hint for a checkpoint's layer,
+        and the random layer's own sizes (and its `seed`, unless `seed_is_random` is False:
+        split's seed also draws its proof batch) are one usage error naming each given:
+        '‹kdim› applies to `only` — `fix`' (`{them}` in `fix`: it or them)."""
+        if random:
+            return RandomSpec(
+                DEFAULT_EMBED_DIM if self.embed_dim is None else self.embed_dim,
+                DEFAULT_NUM_HEADS if self.num_heads is None else self.num_heads,
+                self.kdim, self.vdim, self.bias, seed=self.seed or 0), \
+                HeadHints(None, self.num_kv_heads, self.head_dim)
+        names = ("embed_dim", "kdim", "vdim", "seed") if seed_is_random else \
+            ("embed_dim", "kdim", "vdim")
+        given = [name for name in names if getattr(self, name) is not None]
+        if given:
+            one = len(given) == 1
+            raise UsageError(f"{', '.join(option(name) for name in given)} "
+                             f"{'applies' if one else 'apply'} to {only}",
+                             fix=fix.format(them="it" if one else "them"))
+        return None, HeadHints(self.num_heads, self.num_kv_heads, self.head_dim)
 
 
 # --temperature's range. Sampling divides the logits by T in float32 (transformers casts them):

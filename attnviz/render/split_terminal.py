@@ -203,11 +203,11 @@ def verify_lines(result: VerifyResult, sentences: list[str]) -> Text:
 
 
 def proof_lines(result: ProofResult, recompute_skipped: str | None) -> Text:
-    """The split proof of `split --model --verify`, one line per perturbation (printed as the
-    "ablation proof", its name in the output and the JSON)."""
+    """The split proof of `split --model --verify`, one line per perturbation (named so in the
+    output and the JSON: "ablation" names `attnviz ablate`'s causal scorecard only)."""
     text = Text()
     text.append("verify ", style="bold")
-    text.append(f"ablation proof, through the model's own forward pass (layer {result.label}, "
+    text.append(f"split proof, through the model's own forward pass (layer {result.label}, "
                 f"{result.module}, {result.sentences} sentences): the rows attnviz assigns to "
                 "each head negated in turn in the model's own parameters; only that head may "
                 f"change (unchanged: ≤ {result.unchanged:.0e}, changed: > {result.changed:.0e})\n")

@@ -21,47 +21,6 @@ which needs no per-family math, is `attnviz.sources.hf.split_proof`.
 transformers is imported lazily: the core install works without it.
 
 The parts: `load` (folder → LoadedModel), `inputs` (sentences → padded feed), `layers` (the
-attention calls and the run's plan), `run` (the capture), `verify` (the recompute proof).
+attention calls and the run's plan), `run` (the capture), `verify` (the recompute proof). Each
+name has one home, its module: import it from there (this package re-exports nothing).
 """
-
-from attnviz.sources.hf.inputs import Encoded, Prepared, encode, prepare
-from attnviz.sources.hf.layers import (
-    ModelLayer,
-    ModelRun,
-    Plan,
-    RunInputs,
-    model_layers,
-    plan_run,
-    probe,
-    select,
-)
-from attnviz.sources.hf.load import (
-    DTYPES,
-    PATHS,
-    STACK_OF,
-    TOLERANCE,
-    LoadedModel,
-    OpenedModel,
-    load_model,
-    load_weights,
-    open_model,
-    require_transformers,
-    resolve_folder,
-)
-from attnviz.sources.hf.run import run_plan
-from attnviz.sources.hf.verify import (
-    VerifyResult,
-    call_of,
-    module_of,
-    parameter_of,
-    recompute_supported,
-    verify_layer,
-)
-
-__all__ = ["DTYPES", "PATHS", "STACK_OF", "TOLERANCE", "Encoded",
-           "LoadedModel", "ModelLayer", "ModelRun", "OpenedModel", "RunInputs", "encode",
-           "load_weights",
-           "open_model", "Plan", "Prepared", "VerifyResult", "call_of", "load_model",
-           "model_layers", "module_of", "parameter_of", "plan_run", "prepare", "probe",
-           "recompute_supported", "require_transformers", "resolve_folder", "run_plan",
-           "select", "verify_layer"]

@@ -31,6 +31,7 @@ from attnviz.sources.hf.layers import (
     rows_tokens,
 )
 from attnviz.sources.hf.load import PATHS, TOLERANCE, LoadedModel, input_device
+from attnviz.sources.hf.value_states import attach_value_norms, check_values
 
 
 @dataclass
@@ -70,8 +71,6 @@ def run_plan(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
                          "output_attentions", fix=f"drop {option('query')}", option="query")
     setup = _setup(plan, how)
     if values:
-        from attnviz.sources.hf.value_states import check_values
-
         check_values(loaded)
         setup.keep_qk = True
     collector = Collector(plan, setup.reducers, export_rows)
@@ -88,8 +87,6 @@ def run_plan(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
     results = [_layer_result(ran, layer, calls[layer.index],
                              query is not None and layer is shown[-1]) for layer in shown]
     if values:
-        from attnviz.sources.hf.value_states import attach_value_norms
-
         attach_value_norms(loaded, plan, result.layers, shown, results)
     causal = all(r.causal for r in results if r.kind != capture.LayerKind.CROSS.value)
     return AttentionRun(plan.prepared.batch, results, str(loaded.folder),  # exact: data

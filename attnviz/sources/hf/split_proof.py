@@ -30,8 +30,9 @@ import torch
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, printable
-from attnviz.sources import hf
 from attnviz.sources.hf import capture, collect, guard, layers, run
+from attnviz.sources.hf.layers import ModelLayer, ModelRun, Plan, RunInputs, plan_run
+from attnviz.sources.hf.load import LoadedModel
 from attnviz.sources.hf.split_proof_result import (
     CHANGED_FACTOR,
     UNCHANGED,
@@ -39,6 +40,7 @@ from attnviz.sources.hf.split_proof_result import (
     HeadCheck,
     ProofResult,
 )
+from attnviz.sources.hf.verify import call_of, module_of, parameter_of
 
 
 class _Stop(Exception):
@@ -49,10 +51,10 @@ class _Observer:
     """Runs the model and returns one layer's maps and the input of its output projection,
     both realigned to each sentence's real tokens."""
 
-    def __init__(self, loaded: hf.LoadedModel, plan: hf.Plan, call: hf.ModelLayer,
+    def __init__(self, loaded: LoadedModel, plan: Plan, call: ModelLayer,
                  o_module: Any) -> None:
         self.loaded, self.call, self.o_module = loaded, call, o_module
-        self.plan = hf.Plan(plan.prepared, plan.layers, [call])
+        self.plan = Plan(plan.prepared, plan.layers, [call])
         self.early = loaded.path == capture.CapturePath.INTERFACE
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -100,7 +102,7 @@ def negated(model: Any, refs: list[tuple[TensorRef, int, int]]) -> Iterator[None
     touched = []
     with torch.no_grad():
         for ref, start, stop in refs:
-            _, param = hf.parameter_of(model, ref.key)
+            _, param = parameter_of(model, ref.key)
             # the reference's own decoder, on the parameter: views, so negation lands in it
             for part in ref.take(((start, stop),)).row_blocks(ref.oriented(param)):
                 part.neg_()
@@ -113,11 +115,11 @@ def negated(model: Any, refs: list[tuple[TensorRef, int, int]]) -> Iterator[None
                 part.neg_()
 
 
-def _check_parameters(loaded: hf.LoadedModel, refs: list[TensorRef]) -> None:
+def _check_parameters(loaded: LoadedModel, refs: list[TensorRef]) -> None:
     """The model must hold exactly the checkpoint's tensors where attnviz points (transformers
     may convert weights on load; then attnviz's rows would not be the model's)."""
     for ref in {ref.key: ref for ref in refs}.values():
-        name, param = hf.parameter_of(loaded.model, ref.key)
+        name, param = parameter_of(loaded.model, ref.key)
         if tuple(param.shape) != tuple(ref.stored_shape):
             raise CheckpointError(f"the model's parameter {printable(name)!r} has shape "
                                   f"{tuple(param.shape)}, the checkpoint's "
@@ -145,22 +147,22 @@ def _spread(maps: torch.Tensor, head: int) -> float:
     return float(spread.max())
 
 
-def prove_split(loaded: hf.LoadedModel, layer: AttentionLayer, sentences: list[str],
+def prove_split(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str],
                 targets: list[str] | None = None, *,
                 described: AttentionLayer | None = None) -> ProofResult:
     """The split proof of attnviz's `layer` (found in the model by its W_q's module);
     `described` replaces the description whose rows are perturbed (tests: a wrong one)."""
     used = described or layer
     heads = used.num_heads or 0
-    plan = hf.plan_run(loaded, hf.RunInputs(sentences,
-                                            targets if loaded.encoder_decoder else None),
-                       None, hf.ModelRun(need_layers=True))
-    call = hf.call_of(plan.layers, loaded.model, layer)
+    plan = plan_run(loaded, RunInputs(sentences,
+                                      targets if loaded.encoder_decoder else None),
+                       None, ModelRun(need_layers=True))
+    call = call_of(plan.layers, loaded.model, layer)
     if call.num_heads is not None and call.num_heads != heads:
         raise CheckpointError(f"attnviz describes {heads} query heads, the model's attention "
                               f"call has {call.num_heads}", fix="report this model to attnviz")
-    o_name, _ = hf.parameter_of(loaded.model, used.o_weight.key)
-    _, o_module = hf.module_of(loaded.model, o_name)
+    o_name, _ = parameter_of(loaded.model, used.o_weight.key)
+    _, o_module = module_of(loaded.model, o_name)
     _check_parameters(loaded, [ref for ref in (used.q_weight, used.q_bias, used.k_weight,
                                                used.k_bias, used.v_weight, used.v_bias)
                                if ref is not None])

@@ -112,7 +112,7 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     reason = recompute_supported(loaded, call)
     if reason is not None:
         raise UsageError(f"the recompute proof does not apply: {reason}",
-                         fix=f"the ablation proof (split {option('verify')}) needs no "
+                         fix=f"the split proof (split {option('verify')}) needs no "
                              "per-family math")
     run = run_plan(loaded, Plan(plan.prepared, plan.layers, [call]))
     captured = run.layer(call.index)
