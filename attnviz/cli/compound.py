@@ -202,17 +202,45 @@ def spelled(name: str) -> str | None:
     return None if flags is None else flags.get(name)
 
 
-# --- old spellings: one error line naming the new one, nothing run -------------------------
+# --- old spellings: still accepted, as the new ones ----------------------------------------
 
 @dataclass(frozen=True)
 class Renamed:
-    """An option a command no longer has: its flags, and the spelling that replaces it (`{}`:
-    the value given, for the error's example)."""
+    """An option a command now spells another way: its old flags, and the spelling that
+    replaces it (`--spec E={}`: `{}` is the value given). The old flags are hidden from --help but
+    still work, so scripts written for them keep running: each is rewritten into the new
+    option before the command sees it, and an old and a new spelling of one setting together
+    are 'given twice'."""
 
     name: str
     flags: tuple[str, ...]
     now: str  # '--spec E={}'
     flag: bool = False  # takes no value
+
+    @property
+    def param(self) -> str:
+        """The new option's parameter name (`spec`, `limit`, `figure`, `head`, `query`)."""
+        return self.now.split()[0].lstrip("-")
+
+    def rewrite(self, value: object, current: Any) -> Any:
+        """The new option's value with this old one folded in."""
+        shown = "/".join(self.flags)
+        if self.param in ("spec", "limit", "figure"):  # a KEY=VALUE pair more
+            return [*(current or []), self.now.split()[1].format(value)]
+        if self.param == "head":  # --average → --head mean
+            if current is not None:
+                raise UsageError(f"{shown} and --head {current} exclude each other",
+                                 fix="give one of them (--head mean is the mean over heads)",
+                                 option="head")
+            return "mean"
+        # --sentence S → --query TOKEN@S
+        if current is None:
+            raise UsageError(f"{shown} picks the sentence of --query's token",
+                             fix="add --query TOKEN (or write --query TOKEN@S)", option="query")
+        if "@" in str(current).rpartition("@")[0] or str(current).rpartition("@")[2].isdigit():
+            raise UsageError(f"{shown} and --query {current} both give the sentence",
+                             fix="give it once", option="query")
+        return f"{current}@{value}"
 
 
 SPEC_RENAMED = (
@@ -238,34 +266,30 @@ AVERAGE_RENAMED = Renamed("average", ("--average",), "--head mean", flag=True)
 SENTENCE_RENAMED = Renamed("sentence", ("--sentence",), "--query TOKEN@{}")
 
 
-def _refuse(old: Renamed) -> Callable[[typer.Context, typer.CallbackParam, object], object]:
-    def refuse(ctx: typer.Context, param: typer.CallbackParam, value: object) -> object:
-        if value is None or value is False:
-            return value
-        given = "/".join(old.flags)
-        example = old.now.format(value if not old.flag else "")
-        raise UsageError(f"{given} is now {old.now.format('…')}", fix=f"write {example}")
-    return refuse
-
-
 F = TypeVar("F", bound=Callable[..., None])
 
 
 def old_spellings(*renamed: Renamed) -> Callable[[F], F]:
-    """Add each renamed option to a command as a hidden parameter (`old_<name>`) that refuses
-    any use of it; the command itself never sees them."""
+    """Add each renamed option to a command as a hidden parameter (`old_<name>`) whose value is
+    folded into the new option (`--max-tokens 512` → `--limit tokens=512`); the command itself
+    never sees them."""
     def decorate(command: F) -> F:
         signature = inspect.signature(command, eval_str=True)
         extra = [inspect.Parameter(
             f"old_{old.name}", inspect.Parameter.KEYWORD_ONLY, default=False if old.flag else None,
             annotation=Annotated[bool if old.flag else str | None, typer.Option(
-                *old.flags, hidden=True, callback=_refuse(old), expose_value=False)])
+                *old.flags, hidden=True)])
             for old in renamed]
+        by_name = {f"old_{old.name}": old for old in renamed}
 
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> None:
-            command(*args, **{name: value for name, value in kwargs.items()
-                              if not name.startswith("old_")})
+            for name, old in by_name.items():
+                value = kwargs.pop(name, None)
+                if value is None or value is False:
+                    continue
+                kwargs[old.param] = old.rewrite(value, kwargs.get(old.param))
+            command(*args, **kwargs)
 
         run.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[*signature.parameters.values(), *extra])
