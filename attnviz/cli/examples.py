@@ -42,6 +42,19 @@ EXAMPLES = {
         ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),
         ("attnviz circuits --random -E 32 -H 4 --json", "a random layer, as JSON"),
     ],
+    "attribute": [
+        ("attnviz attribute", "the bundled model: which heads write its induction answer"),
+        ('attnviz attribute "the cat sat on the mat the cat sat on the" --answer mat '
+         "--wrong cat", "logit(mat) − logit(cat), part by part"),
+        ('attnviz attribute "the cat sat on the mat the cat sat on the" '
+         '--corrupt "the cat sat on the mat the dog sat on the" --answer mat',
+         "clean − corrupted, per head"),
+    ],
+    "lens": [
+        ("attnviz lens", "the bundled model's logit lens, every position"),
+        ('attnviz lens "the cat sat on the mat the cat sat on the" --answer mat -p -1 -p -2',
+         "the answer's rank, layer by layer"),
+    ],
 }
 
 

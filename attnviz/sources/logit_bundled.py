@@ -20,7 +20,7 @@ from attnviz.compute.logit.logit_run import LogitRun, LogitTransform
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids, split_words
-from attnviz.errors import CheckpointError, UsageError, option, quoted
+from attnviz.errors import CheckpointError, UsageError, quoted
 from attnviz.load.store import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
@@ -106,22 +106,22 @@ class BundledLogits:
                 attn.append(pick(out))
                 x = x + out
                 hidden.append(x)
-            w, b = self.param("ln_f.weight"), self.param("ln_f.bias")
-            normed = F.layer_norm(x, (x.shape[-1],), w, b, eps=LN_EPS)
+            gain, shift = self.param("ln_f.weight"), self.param("ln_f.bias")
+            normed = F.layer_norm(x, (x.shape[-1],), gain, shift, eps=LN_EPS)
             unembed = self.param("unembed.weight")  # (V, E)
             logits = pick(normed) @ unembed.T  # (B, V)
             parts = ResidualParts(embed, torch.stack(attn), None, torch.stack(heads),
                                   torch.stack(biases), pick(x))
             check_parts(parts, NAME)
-            norm = fit_norm(pick(x), pick(normed), w, b, LN_EPS, "the final LayerNorm")
+            norm = fit_norm(pick(x), pick(normed), gain, shift, LN_EPS, "the final LayerNorm")
             lens = None
             if lens_positions is not None:
-                lens = [torch.stack([F.layer_norm(state[bi, cols], (x.shape[-1],), w, b,
+                lens = [torch.stack([F.layer_norm(state[bi, cols], (x.shape[-1],), gain, shift,
                                                   eps=LN_EPS) @ unembed.T
                                      for state in hidden]).cpu()
                         for bi, cols in enumerate(lens_positions)]  # (R, P, V) per prompt
         return LogitRun(NAME, tokens, positions, parts, norm, logits, unembed, None,
-                        LogitTransform(), "ln_f (LayerNorm)", lens, lens_positions,
+                        LogitTransform(), "ln_f", lens, lens_positions,
                         ["an attention-only model: its parts are the embeddings (token + "
                          "position) and each head's output, through W_O"],
                         dict(self.names))
@@ -138,13 +138,3 @@ class BundledLogits:
             c0, c1 = layer.o_cols(head)
             found.append(z @ weights.W_o[:, c0:c1].T)  # (B, E)
         return torch.stack(found)
-
-
-def check_position(position: int, length: int, which: str) -> int:
-    """A position given as an index (negative from the end) within a prompt of `length`."""
-    at = position + length if position < 0 else position
-    if not 0 <= at < length:
-        raise UsageError(f"position {position} is outside the {which} ({length} tokens)",
-                         fix=f"give {option('position')} from {-length} to {length - 1}",
-                         option="position")
-    return at

@@ -75,15 +75,3 @@ def attribute(parts: ResidualParts, norm: FrozenNorm, unembed: Unembedding,
         head_bias=unembed.bias.double() * unembed.factor,
         scale=norm.scale.double(), target=target.double())
 
-
-def difference(clean: Attribution, corrupt: Attribution) -> Attribution:
-    """clean − corrupted, part by part (each run decomposed at its own frozen scale)."""
-    def minus(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-        return None if a is None or b is None else a - b
-
-    mlp, heads, attn_bias = (minus(clean.mlp, corrupt.mlp), minus(clean.heads, corrupt.heads),
-                             minus(clean.attn_bias, corrupt.attn_bias))
-    return Attribution(clean.embed - corrupt.embed, clean.attn - corrupt.attn, mlp, heads,
-                       attn_bias, clean.norm_bias - corrupt.norm_bias,
-                       clean.head_bias - corrupt.head_bias, clean.scale - corrupt.scale,
-                       clean.target - corrupt.target)

@@ -1,0 +1,245 @@
+"""`attnviz attribute`: direct logit attribution — each head's, each layer's attention and MLP
+output's and the embeddings' direct contribution to the metric (logit(answer) − logit(wrong) at
+the chosen position, or logit(answer)), through the final norm with its scale frozen at the run
+being decomposed. The parts, their sum and the remainder against the model's own metric; with
+`corrupt`, the difference clean − corrupted part by part. The math: compute/logit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnviz.app.logit_source import BUNDLED_PROMPT, LogitSource, encode, open_logit_source
+from attnviz.compute.logit.direct_attribution import Attribution, Unembedding, attribute
+from attnviz.compute.logit.lens_grid import uncap
+from attnviz.compute.logit.logit_run import LogitRun
+from attnviz.core.choices import Dtype
+from attnviz.errors import UsageError, option
+
+CONVENTIONS = [
+    "a part's value is u · (gain ⊙ center(part) / σ): u = W_U[answer] − W_U[wrong] (or "
+    "W_U[answer]), the final norm's gain and centering (LayerNorm; none for RMSNorm), σ frozen "
+    "at this run's final residual",
+    "the sum of the parts adds the final norm's bias and the unembedding's bias, each counted "
+    "once; a head's part is its slice of W_O's input through its W_O columns, W_O's bias a "
+    "part of its own",
+    "remainder = the model's own metric − the sum of the parts (float round-off only)",
+]
+
+
+@dataclass(frozen=True)
+class AttributeRequest:
+    """Prompts (none: the bundled model's built-in induction prompt) and the metric."""
+
+    prompts: list[str] = field(default_factory=list)
+    model: str | None = None
+    answer: str | None = None  # None: the model's top prediction
+    wrong: str | None = None  # None: the runner-up when answer is None, else no wrong token
+    position: int = -1
+    corrupt: list[str] = field(default_factory=list)  # one per prompt, or none
+    device: str = "auto"
+    dtype: Dtype = Dtype.FLOAT32
+    top: int = 10  # the parts listed by size
+
+
+@dataclass(frozen=True)
+class Parts:
+    """One prompt's parts (floats): the metric's direct contributions."""
+
+    embed: float
+    attn: list[float]  # per layer
+    mlp: list[float] | None
+    heads: list[list[float]] | None  # [layer][head]
+    attn_bias: list[float] | None  # per layer: W_O's bias
+    norm_bias: float
+    head_bias: float
+    total: float
+    target: float  # the model's own metric (before a softcap)
+    remainder: float
+
+    def named(self) -> list[tuple[str, float]]:
+        """Every part with its label, the finest split: heads and W_O biases in place of the
+        attention outputs they sum to."""
+        rows = [("embeddings", self.embed)]
+        for layer, value in enumerate(self.attn):
+            if self.heads is None:
+                rows.append((f"L{layer} attn", value))
+            else:
+                rows += [(f"L{layer}H{h}", v) for h, v in enumerate(self.heads[layer])]
+                if self.attn_bias is not None:
+                    rows.append((f"L{layer} W_O bias", self.attn_bias[layer]))
+            if self.mlp is not None:
+                rows.append((f"L{layer} MLP", self.mlp[layer]))
+        return rows + [("final norm bias", self.norm_bias), ("unembedding bias", self.head_bias)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"embeddings": self.embed, "attention": self.attn, "mlp": self.mlp,
+                "heads": self.heads, "wo_bias": self.attn_bias,
+                "final_norm_bias": self.norm_bias, "unembedding_bias": self.head_bias,
+                "sum": self.total, "model_metric": self.target, "remainder": self.remainder}
+
+
+@dataclass(frozen=True)
+class PromptAttribution:
+    prompt: str
+    tokens: list[str]
+    position: int
+    answer: tuple[int, str]
+    wrong: tuple[int, str] | None
+    scale: float  # the final norm's frozen 1/σ
+    model_metric: float  # the model's own metric (after its logit transform)
+    parts: Parts
+    corrupt: PromptAttribution | None = None
+    difference: Parts | None = None  # clean − corrupted
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "prompt": self.prompt, "tokens": self.tokens, "position": self.position,
+            "answer": {"id": self.answer[0], "token": self.answer[1]},
+            "wrong": None if self.wrong is None else {"id": self.wrong[0],
+                                                       "token": self.wrong[1]},
+            "final_norm_scale": self.scale, "model_metric_after_transform": self.model_metric,
+            "parts": self.parts.to_json()}
+        if self.corrupt is not None and self.difference is not None:
+            doc["corrupt"] = self.corrupt.to_json()
+            doc["difference_clean_minus_corrupt"] = self.difference.to_json()
+        return doc
+
+
+@dataclass(frozen=True)
+class AttributeResult:
+    model: str
+    metric: str  # in words
+    norm: str  # the final norm's kind and module
+    transform: str  # the logit transform after the head
+    softcapped: bool  # the attribution is to the logit before the softcap
+    prompts: list[PromptAttribution]
+    top: int
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": "attribute", "model": self.model, "metric": self.metric,
+                "final_norm": self.norm, "final_norm_scale": "frozen at each run's own final "
+                "residual (1/sigma, per prompt)", "logit_transform": self.transform,
+                "attributed_before_softcap": self.softcapped, "conventions": CONVENTIONS,
+                "prompts": [p.to_json() for p in self.prompts], "notes": self.notes}
+
+
+def run_attribute(request: AttributeRequest) -> AttributeResult:
+    """Direct logit attribution of every prompt (and its corrupted twin)."""
+    _check(request)
+    source = open_logit_source(request.model, request.device, request.dtype)
+    texts = request.prompts or ([BUNDLED_PROMPT] if request.model is None else [])
+    if not texts:
+        raise UsageError(f"{option('model')} needs a prompt", fix="give one or more prompts")
+    clean = encode(source, texts, request.position)
+    run = source.run(clean.ids, clean.tokens, clean.positions, None)
+    answers, wrongs = _targets(source, request, run)
+    results = _decompose(source, run, answers, wrongs, texts)
+    notes = list(run.notes)
+    if request.corrupt:
+        corrupt = encode(source, request.corrupt, request.position)
+        other = source.run(corrupt.ids, corrupt.tokens, corrupt.positions, None)
+        twins = _decompose(source, other, answers, wrongs, request.corrupt)
+        results = [_with_corrupt(c, t) for c, t in zip(results, twins, strict=True)]
+        notes.append("the difference is clean − corrupted, part by part, each run decomposed "
+                     "at its own frozen final-norm scale")
+    if request.answer is None:
+        notes.append("no answer given: the answer is the model's top prediction and the wrong "
+                     "token its runner-up, per prompt")
+    metric = "logit(answer)" if wrongs is None else "logit(answer) − logit(wrong)"
+    softcapped = run.transform.softcap is not None
+    if softcapped:
+        notes.append("the model softcaps its logits (nonlinear): the parts add up to the "
+                     "logits before the softcap (cap·atanh(logit/cap) of the model's own); the "
+                     "model's own metric after the softcap is shown beside them")
+    return AttributeResult(run.model, metric + " at the chosen position", run.norm.kind.value
+                           + f", {run.norm_name}", run.transform.describe(), softcapped,
+                           results, request.top, notes)
+
+
+def _check(request: AttributeRequest) -> None:
+    if request.wrong is not None and request.answer is None:
+        raise UsageError(f"{option('wrong')} needs {option('answer')}",
+                         fix=f"give {option('answer')} too", option="wrong")
+    if request.corrupt and len(request.corrupt) != max(1, len(request.prompts)):
+        raise UsageError(f"{len(request.corrupt)} corrupted prompts for "
+                         f"{max(1, len(request.prompts))} prompts", fix="give one "
+                         f"{option('corrupt')} per prompt", option="corrupt")
+    if request.top < 1:
+        raise UsageError(f"{option('top')} must be positive", option="top")
+
+
+def _targets(source: LogitSource, request: AttributeRequest, run: LogitRun
+             ) -> tuple[list[int], list[int] | None]:
+    """Each prompt's answer id and wrong id (None: the metric is the answer's logit)."""
+    B = len(run.positions)
+    if request.answer is None:
+        top = run.logits.topk(2, dim=-1).indices  # (B, 2)
+        return top[:, 0].tolist(), top[:, 1].tolist()
+    answer = source.token_id(request.answer, "answer")
+    if request.wrong is None:
+        return [answer] * B, None
+    wrong = source.token_id(request.wrong, "wrong")
+    if wrong == answer:
+        raise UsageError("the answer and the wrong token are the same token",
+                         fix="give two different tokens", option="wrong")
+    return [answer] * B, [wrong] * B
+
+
+def _decompose(source: LogitSource, run: LogitRun, answers: list[int],
+               wrongs: list[int] | None, texts: list[str]) -> list[PromptAttribution]:
+    """Each prompt's attribution; the target is the model's own metric (un-softcapped)."""
+    rows = torch.arange(len(answers))
+    a = torch.tensor(answers)
+    U, b_U = run.unembed_weight, run.unembed_bias
+    direction = U[a].double()
+    bias = torch.zeros(len(answers), dtype=torch.float64) if b_U is None else b_U[a].double()
+    own = uncap(run.logits.double(), run.transform.softcap)  # (B, V)
+    target = own[rows, a]
+    metric = run.logits.double()[rows, a]
+    if wrongs is not None:
+        w = torch.tensor(wrongs)
+        direction = direction - U[w].double()
+        if b_U is not None:
+            bias = bias - b_U[w].double()
+        target = target - own[rows, w]
+        metric = metric - run.logits.double()[rows, w]
+    found = attribute(run.parts, run.norm, Unembedding(direction, bias, run.transform.factor),
+                      target)
+    return [PromptAttribution(
+        texts[b], run.tokens[b], run.positions[b], (answers[b], source.name_of(answers[b])),
+        None if wrongs is None else (wrongs[b], source.name_of(wrongs[b])),
+        float(found.scale[b]), float(metric[b]), _parts(found, b))
+        for b in range(len(answers))]
+
+
+def _parts(found: Attribution, b: int) -> Parts:
+    def column(t: torch.Tensor | None) -> Any:
+        return None if t is None else t[..., b].tolist()
+
+    return Parts(float(found.embed[b]), column(found.attn), column(found.mlp),
+                 column(found.heads), column(found.attn_bias), float(found.norm_bias[b]),
+                 float(found.head_bias[b]), float(found.total[b]), float(found.target[b]),
+                 float(found.remainder[b]))
+
+
+def _with_corrupt(clean: PromptAttribution, corrupt: PromptAttribution) -> PromptAttribution:
+    from dataclasses import replace
+
+    return replace(clean, corrupt=corrupt, difference=_minus(clean.parts, corrupt.parts))
+
+
+def _minus(a: Parts, b: Parts) -> Parts:
+    def each(x: Any, y: Any) -> Any:
+        if x is None or y is None:
+            return None
+        if isinstance(x, list):
+            return [each(u, v) for u, v in zip(x, y, strict=True)]
+        return x - y
+
+    return Parts(*(each(getattr(a, f), getattr(b, f)) for f in (
+        "embed", "attn", "mlp", "heads", "attn_bias", "norm_bias", "head_bias", "total",
+        "target", "remainder")))

@@ -1,0 +1,122 @@
+"""`attnviz lens`: the logit lens — each layer's residual (the embeddings, then each layer's
+output) passed through the model's own final norm (its own statistics per layer, never the last
+layer's) and unembedding, and the model's logit transform (a softcap as the model applies it):
+per layer × position, the top tokens and the answer's rank and probability. The last row is
+the model's own output. The math: compute/logit/lens_grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnviz.app.logit_source import (
+    BUNDLED_PROMPT,
+    encode,
+    open_logit_source,
+    resolve_position,
+)
+from attnviz.compute.logit.lens_grid import lens_grid
+from attnviz.core.choices import Dtype
+from attnviz.errors import UsageError, option
+
+MAX_TOP = 20
+
+
+@dataclass(frozen=True)
+class LensRequest:
+    prompts: list[str] = field(default_factory=list)  # none: the bundled model's prompt
+    model: str | None = None
+    answer: str | None = None  # None: the model's own top prediction at the last position
+    positions: list[int] = field(default_factory=list)  # none: every position
+    top: int = 3
+    device: str = "auto"
+    dtype: Dtype = Dtype.FLOAT32
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One layer × position: the top tokens and the answer's rank and probability."""
+
+    top: list[tuple[str, float]]  # (token, probability), best first
+    answer_rank: int | None
+    answer_prob: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"top": [{"token": t, "prob": p} for t, p in self.top],
+                "answer_rank": self.answer_rank, "answer_prob": self.answer_prob}
+
+
+@dataclass(frozen=True)
+class PromptLens:
+    prompt: str
+    tokens: list[str]
+    positions: list[int]  # the columns
+    rows: list[str]  # "embeddings", "layer 0", ...
+    cells: list[list[Cell]]  # [row][column]
+    answer: tuple[int, str] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "tokens": self.tokens, "positions": self.positions,
+                "rows": self.rows, "answer": None if self.answer is None else
+                {"id": self.answer[0], "token": self.answer[1]},
+                "cells": [[c.to_json() for c in row] for row in self.cells]}
+
+
+@dataclass(frozen=True)
+class LensResult:
+    model: str
+    norm: str
+    transform: str
+    prompts: list[PromptLens]
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": "lens", "model": self.model, "final_norm": self.norm,
+                "final_norm_statistics": "each row's own (the norm module run on that row)",
+                "logit_transform": self.transform,
+                "rows": "embeddings (the residual entering layer 0), then the residual after "
+                        "each layer; the last row is the model's own output",
+                "prompts": [p.to_json() for p in self.prompts], "notes": self.notes}
+
+
+def run_lens(request: LensRequest) -> LensResult:
+    """The lens of every prompt at the chosen positions."""
+    if not 1 <= request.top <= MAX_TOP:
+        raise UsageError(f"{option('top')} must be from 1 to {MAX_TOP}", option="top")
+    source = open_logit_source(request.model, request.device, request.dtype)
+    texts = request.prompts or ([BUNDLED_PROMPT] if request.model is None else [])
+    if not texts:
+        raise UsageError(f"{option('model')} needs a prompt", fix="give one or more prompts")
+    encoded = encode(source, texts, -1)
+    columns = [_columns(request.positions, len(ids), n)
+               for n, ids in enumerate(encoded.ids)]
+    run = source.run(encoded.ids, encoded.tokens, encoded.positions, columns)
+    assert run.lens is not None
+    notes = list(run.notes)
+    if request.answer is not None:
+        answers = [source.token_id(request.answer, "answer")] * len(texts)
+    else:
+        answers = run.logits.argmax(-1).tolist()
+        notes.append("no answer given: the answer is the model's own top prediction at each "
+                     "prompt's last position")
+    found = []
+    for b, logits in enumerate(run.lens):
+        grid = lens_grid(logits, columns[b], answers[b], request.top)
+        rows = ["embeddings"] + [f"layer {i}" for i in range(grid.rows - 1)]
+        cells = [[Cell([(source.name_of(int(i)), float(p)) for i, p in
+                        zip(grid.top_ids[r, c].tolist(), grid.top_probs[r, c].tolist(),
+                            strict=True)],
+                       None if grid.answer_rank is None else int(grid.answer_rank[r, c]),
+                       None if grid.answer_prob is None else float(grid.answer_prob[r, c]))
+                  for c in range(len(columns[b]))] for r in range(grid.rows)]
+        found.append(PromptLens(texts[b], encoded.tokens[b], columns[b], rows, cells,
+                                (answers[b], source.name_of(answers[b]))))
+    return LensResult(run.model, run.norm.kind.value + f", {run.norm_name}",
+                      run.transform.describe(), found, notes)
+
+
+def _columns(positions: list[int], length: int, n: int) -> list[int]:
+    """The chosen positions of prompt n (every position when none are given)."""
+    if not positions:
+        return list(range(length))
+    return [resolve_position(p, length, f"prompt {n + 1}") for p in positions]

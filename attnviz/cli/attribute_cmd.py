@@ -1,0 +1,65 @@
+"""`attnviz attribute`: parse → AttributeRequest → run_attribute → render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnviz.cli.heatmap_options import Device, Dtype
+from attnviz.cli.options import Json, Model, console, path_arg, plain, strict_json
+from attnviz.core import choices
+
+Prompts = Annotated[list[str] | None, typer.Argument(
+    metavar="[PROMPT]...", help=(
+        "Prompts, each decomposed at its chosen position (default: the bundled model's "
+        "built-in induction prompt)."))]
+Answer = Annotated[str | None, typer.Option("--answer", "-a", help=(
+    "The answer token (one token; ' Mary' with its space where the tokenizer marks one). "
+    "Default: the model's top prediction, against its runner-up."))]
+Wrong = Annotated[str | None, typer.Option("--wrong", help=(
+    "The wrong token: the metric is logit(answer) − logit(wrong). Without it, with "
+    "--answer: the answer's logit."))]
+Position = Annotated[int, typer.Option("--position", "-p", help=(
+    "The position whose next-token logits are decomposed (negative: from the end; default "
+    "-1, the last token)."))]
+Corrupt = Annotated[list[str] | None, typer.Option("--corrupt", "-c", help=(
+    "A corrupted prompt, one per prompt: each part's clean − corrupted difference."))]
+Top = Annotated[int, typer.Option("--top", help="How many of the largest parts to name.")]
+Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
+    "Write a figure: the layers × heads grid and the layer parts (.png, .svg, .pdf)."))]
+
+
+def attribute(
+    sentences: Prompts = None, model: Model = None, answer: Answer = None, wrong: Wrong = None,
+    position: Position = -1, corrupt: Corrupt = None, top: Top = 10, out: Out = None,
+    as_json: Json = False, device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
+) -> None:
+    """Direct logit attribution: each head's, each layer's attention and MLP output's and the
+    embeddings' direct contribution to logit(answer) − logit(wrong), the final norm's scale
+    frozen; the parts add up to the model's own logit difference."""
+    from attnviz.app.attribute import AttributeRequest, run_attribute
+    from attnviz.app.outputs import check_output_path
+    from attnviz.cli.paths import inputs_read
+    from attnviz.render.figure_io import FIGURE_SUFFIXES
+
+    out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(
+        None, model, None, model is None)) if out else None
+    result = run_attribute(AttributeRequest(
+        list(sentences or []), model, answer, wrong, position, list(corrupt or []), device,
+        dtype, top))
+    if out_path is not None:
+        from attnviz.cli.paths import write_figure
+        from attnviz.render.attribute_figure import attribute_figure
+
+        write_figure(attribute_figure(result), out_path)
+    if as_json:
+        typer.echo(strict_json(result.to_json()))
+        return
+    from attnviz.render.attribute_terminal import print_attribution
+
+    shown = console()
+    print_attribution(shown, result)
+    if out_path is not None:
+        shown.print(plain(f"wrote {out_path}"), soft_wrap=True)

@@ -1,0 +1,59 @@
+"""`attnviz lens`: parse → LensRequest → run_lens → render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnviz.cli.heatmap_options import Device, Dtype
+from attnviz.cli.options import Json, Model, console, path_arg, plain, strict_json
+from attnviz.core import choices
+
+Prompts = Annotated[list[str] | None, typer.Argument(
+    metavar="[PROMPT]...", help=(
+        "Prompts (default: the bundled model's built-in induction prompt)."))]
+Answer = Annotated[str | None, typer.Option("--answer", "-a", help=(
+    "The token whose rank and probability each cell shows (one token). Default: the model's "
+    "own top prediction at the last position."))]
+Position = Annotated[list[int] | None, typer.Option("--position", "-p", help=(
+    "A position to show (repeatable; negative: from the end). Default: every position."))]
+Top = Annotated[int, typer.Option("--top", help=(
+    "How many top tokens each cell keeps (the grid shows the first; --json all)."))]
+Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
+    "Write a figure: the answer's probability per layer × position, top tokens "
+    "written in (.png, .svg, .pdf)."))]
+
+
+def lens(
+    sentences: Prompts = None, model: Model = None, answer: Answer = None,
+    position: Position = None, top: Top = 3, out: Out = None, as_json: Json = False,
+    device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
+) -> None:
+    """The logit lens: each layer's residual through the model's own final norm (its own
+    statistics per layer) and unembedding — the top tokens, and the answer's rank and
+    probability, per layer × position."""
+    from attnviz.app.lens import LensRequest, run_lens
+    from attnviz.app.outputs import check_output_path
+    from attnviz.cli.paths import inputs_read
+    from attnviz.render.figure_io import FIGURE_SUFFIXES
+
+    out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(
+        None, model, None, model is None)) if out else None
+    result = run_lens(LensRequest(list(sentences or []), model, answer, list(position or []),
+                                  top, device, dtype))
+    if out_path is not None:
+        from attnviz.cli.paths import write_figure
+        from attnviz.render.lens_figure import lens_figure
+
+        write_figure(lens_figure(result), out_path)
+    if as_json:
+        typer.echo(strict_json(result.to_json()))
+        return
+    from attnviz.render.lens_terminal import print_lens
+
+    shown = console()
+    print_lens(shown, result)
+    if out_path is not None:
+        shown.print(plain(f"wrote {out_path}"), soft_wrap=True)
