@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.app.attribute import AttributeRequest, run_attribute
-from attnviz.compute.logit.frozen_norm import NormKind, fit_norm
+from attnviz.compute.logit.frozen_norm import NormKind, NormParams, fit_norm
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
 from attnviz.core.words import hashed_ids, split_words
 from attnviz.errors import CheckFailed
@@ -157,14 +157,15 @@ def test_fit_norm_names_each_kind_and_refuses_what_it_cannot_reproduce():
     rms = torch.nn.RMSNorm(8, eps=1e-6)
     torch.nn.init.normal_(rms.weight)
     with torch.no_grad():
-        assert fit_norm(x, layer(x), layer.weight, layer.bias, 1e-5, "ln").kind is NormKind.LAYER
-        assert fit_norm(x, rms(x), rms.weight, None, 1e-6, "rms").kind is NormKind.RMS
+        ln = NormParams(layer.weight, layer.bias, 1e-5)
+        assert fit_norm(x, layer(x), ln, "ln").kind is NormKind.LAYER
+        rms_params = NormParams(rms.weight, None, 1e-6)
+        assert fit_norm(x, rms(x), rms_params, "rms").kind is NormKind.RMS
         gemma = rms(x) + rms(x) / rms.weight  # x/σ · (1 + w)
-        found = fit_norm(x, gemma, rms.weight, None, 1e-6, "gemma")
-        assert found.kind is NormKind.RMS_OFFSET
+        assert fit_norm(x, gemma, rms_params, "gemma").kind is NormKind.RMS_OFFSET
         # negative control: a norm none of the three reproduces
         with pytest.raises(CheckFailed, match="neither a LayerNorm nor an RMSNorm"):
-            fit_norm(x, torch.tanh(layer(x)), layer.weight, layer.bias, 1e-5, "tanh")
+            fit_norm(x, torch.tanh(layer(x)), ln, "tanh")
 
 
 def test_parts_that_do_not_add_up_are_refused():

@@ -108,6 +108,16 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "composition": ["--no-composition"], "out": ["--out", f"{OUT}/f.png"],
         "device": ["--device", "cpu"],
     },
+    "attribute": {
+        "answer": ["--answer", "cat"], "wrong": ["--answer", "mat", "--wrong", "cat"],
+        "position": ["--position", "2"], "top": ["--top", "2"],
+        "corrupt": ["--corrupt", "the dog sat", "--corrupt", "a cat ran"],
+        "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
+    },
+    "lens": {
+        "answer": ["--answer", "cat"], "position": ["--position", "1"], "top": ["--top", "5"],
+        "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
+    },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
@@ -130,6 +140,8 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "split": {"random": [], "weights": [*WEIGHTS, "--layer", "0"]},
     "inspect": {"checkpoint": [str(SAMPLES / "llama-gqa-tiny")]},
     "circuits": {"bundled": [], "random": ["--random"], "weights": WEIGHTS},
+    "attribute": {"bundled": [*SENTENCES]},
+    "lens": {"bundled": [*SENTENCES]},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
@@ -137,6 +149,8 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "ablate": ["--model", "{model}", *MODEL_SENTENCES],
     "split": ["--model", "{model}", "--layer", "0"],
     "circuits": ["--model", "{model}"],
+    "attribute": ["--model", "{model}", *MODEL_SENTENCES],
+    "lens": ["--model", "{model}", *MODEL_SENTENCES],
 }
 # options a command may drop on a source: none (the walk fails on any)
 KNOWN: dict[str, set[tuple[str, str]]] = {}

@@ -12,21 +12,16 @@ from typing import Any
 import torch
 
 from attnviz.app.logit_source import BUNDLED_PROMPT, LogitSource, encode, open_logit_source
+from attnviz.compute.logit.attribute_result import (
+    AttributeResult,
+    Parts,
+    PromptAttribution,
+)
 from attnviz.compute.logit.direct_attribution import Attribution, Unembedding, attribute
 from attnviz.compute.logit.lens_grid import uncap
 from attnviz.compute.logit.logit_run import LogitRun
 from attnviz.core.choices import Dtype
 from attnviz.errors import UsageError, option
-
-CONVENTIONS = [
-    "a part's value is u · (gain ⊙ center(part) / σ): u = W_U[answer] − W_U[wrong] (or "
-    "W_U[answer]), the final norm's gain and centering (LayerNorm; none for RMSNorm), σ frozen "
-    "at this run's final residual",
-    "the sum of the parts adds the final norm's bias and the unembedding's bias, each counted "
-    "once; a head's part is its slice of W_O's input through its W_O columns, W_O's bias a "
-    "part of its own",
-    "remainder = the model's own metric − the sum of the parts (float round-off only)",
-]
 
 
 @dataclass(frozen=True)
@@ -42,89 +37,6 @@ class AttributeRequest:
     device: str = "auto"
     dtype: Dtype = Dtype.FLOAT32
     top: int = 10  # the parts listed by size
-
-
-@dataclass(frozen=True)
-class Parts:
-    """One prompt's parts (floats): the metric's direct contributions."""
-
-    embed: float
-    attn: list[float]  # per layer
-    mlp: list[float] | None
-    heads: list[list[float]] | None  # [layer][head]
-    attn_bias: list[float] | None  # per layer: W_O's bias
-    norm_bias: float
-    head_bias: float
-    total: float
-    target: float  # the model's own metric (before a softcap)
-    remainder: float
-
-    def named(self) -> list[tuple[str, float]]:
-        """Every part with its label, the finest split: heads and W_O biases in place of the
-        attention outputs they sum to."""
-        rows = [("embeddings", self.embed)]
-        for layer, value in enumerate(self.attn):
-            if self.heads is None:
-                rows.append((f"L{layer} attn", value))
-            else:
-                rows += [(f"L{layer}H{h}", v) for h, v in enumerate(self.heads[layer])]
-                if self.attn_bias is not None:
-                    rows.append((f"L{layer} W_O bias", self.attn_bias[layer]))
-            if self.mlp is not None:
-                rows.append((f"L{layer} MLP", self.mlp[layer]))
-        return rows + [("final norm bias", self.norm_bias), ("unembedding bias", self.head_bias)]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"embeddings": self.embed, "attention": self.attn, "mlp": self.mlp,
-                "heads": self.heads, "wo_bias": self.attn_bias,
-                "final_norm_bias": self.norm_bias, "unembedding_bias": self.head_bias,
-                "sum": self.total, "model_metric": self.target, "remainder": self.remainder}
-
-
-@dataclass(frozen=True)
-class PromptAttribution:
-    prompt: str
-    tokens: list[str]
-    position: int
-    answer: tuple[int, str]
-    wrong: tuple[int, str] | None
-    scale: float  # the final norm's frozen 1/σ
-    model_metric: float  # the model's own metric (after its logit transform)
-    parts: Parts
-    corrupt: PromptAttribution | None = None
-    difference: Parts | None = None  # clean − corrupted
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "prompt": self.prompt, "tokens": self.tokens, "position": self.position,
-            "answer": {"id": self.answer[0], "token": self.answer[1]},
-            "wrong": None if self.wrong is None else {"id": self.wrong[0],
-                                                       "token": self.wrong[1]},
-            "final_norm_scale": self.scale, "model_metric_after_transform": self.model_metric,
-            "parts": self.parts.to_json()}
-        if self.corrupt is not None and self.difference is not None:
-            doc["corrupt"] = self.corrupt.to_json()
-            doc["difference_clean_minus_corrupt"] = self.difference.to_json()
-        return doc
-
-
-@dataclass(frozen=True)
-class AttributeResult:
-    model: str
-    metric: str  # in words
-    norm: str  # the final norm's kind and module
-    transform: str  # the logit transform after the head
-    softcapped: bool  # the attribution is to the logit before the softcap
-    prompts: list[PromptAttribution]
-    top: int
-    notes: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"command": "attribute", "model": self.model, "metric": self.metric,
-                "final_norm": self.norm, "final_norm_scale": "frozen at each run's own final "
-                "residual (1/sigma, per prompt)", "logit_transform": self.transform,
-                "attributed_before_softcap": self.softcapped, "conventions": CONVENTIONS,
-                "prompts": [p.to_json() for p in self.prompts], "notes": self.notes}
 
 
 def run_attribute(request: AttributeRequest) -> AttributeResult:

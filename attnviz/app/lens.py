@@ -7,7 +7,6 @@ the model's own output. The math: compute/logit/lens_grid."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from attnviz.app.logit_source import (
     BUNDLED_PROMPT,
@@ -16,6 +15,7 @@ from attnviz.app.logit_source import (
     resolve_position,
 )
 from attnviz.compute.logit.lens_grid import lens_grid
+from attnviz.compute.logit.lens_result import Cell, LensResult, PromptLens
 from attnviz.core.choices import Dtype
 from attnviz.errors import UsageError, option
 
@@ -31,52 +31,6 @@ class LensRequest:
     top: int = 3
     device: str = "auto"
     dtype: Dtype = Dtype.FLOAT32
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One layer × position: the top tokens and the answer's rank and probability."""
-
-    top: list[tuple[str, float]]  # (token, probability), best first
-    answer_rank: int | None
-    answer_prob: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"top": [{"token": t, "prob": p} for t, p in self.top],
-                "answer_rank": self.answer_rank, "answer_prob": self.answer_prob}
-
-
-@dataclass(frozen=True)
-class PromptLens:
-    prompt: str
-    tokens: list[str]
-    positions: list[int]  # the columns
-    rows: list[str]  # "embeddings", "layer 0", ...
-    cells: list[list[Cell]]  # [row][column]
-    answer: tuple[int, str] | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "tokens": self.tokens, "positions": self.positions,
-                "rows": self.rows, "answer": None if self.answer is None else
-                {"id": self.answer[0], "token": self.answer[1]},
-                "cells": [[c.to_json() for c in row] for row in self.cells]}
-
-
-@dataclass(frozen=True)
-class LensResult:
-    model: str
-    norm: str
-    transform: str
-    prompts: list[PromptLens]
-    notes: list[str]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"command": "lens", "model": self.model, "final_norm": self.norm,
-                "final_norm_statistics": "each row's own (the norm module run on that row)",
-                "logit_transform": self.transform,
-                "rows": "embeddings (the residual entering layer 0), then the residual after "
-                        "each layer; the last row is the model's own output",
-                "prompts": [p.to_json() for p in self.prompts], "notes": self.notes}
 
 
 def run_lens(request: LensRequest) -> LensResult:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.app.attribute import AttributeResult, Parts
+from attnviz.compute.logit.attribute_result import AttributeResult, Parts
 from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:

@@ -8,7 +8,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.app.attribute import CONVENTIONS, AttributeResult, Parts, PromptAttribution
+from attnviz.compute.logit.attribute_result import (
+    CONVENTIONS,
+    AttributeResult,
+    Parts,
+    PromptAttribution,
+)
 from attnviz.errors import printable
 from attnviz.render.safe import safe_text
 
@@ -70,7 +75,7 @@ def _top(parts: Parts, top: int) -> Table:
     table.add_column("part", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("share", justify="right", no_wrap=True, style="dim")
-    ranked = sorted(parts.named(), key=lambda row: -abs(row[1]))[:top]
+    ranked = parts.largest(top)
     scale = sum(abs(v) for _, v in parts.named()) or 1.0
     for name, value in ranked:
         table.add_row(name, f"{value:+.4f}", f"{abs(value) / scale:.0%} of Σ|part|")

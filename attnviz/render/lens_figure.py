@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.app.lens import LensResult
+from attnviz.compute.logit.lens_result import LensResult
 from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:

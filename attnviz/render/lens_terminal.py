@@ -8,7 +8,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.app.lens import LensResult, PromptLens
+from attnviz.compute.logit.lens_result import LensResult, PromptLens
 from attnviz.errors import printable
 from attnviz.render.safe import safe_text
 

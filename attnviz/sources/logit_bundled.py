@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from attnviz.compute import kernel
 from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
-from attnviz.compute.logit.frozen_norm import fit_norm
+from attnviz.compute.logit.frozen_norm import NormParams, fit_norm
 from attnviz.compute.logit.logit_run import LogitRun, LogitTransform
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
 from attnviz.core.layer import AttentionLayer
@@ -113,7 +113,8 @@ class BundledLogits:
             parts = ResidualParts(embed, torch.stack(attn), None, torch.stack(heads),
                                   torch.stack(biases), pick(x))
             check_parts(parts, NAME)
-            norm = fit_norm(pick(x), pick(normed), gain, shift, LN_EPS, "the final LayerNorm")
+            norm = fit_norm(pick(x), pick(normed), NormParams(gain, shift, LN_EPS),
+                            "the final LayerNorm")
             lens = None
             if lens_positions is not None:
                 lens = [torch.stack([F.layer_norm(state[bi, cols], (x.shape[-1],), gain, shift,

@@ -58,18 +58,28 @@ def frozen_scale(kind: NormKind, x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(x.pow(2).mean(-1) + eps)
 
 
-def fit_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None,
-             bias: torch.Tensor | None, eps: float, what: str) -> FrozenNorm:
+@dataclass(frozen=True)
+class NormParams:
+    """A norm module's parameters as stored (None: it has none)."""
+
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    eps: float
+
+
+def fit_norm(x: torch.Tensor, y: torch.Tensor, params: NormParams, what: str,
+             tolerance: float = FIT_TOLERANCE) -> FrozenNorm:
     """The norm kind that maps the run's own input x (…, E) to the module's own output y, with
     its scale frozen at x; a module none reproduces is refused (attnviz would decompose
-    something other than the model)."""
+    something other than the model). `tolerance`: the module's dtype's round-off, relative."""
     x, y = x.double(), y.double()
-    w = None if weight is None else weight.double()
-    b = None if bias is None else bias.double()
+    w = None if params.weight is None else params.weight.double()
+    b = None if params.bias is None else params.bias.double()
+    eps = params.eps
     candidates = [(NormKind.LAYER, w, b), (NormKind.RMS, w, b)]
     if w is not None:
         candidates.append((NormKind.RMS_OFFSET, 1.0 + w, b))
-    bound = FIT_TOLERANCE * max(1.0, float(y.abs().max()))
+    bound = tolerance * max(1.0, float(y.abs().max()))
     best = float("inf")
     for kind, gain, shift in candidates:
         norm = FrozenNorm(kind, frozen_scale(kind, x, eps), gain, shift)

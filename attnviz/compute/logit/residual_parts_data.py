@@ -55,19 +55,20 @@ def head_gap(parts: ResidualParts) -> float:
     return float((parts.attn - (parts.heads.sum(1) + bias)).abs().max()) / scale
 
 
-def check_parts(parts: ResidualParts, model: str) -> None:
+def check_parts(parts: ResidualParts, model: str,
+                tolerance: float = RESIDUAL_TOLERANCE) -> None:
     """Refuse parts that do not add up to the model's own residual: DLA of a model whose
     residual is not a sum of its modules' outputs (post-norm: each layer normalizes the sum)
-    would not be a sum of parts."""
+    would not be a sum of parts. `tolerance`: the model's dtype's round-off, relative."""
     gap = residual_gap(parts)
-    if gap > RESIDUAL_TOLERANCE:
+    if gap > tolerance:
         raise CheckFailed(
             f"{model}'s residual stream is not the sum of its embeddings and its layers' "
             f"attention and MLP outputs (relative gap {gap:.1e}): a post-norm model (or a "
             "branch attnviz does not see) normalizes the sum inside each layer, so no direct "
             "attribution adds up there", fix="use a pre-norm decoder (GPT-2, LLaMA, NeoX, ...)")
     gap = head_gap(parts)
-    if gap > RESIDUAL_TOLERANCE:
+    if gap > tolerance:
         raise CheckFailed(f"{model}'s heads (each one's W_O columns) do not add up to its "
                           f"attention output (relative gap {gap:.1e})",
                           fix="report this model to attnviz")

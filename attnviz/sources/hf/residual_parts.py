@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.logit.frozen_norm import FrozenNorm, fit_norm
+from attnviz.compute.logit.frozen_norm import FrozenNorm, NormParams, fit_norm
 from attnviz.compute.logit.lens_grid import softcap
 from attnviz.compute.logit.logit_run import LogitRun, LogitTransform
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
@@ -38,7 +38,9 @@ from attnviz.sources.hf.token_names import token_names
 FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "fc2")
 SANDWICH = ("post_attention_layernorm", "post_feedforward_layernorm")  # Gemma-2, OLMo-2
-LOGIT_TOLERANCE = 1e-4  # attnviz's head(norm(x)) against the model's logits, relative
+# the checks' relative tolerance per dtype (float32: round-off; half precision: its rounding
+# of each module's output before the residual sum)
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 
 @dataclass
@@ -83,6 +85,11 @@ class ModelLogits:
 
     def __init__(self, opened: OpenedModel, model: Any) -> None:
         self.tokenizer, self.model, self.config = opened.tokenizer, model, opened.config
+        self.dtype = str(model.dtype).removeprefix("torch.")
+        if self.dtype not in TOLERANCE:
+            raise CheckpointError(f"the model's weights are {self.dtype}, which attnviz does "
+                                  "not decompose", fix=f"pass {option('dtype')} float32")
+        self.tolerance = TOLERANCE[self.dtype]
         self.name = printable(opened.folder.name)
         self.head = model.get_output_embeddings()
         if self.head is None or not hasattr(self.head, "weight"):
@@ -154,9 +161,9 @@ class ModelLogits:
 
         with torch.no_grad():
             parts, notes = self._parts(seen, pick, at)
-            check_parts(parts, f"model {quoted(self.name)}")
+            check_parts(parts, f"model {quoted(self.name)}", self.tolerance)
             norm = _fit(self.norm, pick(seen["final_in"][0]), pick(seen["final_out"][0]),
-                        f"the final norm {quoted(self.norm_name)}")
+                        f"the final norm {quoted(self.norm_name)}", self.tolerance)
             logits = pick(outputs.logits)
             self._check_head(pick(seen["final_out"][0]), logits)
             lens = None
@@ -165,6 +172,9 @@ class ModelLogits:
                                   notes)
         weight = self.head.weight.detach().float().cpu()
         bias = getattr(self.head, "bias", None)
+        if self.dtype != "float32":
+            notes.append(f"the model runs in {self.dtype}: each module rounds its output, so "
+                         "the remainder holds that rounding, not float32 round-off")
         return LogitRun(f"model {quoted(self.name)}", tokens, positions, parts, norm, logits,
                         weight, None if bias is None else bias.detach().float().cpu(),
                         self.transform, f"{self.norm_name} ({type(self.norm).__name__})", lens,
@@ -227,7 +237,7 @@ class ModelLogits:
             per_head = out[:-1] - bias  # the module's own map of each head's columns, unbiased
             if block.post_norm is not None:  # Gemma-2, OLMo-2: a norm before the residual
                 post = _fit(block.post_norm, pick(seen[f"raw{i}"][0]), pick(seen[f"attn{i}"][0]),
-                            f"the post-attention norm of layer {i}")
+                            f"the post-attention norm of layer {i}", self.tolerance)
                 per_head, bias = post.linear(per_head.double()).float(), \
                     post.apply(bias.double()).float()
             heads.append(per_head)
@@ -252,7 +262,7 @@ class ModelLogits:
             weight_dtype = self.head.weight.dtype
             mine = self._logits(normed.to(self.device, weight_dtype)).float().cpu()
         gap = float((mine - logits).abs().max()) / max(1.0, float(logits.abs().max()))
-        if gap > LOGIT_TOLERANCE:
+        if gap > self.tolerance:
             raise CheckFailed(f"the model's logits are not its LM head applied to its final "
                               f"norm's output, then {self.transform.describe()} (relative gap "
                               f"{gap:.1e}): it transforms them in a way attnviz does not know",
@@ -336,7 +346,8 @@ def _block(model: Any, opened: OpenedModel, blocks: str, index: int, block: Any)
                           fix="'attnviz inspect' shows which layers attnviz recognizes")
 
 
-def _fit(module: Any, x: torch.Tensor, y: torch.Tensor, what: str) -> FrozenNorm:
+def _fit(module: Any, x: torch.Tensor, y: torch.Tensor, what: str,
+         tolerance: float) -> FrozenNorm:
     """The norm module's kind and frozen scale, from its own input and output."""
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
@@ -344,5 +355,6 @@ def _fit(module: Any, x: torch.Tensor, y: torch.Tensor, what: str) -> FrozenNorm
                 if isinstance(getattr(module, name, None), float | int)), None)
     if eps is None:
         raise CheckFailed(f"{what} has no epsilon attnviz can read", fix=f"drop {option('model')}")
-    return fit_norm(x, y, None if weight is None else weight.detach().float().cpu(),
-                    None if bias is None else bias.detach().float().cpu(), eps, what)
+    params = NormParams(None if weight is None else weight.detach().float().cpu(),
+                        None if bias is None else bias.detach().float().cpu(), eps)
+    return fit_norm(x, y, params, what, tolerance)
