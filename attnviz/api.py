@@ -24,6 +24,8 @@ from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
 from attnviz.compute.circuits_result import CircuitsResult
+from attnviz.compute.logit.attribute_result import AttributeResult
+from attnviz.compute.logit.lens_result import LensResult
 from attnviz.core.choices import AblationMode, ColorScale, Dtype, OverviewShows, Weighting
 from attnviz.core.request import (
     DEFAULT_EMBED_DIM,
@@ -395,3 +397,37 @@ def circuits(weights: str | Path | None = None, *, model: str | Path | None = No
         hints, spec, None if composition is None else _flag(composition, "composition"),
         _str(device, "device", allow_none=False) or "cpu"))
     return _as(Circuits, result)
+
+
+def attribute(prompts: Sequence[str] = (), *, model: str | Path | None = None,
+              answer: str | None = None, wrong: str | None = None, position: int = -1,
+              corrupt: Sequence[str] = (), top: int = 10, device: str = "auto",
+              dtype: str = "float32") -> AttributeResult:
+    """Direct logit attribution (`attnviz attribute`): each head's, each layer's and the
+    embeddings' direct contribution to logit(answer) − logit(wrong) (or logit(answer)), the
+    final norm's scale frozen; the parts add up to the model's own metric (`parts.remainder`).
+    Default: the bundled model on its built-in induction prompt."""
+    from attnviz.app.attribute import AttributeRequest, run_attribute
+
+    return run_attribute(AttributeRequest(
+        _texts(prompts, "prompts") or [], str(_path(model, "model")) if model else None,
+        _str(answer, "answer"), _str(wrong, "wrong"), _int(position, "position") or 0,
+        _texts(corrupt, "corrupt") or [], device=_str(device, "device", False) or "auto",
+        dtype=Dtype.parse(dtype, "dtype"), top=_int(top, "top", 1) or 1))
+
+
+def lens(prompts: Sequence[str] = (), *, model: str | Path | None = None,
+         answer: str | None = None, positions: Sequence[int] = (), top: int = 3,
+         device: str = "auto", dtype: str = "float32") -> LensResult:
+    """The logit lens (`attnviz lens`): per layer × position, the top tokens and the answer's
+    rank and probability, each layer's residual through the model's own final norm (its own
+    statistics) and unembedding. Default: the bundled model on its built-in prompt."""
+    from attnviz.app.lens import LensRequest, run_lens
+
+    if isinstance(positions, str | bytes) or not isinstance(positions, Sequence):
+        raise TypeError(f"positions must be a list of ints, not {type(positions).__name__}")
+    return run_lens(LensRequest(
+        _texts(prompts, "prompts") or [], str(_path(model, "model")) if model else None,
+        _str(answer, "answer"), [_int(p, "positions") or 0 for p in positions],
+        _int(top, "top", 1) or 1, _str(device, "device", False) or "auto",
+        Dtype.parse(dtype, "dtype")))

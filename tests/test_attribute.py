@@ -220,3 +220,18 @@ def test_cli_writes_a_figure(cli, tmp_path):
         import numpy as np
 
         assert image.size[0] > 200 and len(np.unique(np.asarray(image.convert("L")))) > 10
+
+
+def test_the_api_returns_the_commands_numbers(cli):
+    from attnviz.api import attribute
+
+    result = attribute([PROMPT], answer="mat", wrong="cat", device="cpu")
+    doc = json.loads(cli("attribute", PROMPT, "--answer", "mat", "--wrong", "cat",
+                         "--json").stdout)
+    assert result.to_json()["prompts"][0]["parts"] == doc["prompts"][0]["parts"]
+    with pytest.raises(TypeError, match="prompts must be a list"):
+        attribute(PROMPT)
+    from attnviz.errors import UsageError
+
+    with pytest.raises(UsageError, match="wrong"):
+        attribute([PROMPT], wrong="cat")

@@ -144,3 +144,13 @@ def test_cli_writes_a_figure(cli, tmp_path):
 
     with Image.open(out) as image:
         assert image.size[0] > 200 and len(np.unique(np.asarray(image.convert("L")))) > 10
+
+
+def test_the_api_returns_the_commands_numbers(cli):
+    from attnviz.api import lens
+
+    result = lens([PROMPT], answer="mat", positions=[-1], device="cpu")
+    doc = json.loads(cli("lens", PROMPT, "--answer", "mat", "-p", "-1", "--json").stdout)
+    assert result.to_json()["prompts"] == doc["prompts"]
+    with pytest.raises(TypeError, match="positions must be a list"):
+        lens([PROMPT], positions=-1)
