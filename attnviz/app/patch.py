@@ -37,8 +37,8 @@ class PatchRequest:
     directions: tuple[PatchDirection, ...] = (PatchDirection.DENOISING,)
     sites: tuple[PatchSite, ...] = DEFAULT_SITES
     per_position: bool | None = None  # heads at each position (None: when small)
-    receivers: str = "logits"  # path patching: 'logits' or LAYER.HEAD[,LAYER.HEAD…]
-    receiver_input: PatchSite = PatchSite.Q  # q, k or v of the receivers
+    receivers: str | None = None  # path patching: 'logits' (None) or LAYER.HEAD[,…]
+    receiver_input: PatchSite | None = None  # q (None), k or v of the receiver heads
     device: str = "auto"
     dtype: Dtype = Dtype.FLOAT32
     memory_budget: int | None = None  # bytes of activations per forward (default 256 MiB)
@@ -58,8 +58,8 @@ def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: N
     tokenized = [tokenize_pair(p, model.tokenizer, request.metric, n + 1)
                  for n, p in enumerate(pairs)]
     batch = pair_batch(tokenized, request.metric)
-    receivers = _receivers(request.receivers, model) if PatchSite.PATH in request.sites else []
     _check_sites(request, model)
+    receivers = _receivers(request.receivers or "logits", model)
     engine = Engine(model, batch, request.memory_budget or DEFAULT_BUDGET)
     report("running the clean and the corrupted prompts")
     runs = baseline_runs(engine, _recorded(request, model), EXPLAINED[request.metric])
@@ -95,7 +95,7 @@ def _sweeps(request: PatchRequest, runs: object, direction: PatchDirection,
     wanted = set(request.sites)
     for site in request.sites:
         if site is PatchSite.HEADS or (site is PatchSite.ATTRIBUTION
-                                       and PatchSite.HEADS not in wanted):
+                                       and PatchSite.HEADS not in wanted):  # its exact twin
             grid = sweeps.head_sweep(runs, direction, "z", report)
             grids.append(grid)
             exact["heads"] = grid
@@ -114,7 +114,7 @@ def _sweeps(request: PatchRequest, runs: object, direction: PatchDirection,
             grids.append(sweeps.head_sweep(runs, direction, str(site), report))
         if site is PatchSite.PATH:
             grids.append(sweeps.path_sweep(runs, direction, receivers,
-                                           str(request.receiver_input), report))
+                                           str(request.receiver_input or PatchSite.Q), report))
     if PatchSite.ATTRIBUTION in wanted:
         report("attribution patching: one forward and backward")
         found = sweeps.attribution_grids(runs, direction, positions, exact)
@@ -183,34 +183,52 @@ def _receivers(text: str, model: PatchModel) -> list[tuple[int, int]]:
     for part in text.split(","):
         layer, dot, head = part.strip().partition(".")
         if not dot or not layer.strip().isdigit() or not head.strip().isdigit():
-            raise UsageError(f"unknown receiver {part.strip()!r}",
+            raise UsageError(f"unknown {option('receivers')} {part.strip()!r}",
                              fix="use logits, or LAYER.HEAD[,LAYER.HEAD…] such as 1.0,1.1",
-                             option="receiver")
+                             option="receivers")
         at = (int(layer), int(head))
         if at[0] >= model.n_layers or at[1] >= model.n_heads:
             raise UsageError(f"no head {at[0]}.{at[1]}: the model has {model.n_layers} layers "
                              f"of {model.n_heads} heads", fix="count from 0",
-                             option="receiver")
+                             option="receivers")
         if at[0] == 0:
-            raise UsageError("a receiver in layer 0 has no sender before it",
-                             fix="choose a receiver in a later layer", option="receiver")
+            raise UsageError(f"a {option('receivers')} head in layer 0 has no sender before it",
+                             fix="choose a receiver in a later layer", option="receivers")
         found.append(at)
     return found
 
 
 def _check_sites(request: PatchRequest, model: PatchModel) -> None:
+    """Each site reachable in the model; the receiver options only with path patching (and
+    --receiver-input only with receiver heads)."""
+    if request.per_position is not None and PatchSite.HEADS not in request.sites:
+        raise UsageError(f"{option('per_position')} is about head patching",
+                         fix=f"add heads to {option('site')}, or drop {option('per_position')}",
+                         option="per_position")
+    path = PatchSite.PATH in request.sites
+    heads = request.receivers is not None and request.receivers.strip().lower() != "logits"
+    if request.receivers is not None and not path:
+        raise UsageError(f"{option('receivers')} names path patching's receivers",
+                         fix=f"add {option('site')} path, or drop {option('receivers')}",
+                         option="receivers")
+    if request.receiver_input is not None:
+        if not (path and heads):
+            raise UsageError(f"{option('receiver_input')} is the input of receiver heads",
+                             fix=f"add {option('site')} path {option('receivers')} "
+                             f"LAYER.HEAD, or drop {option('receiver_input')}",
+                             option="receiver_input")
+        if request.receiver_input not in (PatchSite.Q, PatchSite.K, PatchSite.V):
+            raise UsageError(f"{option('receiver_input')} takes q, k or v",
+                             fix="use q, k or v", option="receiver_input")
     needs = {PatchSite.RESIDUAL: "resid", PatchSite.Q: "q", PatchSite.K: "k", PatchSite.V: "v",
              PatchSite.PATTERN: "pattern"}
-    if PatchSite.PATH in request.sites and request.receivers.strip().lower() != "logits":
-        needs = {**needs, PatchSite.PATH: str(request.receiver_input)}
+    if path and heads:
+        needs = {**needs, PatchSite.PATH: str(request.receiver_input or PatchSite.Q)}
     for site in request.sites:
         if site in needs and needs[site] not in model.sites:
             raise UsageError(f"{option('site')} {site} is not reachable in this model: "
                              + "; ".join(model.notes), fix=f"drop {option('site')} {site}",
                              option="site")
-    if request.receiver_input not in (PatchSite.Q, PatchSite.K, PatchSite.V):
-        raise UsageError(f"{option('receiver_input')} takes q, k or v",
-                         fix="use q, k or v", option="receiver_input")
 
 
 def _recorded(request: PatchRequest, model: PatchModel) -> set[str]:

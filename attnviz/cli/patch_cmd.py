@@ -34,14 +34,14 @@ Direction = Annotated[str, typer.Option("--direction", help=(
 Site = Annotated[str | None, typer.Option("--site", "-s", help=(
     "What is patched, comma-separated (default heads,residual): heads (each head's output), "
     "residual (each layer × position), q, k, v, pattern (per head; k and v per key/value "
-    "head), path (exact path patching to --receiver), attribution (first-order, beside "
+    "head), path (exact path patching to --receivers), attribution (first-order, beside "
     "exact)."))]
 PerPosition = Annotated[bool | None, typer.Option("--per-position/--no-per-position", help=(
     "Also patch each head at each position (default: when at most 1024 such patches)."))]
-Receiver = Annotated[str, typer.Option("--receiver", help=(
+Receivers = Annotated[str | None, typer.Option("--receivers", help=(
     "--site path: 'logits' (default), or receiver heads LAYER.HEAD[,LAYER.HEAD…] whose "
     "--receiver-input the senders reach."))]
-ReceiverInput = Annotated[PatchSite, choice_option(PatchSite, "--receiver-input", help=(
+ReceiverInput = Annotated[PatchSite | None, choice_option(PatchSite, "--receiver-input", help=(
     "--site path with receiver heads: their q (default), k or v."))]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure of every grid (.png, .svg, .pdf)."))]
@@ -53,7 +53,7 @@ def patch(
     clean: Clean = None, corrupt: Corrupt = None, answer: Answer = None, wrong: Wrong = None,
     pairs: Pairs = None, model: Model = None, metric: Metric = PatchMetric.LOGIT_DIFF,
     direction: Direction = "denoising", site: Site = None, per_position: PerPosition = None,
-    receiver: Receiver = "logits", receiver_input: ReceiverInput = PatchSite.Q,
+    receivers: Receivers = None, receiver_input: ReceiverInput = None,
     device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
     memory_budget: MemoryBudget = None, out: Out = None, export: Export = None,
     as_json: Json = False,
@@ -71,7 +71,7 @@ def patch(
     export_path = check_output_path(export, (".json",), read, "export") if export else None
     request = PatchRequest(clean, corrupt, answer, wrong, pairs, model, metric,
                            parse_directions(direction), parse_sites(site), per_position,
-                           receiver, receiver_input, device, dtype,
+                           receivers, receiver_input, device, dtype,
                            parse_memory_budget(memory_budget))
     result = run_patch(request)
     if out_path is not None:

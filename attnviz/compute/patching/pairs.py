@@ -25,7 +25,8 @@ from attnviz.errors import UsageError, option, printable, printable_path, quoted
 MAX_PAIRS = 4096  # pairs read from one file at most
 MAX_LINE_BYTES = 1 << 16
 FIELDS = ("clean", "corrupt", "answer", "wrong")
-PAIRS_FIX = ("one pair a line: TSV 'clean<TAB>corrupt<TAB>answer[<TAB>wrong]', or JSON lines "
+PAIRS_FIX = (f"{option('pairs')} takes one pair a line: TSV "
+             "'clean<TAB>corrupt<TAB>answer[<TAB>wrong]', or JSON lines "
              '{"clean": …, "corrupt": …, "answer": …, "wrong": …}')
 
 
