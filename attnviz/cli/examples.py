@@ -37,6 +37,13 @@ EXAMPLES = {
         ('attnviz ablate "the cat sat on the mat" --overview ablation --no-stats',
          "the scorecard as an overview grid"),
     ],
+    "patch": [
+        ("attnviz patch", "the bundled model's induction pair: which heads carry it"),
+        ('attnviz patch "river cat stone window forest river cat stone" -c "river cat bird '
+         'window forest river cat stone" -a window --wrong forest',
+         "your own pair"),
+        ("attnviz patch --site path,attribution --direction both", "path and attribution"),
+    ],
     "circuits": [
         ("attnviz circuits", "the bundled model: its induction heads K-compose with layer 0"),
         ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),

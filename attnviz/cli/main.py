@@ -27,6 +27,7 @@ from attnviz.cli.inspect_cmd import inspect
 from attnviz.cli.lens_cmd import lens
 from attnviz.cli.options import flag_of
 from attnviz.cli.panels import PanelledCommand, assign_panels
+from attnviz.cli.patch_cmd import patch
 from attnviz.cli.split_cmd import split
 from attnviz.errors import AttnvizError, ExitCode, Interrupted
 
@@ -181,7 +182,8 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-for _command in (split, inspect, heatmap, generate, ablate, circuits, attribute, lens):
+for _command in (split, inspect, heatmap, generate, ablate, circuits, patch, attribute,
+                 lens):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 
