@@ -235,3 +235,50 @@ def test_the_api_returns_the_commands_numbers(cli):
 
     with pytest.raises(UsageError, match="wrong"):
         attribute([PROMPT], wrong="cat")
+
+
+PAIRS = [("the cat sat on the mat the cat sat on the",
+          "the cat sat on the mat the dog sat on the", "mat", "cat"),
+         ("a dog ran to the barn a dog ran to the",
+          "a dog ran to the barn a cat ran to the", "barn", "cat")]
+
+
+def _pair_file(tmp_path, rows) -> str:
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join("\t".join(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_pairs_equal_each_pair_given_alone_and_their_mean(tmp_path):
+    result = run_attribute(AttributeRequest(pairs=_pair_file(tmp_path, PAIRS), device="cpu"))
+    assert len(result.prompts) == 2
+    for got, (clean, corrupt, answer, wrong) in zip(result.prompts, PAIRS, strict=True):
+        alone = run_attribute(AttributeRequest([clean], answer=answer, wrong=wrong,
+                                               corrupt=[corrupt], device="cpu")).prompts[0]
+        assert got.difference is not None and alone.difference is not None
+        for (_, a), (_, b) in zip(got.difference.named(), alone.difference.named(),
+                                  strict=True):
+            assert a == pytest.approx(b, abs=1e-6)
+    summary = result.mean()
+    assert summary is not None
+    mean, spread = summary
+    first, second = (p.difference.heads for p in result.prompts)
+    assert mean.heads[1][1] == pytest.approx((first[1][1] + second[1][1]) / 2)
+    assert spread[1][1] == pytest.approx(abs(first[1][1] - second[1][1]) / 2)
+    assert json.loads(json.dumps(result.to_json()))["mean_over_prompts"]["of"] == \
+        "clean − corrupted"
+
+
+def test_pairs_are_checked_as_the_patch_command_checks_them(tmp_path, cli):
+    mixed = _pair_file(tmp_path, [PAIRS[0], PAIRS[1][:3]])
+    result = cli("attribute", "--pairs", mixed)
+    assert result.exit_code == 2 and "wrong answer" in result.stderr
+    uneven = _pair_file(tmp_path, [(PAIRS[0][0], "the cat sat", "mat", "cat")])
+    result = cli("attribute", "--pairs", uneven)
+    assert result.exit_code == 2 and "same length" in result.stderr
+    result = cli("attribute", PROMPT, "--pairs", _pair_file(tmp_path, PAIRS))
+    assert result.exit_code == 2 and "--pairs" in result.stderr
+    result = cli("attribute", "--pairs", _pair_file(tmp_path, PAIRS), "--answer", "mat")
+    assert result.exit_code == 2 and "--answer" in result.stderr
+    shown = cli("attribute", "--pairs", _pair_file(tmp_path, PAIRS))
+    assert shown.exit_code == 0 and "mean over 2 prompts" in shown.stdout

@@ -112,6 +112,7 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "answer": ["--answer", "cat"], "wrong": ["--answer", "mat", "--wrong", "cat"],
         "position": ["--position", "2"], "top": ["--top", "2"],
         "corrupt": ["--corrupt", "the dog sat", "--corrupt", "a cat ran"],
+        "pairs": ["--pairs", f"{OUT}/../extra.txt"],
         "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
     },
     "lens": {

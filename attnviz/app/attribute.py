@@ -7,11 +7,18 @@ being decomposed. The parts, their sum and the remainder against the model's own
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnviz.app.logit_source import BUNDLED_PROMPT, LogitSource, encode, open_logit_source
+from attnviz.app.logit_source import (
+    BUNDLED_PROMPT,
+    MAX_PROMPTS,
+    LogitSource,
+    encode,
+    open_logit_source,
+)
 from attnviz.compute.logit.attribute_result import (
     AttributeResult,
     Parts,
@@ -34,31 +41,36 @@ class AttributeRequest:
     wrong: str | None = None  # None: the runner-up when answer is None, else no wrong token
     position: int = -1
     corrupt: list[str] = field(default_factory=list)  # one per prompt, or none
+    pairs: Path | None = None  # a TSV / JSON-lines file of clean, corrupt, answer[, wrong]
     device: str = "auto"
     dtype: Dtype = Dtype.FLOAT32
     top: int = 10  # the parts listed by size
 
 
 def run_attribute(request: AttributeRequest) -> AttributeResult:
-    """Direct logit attribution of every prompt (and its corrupted twin)."""
+    """Direct logit attribution of every prompt (and its corrupted twin), MAX_PROMPTS
+    prompts a forward."""
     _check(request)
     source = open_logit_source(request.model, request.device, request.dtype)
-    texts = request.prompts or ([BUNDLED_PROMPT] if request.model is None else [])
-    if not texts:
-        raise UsageError(f"{option('model')} needs a prompt", fix="give one or more prompts")
-    clean = encode(source, texts, request.position)
-    run = source.run(clean.ids, clean.tokens, clean.positions, None)
-    answers, wrongs = _targets(source, request, run)
-    results = _decompose(source, run, answers, wrongs, texts)
+    work = _work(source, request)
+    results: list[PromptAttribution] = []
+    for start in range(0, len(work.texts), MAX_PROMPTS):
+        chunk = slice(start, start + MAX_PROMPTS)
+        clean = encode(source, work.texts[chunk], request.position)
+        run = source.run(clean.ids, clean.tokens, clean.positions, None)
+        answers, wrongs = _targets(source, request, run, work, chunk)
+        found = _decompose(source, run, answers, wrongs, work.texts[chunk])
+        if work.corrupt:
+            corrupt = encode(source, work.corrupt[chunk], request.position)
+            other = source.run(corrupt.ids, corrupt.tokens, corrupt.positions, None)
+            twins = _decompose(source, other, answers, wrongs, work.corrupt[chunk])
+            found = [_with_corrupt(c, t) for c, t in zip(found, twins, strict=True)]
+        results += found
     notes = list(run.notes)
-    if request.corrupt:
-        corrupt = encode(source, request.corrupt, request.position)
-        other = source.run(corrupt.ids, corrupt.tokens, corrupt.positions, None)
-        twins = _decompose(source, other, answers, wrongs, request.corrupt)
-        results = [_with_corrupt(c, t) for c, t in zip(results, twins, strict=True)]
+    if work.corrupt:
         notes.append("the difference is clean − corrupted, part by part, each run decomposed "
                      "at its own frozen final-norm scale")
-    if request.answer is None:
+    if request.answer is None and request.pairs is None:
         notes.append("no answer given: the answer is the model's top prediction and the wrong "
                      "token its runner-up, per prompt")
     metric = "logit(answer)" if wrongs is None else "logit(answer) − logit(wrong)"
@@ -72,7 +84,49 @@ def run_attribute(request: AttributeRequest) -> AttributeResult:
                            results, request.top, notes)
 
 
+@dataclass(frozen=True)
+class _Work:
+    """The prompts to decompose, their corrupted twins, and (pairs) each one's answer and
+    wrong token ids."""
+
+    texts: list[str]
+    corrupt: list[str]
+    answers: list[int] | None = None
+    wrongs: list[int] | None = None
+
+
+def _work(source: LogitSource, request: AttributeRequest) -> _Work:
+    """The prompts given, the bundled model's built-in one, or the pairs of a file (read and
+    tokenized with the patch command's rules: equal lengths, one-token answers)."""
+    if request.pairs is None:
+        texts = request.prompts or ([BUNDLED_PROMPT] if request.model is None else [])
+        if not texts:
+            raise UsageError(f"{option('model')} needs a prompt", fix="give one or more prompts")
+        return _Work(texts, request.corrupt)
+    from attnviz.compute.patching.pairs import read_pairs, tokenize_pair
+    from attnviz.core.choices import PatchMetric
+
+    pairs = read_pairs(request.pairs)
+    if len({p.wrong is None for p in pairs}) > 1:
+        raise UsageError("some pairs give a wrong answer and some do not: the metric is one "
+                         "for all", fix="give every pair a wrong answer, or none",
+                         option="pairs")
+    metric = PatchMetric.LOGPROB if pairs[0].wrong is None else PatchMetric.LOGIT_DIFF
+    tokenized = [tokenize_pair(pair, source, metric, n + 1) for n, pair in enumerate(pairs)]
+    return _Work([p.clean for p in pairs], [p.corrupt for p in pairs],
+                 [t.answer[0] for t in tokenized],
+                 None if metric is PatchMetric.LOGPROB else [t.wrong or 0 for t in tokenized])
+
+
 def _check(request: AttributeRequest) -> None:
+    if request.pairs is not None:
+        given = [name for name, value in (("corrupt", request.corrupt), ("answer",
+                 request.answer), ("wrong", request.wrong)) if value]
+        if request.prompts or given:
+            raise UsageError(f"{option('pairs')} gives the prompts, corrupted prompts and "
+                             f"answers itself", fix="drop "
+                             + (", ".join(option(n) for n in given) or "the prompts"),
+                             option="pairs")
     if request.wrong is not None and request.answer is None:
         raise UsageError(f"{option('wrong')} needs {option('answer')}",
                          fix=f"give {option('answer')} too", option="wrong")
@@ -84,10 +138,12 @@ def _check(request: AttributeRequest) -> None:
         raise UsageError(f"{option('top')} must be positive", option="top")
 
 
-def _targets(source: LogitSource, request: AttributeRequest, run: LogitRun
-             ) -> tuple[list[int], list[int] | None]:
+def _targets(source: LogitSource, request: AttributeRequest, run: LogitRun, work: _Work,
+             chunk: slice) -> tuple[list[int], list[int] | None]:
     """Each prompt's answer id and wrong id (None: the metric is the answer's logit)."""
     B = len(run.positions)
+    if work.answers is not None:
+        return work.answers[chunk], None if work.wrongs is None else work.wrongs[chunk]
     if request.answer is None:
         top = run.logits.topk(2, dim=-1).indices  # (B, 2)
         return top[:, 0].tolist(), top[:, 1].tolist()

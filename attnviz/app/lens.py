@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from attnviz.app.logit_source import (
     BUNDLED_PROMPT,
+    MAX_PROMPTS,
     encode,
     open_logit_source,
     resolve_position,
@@ -41,6 +42,9 @@ def run_lens(request: LensRequest) -> LensResult:
     texts = request.prompts or ([BUNDLED_PROMPT] if request.model is None else [])
     if not texts:
         raise UsageError(f"{option('model')} needs a prompt", fix="give one or more prompts")
+    if len(texts) > MAX_PROMPTS:
+        raise UsageError(f"{len(texts)} prompts; the lens shows at most {MAX_PROMPTS}",
+                         fix="split them over several runs")
     encoded = encode(source, texts, -1)
     columns = [_columns(request.positions, len(ids), n)
                for n, ids in enumerate(encoded.ids)]

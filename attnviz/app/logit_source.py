@@ -24,6 +24,10 @@ class LogitSource(Protocol):
 
     def token_id(self, text: str, what: str) -> int: ...
 
+    def prompt(self, text: str) -> tuple[list[int], list[str]]: ...
+
+    def piece(self, text: str) -> tuple[list[int], list[str]]: ...
+
     def name_of(self, token_id: int) -> str: ...
 
     def run(self, prompts: list[list[int]], tokens: list[list[str]], positions: list[int],
@@ -63,9 +67,6 @@ def open_logit_source(model: str | None, device: str, dtype: Dtype) -> LogitSour
 
 def encode(source: LogitSource, texts: list[str], position: int) -> Encoded:
     """Each prompt's ids, tokens and position (`position` counts from the end when negative)."""
-    if len(texts) > MAX_PROMPTS:
-        raise UsageError(f"{len(texts)} prompts; at most {MAX_PROMPTS} run at once",
-                         fix="split them over several runs")
     ids, tokens, positions = [], [], []
     for n, text in enumerate(texts):
         i, t = source.tokenize(text)

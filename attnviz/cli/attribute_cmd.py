@@ -26,6 +26,10 @@ Position = Annotated[int, typer.Option("--position", "-p", help=(
     "-1, the last token)."))]
 Corrupt = Annotated[list[str] | None, typer.Option("--corrupt", "-c", help=(
     "A corrupted prompt, one per prompt: each part's clean − corrupted difference."))]
+Pairs = Annotated[Path | None, typer.Option("--pairs", callback=path_arg, help=(
+    "A file of prompt pairs, one a line: TSV 'clean<TAB>corrupt<TAB>answer[<TAB>wrong]' or "
+    "JSON lines (as attnviz patch reads them): each pair's clean − corrupted difference, and "
+    "the mean over the pairs."))]
 Top = Annotated[int, typer.Option("--top", help="How many of the largest parts to name.")]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure: the layers × heads grid and the layer parts (.png, .svg, .pdf)."))]
@@ -33,7 +37,8 @@ Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help
 
 def attribute(
     sentences: Prompts = None, model: Model = None, answer: Answer = None, wrong: Wrong = None,
-    position: Position = -1, corrupt: Corrupt = None, top: Top = 10, out: Out = None,
+    position: Position = -1, corrupt: Corrupt = None, pairs: Pairs = None, top: Top = 10,
+    out: Out = None,
     as_json: Json = False, device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
 ) -> None:
     """Direct logit attribution: each head's, each layer's attention and MLP output's and the
@@ -45,10 +50,10 @@ def attribute(
     from attnviz.render.figure_io import FIGURE_SUFFIXES
 
     out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(
-        None, model, None, model is None)) if out else None
+        None, model, pairs, model is None)) if out else None
     result = run_attribute(AttributeRequest(
-        list(sentences or []), model, answer, wrong, position, list(corrupt or []), device,
-        dtype, top))
+        list(sentences or []), model, answer, wrong, position, list(corrupt or []), pairs,
+        device, dtype, top))
     if out_path is not None:
         from attnviz.cli.paths import write_figure
         from attnviz.render.attribute_figure import attribute_figure

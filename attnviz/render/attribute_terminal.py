@@ -18,13 +18,24 @@ from attnviz.errors import printable
 from attnviz.render.safe import safe_text
 
 MAX_HEAD_COLUMNS = 16  # wider models: the grid shows the first 16 heads, --json has them all
+MAX_PROMPTS = 8  # prompts shown one by one; the mean covers them all
 
 
 def print_attribution(console: Console, result: AttributeResult) -> None:
     console.print(header(result), soft_wrap=True)
-    for prompt in result.prompts:
+    for prompt in result.prompts[:MAX_PROMPTS]:
         console.print()
         console.print(prompt_view(prompt, result), soft_wrap=True)
+    if len(result.prompts) > MAX_PROMPTS:
+        console.print(Text(f"({len(result.prompts) - MAX_PROMPTS} more prompts in --json)",
+                           style="dim"))
+    summary = result.mean()
+    if summary is not None:
+        what = "clean − corrupted" if result.prompts[0].difference is not None else "parts"
+        console.print()
+        console.print(Group(
+            Text(f"mean over {len(result.prompts)} prompts ({what}):", style="bold"),
+            _top(summary[0], result.top), _grid(summary[0], summary[1])), soft_wrap=True)
 
 
 def header(result: AttributeResult) -> RenderableType:
@@ -82,8 +93,8 @@ def _top(parts: Parts, top: int) -> Table:
     return table
 
 
-def _grid(parts: Parts) -> Table:
-    """Layers × heads (then W_O bias, attention total, MLP), signed values."""
+def _grid(parts: Parts, spread: list[list[float]] | None = None) -> Table:
+    """Layers × heads (then W_O bias, attention total, MLP), signed values (± `spread`)."""
     heads = parts.heads or [[] for _ in parts.attn]
     shown = min(MAX_HEAD_COLUMNS, max((len(row) for row in heads), default=0))
     table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1),
@@ -98,7 +109,8 @@ def _grid(parts: Parts) -> Table:
     for name in ("W_O b", "attn", "MLP"):
         table.add_column(name, justify="right", no_wrap=True, style="dim")
     for layer, total in enumerate(parts.attn):
-        cells: list[Text | str] = [_cell(v) for v in heads[layer][:shown]]
+        cells: list[Text | str] = [_cell(v, None if spread is None else spread[layer][h])
+                                   for h, v in enumerate(heads[layer][:shown])]
         cells += ["" for _ in range(shown - len(cells))]
         cells.append("–" if parts.attn_bias is None else f"{parts.attn_bias[layer]:+.3f}")
         cells.append(f"{total:+.3f}")
@@ -107,5 +119,8 @@ def _grid(parts: Parts) -> Table:
     return table
 
 
-def _cell(value: float) -> Text:
-    return Text(f"{value:+.3f}", style="green" if value > 0 else "red" if value < 0 else "")
+def _cell(value: float, spread: float | None = None) -> Text:
+    text = Text(f"{value:+.3f}", style="green" if value > 0 else "red" if value < 0 else "")
+    if spread is not None:
+        text.append(f"±{spread:.2f}", style="dim")
+    return text

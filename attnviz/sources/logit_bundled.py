@@ -61,6 +61,13 @@ class BundledLogits:
             self.names.setdefault(i, word)
         return ids, words
 
+    def prompt(self, text: str) -> tuple[list[int], list[str]]:
+        """The pairs' tokenizer (attnviz.compute.patching.pairs): words are the tokens."""
+        return self.tokenize(text)
+
+    def piece(self, text: str) -> tuple[list[int], list[str]]:
+        return self.tokenize(text)
+
     def token_id(self, text: str, what: str) -> int:
         """The id of one word (the answer or the wrong token)."""
         words = split_words(text)

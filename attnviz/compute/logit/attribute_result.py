@@ -102,9 +102,47 @@ class AttributeResult:
     top: int
     notes: list[str]
 
+    def mean(self) -> tuple[Parts, list[list[float]] | None] | None:
+        """Over the prompts (of the clean − corrupted differences, where given): the mean of
+        every part, and the heads' standard deviation; None for a single prompt."""
+        if len(self.prompts) < 2:
+            return None
+        each = [p.difference if p.difference is not None else p.parts for p in self.prompts]
+        return mean_parts([p for p in each if p is not None])
+
     def to_json(self) -> dict[str, Any]:
+        summary = self.mean()
         return {"command": "attribute", "model": self.model, "metric": self.metric,
                 "final_norm": self.norm, "final_norm_scale": "frozen at each run's own final "
                 "residual (1/sigma, per prompt)", "logit_transform": self.transform,
                 "attributed_before_softcap": self.softcapped, "conventions": CONVENTIONS,
-                "prompts": [p.to_json(self.top) for p in self.prompts], "notes": self.notes}
+                "prompts": [p.to_json(self.top) for p in self.prompts],
+                "mean_over_prompts": None if summary is None else
+                {"parts": summary[0].to_json(), "heads_std": summary[1],
+                 "of": "clean − corrupted" if self.prompts[0].difference is not None
+                 else "clean"},
+                "notes": self.notes}
+
+
+def mean_parts(parts: list[Parts]) -> tuple[Parts, list[list[float]] | None]:
+    """Part by part: the mean over `parts`, and the heads' population standard deviation."""
+    n = len(parts)
+
+    def mean(values: list[Any]) -> Any:
+        if values[0] is None:
+            return None
+        if isinstance(values[0], list):
+            return [mean([v[i] for v in values]) for i in range(len(values[0]))]
+        return sum(values) / n
+
+    def std(values: list[Any]) -> Any:
+        if isinstance(values[0], list):
+            return [std([v[i] for v in values]) for i in range(len(values[0]))]
+        m = sum(values) / n
+        return (sum((v - m) ** 2 for v in values) / n) ** 0.5
+
+    fields = ("embed", "attn", "mlp", "heads", "attn_bias", "norm_bias", "head_bias", "total",
+              "target", "remainder")
+    averaged = Parts(*(mean([getattr(p, f) for p in parts]) for f in fields))
+    heads = None if parts[0].heads is None else std([p.heads for p in parts])
+    return averaged, heads

@@ -116,6 +116,15 @@ class ModelLogits:
             raise UsageError("a prompt encodes to no token", fix="give a longer prompt")
         return ids, token_names(self.tokenizer, ids)
 
+    def prompt(self, text: str) -> tuple[list[int], list[str]]:
+        """The pairs' tokenizer (attnviz.compute.patching.pairs): with special tokens."""
+        return self.tokenize(text)
+
+    def piece(self, text: str) -> tuple[list[int], list[str]]:
+        """An answer's tokens: no special tokens added."""
+        ids = [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        return ids, token_names(self.tokenizer, ids)
+
     def token_id(self, text: str, what: str) -> int:
         """The one token `text` encodes to (without special tokens)."""
         ids = [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
