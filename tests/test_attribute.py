@@ -282,3 +282,26 @@ def test_pairs_are_checked_as_the_patch_command_checks_them(tmp_path, cli):
     assert result.exit_code == 2 and "--answer" in result.stderr
     shown = cli("attribute", "--pairs", _pair_file(tmp_path, PAIRS))
     assert shown.exit_code == 0 and "mean over 2 prompts" in shown.stdout
+
+
+def test_export_holds_every_number(tmp_path, cli):
+    from safetensors import safe_open
+
+    path = tmp_path / "dla.safetensors"
+    result = cli("attribute", PROMPT, "-a", "mat", "--wrong", "cat", "-c",
+                 "the cat sat on the mat the dog sat on the", "--export", path)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(cli("attribute", PROMPT, "-a", "mat", "--wrong", "cat", "-c",
+                         "the cat sat on the mat the dog sat on the", "--json").stdout)
+    with safe_open(str(path), "pt") as f:
+        heads = f.get_tensor("heads")
+        assert heads.shape == (1, 2, 2)
+        assert heads[0].tolist() == doc["prompts"][0]["parts"]["heads"]
+        assert f.get_tensor("difference.heads")[0].tolist() == \
+            doc["prompts"][0]["difference_clean_minus_corrupt"]["heads"]
+        assert json.loads(f.metadata()["document"]) == doc
+    as_json = tmp_path / "dla.json"
+    assert cli("attribute", PROMPT, "--export", as_json).exit_code == 0
+    assert json.loads(as_json.read_text())["command"] == "attribute"
+    refused = cli("attribute", "--export", tmp_path / "x.txt")
+    assert refused.exit_code == 2 and "--export" in refused.stderr

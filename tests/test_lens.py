@@ -154,3 +154,10 @@ def test_the_api_returns_the_commands_numbers(cli):
     assert result.to_json()["prompts"] == doc["prompts"]
     with pytest.raises(TypeError, match="positions must be a list"):
         lens([PROMPT], positions=-1)
+
+
+def test_export_writes_the_json_document(tmp_path, cli):
+    path = tmp_path / "lens.json"
+    result = cli("lens", PROMPT, "--export", path)
+    assert result.exit_code == 0, result.output
+    assert json.loads(path.read_text()) == json.loads(cli("lens", PROMPT, "--json").stdout)

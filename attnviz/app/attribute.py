@@ -211,3 +211,35 @@ def _minus(a: Parts, b: Parts) -> Parts:
     return Parts(*(each(getattr(a, f), getattr(b, f)) for f in (
         "embed", "attn", "mlp", "heads", "attn_bias", "norm_bias", "head_bias", "total",
         "target", "remainder")))
+
+
+EXPORT_SUFFIXES = (".json", ".safetensors")
+
+
+def export_attribution(result: AttributeResult, path: Path, document: str) -> None:
+    """--export: the --json document (`document`, .json), or (.safetensors) every part as
+    tensors — per prompt p: embed (P,), attn (P, N), mlp (P, N), heads (P, N, H), wo_bias
+    (P, N), final_norm_bias, unembedding_bias, sum, model_metric, remainder (P,), the same
+    with a `difference.` prefix for clean − corrupted — and the document as metadata."""
+    from attnviz.app.outputs import write_output
+
+    if path.suffix.lower() == ".json":
+        write_output(path, lambda tmp: tmp.write_text(document, encoding="utf-8"))
+        return
+    from safetensors.torch import save_file
+
+    tensors = _tensors("", [p.parts for p in result.prompts])
+    differences = [p.difference for p in result.prompts]
+    if all(d is not None for d in differences):
+        tensors.update(_tensors("difference.", [d for d in differences if d is not None]))
+    write_output(path, lambda tmp: save_file(tensors, str(tmp), metadata={
+        "attnviz": "attribute", "document": document}))
+
+
+def _tensors(prefix: str, parts: list[Parts]) -> dict[str, torch.Tensor]:
+    found: dict[str, torch.Tensor] = {}
+    for name, value in parts[0].to_json().items():
+        if value is not None:
+            found[prefix + name] = torch.tensor([p.to_json()[name] for p in parts],
+                                                dtype=torch.float64)
+    return found

@@ -33,24 +33,29 @@ Pairs = Annotated[Path | None, typer.Option("--pairs", callback=path_arg, help=(
 Top = Annotated[int, typer.Option("--top", help="How many of the largest parts to name.")]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure: the layers × heads grid and the layer parts (.png, .svg, .pdf)."))]
+Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help=(
+    "Write every number: the --json document (.json), or every part as float64 tensors, "
+    "the document in the metadata (.safetensors)."))]
 
 
 def attribute(
     sentences: Prompts = None, model: Model = None, answer: Answer = None, wrong: Wrong = None,
     position: Position = -1, corrupt: Corrupt = None, pairs: Pairs = None, top: Top = 10,
-    out: Out = None,
-    as_json: Json = False, device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
+    out: Out = None, export: Export = None, as_json: Json = False, device: Device = "auto",
+    dtype: Dtype = choices.Dtype.FLOAT32,
 ) -> None:
     """Direct logit attribution: each head's, each layer's attention and MLP output's and the
     embeddings' direct contribution to logit(answer) − logit(wrong), the final norm's scale
     frozen; the parts add up to the model's own logit difference."""
-    from attnviz.app.attribute import AttributeRequest, run_attribute
+    from attnviz.app.attribute import EXPORT_SUFFIXES, AttributeRequest, run_attribute
     from attnviz.app.outputs import check_output_path
     from attnviz.cli.paths import inputs_read
     from attnviz.render.figure_io import FIGURE_SUFFIXES
 
-    out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(
-        None, model, pairs, model is None)) if out else None
+    read = inputs_read(None, model, pairs, model is None)
+    out_path = check_output_path(out, FIGURE_SUFFIXES, read) if out else None
+    export_path = check_output_path(export, EXPORT_SUFFIXES, read, "export") if export \
+        else None
     result = run_attribute(AttributeRequest(
         list(sentences or []), model, answer, wrong, position, list(corrupt or []), pairs,
         device, dtype, top))
@@ -59,6 +64,10 @@ def attribute(
         from attnviz.render.attribute_figure import attribute_figure
 
         write_figure(attribute_figure(result), out_path)
+    if export_path is not None:
+        from attnviz.app.attribute import export_attribution
+
+        export_attribution(result, export_path, strict_json(result.to_json()) + "\n")
     if as_json:
         typer.echo(strict_json(result.to_json()))
         return
@@ -66,5 +75,6 @@ def attribute(
 
     shown = console()
     print_attribution(shown, result)
-    if out_path is not None:
-        shown.print(plain(f"wrote {out_path}"), soft_wrap=True)
+    for path in (out_path, export_path):
+        if path is not None:
+            shown.print(plain(f"wrote {path}"), soft_wrap=True)

@@ -24,11 +24,14 @@ Top = Annotated[int, typer.Option("--top", help=(
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure: the answer's probability per layer × position, top tokens "
     "written in (.png, .svg, .pdf)."))]
+Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help=(
+    "Write every cell's numbers (the --json document) to a .json file."))]
 
 
 def lens(
     sentences: Prompts = None, model: Model = None, answer: Answer = None,
-    position: Position = None, top: Top = 3, out: Out = None, as_json: Json = False,
+    position: Position = None, top: Top = 3, out: Out = None, export: Export = None,
+    as_json: Json = False,
     device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
 ) -> None:
     """The logit lens: each layer's residual through the model's own final norm (its own
@@ -39,8 +42,9 @@ def lens(
     from attnviz.cli.paths import inputs_read
     from attnviz.render.figure_io import FIGURE_SUFFIXES
 
-    out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(
-        None, model, None, model is None)) if out else None
+    read = inputs_read(None, model, None, model is None)
+    out_path = check_output_path(out, FIGURE_SUFFIXES, read) if out else None
+    export_path = check_output_path(export, (".json",), read, "export") if export else None
     result = run_lens(LensRequest(list(sentences or []), model, answer, list(position or []),
                                   top, device, dtype))
     if out_path is not None:
@@ -48,6 +52,10 @@ def lens(
         from attnviz.render.lens_figure import lens_figure
 
         write_figure(lens_figure(result), out_path)
+    if export_path is not None:
+        from attnviz.cli.paths import write_page
+
+        write_page(strict_json(result.to_json()) + "\n", export_path)
     if as_json:
         typer.echo(strict_json(result.to_json()))
         return
@@ -55,5 +63,6 @@ def lens(
 
     shown = console()
     print_lens(shown, result)
-    if out_path is not None:
-        shown.print(plain(f"wrote {out_path}"), soft_wrap=True)
+    for path in (out_path, export_path):
+        if path is not None:
+            shown.print(plain(f"wrote {path}"), soft_wrap=True)
