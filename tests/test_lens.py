@@ -35,7 +35,7 @@ def _lens_logits(texts: list[str]) -> list[torch.Tensor]:
     run = source.run([i for i, _ in encoded], [t for _, t in encoded],
                      [len(i) - 1 for i, _ in encoded], columns)
     assert run.lens is not None
-    return run.lens
+    return [run.lens.stacked(b) for b in range(len(texts))]
 
 
 def _residuals(text: str) -> list[torch.Tensor]:
@@ -107,7 +107,7 @@ def test_answer_rank_and_probability_are_the_softmaxs():
 
 def test_grid_without_an_answer_and_softcap_inverse():
     logits = torch.randn(2, 3, 11, dtype=torch.float64)
-    grid = lens_grid(logits, [0, 1, 2], None, 4)
+    grid = lens_grid(logits, [0, 1, 2], None, 4)  # rows: iterating (R, P, V) gives (P, V)
     assert grid.answer_rank is None and grid.top_ids.shape == (2, 3, 4)
     capped = softcap(logits, 2.0)
     assert capped.abs().max() < 2.0

@@ -48,7 +48,7 @@ def _lens(folder: Path, texts: list[str]) -> list[torch.Tensor]:
     run = source.run(encoded.ids, encoded.tokens, encoded.positions,
                      [list(range(len(i))) for i in encoded.ids])
     assert run.lens is not None
-    return run.lens
+    return [run.lens.stacked(b) for b in range(len(texts))]
 
 
 def _model(folder: Path) -> tuple[object, object]:

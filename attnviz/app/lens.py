@@ -58,8 +58,8 @@ def run_lens(request: LensRequest) -> LensResult:
         notes.append("no answer given: the answer is the model's own top prediction at each "
                      "prompt's last position")
     found = []
-    for b, logits in enumerate(run.lens):
-        grid = lens_grid(logits, columns[b], answers[b], request.top)
+    for b in range(len(texts)):
+        grid = lens_grid(run.lens.rows(b), columns[b], answers[b], request.top)
         rows = ["embeddings"] + [f"layer {i}" for i in range(grid.rows - 1)]
         cells = [[Cell([(source.name_of(int(i)), float(p)) for i, p in
                         zip(grid.top_ids[r, c].tolist(), grid.top_probs[r, c].tolist(),

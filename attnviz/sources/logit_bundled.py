@@ -16,7 +16,7 @@ from attnviz.compute import kernel
 from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
 from attnviz.compute.logit.frozen_norm import NormParams, fit_norm
-from attnviz.compute.logit.logit_run import LogitRun, LogitTransform
+from attnviz.compute.logit.logit_run import LensRows, LogitRun, LogitTransform
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids, split_words
@@ -124,10 +124,12 @@ class BundledLogits:
                             "the final LayerNorm")
             lens = None
             if lens_positions is not None:
-                lens = [torch.stack([F.layer_norm(state[bi, cols], (x.shape[-1],), gain, shift,
-                                                  eps=LN_EPS) @ unembed.T
-                                     for state in hidden]).cpu()
-                        for bi, cols in enumerate(lens_positions)]  # (R, P, V) per prompt
+                def to_logits(rows: torch.Tensor) -> torch.Tensor:  # (P, E) -> (P, V)
+                    return F.layer_norm(rows, (rows.shape[-1],), gain, shift,
+                                        eps=LN_EPS) @ unembed.T
+
+                lens = LensRows([torch.stack([state[b, cols] for state in hidden])
+                                 for b, cols in enumerate(lens_positions)], to_logits)
         return LogitRun(NAME, tokens, positions, parts, norm, logits, unembed, None,
                         LogitTransform(), "ln_f", lens, lens_positions,
                         ["an attention-only model: its parts are the embeddings (token + "

@@ -8,6 +8,7 @@ layer l; the last row is the model's own output.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -29,18 +30,24 @@ class LensGrid:
         return int(self.top_ids.shape[0])
 
 
-def lens_grid(logits: torch.Tensor, positions: list[int], answer: int | None, k: int
+def lens_grid(rows: Iterable[torch.Tensor], positions: list[int], answer: int | None, k: int
               ) -> LensGrid:
-    """The grid of logits (R, P, V), in float64: softmax over the vocabulary per cell."""
-    logits = logits.double()
-    probs = torch.softmax(logits, dim=-1)  # (R, P, V)
-    top_probs, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
-    rank = prob = None
-    if answer is not None:
-        own = logits[..., answer]  # (R, P)
-        rank = 1 + (logits > own[..., None]).sum(-1)
-        prob = probs[..., answer]
-    return LensGrid(list(positions), top_ids, top_probs, answer, rank, prob)
+    """The grid of each row's logits (P, V), one row at a time, in float64: softmax over
+    the vocabulary per cell."""
+    ids, tops, ranks, probs_of = [], [], [], []
+    for row in rows:
+        logits = row.double()
+        probs = torch.softmax(logits, dim=-1)  # (P, V)
+        top_probs, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)
+        ids.append(top_ids)
+        tops.append(top_probs)
+        if answer is not None:
+            own = logits[:, answer]  # (P,)
+            ranks.append(1 + (logits > own[:, None]).sum(-1))
+            probs_of.append(probs[:, answer])
+    rank = torch.stack(ranks) if answer is not None else None
+    prob = torch.stack(probs_of) if answer is not None else None
+    return LensGrid(list(positions), torch.stack(ids), torch.stack(tops), answer, rank, prob)
 
 
 def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:

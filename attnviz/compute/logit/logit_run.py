@@ -4,6 +4,7 @@ only, so the arithmetic is the same for the bundled model and a Hugging Face mod
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,26 @@ class LogitTransform:
         return ", ".join(said) or "none"
 
 
+@dataclass(frozen=True)
+class LensRows:
+    """The lens's inputs, kept small: each prompt's residual rows at its chosen positions
+    (R, P, E), and the model's own map from residual rows to logits (its final norm — each
+    row's own statistics —, its head, its logit transform). Logits are made a row at a time,
+    so R × P × V never sits in memory at once."""
+
+    states: list[torch.Tensor]  # per prompt (R, P, E)
+    to_logits: Callable[[torch.Tensor], torch.Tensor]  # (P, E) -> (P, V)
+
+    def rows(self, prompt: int) -> Iterator[torch.Tensor]:
+        """Prompt `prompt`'s logits, row by row: (P, V) each, on the CPU."""
+        for state in self.states[prompt]:
+            yield self.to_logits(state).float().cpu()
+
+    def stacked(self, prompt: int) -> torch.Tensor:
+        """(R, P, V): every row at once (small models, tests)."""
+        return torch.stack(list(self.rows(prompt)))
+
+
 @dataclass
 class LogitRun:
     """One forward over B prompts (each read at `positions[b]`)."""
@@ -43,7 +64,7 @@ class LogitRun:
     unembed_bias: torch.Tensor | None  # (V,)
     transform: LogitTransform
     norm_name: str  # the final norm module, for outputs
-    lens: list[torch.Tensor] | None = None  # per prompt (R, P, V) each row's logits
+    lens: LensRows | None = None
     lens_positions: list[list[int]] | None = None
     notes: list[str] = field(default_factory=list)
     vocabulary: dict[int, str] = field(default_factory=dict)  # id -> name, where known

@@ -27,7 +27,7 @@ import torch
 
 from attnviz.compute.logit.frozen_norm import FrozenNorm, NormParams, fit_norm
 from attnviz.compute.logit.lens_grid import softcap
-from attnviz.compute.logit.logit_run import LogitRun, LogitTransform
+from attnviz.compute.logit.logit_run import LensRows, LogitRun, LogitTransform
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
 from attnviz.errors import CheckFailed, CheckpointError, UsageError, option, printable, quoted
 from attnviz.load.paths import library_path
@@ -283,24 +283,25 @@ class ModelLogits:
         return softcap(logits, self.transform.softcap)
 
     def _lens(self, hidden: tuple[torch.Tensor, ...], final: torch.Tensor,
-              positions: list[list[int]], notes: list[str]) -> list[torch.Tensor]:
-        """Per prompt (R, P, V): hidden_states 0..N−1 and the final norm's input, each
-        through the final norm module (its own statistics) and the head."""
+              positions: list[list[int]], notes: list[str]) -> LensRows:
+        """Per prompt the rows hidden_states 0..N−1 and the final norm's input at its
+        positions; logits through the final norm module (its own statistics) and the head."""
         if len(hidden) != len(self.blocks) + 1:
             raise CheckpointError(f"the model returned {len(hidden)} hidden states for "
                                   f"{len(self.blocks)} layers", fix="report this model")
-        last = hidden[-1]
-        if torch.equal(last, final):
+        if torch.equal(hidden[-1], final):
             notes.append("transformers' last hidden state is the final norm's input here")
         else:
             notes.append("transformers' last hidden state has the final norm applied: the "
                          "last lens row reads the norm's input instead")
         states = [*hidden[:-1], final]
-        found = []
-        for b, cols in enumerate(positions):
-            rows = torch.stack([state[b, cols] for state in states])  # (R, P, E)
-            found.append(self._logits(self.norm(rows)).float().cpu())
-        return found
+
+        def to_logits(rows: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return self._logits(self.norm(rows))
+
+        return LensRows([torch.stack([state[b, cols] for state in states])
+                         for b, cols in enumerate(positions)], to_logits)
 
 
 def _decoder_layers(model: Any, config: Any) -> tuple[str, Any]:
