@@ -97,7 +97,7 @@ class BundledLogits:
         rows = torch.arange(B, device=self.device)
 
         def pick(t: torch.Tensor) -> torch.Tensor:  # (B, L, E) -> (B, E) at each position
-            return t[rows, at]
+            return t[rows, at].cpu()  # the decomposition runs on the CPU, in float64
 
         with torch.no_grad():
             x = self.param("embed.weight")[ids] + self.param("pos_embed.weight")[:L][None]
@@ -107,21 +107,21 @@ class BundledLogits:
                 h = F.layer_norm(x, (x.shape[-1],), self.param(f"layers.{i}.ln.weight"),
                                  self.param(f"layers.{i}.ln.bias"), eps=LN_EPS)
                 out, _, _ = layer_attention(layer, weights, (h, h, h), pad, causal=True)
-                heads.append(self._heads(layer, weights, h, pad, at))
+                heads.append(self._heads(layer, weights, h, pad, at).cpu())
                 biases.append(torch.zeros_like(embed) if weights.b_o is None
-                              else weights.b_o.expand_as(embed))
+                              else weights.b_o.cpu().expand_as(embed))
                 attn.append(pick(out))
                 x = x + out
                 hidden.append(x)
             gain, shift = self.param("ln_f.weight"), self.param("ln_f.bias")
             normed = F.layer_norm(x, (x.shape[-1],), gain, shift, eps=LN_EPS)
             unembed = self.param("unembed.weight")  # (V, E)
-            logits = pick(normed) @ unembed.T  # (B, V)
+            logits = pick(normed) @ unembed.cpu().T  # (B, V)
             parts = ResidualParts(embed, torch.stack(attn), None, torch.stack(heads),
                                   torch.stack(biases), pick(x))
             check_parts(parts, NAME)
-            norm = fit_norm(pick(x), pick(normed), NormParams(gain, shift, LN_EPS),
-                            "the final LayerNorm")
+            norm = fit_norm(pick(x), pick(normed),
+                            NormParams(gain.cpu(), shift.cpu(), LN_EPS), "the final LayerNorm")
             lens = None
             if lens_positions is not None:
                 def to_logits(rows: torch.Tensor) -> torch.Tensor:  # (P, E) -> (P, V)
@@ -130,7 +130,7 @@ class BundledLogits:
 
                 lens = LensRows([torch.stack([state[b, cols] for state in hidden])
                                  for b, cols in enumerate(lens_positions)], to_logits)
-        return LogitRun(NAME, tokens, positions, parts, norm, logits, unembed, None,
+        return LogitRun(NAME, tokens, positions, parts, norm, logits, unembed.cpu(), None,
                         LogitTransform(), "ln_f", lens, lens_positions,
                         ["an attention-only model: its parts are the embeddings (token + "
                          "position) and each head's output, through W_O"],
