@@ -20,9 +20,13 @@ PROMPT = "the cat sat on the mat the cat sat on the"
 OTHER = "a small dog ran far away"
 # pre-norm decoders: GQA (llama, mistral MQA), Conv1D (gpt2), parallel attention + MLP
 # (gpt_neox, phi, gptj, falcon), RMSNorm with 1 + weight and softcap (gemma, gemma2),
-# post-branch norms (olmo2), a logit scale (cohere), an MLP run on (B·L, E) (opt)
+# post-branch norms (olmo2, gemma3), a logit scale (cohere), an MLP run on (B·L, E) (opt),
+# mixture-of-experts MLPs (mixtral), per-head q/k norms (qwen3), fused MQA (gpt_bigcode), a
+# parameter-free LayerNorm keeping its epsilon in code (olmo), a 1 + weight LayerNorm
+# (nemotron), scaled embeddings and a final norm named layer_norm (biogpt, xglm)
 KINDS = ["llama", "mistral", "gpt2", "gpt_neox", "phi", "gptj", "falcon", "gemma",
-         "gemma2", "olmo2", "cohere", "opt"]
+         "gemma2", "olmo2", "cohere", "opt", "mixtral", "qwen3", "gemma3", "gpt_bigcode",
+         "olmo", "nemotron", "biogpt", "xglm"]
 TOL = 1e-6  # float32 round-off on logits of these sizes (remainders are ~1e-8)
 CAP = 0.5  # Gemma-2's final softcap, small enough that it bends these tiny logits
 

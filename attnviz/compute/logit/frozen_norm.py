@@ -15,6 +15,7 @@ import torch
 
 from attnviz.errors import CheckFailed
 
+USUAL_EPS = (1e-5, 1e-6, 1e-12)  # tried where a module keeps its epsilon in its code (OLMo)
 FIT_TOLERANCE = 1e-4  # relative to the output's largest magnitude (float32 module, float64 here)
 
 
@@ -22,6 +23,7 @@ class NormKind(str, Enum):
     LAYER = "LayerNorm"  # (x − mean) / sqrt(var + eps) · w + b
     RMS = "RMSNorm"  # x / sqrt(mean(x²) + eps) · w
     RMS_OFFSET = "RMSNorm with gain 1 + weight"  # Gemma's
+    LAYER_OFFSET = "LayerNorm with gain 1 + weight"  # Nemotron's LayerNorm1P
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class FrozenNorm:
     def linear(self, part: torch.Tensor) -> torch.Tensor:
         """The image of one residual part (…, E) (rows as `scale`, or broadcast over a leading
         parts axis): centered for LayerNorm, times the frozen scale and the gain."""
-        if self.kind is NormKind.LAYER:
+        if self.kind in (NormKind.LAYER, NormKind.LAYER_OFFSET):
             part = part - part.mean(-1, keepdim=True)
         out = part * self.scale[..., None]
         return out if self.gain is None else out * self.gain
@@ -53,7 +55,7 @@ class FrozenNorm:
 
 def frozen_scale(kind: NormKind, x: torch.Tensor, eps: float) -> torch.Tensor:
     """1/σ of each row of x (…, E) as the norm computes it."""
-    if kind is NormKind.LAYER:
+    if kind in (NormKind.LAYER, NormKind.LAYER_OFFSET):
         return torch.rsqrt(x.var(-1, unbiased=False) + eps)
     return torch.rsqrt(x.pow(2).mean(-1) + eps)
 
@@ -64,7 +66,7 @@ class NormParams:
 
     weight: torch.Tensor | None
     bias: torch.Tensor | None
-    eps: float
+    eps: float | None  # None: not stored on the module; the usual values are tried
 
 
 def fit_norm(x: torch.Tensor, y: torch.Tensor, params: NormParams, what: str,
@@ -75,18 +77,19 @@ def fit_norm(x: torch.Tensor, y: torch.Tensor, params: NormParams, what: str,
     x, y = x.double(), y.double()
     w = None if params.weight is None else params.weight.double()
     b = None if params.bias is None else params.bias.double()
-    eps = params.eps
+    epsilons = [params.eps] if params.eps is not None else list(USUAL_EPS)
     candidates = [(NormKind.LAYER, w, b), (NormKind.RMS, w, b)]
     if w is not None:
-        candidates.append((NormKind.RMS_OFFSET, 1.0 + w, b))
+        candidates += [(NormKind.RMS_OFFSET, 1.0 + w, b), (NormKind.LAYER_OFFSET, 1.0 + w, b)]
     bound = tolerance * max(1.0, float(y.abs().max()))
     best = float("inf")
-    for kind, gain, shift in candidates:
-        norm = FrozenNorm(kind, frozen_scale(kind, x, eps), gain, shift)
-        diff = float((norm.apply(x) - y).abs().max())
-        if diff <= bound:
-            return norm
-        best = min(best, diff)
+    for eps in epsilons:
+        for kind, gain, shift in candidates:
+            norm = FrozenNorm(kind, frozen_scale(kind, x, eps), gain, shift)
+            diff = float((norm.apply(x) - y).abs().max())
+            if diff <= bound:
+                return norm
+            best = min(best, diff)
     raise CheckFailed(f"{what} is neither a LayerNorm nor an RMSNorm attnviz can reproduce "
                       f"(closest differs from the module's own output by {best:.2e})",
                       fix="report this model to attnviz")

@@ -35,7 +35,7 @@ from attnviz.sources.hf import guard
 from attnviz.sources.hf.load import COMMON, FILES_FIX, OpenedModel, dtype_keyword
 from attnviz.sources.hf.token_names import token_names
 
-FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "layer_norm")
 MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "fc2")
 SANDWICH = ("post_attention_layernorm", "post_feedforward_layernorm")  # Gemma-2, OLMo-2
 # the checks' relative tolerance per dtype (float32: round-off; half precision: its rounding
@@ -363,8 +363,6 @@ def _fit(module: Any, x: torch.Tensor, y: torch.Tensor, what: str,
     bias = getattr(module, "bias", None)
     eps = next((float(getattr(module, name)) for name in ("eps", "variance_epsilon", "epsilon")
                 if isinstance(getattr(module, name, None), float | int)), None)
-    if eps is None:
-        raise CheckFailed(f"{what} has no epsilon attnviz can read", fix=f"drop {option('model')}")
     params = NormParams(None if weight is None else weight.detach().float().cpu(),
                         None if bias is None else bias.detach().float().cpu(), eps)
     return fit_norm(x, y, params, what, tolerance)
