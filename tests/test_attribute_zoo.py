@@ -178,14 +178,48 @@ def test_a_residual_that_is_no_sum_of_parts_is_refused(lm, cli):
     assert "not the sum of its embeddings" in result.stderr
 
 
-def test_an_encoder_decoder_is_refused(tmp_path, cli):
-    pytest.importorskip("transformers")
-    from zoo import build_lm
+@pytest.mark.parametrize("kind", ["t5", "mbart", "pegasus"])
+def test_an_encoder_decoders_decoder_adds_up(lm, kind):
+    """The decoder of T5 (RMSNorm, a tied head scaled by d_model^-0.5), mBART and Pegasus
+    (a logits bias buffer after the head): self-attention, cross-attention (its own heads)
+    and MLP parts add up to transformers' own seq2seq logits."""
+    import transformers
+    from zoo import load_tokenizer
 
-    folder = build_lm("bart", tmp_path / "bart")
-    result = cli("attribute", "--model", folder, "the cat sat")
-    assert result.exit_code == 2 and "decoder-only" in result.stderr
-    assert "--model" in result.stderr
+    folder = lm(kind)
+    target = "the cat sat on the"
+    result = run_attribute(AttributeRequest([PROMPT], str(folder), "mat", "cat", device="cpu",
+                                            targets=[target]))
+    parts = result.prompts[0].parts
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        folder, attn_implementation="eager", dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(folder)
+    decoder = [model.config.decoder_start_token_id] + \
+        tokenizer(target, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        own = model(**tokenizer(PROMPT, return_tensors="pt"),
+                    decoder_input_ids=torch.tensor([decoder])).logits[0, -1].double()
+    mat, cat = (tokenizer.convert_tokens_to_ids(w) for w in ("mat", "cat"))
+    assert abs(parts.total - float(own[mat] - own[cat])) <= TOL
+    assert parts.cross_heads is not None and len(parts.cross_heads) == 2
+    assert result.prompts[0].tokens == tokenizer.convert_ids_to_tokens(decoder)
+    # negative control: without its cross-attention the decoder's parts do not add up
+    assert abs(parts.total - sum(parts.cross) - parts.target) > 10 * TOL
+
+
+def test_encoder_decoder_targets_are_checked(lm, cli):
+    t5 = lm("t5")
+    result = cli("attribute", "--model", t5, "the cat sat")
+    assert result.exit_code == 2 and "--target" in result.stderr
+    result = cli("lens", "--model", lm("llama"), "the cat sat", "--target", "the")
+    assert result.exit_code == 2 and "--target" in result.stderr
+    result = cli("attribute", "--model", t5, "the cat sat", "-t", "a", "-t", "b")
+    assert result.exit_code == 2 and "--target" in result.stderr
+
+
+def test_a_post_norm_encoder_decoder_is_refused(lm, cli):
+    result = cli("attribute", "--model", lm("bart"), "the cat sat", "--target", "the")
+    assert result.exit_code == 1 and "post-norm" in result.stderr
 
 
 def test_a_multi_token_answer_is_refused_with_its_tokens(lm, cli):

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.app.lens import LensRequest, run_lens
+from attnviz.app.logit_source import encode
 from attnviz.compute.logit.lens_grid import lens_grid, softcap, uncap
 from attnviz.core.words import hashed_ids, split_words
 from attnviz.sources import bundled
@@ -30,10 +31,8 @@ def _ids(text: str) -> list[int]:
 
 def _lens_logits(texts: list[str]) -> list[torch.Tensor]:
     source = BundledLogits(bundled.open_bundled(), torch.device("cpu"))
-    encoded = [source.tokenize(t) for t in texts]
-    columns = [list(range(len(ids))) for ids, _ in encoded]
-    run = source.run([i for i, _ in encoded], [t for _, t in encoded],
-                     [len(i) - 1 for i, _ in encoded], columns)
+    encoded = encode(source, texts, -1)
+    run = source.run(encoded, [list(range(len(i))) for i in encoded.ids])
     assert run.lens is not None
     return [run.lens.stacked(b) for b in range(len(texts))]
 

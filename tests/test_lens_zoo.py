@@ -46,8 +46,7 @@ def _lens(folder: Path, texts: list[str]) -> list[torch.Tensor]:
 
     source = open_logit_source(str(folder), "cpu", Dtype.FLOAT32)
     encoded = encode(source, texts, -1)
-    run = source.run(encoded.ids, encoded.tokens, encoded.positions,
-                     [list(range(len(i))) for i in encoded.ids])
+    run = source.run(encoded, [list(range(len(i))) for i in encoded.ids])
     assert run.lens is not None
     return [run.lens.stacked(b) for b in range(len(texts))]
 
@@ -135,3 +134,28 @@ def test_cli_on_a_model(lm, cli):
     assert doc["prompts"][0]["rows"][-1] == "layer 1"
     shown = cli("lens", "--model", folder, PROMPT, "-p", "-1")
     assert shown.exit_code == 0 and "legend" in shown.stdout
+
+
+@pytest.mark.parametrize("kind", ["t5", "mbart"])
+def test_an_encoder_decoders_last_row_is_its_own_logits(lm, kind):
+    import transformers
+    from zoo import load_tokenizer
+
+    from attnviz.app.logit_source import encode, open_logit_source
+    from attnviz.core.choices import Dtype
+
+    folder = lm(kind)
+    source = open_logit_source(str(folder), "cpu", Dtype.FLOAT32)
+    encoded = encode(source, [PROMPT], -1, ["the cat sat on the"])
+    run = source.run(encoded, [list(range(len(encoded.ids[0])))])
+    assert run.lens is not None
+    lens = run.lens.stacked(0)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        folder, attn_implementation="eager", dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(folder)
+    with torch.no_grad():
+        own = model(**tokenizer(PROMPT, return_tensors="pt"),
+                    decoder_input_ids=torch.tensor([encoded.ids[0]])).logits[0]
+    assert lens.shape[0] == 3
+    assert torch.allclose(lens[-1], own, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(lens[-2], own, atol=1e-3)

@@ -112,14 +112,14 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "answer": ["--answer", "cat"], "wrong": ["--answer", "mat", "--wrong", "cat"],
         "position": ["--position", "2"], "top": ["--top", "2"],
         "corrupt": ["--corrupt", "the dog sat", "--corrupt", "a cat ran"],
-        "pairs": ["--pairs", f"{OUT}/../extra.txt"],
+        "pairs": ["--pairs", f"{OUT}/../extra.txt"], "target": ["--target", "the cat"],
         "export": ["--export", f"{OUT}/x.safetensors"],
         "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
     },
     "lens": {
         "answer": ["--answer", "cat"], "position": ["--position", "1"], "top": ["--top", "5"],
         "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
-        "export": ["--export", f"{OUT}/x.json"],
+        "export": ["--export", f"{OUT}/x.json"], "target": ["--target", "the cat"],
     },
     "patch": {
         "corrupt": ["-c", "the cat"], "answer": ["-a", "cat"], "wrong": ["--wrong", "cat"],

@@ -20,6 +20,7 @@ from attnviz.app.logit_source import (
     open_logit_source,
 )
 from attnviz.compute.logit.attribute_result import (
+    PART_FIELDS,
     AttributeResult,
     Parts,
     PromptAttribution,
@@ -45,6 +46,7 @@ class AttributeRequest:
     device: str = "auto"
     dtype: Dtype = Dtype.FLOAT32
     top: int = 10  # the parts listed by size
+    targets: list[str] = field(default_factory=list)  # encoder-decoders: the decoder's texts
 
 
 def run_attribute(request: AttributeRequest) -> AttributeResult:
@@ -56,14 +58,15 @@ def run_attribute(request: AttributeRequest) -> AttributeResult:
     results: list[PromptAttribution] = []
     for start in range(0, len(work.texts), MAX_PROMPTS):
         chunk = slice(start, start + MAX_PROMPTS)
-        clean = encode(source, work.texts[chunk], request.position)
-        run = source.run(clean.ids, clean.tokens, clean.positions, None)
+        clean = encode(source, work.texts[chunk], request.position, work.targets[chunk])
+        run = source.run(clean, None)
         answers, wrongs = _targets(source, request, run, work, chunk)
-        found = _decompose(source, run, answers, wrongs, work.texts[chunk])
+        found = _decompose(source, run, answers, wrongs, clean.texts)
         if work.corrupt:
-            corrupt = encode(source, work.corrupt[chunk], request.position)
-            other = source.run(corrupt.ids, corrupt.tokens, corrupt.positions, None)
-            twins = _decompose(source, other, answers, wrongs, work.corrupt[chunk])
+            corrupt = encode(source, work.corrupt[chunk], request.position,
+                             work.targets[chunk])
+            other = source.run(corrupt, None)
+            twins = _decompose(source, other, answers, wrongs, corrupt.texts)
             found = [_with_corrupt(c, t) for c, t in zip(found, twins, strict=True)]
         results += found
     notes = list(run.notes)
@@ -91,6 +94,7 @@ class _Work:
 
     texts: list[str]
     corrupt: list[str]
+    targets: list[str]  # an encoder-decoder's decoder texts, one per prompt (else none)
     answers: list[int] | None = None
     wrongs: list[int] | None = None
 
@@ -102,7 +106,7 @@ def _work(source: LogitSource, request: AttributeRequest) -> _Work:
         texts = request.prompts or ([BUNDLED_PROMPT] if request.model is None else [])
         if not texts:
             raise UsageError(f"{option('model')} needs a prompt", fix="give one or more prompts")
-        return _Work(texts, request.corrupt)
+        return _Work(texts, request.corrupt, request.targets)
     from attnviz.compute.patching.pairs import read_pairs, tokenize_pair
     from attnviz.core.choices import PatchMetric
 
@@ -113,7 +117,11 @@ def _work(source: LogitSource, request: AttributeRequest) -> _Work:
                          option="pairs")
     metric = PatchMetric.LOGPROB if pairs[0].wrong is None else PatchMetric.LOGIT_DIFF
     tokenized = [tokenize_pair(pair, source, metric, n + 1) for n, pair in enumerate(pairs)]
-    return _Work([p.clean for p in pairs], [p.corrupt for p in pairs],
+    if request.targets:
+        raise UsageError(f"{option('pairs')} and {option('target')} do not go together yet",
+                         fix=f"give the pair on the command line with {option('target')}",
+                         option="target")
+    return _Work([p.clean for p in pairs], [p.corrupt for p in pairs], [],
                  [t.answer[0] for t in tokenized],
                  None if metric is PatchMetric.LOGPROB else [t.wrong or 0 for t in tokenized])
 
@@ -191,7 +199,8 @@ def _parts(found: Attribution, b: int) -> Parts:
     return Parts(float(found.embed[b]), column(found.attn), column(found.mlp),
                  column(found.heads), column(found.attn_bias), float(found.norm_bias[b]),
                  float(found.head_bias[b]), float(found.total[b]), float(found.target[b]),
-                 float(found.remainder[b]))
+                 float(found.remainder[b]), column(found.cross), column(found.cross_heads),
+                 column(found.cross_bias))
 
 
 def _with_corrupt(clean: PromptAttribution, corrupt: PromptAttribution) -> PromptAttribution:
@@ -208,9 +217,7 @@ def _minus(a: Parts, b: Parts) -> Parts:
             return [each(u, v) for u, v in zip(x, y, strict=True)]
         return x - y
 
-    return Parts(*(each(getattr(a, f), getattr(b, f)) for f in (
-        "embed", "attn", "mlp", "heads", "attn_bias", "norm_bias", "head_bias", "total",
-        "target", "remainder")))
+    return Parts(*(each(getattr(a, f), getattr(b, f)) for f in PART_FIELDS))
 
 
 EXPORT_SUFFIXES = (".json", ".safetensors")

@@ -32,6 +32,7 @@ class LensRequest:
     top: int = 3
     device: str = "auto"
     dtype: Dtype = Dtype.FLOAT32
+    targets: list[str] = field(default_factory=list)  # encoder-decoders: the decoder's texts
 
 
 def run_lens(request: LensRequest) -> LensResult:
@@ -45,10 +46,10 @@ def run_lens(request: LensRequest) -> LensResult:
     if len(texts) > MAX_PROMPTS:
         raise UsageError(f"{len(texts)} prompts; the lens shows at most {MAX_PROMPTS}",
                          fix="split them over several runs")
-    encoded = encode(source, texts, -1)
+    encoded = encode(source, texts, -1, request.targets)
     columns = [_columns(request.positions, len(ids), n)
                for n, ids in enumerate(encoded.ids)]
-    run = source.run(encoded.ids, encoded.tokens, encoded.positions, columns)
+    run = source.run(encoded, columns)
     assert run.lens is not None
     notes = list(run.notes)
     if request.answer is not None:
@@ -67,7 +68,7 @@ def run_lens(request: LensRequest) -> LensResult:
                        None if grid.answer_rank is None else int(grid.answer_rank[r, c]),
                        None if grid.answer_prob is None else float(grid.answer_prob[r, c]))
                   for c in range(len(columns[b]))] for r in range(grid.rows)]
-        found.append(PromptLens(texts[b], encoded.tokens[b], columns[b], rows, cells,
+        found.append(PromptLens(encoded.texts[b], encoded.tokens[b], columns[b], rows, cells,
                                 (answers[b], source.name_of(answers[b]))))
     return LensResult(run.model, run.norm.kind.value + f", {run.norm_name}",
                       run.transform.describe(), found, notes)

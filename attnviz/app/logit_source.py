@@ -4,10 +4,9 @@ prompts tokenized, positions resolved, the answer and the wrong token resolved t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from attnviz.compute.logit.logit_run import LogitRun
+from attnviz.compute.logit.logit_run import LogitRun, Prompts
 from attnviz.core.choices import Dtype
 from attnviz.errors import UsageError, option
 
@@ -30,18 +29,11 @@ class LogitSource(Protocol):
 
     def name_of(self, token_id: int) -> str: ...
 
-    def run(self, prompts: list[list[int]], tokens: list[list[str]], positions: list[int],
-            lens_positions: list[list[int]] | None) -> LogitRun: ...
+    encoder_decoder: bool
 
+    def target(self, text: str) -> tuple[list[int], list[str]]: ...
 
-@dataclass(frozen=True)
-class Encoded:
-    """Prompts as ids and token names, each with its chosen position."""
-
-    texts: list[str]
-    ids: list[list[int]]
-    tokens: list[list[str]]
-    positions: list[int]
+    def run(self, prompts: Prompts, lens_positions: list[list[int]] | None) -> LogitRun: ...
 
 
 def open_logit_source(model: str | None, device: str, dtype: Dtype) -> LogitSource:
@@ -65,15 +57,40 @@ def open_logit_source(model: str | None, device: str, dtype: Dtype) -> LogitSour
     return ModelLogits(opened, load_lm(opened, resolve_device(device), dtype.value))
 
 
-def encode(source: LogitSource, texts: list[str], position: int) -> Encoded:
-    """Each prompt's ids, tokens and position (`position` counts from the end when negative)."""
+def encode(source: LogitSource, texts: list[str], position: int,
+           targets: list[str] | None = None) -> Prompts:
+    """Each prompt's ids, tokens and position (`position` counts from the end when negative);
+    an encoder-decoder's positions are its decoder's: the start token and `targets`, one per
+    prompt."""
+    check_targets(source, texts, targets)
     ids, tokens, positions = [], [], []
+    encoder_ids: list[list[int]] | None = [] if targets else None
     for n, text in enumerate(texts):
         i, t = source.tokenize(text)
+        if targets and encoder_ids is not None:
+            encoder_ids.append(i)
+            i, t = source.target(targets[n])
         ids.append(i)
         tokens.append(t)
         positions.append(resolve_position(position, len(i), f"prompt {n + 1}"))
-    return Encoded(texts, ids, tokens, positions)
+    shown = texts if not targets else [f"{t} (decoder: {g})" for t, g in zip(texts, targets,
+                                                                              strict=True)]
+    return Prompts(shown, ids, tokens, positions, encoder_ids)
+
+
+def check_targets(source: LogitSource, texts: list[str], targets: list[str] | None) -> None:
+    """An encoder-decoder reads at its decoder: one target per prompt, and only there."""
+    if source.encoder_decoder and not targets:
+        raise UsageError("an encoder-decoder model is read at its decoder: it needs the "
+                         "decoder's text", fix=f"give {option('target')} TEXT (one per "
+                         "prompt; the answer is the token that would follow it)",
+                         option="target")
+    if targets and not source.encoder_decoder:
+        raise UsageError(f"{option('target')} applies to encoder-decoder models only",
+                         fix=f"drop {option('target')}", option="target")
+    if targets and len(targets) != len(texts):
+        raise UsageError(f"{len(targets)} targets for {len(texts)} prompts",
+                         fix=f"give one {option('target')} per prompt", option="target")
 
 
 def resolve_position(position: int, length: int, which: str) -> int:

@@ -30,6 +30,9 @@ Pairs = Annotated[Path | None, typer.Option("--pairs", callback=path_arg, help=(
     "A file of prompt pairs, one a line: TSV 'clean<TAB>corrupt<TAB>answer[<TAB>wrong]' or "
     "JSON lines (as attnviz patch reads them): each pair's clean − corrupted difference, and "
     "the mean over the pairs."))]
+Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
+    "An encoder-decoder's decoder text, one per prompt: the decoder is read (start token + "
+    "target), its last position predicting the token after the target."))]
 Top = Annotated[int, typer.Option("--top", help="How many of the largest parts to name.")]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure: the layers × heads grid and the layer parts (.png, .svg, .pdf)."))]
@@ -40,7 +43,8 @@ Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help
 
 def attribute(
     sentences: Prompts = None, model: Model = None, answer: Answer = None, wrong: Wrong = None,
-    position: Position = -1, corrupt: Corrupt = None, pairs: Pairs = None, top: Top = 10,
+    target: Target = None, position: Position = -1, corrupt: Corrupt = None,
+    pairs: Pairs = None, top: Top = 10,
     out: Out = None, export: Export = None, as_json: Json = False, device: Device = "auto",
     dtype: Dtype = choices.Dtype.FLOAT32,
 ) -> None:
@@ -58,7 +62,7 @@ def attribute(
         else None
     result = run_attribute(AttributeRequest(
         list(sentences or []), model, answer, wrong, position, list(corrupt or []), pairs,
-        device, dtype, top))
+        device, dtype, top, list(target or [])))
     if out_path is not None:
         from attnviz.cli.paths import write_figure
         from attnviz.render.attribute_figure import attribute_figure

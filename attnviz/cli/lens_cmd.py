@@ -19,6 +19,9 @@ Answer = Annotated[str | None, typer.Option("--answer", "-a", help=(
     "own top prediction at the last position."))]
 Position = Annotated[list[int] | None, typer.Option("--position", "-p", help=(
     "A position to show (repeatable; negative: from the end). Default: every position."))]
+Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
+    "An encoder-decoder's decoder text, one per prompt: the decoder is read (start token + "
+    "target), its last position predicting the token after the target."))]
 Top = Annotated[int, typer.Option("--top", help=(
     "How many top tokens each cell keeps (the grid shows the first; --json all)."))]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
@@ -30,8 +33,8 @@ Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help
 
 def lens(
     sentences: Prompts = None, model: Model = None, answer: Answer = None,
-    position: Position = None, top: Top = 3, out: Out = None, export: Export = None,
-    as_json: Json = False,
+    target: Target = None, position: Position = None, top: Top = 3, out: Out = None,
+    export: Export = None, as_json: Json = False,
     device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
 ) -> None:
     """The logit lens: each layer's residual through the model's own final norm (its own
@@ -46,7 +49,7 @@ def lens(
     out_path = check_output_path(out, FIGURE_SUFFIXES, read) if out else None
     export_path = check_output_path(export, (".json",), read, "export") if export else None
     result = run_lens(LensRequest(list(sentences or []), model, answer, list(position or []),
-                                  top, device, dtype))
+                                  top, device, dtype, list(target or [])))
     if out_path is not None:
         from attnviz.cli.paths import write_figure
         from attnviz.render.lens_figure import lens_figure

@@ -57,6 +57,9 @@ def _bars(ax: Axes, parts: Parts) -> None:
     for layer, value in enumerate(parts.attn):
         names.append(f"L{layer} attn")
         values.append(value)
+        if parts.cross is not None:
+            names.append(f"L{layer} cross")
+            values.append(parts.cross[layer])
         if parts.mlp is not None:
             names.append(f"L{layer} MLP")
             values.append(parts.mlp[layer])

@@ -59,7 +59,7 @@ def prompt_view(prompt: PromptAttribution, result: AttributeResult) -> Renderabl
                   f"{wrong}; final norm 1/σ = {prompt.scale:.6g}"),
         _sum_line(prompt.parts, prompt.model_metric, result.softcapped),
         Text("largest parts:", style="bold"), _top(prompt.parts, result.top),
-        _grid(prompt.parts)]
+        _grid(prompt.parts), *_cross(prompt.parts)]
     if prompt.corrupt is not None and prompt.difference is not None:
         c = prompt.corrupt
         lines += [safe_text(f"corrupted: {c.prompt}", "bold"),
@@ -67,7 +67,8 @@ def prompt_view(prompt: PromptAttribution, result: AttributeResult) -> Renderabl
                             f"1/σ = {c.scale:.6g}"),
                   _sum_line(c.parts, c.model_metric, result.softcapped),
                   Text("clean − corrupted, largest:", style="bold"),
-                  _top(prompt.difference, result.top), _grid(prompt.difference)]
+                  _top(prompt.difference, result.top), _grid(prompt.difference),
+                  *_cross(prompt.difference)]
     return Group(*lines)
 
 
@@ -124,3 +125,22 @@ def _cell(value: float, spread: float | None = None) -> Text:
     if spread is not None:
         text.append(f"±{spread:.2f}", style="dim")
     return text
+
+
+def _cross(parts: Parts) -> list[RenderableType]:
+    """An encoder-decoder's cross-attention heads (LnXh), layers × heads with W_O's bias."""
+    if parts.cross_heads is None or parts.cross is None:
+        return []
+    shown = min(MAX_HEAD_COLUMNS, len(parts.cross_heads[0]))
+    table = Table(box=None, pad_edge=False, header_style="bold", padding=(0, 1),
+                  title="cross-attention", title_justify="left")
+    table.add_column("layer", no_wrap=True)
+    for h in range(shown):
+        table.add_column(f"X{h}", justify="right", no_wrap=True)
+    for name in ("W_O b", "cross"):
+        table.add_column(name, justify="right", no_wrap=True, style="dim")
+    for layer, total in enumerate(parts.cross):
+        bias = "–" if parts.cross_bias is None else f"{parts.cross_bias[layer]:+.3f}"
+        table.add_row(f"L{layer}", *[_cell(v) for v in parts.cross_heads[layer][:shown]],
+                      bias, f"{total:+.3f}")
+    return [table]

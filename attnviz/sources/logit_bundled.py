@@ -16,11 +16,11 @@ from attnviz.compute import kernel
 from attnviz.compute.attention import layer_attention
 from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
 from attnviz.compute.logit.frozen_norm import NormParams, fit_norm
-from attnviz.compute.logit.logit_run import LensRows, LogitRun, LogitTransform
+from attnviz.compute.logit.logit_run import LensRows, LogitRun, LogitTransform, Prompts
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids, split_words
-from attnviz.errors import CheckpointError, UsageError, quoted
+from attnviz.errors import CheckpointError, UsageError, option, quoted
 from attnviz.load.store import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
@@ -32,6 +32,8 @@ LN_EPS = 1e-5  # the bundled model's LayerNorms (sample_weights/train_induction.
 
 class BundledLogits:
     """Tokenizing, naming and running the bundled model for `attribute` and `lens`."""
+
+    encoder_decoder = False
 
     def __init__(self, store: TensorStore, device: torch.device) -> None:
         self.store, self.device = store, device
@@ -68,6 +70,10 @@ class BundledLogits:
     def piece(self, text: str) -> tuple[list[int], list[str]]:
         return self.tokenize(text)
 
+    def target(self, text: str) -> tuple[list[int], list[str]]:
+        raise UsageError(f"{option('target')} applies to encoder-decoder models only",
+                         option="target")
+
     def token_id(self, text: str, what: str) -> int:
         """The id of one word (the answer or the wrong token)."""
         words = split_words(text)
@@ -82,11 +88,11 @@ class BundledLogits:
     def name_of(self, token_id: int) -> str:
         return self.names.get(int(token_id), unnamed(int(token_id)))
 
-    def run(self, prompts: list[list[int]], tokens: list[list[str]], positions: list[int],
-            lens_positions: list[list[int]] | None) -> LogitRun:
+    def run(self, given: Prompts, lens_positions: list[list[int]] | None) -> LogitRun:
         """One right-padded forward over the prompts: each one's residual parts at its
         position, the final norm frozen there, the logits, and (lens_positions) each
-        layer's logits at those positions."""
+        layer's residual rows at those positions."""
+        prompts, tokens, positions = given.ids, given.tokens, given.positions
         B, L = len(prompts), max(len(p) for p in prompts)
         ids = torch.zeros(B, L, dtype=torch.long, device=self.device)
         for b, row in enumerate(prompts):

@@ -17,6 +17,10 @@ CONVENTIONS = [
 ]
 
 
+PART_FIELDS = ("embed", "attn", "mlp", "heads", "attn_bias", "norm_bias", "head_bias", "total",
+               "target", "remainder", "cross", "cross_heads", "cross_bias")
+
+
 @dataclass(frozen=True)
 class Parts:
     """One prompt's parts (floats): the metric's direct contributions."""
@@ -31,6 +35,9 @@ class Parts:
     total: float
     target: float  # the model's own metric (before a softcap)
     remainder: float
+    cross: list[float] | None = None  # per decoder layer: cross-attention (encoder-decoders)
+    cross_heads: list[list[float]] | None = None
+    cross_bias: list[float] | None = None
 
     def named(self) -> list[tuple[str, float]]:
         """Every part with its label, the finest split: heads and W_O biases in place of the
@@ -43,6 +50,12 @@ class Parts:
                 rows += [(f"L{layer}H{h}", v) for h, v in enumerate(self.heads[layer])]
                 if self.attn_bias is not None:
                     rows.append((f"L{layer} W_O bias", self.attn_bias[layer]))
+            if self.cross is not None and self.cross_heads is None:
+                rows.append((f"L{layer} cross", self.cross[layer]))
+            elif self.cross_heads is not None:
+                rows += [(f"L{layer}X{h}", v) for h, v in enumerate(self.cross_heads[layer])]
+                if self.cross_bias is not None:
+                    rows.append((f"L{layer} cross W_O bias", self.cross_bias[layer]))
             if self.mlp is not None:
                 rows.append((f"L{layer} MLP", self.mlp[layer]))
         return rows + [("final norm bias", self.norm_bias), ("unembedding bias", self.head_bias)]
@@ -55,7 +68,9 @@ class Parts:
         return {"embeddings": self.embed, "attention": self.attn, "mlp": self.mlp,
                 "heads": self.heads, "wo_bias": self.attn_bias,
                 "final_norm_bias": self.norm_bias, "unembedding_bias": self.head_bias,
-                "sum": self.total, "model_metric": self.target, "remainder": self.remainder}
+                "sum": self.total, "model_metric": self.target, "remainder": self.remainder,
+                "cross_attention": self.cross, "cross_heads": self.cross_heads,
+                "cross_wo_bias": self.cross_bias}
 
 
 @dataclass(frozen=True)
@@ -141,8 +156,6 @@ def mean_parts(parts: list[Parts]) -> tuple[Parts, list[list[float]] | None]:
         m = sum(values) / n
         return (sum((v - m) ** 2 for v in values) / n) ** 0.5
 
-    fields = ("embed", "attn", "mlp", "heads", "attn_bias", "norm_bias", "head_bias", "total",
-              "target", "remainder")
-    averaged = Parts(*(mean([getattr(p, f) for p in parts]) for f in fields))
+    averaged = Parts(*(mean([getattr(p, f) for p in parts]) for f in PART_FIELDS))
     heads = None if parts[0].heads is None else std([p.heads for p in parts])
     return averaged, heads

@@ -43,11 +43,16 @@ class Attribution:
     scale: torch.Tensor  # (B,) the final norm's frozen 1/σ
     target: torch.Tensor  # (B,) what the parts must add up to: the model's own metric
     # (before a softcap: the model's own logits, un-softcapped)
+    cross: torch.Tensor | None = None  # (N, B) an encoder-decoder's cross-attention
+    cross_heads: torch.Tensor | None = None  # (N, H, B)
+    cross_bias: torch.Tensor | None = None  # (N, B)
 
     @property
     def total(self) -> torch.Tensor:
         """(B,) the sum of the parts."""
         total = self.embed + self.attn.sum(0) + self.norm_bias + self.head_bias
+        if self.cross is not None:
+            total = total + self.cross.sum(0)
         return total if self.mlp is None else total + self.mlp.sum(0)
 
     @property
@@ -73,5 +78,6 @@ def attribute(parts: ResidualParts, norm: FrozenNorm, unembed: Unembedding,
         heads=maybe(parts.heads), attn_bias=maybe(parts.attn_bias),
         norm_bias=(norm.constant(width).double() * u).sum(-1),
         head_bias=unembed.bias.double() * unembed.factor,
-        scale=norm.scale.double(), target=target.double())
+        scale=norm.scale.double(), target=target.double(), cross=maybe(parts.cross),
+        cross_heads=maybe(parts.cross_heads), cross_bias=maybe(parts.cross_bias))
 

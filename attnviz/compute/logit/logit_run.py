@@ -14,6 +14,18 @@ from attnviz.compute.logit.residual_parts_data import ResidualParts
 
 
 @dataclass(frozen=True)
+class Prompts:
+    """Prompts as ids, each read at one position. An encoder-decoder's `ids` are its decoder
+    inputs (start token + target), and `encoder_ids` the prompts the encoder reads."""
+
+    texts: list[str]
+    ids: list[list[int]]
+    tokens: list[list[str]]
+    positions: list[int]
+    encoder_ids: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
 class LogitTransform:
     """What the model does to its logits after the unembedding: a factor (Cohere's
     logit_scale, 1/Granite's logits_scaling), then a softcap (Gemma-2's final_logit_softcapping)."""

@@ -20,7 +20,9 @@ RESIDUAL_TOLERANCE = 1e-4
 
 @dataclass(frozen=True)
 class ResidualParts:
-    """embed + Σ_l (attn_l + mlp_l) = final; attn_l = Σ_h heads[l, h] + attn_bias[l]."""
+    """embed + Σ_l (attn_l + cross_l + mlp_l) = final; attn_l = Σ_h heads[l, h] +
+    attn_bias[l], cross_l likewise (an encoder-decoder's decoder: attention over the
+    encoder's output)."""
 
     embed: torch.Tensor  # (B, E) what enters layer 0 (token, position, scaling)
     attn: torch.Tensor  # (N, B, E) each layer's attention output as added to the residual
@@ -29,14 +31,19 @@ class ResidualParts:
     attn_bias: torch.Tensor | None  # (N, B, E) the output projection's bias (zeros: none)
     final: torch.Tensor  # (B, E) the model's own input to the final norm
     notes: list[str] = field(default_factory=list)
+    cross: torch.Tensor | None = None  # (N, B, E) each decoder layer's cross-attention output
+    cross_heads: torch.Tensor | None = None  # (N, H, B, E)
+    cross_bias: torch.Tensor | None = None  # (N, B, E)
 
     @property
     def layers(self) -> int:
         return int(self.attn.shape[0])
 
     def summed(self) -> torch.Tensor:
-        """(B, E) embed + every layer's attention and MLP output."""
+        """(B, E) embed + every layer's attention (and cross-attention) and MLP output."""
         total = self.embed + self.attn.sum(0)
+        if self.cross is not None:
+            total = total + self.cross.sum(0)
         return total if self.mlp is None else total + self.mlp.sum(0)
 
 
@@ -47,12 +54,17 @@ def residual_gap(parts: ResidualParts) -> float:
 
 
 def head_gap(parts: ResidualParts) -> float:
-    """max |attn − (Σ heads + bias)| over layers, relative to the output's largest magnitude."""
-    if parts.heads is None:
-        return 0.0
-    bias = 0.0 if parts.attn_bias is None else parts.attn_bias
-    scale = max(1.0, float(parts.attn.abs().max()))
-    return float((parts.attn - (parts.heads.sum(1) + bias)).abs().max()) / scale
+    """max |attn − (Σ heads + bias)| over layers (and the same for cross-attention), relative
+    to the output's largest magnitude."""
+    gaps = [0.0]
+    for out, heads, bias in ((parts.attn, parts.heads, parts.attn_bias),
+                             (parts.cross, parts.cross_heads, parts.cross_bias)):
+        if out is None or heads is None:
+            continue
+        shift = 0.0 if bias is None else bias
+        scale = max(1.0, float(out.abs().max()))
+        gaps.append(float((out - (heads.sum(1) + shift)).abs().max()) / scale)
+    return max(gaps)
 
 
 def check_parts(parts: ResidualParts, model: str,

@@ -1,5 +1,6 @@
-"""A Hugging Face decoder-only LM decomposed for direct logit attribution and the logit lens,
-from its own modules through hooks, never by re-implementing a family.
+"""A Hugging Face causal LM (or an encoder-decoder's decoder, read with a target) decomposed
+for direct logit attribution and the logit lens, from its own modules through hooks, never by
+re-implementing a family (where the residual is written: `sources.hf.decoder_anatomy`).
 
 One forward with hooks reads: the input of the first decoder layer (the embeddings as the model
 scales and sums them), each layer's attention and MLP output as added to the residual stream
@@ -20,41 +21,24 @@ most families, so the last row is read before the norm, where the hook saw it.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from attnviz.compute.logit.frozen_norm import FrozenNorm, NormParams, fit_norm
 from attnviz.compute.logit.lens_grid import softcap
-from attnviz.compute.logit.logit_run import LensRows, LogitRun, LogitTransform
+from attnviz.compute.logit.logit_run import LensRows, LogitRun, LogitTransform, Prompts
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts
 from attnviz.errors import CheckFailed, CheckpointError, UsageError, option, printable, quoted
 from attnviz.load.paths import library_path
 from attnviz.sources.hf import guard
+from attnviz.sources.hf.decoder_anatomy import Branch, find_anatomy
 from attnviz.sources.hf.load import COMMON, FILES_FIX, OpenedModel, dtype_keyword
 from attnviz.sources.hf.token_names import token_names
 
-FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "layer_norm")
-MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "fc2")
-SANDWICH = ("post_attention_layernorm", "post_feedforward_layernorm")  # Gemma-2, OLMo-2
 # the checks' relative tolerance per dtype (float32: round-off; half precision: its rounding
 # of each module's output before the residual sum)
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
-
-
-@dataclass
-class _Block:
-    """One decoder layer's modules: what writes to the residual, and its W_O."""
-
-    attn_writer: Any  # its output is the attention branch as added to the residual
-    attention: Any  # the attention module (owner of W_O)
-    o_proj: Any
-    o_name: str
-    mlp_writer: Any | None
-    post_norm: Any | None  # the post-attention norm between attention and residual, if any
-    heads: int
-    cols: list[tuple[int, int]]  # each head's columns of W_O's input
 
 
 def load_lm(opened: OpenedModel, device: torch.device, dtype: str) -> Any:
@@ -62,13 +46,12 @@ def load_lm(opened: OpenedModel, device: torch.device, dtype: str) -> Any:
     from attnviz.sources.hf.ablation import lm_class
 
     arch, kind = lm_class(opened.config)
-    if arch is None or kind != "causal":
-        what = "an encoder-decoder" if kind == "seq2seq" else \
-            "a masked-LM" if kind == "masked" else "no causal-LM head"
-        raise UsageError(f"direct logit attribution and the logit lens need a decoder-only "
-                         f"model with a causal-LM head; config.json's architectures name "
-                         f"{what}", fix="pass a decoder-only causal LM (encoder-decoder "
-                         "models are not supported yet)", option="model")
+    if arch is None or kind not in ("causal", "seq2seq"):
+        what = "a masked-LM" if kind == "masked" else "no language-model head"
+        raise UsageError(f"direct logit attribution and the logit lens need a model with a "
+                         f"causal-LM head (or an encoder-decoder's); config.json's "
+                         f"architectures name {what}", fix="pass a causal LM, or an "
+                         "encoder-decoder with its target", option="model")
     import transformers
 
     with guard.silenced(stderr=True), guard.contained(
@@ -95,16 +78,17 @@ class ModelLogits:
         if self.head is None or not hasattr(self.head, "weight"):
             raise CheckpointError("the model has no unembedding with a weight",
                                   fix="pass a causal LM")
-        self.blocks_name, self.blocks = _decoder_layers(model, self.config)
-        self.norm_name, self.norm = _final_norm(model, self.blocks_name)
-        self.anatomy = [_block(model, opened, self.blocks_name, i, block)
-                        for i, block in enumerate(self.blocks)]
-        factor = getattr(self.config, "logit_scale", None)  # Cohere multiplies
-        scaling = getattr(self.config, "logits_scaling", None)  # Granite divides
-        self.transform = LogitTransform(
-            (float(factor) if isinstance(factor, int | float) else 1.0)
-            / (float(scaling) if isinstance(scaling, int | float) and scaling else 1.0),
-            getattr(self.config, "final_logit_softcapping", None) or None)
+        self.encoder_decoder = bool(getattr(self.config, "is_encoder_decoder", False))
+        stack = model.get_decoder() if self.encoder_decoder else model
+        anatomy = find_anatomy(model, opened, stack, _layer_count(self.config,
+                                                                  self.encoder_decoder))
+        self.blocks, self.norm_name, self.norm = anatomy.blocks, anatomy.norm_name, anatomy.norm
+        self.anatomy = anatomy.layers
+        # BART-family heads add a buffer after the unembedding (zeros unless trained so)
+        extra = getattr(model, "final_logits_bias", None)
+        self.extra_bias = None if not isinstance(extra, torch.Tensor) else extra.reshape(-1)
+        self.transform = LogitTransform(_factor(self.config), getattr(
+            self.config, "final_logit_softcapping", None) or None)
 
     @property
     def device(self) -> torch.device:
@@ -114,6 +98,17 @@ class ModelLogits:
         ids = [int(i) for i in self.tokenizer(text)["input_ids"]]
         if not ids:
             raise UsageError("a prompt encodes to no token", fix="give a longer prompt")
+        return ids, token_names(self.tokenizer, ids)
+
+    def target(self, text: str) -> tuple[list[int], list[str]]:
+        """An encoder-decoder's decoder input: its start token, then the target's tokens
+        (no special tokens): the last position predicts the token after the target."""
+        start = getattr(self.config, "decoder_start_token_id", None)
+        if start is None:
+            raise CheckpointError("config.json has no decoder_start_token_id",
+                                  fix="add it to the model's config.json")
+        ids = [int(start)] + [int(i) for i in
+                              self.tokenizer(text, add_special_tokens=False)["input_ids"]]
         return ids, token_names(self.tokenizer, ids)
 
     def prompt(self, text: str) -> tuple[list[int], list[str]]:
@@ -139,22 +134,21 @@ class ModelLogits:
     def name_of(self, token_id: int) -> str:
         return token_names(self.tokenizer, [int(token_id)])[0]
 
-    def run(self, prompts: list[list[int]], tokens: list[list[str]], positions: list[int],
-            lens_positions: list[list[int]] | None) -> LogitRun:
+    def run(self, given: Prompts, lens_positions: list[list[int]] | None) -> LogitRun:
         """One right-padded forward (causal: padding after a prompt changes none of its
         tokens) with the hooks of the module docstring."""
-        B, L = len(prompts), max(len(p) for p in prompts)
-        pad_id = self.tokenizer.pad_token_id
-        pad_id = 0 if pad_id is None else int(pad_id)
-        ids = torch.full((B, L), pad_id, dtype=torch.long)
-        mask = torch.zeros(B, L, dtype=torch.long)
-        for b, row in enumerate(prompts):
-            ids[b, :len(row)], mask[b, :len(row)] = torch.tensor(row), 1
+        tokens, positions = given.tokens, given.positions
+        B, L = len(given.ids), max(len(p) for p in given.ids)
+        ids, mask = self._padded(given.ids)
+        if given.encoder_ids is not None:
+            source, source_mask = self._padded(given.encoder_ids)
+            feed = {"input_ids": source, "attention_mask": source_mask, "decoder_input_ids": ids}
+        else:
+            feed = {"input_ids": ids, "attention_mask": mask}
         seen, handles = self._hooks()
         try:
             with torch.no_grad(), guard.silenced():
-                outputs = self.model(input_ids=ids.to(self.device),
-                                     attention_mask=mask.to(self.device),
+                outputs = self.model(**{k: v.to(self.device) for k, v in feed.items()},
                                      output_hidden_states=True, use_cache=False)
         finally:
             for handle in handles:
@@ -177,17 +171,38 @@ class ModelLogits:
             self._check_head(pick(seen["final_out"][0]), logits)
             lens = None
             if lens_positions is not None:
-                lens = self._lens(outputs.hidden_states, seen["final_in"][0], lens_positions,
-                                  notes)
+                hidden = outputs.decoder_hidden_states if self.encoder_decoder \
+                    else outputs.hidden_states
+                lens = self._lens(hidden, seen["final_in"][0], lens_positions, notes)
         weight = self.head.weight.detach().float().cpu()
-        bias = getattr(self.head, "bias", None)
+        bias = self._bias()
         if self.dtype != "float32":
             notes.append(f"the model runs in {self.dtype}: each module rounds its output, so "
                          "the remainder holds that rounding, not float32 round-off")
+        if self.encoder_decoder:
+            notes.append("an encoder-decoder: its decoder is decomposed (positions are the "
+                         "decoder's: start token + target); each decoder layer's "
+                         "cross-attention is a part of its own (heads LnXh)")
         return LogitRun(f"model {quoted(self.name)}", tokens, positions, parts, norm, logits,
-                        weight, None if bias is None else bias.detach().float().cpu(),
-                        self.transform, f"{self.norm_name} ({type(self.norm).__name__})", lens,
-                        lens_positions, notes)
+                        weight, bias, self.transform,
+                        f"{self.norm_name} ({type(self.norm).__name__})", lens, lens_positions,
+                        notes)
+
+    def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, attention mask), right-padded with the tokenizer's pad id (else 0)."""
+        pad_id = self.tokenizer.pad_token_id
+        ids = torch.full((len(rows), max(len(r) for r in rows)),
+                         0 if pad_id is None else int(pad_id), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, row in enumerate(rows):
+            ids[b, :len(row)], mask[b, :len(row)] = torch.tensor(row), 1
+        return ids, mask
+
+    def _bias(self) -> torch.Tensor | None:
+        """The unembedding's bias: the head's own, plus a buffer added after it (BART's)."""
+        parts = [b.detach().float().cpu().reshape(-1) for b in
+                 (getattr(self.head, "bias", None), self.extra_bias) if b is not None]
+        return None if not parts else sum(parts[1:], parts[0])
 
     def _hooks(self) -> tuple[dict[str, Any], list[Any]]:
         """Hooks filling `seen`: lists of tensors by key, and W_O calls by layer."""
@@ -210,60 +225,82 @@ class ModelLogits:
                                                             with_kwargs=True),
                    self.norm.register_forward_pre_hook(keep_input("final_in"), with_kwargs=True),
                    self.norm.register_forward_hook(keep("final_out"))]
-        for i, block in enumerate(self.anatomy):
-            def count(module: Any, args: Any, kwargs: Any, i: int = i) -> None:
-                seen["calls"][i] += 1
-                keep_input(f"z{i}")(module, args, kwargs)
-            handles.append(block.o_proj.register_forward_pre_hook(count, with_kwargs=True))
-            handles.append(block.attn_writer.register_forward_hook(keep(f"attn{i}")))
-            if block.post_norm is not None:
-                handles.append(block.attention.register_forward_hook(keep(f"raw{i}")))
-            if block.mlp_writer is not None:
-                handles.append(block.mlp_writer.register_forward_hook(keep(f"mlp{i}")))
+        for i, layer in enumerate(self.anatomy):
+            for kind, branch in (("attn", layer.attn), ("cross", layer.cross)):
+                if branch is None:
+                    continue
+
+                def count(module: Any, args: Any, kwargs: Any, key: str = f"{kind}{i}") -> None:
+                    seen["calls"][key] += 1
+                    keep_input(f"z.{key}")(module, args, kwargs)
+                handles.append(branch.o_proj.register_forward_pre_hook(count, with_kwargs=True))
+                handles.append(branch.writer.register_forward_hook(keep(f"{kind}{i}")))
+                if branch.post_norm is not None:
+                    handles.append(branch.attention.register_forward_hook(keep(f"raw.{kind}{i}")))
+            if layer.mlp_writer is not None:
+                handles.append(layer.mlp_writer.register_forward_hook(keep(f"mlp{i}")))
         return seen, handles
 
-    def _check_calls(self, calls: Counter[int]) -> None:
-        for i, block in enumerate(self.anatomy):
-            if calls[i] != 1:
-                raise CheckpointError(f"the output projection {printable(block.o_name)!r} ran "
-                                      f"{calls[i]} times in one forward pass: attnviz cannot "
-                                      "tell which call is which layer",
-                                      fix="report this model to attnviz")
+    def _check_calls(self, calls: Counter[str]) -> None:
+        for i, layer in enumerate(self.anatomy):
+            for kind, branch in (("attn", layer.attn), ("cross", layer.cross)):
+                if branch is not None and calls[f"{kind}{i}"] != 1:
+                    raise CheckpointError(
+                        f"the output projection {printable(branch.o_name)!r} ran "
+                        f"{calls[f'{kind}{i}']} times in one forward pass: attnviz cannot "
+                        "tell which call is which layer", fix="report this model to attnviz")
 
     def _parts(self, seen: dict[str, Any], pick: Any, at: torch.Tensor
                ) -> tuple[ResidualParts, list[str]]:
-        attn, mlp, heads, biases = [], [], [], []
+        """Every part at the chosen positions: the branches' outputs as the hooks saw them,
+        each head's share through W_O's own module."""
+        found: dict[str, list[torch.Tensor]] = {}
         notes: list[str] = []
-        for i, block in enumerate(self.anatomy):
-            z = pick(seen[f"z{i}"][0])  # (B, H·d)
-            own = block.o_proj
-            weight_dtype = next(own.parameters()).dtype
-            zero = torch.zeros_like(z)
-            stacked = torch.stack([torch.zeros_like(z).index_copy(
-                1, torch.arange(c0, c1), z[:, c0:c1]) for c0, c1 in block.cols] + [zero])
-            out = own(stacked.to(self.device, weight_dtype)).float().cpu()  # (H+1, B, E)
-            bias = out[-1]
-            per_head = out[:-1] - bias  # the module's own map of each head's columns, unbiased
-            if block.post_norm is not None:  # Gemma-2, OLMo-2: a norm before the residual
-                post = _fit(block.post_norm, pick(seen[f"raw{i}"][0]), pick(seen[f"attn{i}"][0]),
-                            f"the post-attention norm of layer {i}", self.tolerance)
-                per_head, bias = post.linear(per_head.double()).float(), \
-                    post.apply(bias.double()).float()
-            heads.append(per_head)
-            biases.append(bias)
-            attn.append(pick(seen[f"attn{i}"][0]))
-            if block.mlp_writer is not None:
-                mlp.append(pick(seen[f"mlp{i}"][0]))
-        if any(b.post_norm is not None for b in self.anatomy):
+        for i, layer in enumerate(self.anatomy):
+            for kind, branch in (("attn", layer.attn), ("cross", layer.cross)):
+                if branch is None:
+                    continue
+                heads, bias = self._heads(branch, seen, pick, f"{kind}{i}")
+                for key, value in ((kind, pick(seen[f"{kind}{i}"][0])),
+                                   (f"{kind}.heads", heads), (f"{kind}.bias", bias)):
+                    found.setdefault(key, []).append(value)
+            if layer.mlp_writer is not None:
+                found.setdefault("mlp", []).append(pick(seen[f"mlp{i}"][0]))
+        if any(layer.attn.post_norm is not None for layer in self.anatomy):
             notes.append("each head's part passes the post-attention norm with its scale "
                          "frozen at this run (the norm's bias, if any, counted with W_O's)")
-        has_mlp = len(mlp) == len(self.anatomy)
-        if mlp and not has_mlp:
-            raise CheckpointError("only some decoder layers have an MLP attnviz finds",
-                                  fix="report this model to attnviz")
-        return ResidualParts(pick(seen["embed"][0]), torch.stack(attn),
-                             torch.stack(mlp) if has_mlp else None, torch.stack(heads),
-                             torch.stack(biases), pick(seen["final_in"][0])), notes
+        for key in ("mlp", "cross"):
+            if key in found and len(found[key]) != len(self.anatomy):
+                raise CheckpointError(f"only some decoder layers have the {key} attnviz finds",
+                                      fix="report this model to attnviz")
+
+        def stacked(key: str) -> torch.Tensor | None:
+            return torch.stack(found[key]) if key in found else None
+
+        return ResidualParts(pick(seen["embed"][0]), torch.stack(found["attn"]), stacked("mlp"),
+                             stacked("attn.heads"), stacked("attn.bias"),
+                             pick(seen["final_in"][0]), cross=stacked("cross"),
+                             cross_heads=stacked("cross.heads"),
+                             cross_bias=stacked("cross.bias")), notes
+
+    def _heads(self, branch: Branch, seen: dict[str, Any], pick: Any, key: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """((H, B, E) each head's share, (B, E) W_O's bias): W_O's own module applied to
+        one head's columns of its input at a time, less its output on zeros (its bias)."""
+        z = pick(seen[f"z.{key}"][0])  # (B, H·d)
+        own = branch.o_proj
+        weight_dtype = next(own.parameters()).dtype
+        stacked = torch.stack([torch.zeros_like(z).index_copy(
+            1, torch.arange(c0, c1), z[:, c0:c1]) for c0, c1 in branch.cols]
+            + [torch.zeros_like(z)])
+        out = own(stacked.to(self.device, weight_dtype)).float().cpu()  # (H+1, B, E)
+        bias, per_head = out[-1], out[:-1] - out[-1]
+        if branch.post_norm is not None:  # Gemma-2, OLMo-2: a norm before the residual
+            post = _fit(branch.post_norm, pick(seen[f"raw.{key}"][0]), pick(seen[key][0]),
+                        f"the post-attention norm of {key}", self.tolerance)
+            per_head, bias = post.linear(per_head.double()).float(), \
+                post.apply(bias.double()).float()
+        return per_head, bias
 
     def _check_head(self, normed: torch.Tensor, logits: torch.Tensor) -> None:
         """attnviz's head(norm(x)) and transform must give the model's own logits."""
@@ -278,8 +315,12 @@ class ModelLogits:
                               fix="report this model to attnviz")
 
     def _logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """The LM head module, then the model's logit transform."""
-        logits = self.head(normed).double() * self.transform.factor
+        """The LM head module (and a bias buffer after it), then the model's logit
+        transform."""
+        logits = self.head(normed).double()
+        if self.extra_bias is not None:
+            logits = logits + self.extra_bias.to(logits.device, logits.dtype)
+        logits = logits * self.transform.factor
         return softcap(logits, self.transform.softcap)
 
     def _lens(self, hidden: tuple[torch.Tensor, ...], final: torch.Tensor,
@@ -304,56 +345,24 @@ class ModelLogits:
                          for b, cols in enumerate(positions)], to_logits)
 
 
-def _decoder_layers(model: Any, config: Any) -> tuple[str, Any]:
-    """The ModuleList of decoder layers: num_hidden_layers long, the outermost such."""
-    count = getattr(config, "num_hidden_layers", None)
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count and count:
-            return name, module
-    raise CheckpointError("attnviz finds no list of decoder layers in the model",
-                          fix="report this model to attnviz")
+def _layer_count(config: Any, decoder: bool) -> int | None:
+    """How many layers the stack has, as config.json says."""
+    names = ("decoder_layers", "num_decoder_layers", "num_layers") if decoder \
+        else ("num_hidden_layers",)
+    return next((int(v) for n in names if isinstance(v := getattr(config, n, None), int)),
+                None)
 
 
-def _final_norm(model: Any, blocks: str) -> tuple[str, Any]:
-    found = [(name, module) for name, module in model.named_modules()
-             if name.rsplit(".", 1)[-1] in FINAL_NORMS and not name.startswith(blocks + ".")]
-    if len(found) != 1:
-        raise CheckpointError(f"attnviz finds {len(found)} final norms in the model "
-                              f"({', '.join(printable(n) for n, _ in found) or 'none'})",
-                              fix="report this model to attnviz")
-    return found[0]
-
-
-def _block(model: Any, opened: OpenedModel, blocks: str, index: int, block: Any) -> _Block:
-    """Layer `index`'s modules; W_O is found as attnviz recognizes the layer (its o_weight's
-    parameter), as the scorecard finds it."""
-    from attnviz.recognize import find_layers
-    from attnviz.sources.hf.verify import module_of, parameter_of
-
-    prefix = f"{blocks}.{index}."
-    params = dict(model.named_parameters())
-    for layer in find_layers(opened.store).layers:
-        try:
-            o_name, _ = parameter_of(model, layer.o_weight.key)
-        except CheckpointError:
-            continue
-        if not o_name.startswith(prefix) or o_name not in params:
-            continue
-        module_name, o_proj = module_of(model, o_name)
-        child = module_name[len(prefix):].split(".", 1)[0]
-        attention = getattr(block, child)
-        children = dict(block.named_children())
-        sandwich = all(name in children for name in SANDWICH)
-        mlp_name = next((n for n in MLP_NAMES if n in children), None)
-        H = layer.num_heads or 0
-        return _Block(children[SANDWICH[0]] if sandwich else attention, attention, o_proj,
-                      module_name, None if mlp_name is None
-                      else children[SANDWICH[1]] if sandwich else children[mlp_name],
-                      children[SANDWICH[0]] if sandwich else None, H,
-                      [layer.o_cols(h) for h in range(H)])
-    raise CheckpointError(f"attnviz does not recognize the output projection W_O of decoder "
-                          f"layer {index}, which direct logit attribution needs",
-                          fix="'attnviz inspect' shows which layers attnviz recognizes")
+def _factor(config: Any) -> float:
+    """The linear logit transform after (or, T5's, just before) the head: Cohere's
+    logit_scale, Granite's 1 / logits_scaling, T5's d_model^-0.5 on a tied head."""
+    factor = getattr(config, "logit_scale", None)
+    scaling = getattr(config, "logits_scaling", None)
+    value = (float(factor) if isinstance(factor, int | float) else 1.0) \
+        / (float(scaling) if isinstance(scaling, int | float) and scaling else 1.0)
+    if getattr(config, "scale_decoder_outputs", False):
+        value *= float(config.d_model) ** -0.5
+    return value
 
 
 def _fit(module: Any, x: torch.Tensor, y: torch.Tensor, what: str,
