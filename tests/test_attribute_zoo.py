@@ -207,6 +207,18 @@ def test_an_encoder_decoders_decoder_adds_up(lm, kind):
     assert abs(parts.total - sum(parts.cross) - parts.target) > 10 * TOL
 
 
+def test_an_encoder_decoders_padded_batch_equals_each_pair_alone(lm):
+    folder = str(lm("t5"))
+    prompts, targets = [PROMPT, OTHER], ["the cat sat on the", "a small"]
+    both = run_attribute(AttributeRequest(prompts, folder, "mat", "cat", device="cpu",
+                                          targets=targets))
+    for prompt, text, target in zip(both.prompts, prompts, targets, strict=True):
+        alone = run_attribute(AttributeRequest([text], folder, "mat", "cat", device="cpu",
+                                               targets=[target])).prompts[0]
+        pairs = zip(prompt.parts.named(), alone.parts.named(), strict=True)
+        assert max(abs(a - b) for (_, a), (_, b) in pairs) <= 1e-5
+
+
 def test_encoder_decoder_targets_are_checked(lm, cli):
     t5 = lm("t5")
     result = cli("attribute", "--model", t5, "the cat sat")
