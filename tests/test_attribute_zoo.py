@@ -238,3 +238,9 @@ def test_a_multi_token_answer_is_refused_with_its_tokens(lm, cli):
     result = cli("attribute", "--model", lm("llama"), PROMPT, "--answer", "the mat")
     assert result.exit_code == 2
     assert "2 tokens" in result.stderr and "--answer" in result.stderr
+
+
+def test_a_prompt_past_the_models_positions_is_refused(lm, cli):
+    long = " ".join(["the cat sat on the mat"] * 12)  # 72 words; the zoo numbers 64
+    result = cli("attribute", "--model", lm("gpt2"), long)
+    assert result.exit_code == 2 and "positions" in result.stderr

@@ -74,6 +74,7 @@ class ModelLogits:
                                   "not decompose", fix=f"pass {option('dtype')} float32")
         self.tolerance = TOLERANCE[self.dtype]
         self.name = printable(opened.folder.name)
+        self.limit = opened.position_limit  # the most tokens its positions can number
         self.head = model.get_output_embeddings()
         if self.head is None or not hasattr(self.head, "weight"):
             raise CheckpointError("the model has no unembedding with a weight",
@@ -98,7 +99,13 @@ class ModelLogits:
         ids = [int(i) for i in self.tokenizer(text)["input_ids"]]
         if not ids:
             raise UsageError("a prompt encodes to no token", fix="give a longer prompt")
+        self._check_length(len(ids))
         return ids, token_names(self.tokenizer, ids)
+
+    def _check_length(self, count: int) -> None:
+        if self.limit is not None and count > self.limit:
+            raise UsageError(f"a prompt of {count} tokens is longer than the model's "
+                             f"{self.limit} positions", fix="shorten it")
 
     def target(self, text: str) -> tuple[list[int], list[str]]:
         """An encoder-decoder's decoder input: its start token, then the target's tokens
@@ -109,6 +116,7 @@ class ModelLogits:
                                   fix="add it to the model's config.json")
         ids = [int(start)] + [int(i) for i in
                               self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        self._check_length(len(ids))
         return ids, token_names(self.tokenizer, ids)
 
     def prompt(self, text: str) -> tuple[list[int], list[str]]:
