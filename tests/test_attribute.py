@@ -305,3 +305,17 @@ def test_export_holds_every_number(tmp_path, cli):
     assert json.loads(as_json.read_text())["command"] == "attribute"
     refused = cli("attribute", "--export", tmp_path / "x.txt")
     assert refused.exit_code == 2 and "--export" in refused.stderr
+
+
+def test_html_page_escapes_the_prompt_and_shows_every_head(tmp_path, cli):
+    page = tmp_path / "dla.html"
+    hostile = "the cat sat on the mat <script>alert(1)</script> the cat sat on the"
+    result = cli("attribute", hostile, "-a", "mat", "--wrong", "cat", "--html", page)
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    doc = json.loads(cli("attribute", hostile, "-a", "mat", "--wrong", "cat", "--json").stdout)
+    heads = doc["prompts"][0]["parts"]["heads"]
+    for layer, row in enumerate(heads):
+        for h, value in enumerate(row):
+            assert f'title="L{layer}H{h}: {value:+.6g}"' in text

@@ -160,3 +160,16 @@ def test_export_writes_the_json_document(tmp_path, cli):
     result = cli("lens", PROMPT, "--export", path)
     assert result.exit_code == 0, result.output
     assert json.loads(path.read_text()) == json.loads(cli("lens", PROMPT, "--json").stdout)
+
+
+def test_html_page_escapes_tokens_and_holds_every_cell(tmp_path, cli):
+    page = tmp_path / "lens.html"
+    hostile = "the cat <b>sat</b> on the mat the cat sat on the"
+    result = cli("lens", hostile, "--html", page, "--answer", "mat")
+    assert result.exit_code == 0, result.output
+    text = page.read_text()
+    assert "<b>" not in text and "&lt;" in text
+    doc = json.loads(cli("lens", hostile, "--json", "--answer", "mat").stdout)
+    cells = doc["prompts"][0]["cells"]
+    assert text.count("<td class=\"l\" style=") == sum(len(row) for row in cells)
+    assert f"answer #{cells[-1][-1]['answer_rank']}" in text

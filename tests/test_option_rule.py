@@ -113,6 +113,7 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "position": ["--position", "2"], "top": ["--top", "2"],
         "corrupt": ["--corrupt", "the dog sat", "--corrupt", "a cat ran"],
         "pairs": ["--pairs", f"{OUT}/../extra.txt"], "target": ["--target", "the cat"],
+        "html": ["--html", f"{OUT}/p.html"],
         "export": ["--export", f"{OUT}/x.safetensors"],
         "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
     },
@@ -120,6 +121,7 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "answer": ["--answer", "cat"], "position": ["--position", "1"], "top": ["--top", "5"],
         "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
         "export": ["--export", f"{OUT}/x.json"], "target": ["--target", "the cat"],
+        "html": ["--html", f"{OUT}/p.html"],
     },
     "patch": {
         "corrupt": ["-c", "the cat"], "answer": ["-a", "cat"], "wrong": ["--wrong", "cat"],

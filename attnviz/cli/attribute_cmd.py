@@ -33,6 +33,8 @@ Pairs = Annotated[Path | None, typer.Option("--pairs", callback=path_arg, help=(
 Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "An encoder-decoder's decoder text, one per prompt: the decoder is read (start token + "
     "target), its last position predicting the token after the target."))]
+Html = Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
+    "Write an offline page (.html): the grids coloured, exact values on hover."))]
 Top = Annotated[int, typer.Option("--top", help="How many of the largest parts to name.")]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure: the layers × heads grid and the layer parts (.png, .svg, .pdf)."))]
@@ -45,7 +47,8 @@ def attribute(
     sentences: Prompts = None, model: Model = None, answer: Answer = None, wrong: Wrong = None,
     target: Target = None, position: Position = -1, corrupt: Corrupt = None,
     pairs: Pairs = None, top: Top = 10,
-    out: Out = None, export: Export = None, as_json: Json = False, device: Device = "auto",
+    out: Out = None, export: Export = None, html: Html = None, as_json: Json = False,
+    device: Device = "auto",
     dtype: Dtype = choices.Dtype.FLOAT32,
 ) -> None:
     """Direct logit attribution: each head's, each layer's attention and MLP output's and the
@@ -60,6 +63,7 @@ def attribute(
     out_path = check_output_path(out, FIGURE_SUFFIXES, read) if out else None
     export_path = check_output_path(export, EXPORT_SUFFIXES, read, "export") if export \
         else None
+    html_path = check_output_path(html, (".html",), read, "html") if html else None
     result = run_attribute(AttributeRequest(
         list(sentences or []), model, answer, wrong, position, list(corrupt or []), pairs,
         device, dtype, top, list(target or [])))
@@ -68,6 +72,11 @@ def attribute(
         from attnviz.render.attribute_figure import attribute_figure
 
         write_figure(attribute_figure(result), out_path)
+    if html_path is not None:
+        from attnviz.cli.paths import write_page
+        from attnviz.render.attribute_html import attribute_page
+
+        write_page(attribute_page(result), html_path)
     if export_path is not None:
         from attnviz.app.attribute import export_attribution
 
@@ -79,6 +88,6 @@ def attribute(
 
     shown = console()
     print_attribution(shown, result)
-    for path in (out_path, export_path):
+    for path in (out_path, export_path, html_path):
         if path is not None:
             shown.print(plain(f"wrote {path}"), soft_wrap=True)

@@ -22,6 +22,8 @@ Position = Annotated[list[int] | None, typer.Option("--position", "-p", help=(
 Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "An encoder-decoder's decoder text, one per prompt: the decoder is read (start token + "
     "target), its last position predicting the token after the target."))]
+Html = Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
+    "Write an offline page (.html): the grids coloured, exact values on hover."))]
 Top = Annotated[int, typer.Option("--top", help=(
     "How many top tokens each cell keeps (the grid shows the first; --json all)."))]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
@@ -34,7 +36,7 @@ Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help
 def lens(
     sentences: Prompts = None, model: Model = None, answer: Answer = None,
     target: Target = None, position: Position = None, top: Top = 3, out: Out = None,
-    export: Export = None, as_json: Json = False,
+    export: Export = None, html: Html = None, as_json: Json = False,
     device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
 ) -> None:
     """The logit lens: each layer's residual through the model's own final norm (its own
@@ -48,6 +50,7 @@ def lens(
     read = inputs_read(None, model, None, model is None)
     out_path = check_output_path(out, FIGURE_SUFFIXES, read) if out else None
     export_path = check_output_path(export, (".json",), read, "export") if export else None
+    html_path = check_output_path(html, (".html",), read, "html") if html else None
     result = run_lens(LensRequest(list(sentences or []), model, answer, list(position or []),
                                   top, device, dtype, list(target or [])))
     if out_path is not None:
@@ -55,6 +58,11 @@ def lens(
         from attnviz.render.lens_figure import lens_figure
 
         write_figure(lens_figure(result), out_path)
+    if html_path is not None:
+        from attnviz.cli.paths import write_page
+        from attnviz.render.lens_html import lens_page
+
+        write_page(lens_page(result), html_path)
     if export_path is not None:
         from attnviz.cli.paths import write_page
 
@@ -66,6 +74,6 @@ def lens(
 
     shown = console()
     print_lens(shown, result)
-    for path in (out_path, export_path):
+    for path in (out_path, export_path, html_path):
         if path is not None:
             shown.print(plain(f"wrote {path}"), soft_wrap=True)
