@@ -64,16 +64,16 @@ def baseline_runs(engine: Engine, sites: set[str], explained: str) -> Runs:
     return Runs(engine, baselines, clean_cache, corrupt_cache)
 
 
-def _grid(runs: Runs, scores: torch.Tensor, shape: tuple[int, int], site: str,
-          direction: PatchDirection, title: str, rows: list[str], cols: list[str],
-          col_notes: list[str] | None = None, notes: list[str] | None = None) -> EffectGrid:
+def _grid(runs: Runs, scores: torch.Tensor, what: tuple[str, PatchDirection, str],
+          rows: list[str], cols: list[str]) -> EffectGrid:
+    """A rows × cols grid of (rows·cols, P) scores; `what`: (site, direction, title)."""
     mean, spread, raw = summarize(scores, runs.baselines)
-    R, K = shape
+    R, K = len(rows), len(cols)
 
     def grid(t: torch.Tensor) -> list[list[float]]:
         return t.reshape(R, K).tolist()
-    return EffectGrid(site, direction, title, rows, cols, grid(mean), grid(spread), grid(raw),
-                      col_notes or [], notes or [])
+    site, direction, title = what
+    return EffectGrid(site, direction, title, rows, cols, grid(mean), grid(spread), grid(raw))
 
 
 def units(site: str, runs: Runs) -> int:
@@ -95,9 +95,11 @@ def head_sweep(runs: Runs, direction: PatchDirection, site: str, report: Report
         group = runs.heads // runs.kv_heads
         col_notes = [f"KV{g}: query heads {g * group}-{(g + 1) * group - 1}" for g in range(U)]
     prefix = "KV" if site in ("k", "v") else "H"
-    return _grid(runs, scores, (runs.layers, U), "heads" if site == "z" else site, direction,
-                 f"{name}, each patched at every position", [f"L{i}" for i in range(runs.layers)],
-                 [f"{prefix}{u}" for u in range(U)], col_notes)
+    grid = _grid(runs, scores, ("heads" if site == "z" else site, direction,
+                                f"{name}, each patched at every position"),
+                 [f"L{i}" for i in range(runs.layers)], [f"{prefix}{u}" for u in range(U)])
+    grid.col_notes.extend(col_notes)
+    return grid
 
 
 def position_sweep(runs: Runs, direction: PatchDirection, site: str, positions: list[str],
@@ -116,8 +118,8 @@ def position_sweep(runs: Runs, direction: PatchDirection, site: str, positions: 
                   for h in range(runs.heads) for p in range(L)]
         title = "each head's output, patched at each position"
     scores = runs.engine.sweep(corrupt, copies, {"source": other}, report)
-    return _grid(runs, scores, (len(rows), L), "residual" if site == "resid" else "head-positions",
-                 direction, title, rows, positions)
+    return _grid(runs, scores, ("residual" if site == "resid" else "head-positions", direction,
+                                title), rows, positions)
 
 
 def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int, int]],
@@ -153,10 +155,11 @@ def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int,
     if not receivers:
         notes.append("to the logits: the sender's direct path and its paths through MLPs "
                      "and norms (every other head frozen)")
-    return _grid(runs, scores, (max(last, 0), runs.heads), "path", direction,
-                 f"exact path patching, each sender head → {target}",
-                 [f"L{i}" for i in range(last)], [f"H{h}" for h in range(runs.heads)],
-                 notes=notes)
+    grid = _grid(runs, scores, ("path", direction,
+                                f"exact path patching, each sender head → {target}"),
+                 [f"L{i}" for i in range(last)], [f"H{h}" for h in range(runs.heads)])
+    grid.notes.extend(notes)
+    return grid
 
 
 def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str],
@@ -175,9 +178,9 @@ def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str
     base = scores.double()[:, None, None, None]
     results = []
 
-    def add(site: str, title: str, estimate: torch.Tensor, shape: tuple[int, int],
-            rows: list[str], cols: list[str]) -> None:
-        grid = _grid(runs, estimate, shape, site, direction, title, rows, cols)
+    def add(site: str, title: str, estimate: torch.Tensor, rows: list[str],
+            cols: list[str]) -> None:
+        grid = _grid(runs, estimate, (site, direction, title), rows, cols)
         twin = exact.get(site.removeprefix("attribution-"))
         if twin is not None:
             a = [v for row in grid.mean for v in row]
@@ -187,16 +190,16 @@ def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str
         results.append(grid)
     whole = (base[..., 0] + per_head.sum(2)).reshape(-1, layers * H).T  # (layers·H, P)
     add("attribution-heads", "attribution patching (first order): head outputs", whole,
-        (layers, H), [f"L{i}" for i in range(layers)], [f"H{h}" for h in range(H)])
+        [f"L{i}" for i in range(layers)], [f"H{h}" for h in range(H)])
     at = (base + per_head).permute(1, 3, 2, 0).reshape(layers * H * L, -1)  # (layers·H·L, P)
     add("attribution-head-positions", "attribution patching (first order): each head at each "
-        "position", at, (layers * H, L), [f"L{i}H{h}" for i in range(layers) for h in range(H)],
+        "position", at, [f"L{i}H{h}" for i in range(layers) for h in range(H)],
         positions)
     if "resid" in sites:
         resid = torch.stack([((other[("resid", i)] - acts[("resid", i)])
                               * grads[("resid", i)]).sum(-1) for i in range(layers)], 1)
         est = (scores.double()[:, None, None] + resid.double().cpu()).reshape(-1, layers * L).T
         add("attribution-residual", "attribution patching (first order): the residual stream "
-            "per layer and position", est, (layers, L), [f"L{i}" for i in range(layers)],
+            "per layer and position", est, [f"L{i}" for i in range(layers)],
             positions)
     return results
