@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from attnviz.core.choices import PatchDirection, PatchMetric
+
+if TYPE_CHECKING:
+    import torch
 
 DIRECTIONS = {
     PatchDirection.DENOISING: "denoising: the corrupted run, each cell with one activation "
@@ -129,6 +130,8 @@ def summarize(scores: torch.Tensor, baselines: Baselines) -> tuple[torch.Tensor,
     """(C,) mean normalized metric, its spread over pairs, and the raw mean, of (C, P) scores:
     pair p normalized as (m_p − corrupted_p) / (clean − corrupted of the means), so the mean
     over pairs is the normalized mean metric."""
+    import torch
+
     corrupt = torch.tensor(baselines.corrupt, dtype=torch.float64)
     scale = baselines.scale
     if scale == 0 or not math.isfinite(scale):
@@ -141,6 +144,8 @@ def summarize(scores: torch.Tensor, baselines: Baselines) -> tuple[torch.Tensor,
 
 def correlation(a: list[float], b: list[float]) -> float:
     """Pearson's r of two equally long lists (NaN when either is constant)."""
+    import torch
+
     x = torch.tensor(a, dtype=torch.float64)
     y = torch.tensor(b, dtype=torch.float64)
     x, y = x - x.mean(), y - y.mean()
