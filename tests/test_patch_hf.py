@@ -252,3 +252,27 @@ def test_cli_runs_every_site_and_refuses_encoder_decoders(cli, lm, tmp_path):
     refused = cli("patch", "a b", "-c", "a c", "-a", "b", "--model", str(folder))
     assert refused.exit_code == 2
     assert "encoder-decoder" in refused.output
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_prefix_equals_whole_copies(lm, kind, monkeypatch):
+    """One pair's copies share the run before their first patched layer (one row, copied at
+    that layer's input): the same numbers as every copy run whole; the control shows the
+    shared forward did run (fewer rows before the layer)."""
+    model = lm(kind)
+    engine, _ = engine_for(model, PAIRS[:1])
+    runs = baseline_runs(engine, {"z"}, "")
+    copies = [(Patch("z", 1, h),) for h in range(model.n_heads)]
+    assert engine.shares(copies) == 1
+    rows = []
+    real_forward = model.forward
+
+    def counting(ids, real, read, hook):
+        rows.append(ids.shape[0])
+        return real_forward(ids, real, read, hook)
+    monkeypatch.setattr(model, "forward", counting)
+    shared = engine.sweep(True, copies, {"source": runs.clean})
+    monkeypatch.setattr(engine, "shares", lambda copies: None)
+    whole = engine.sweep(True, copies, {"source": runs.clean})
+    assert (shared - whole).abs().max() < 1e-5
+    assert rows[0] == 1 and rows[-1] == model.n_heads

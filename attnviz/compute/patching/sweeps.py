@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.compute.patching.engine import Cache, Copy, Engine, Patch
+from attnviz.compute.patching.engine import Cache, Copy, Engine, Patch, by_first_layer
 from attnviz.compute.patching.result import Baselines, EffectGrid, correlation, summarize
 from attnviz.core.choices import PatchDirection
 
@@ -130,14 +130,20 @@ def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int,
     corrupt, own, other = runs.sides(direction)
     last = min((layer for layer, _ in receivers), default=runs.layers)
     senders = [(layer, h) for layer in range(last) for h in range(runs.heads)]
-    frozen = tuple(Patch("z", layer, None, None, "base") for layer in range(runs.layers))
-    copies: list[Copy] = [frozen + (Patch("z", layer, h),) for layer, h in senders]
+    # every other head frozen at the base run's output: before the sender's layer nothing has
+    # changed yet, so the freezing starts at its layer
+    copies: list[Copy] = [tuple(Patch("z", later, None, None, "base")
+                                for later in range(layer, runs.layers)) + (Patch("z", layer, h),)
+                          for layer, h in senders]
     group = runs.heads // runs.kv_heads
     wanted = {(receiver_site, layer) for layer, _ in receivers}
     out = []
-    for start in range(0, len(copies), engine.per_forward):
-        chunk = copies[start:start + engine.per_forward]
+    chunks = [group[i:i + engine.per_forward] for group in by_first_layer(copies)
+              for i in range(0, len(group), engine.per_forward)]
+    start = 0
+    for chunk in chunks:
         report(f"path patching senders {start + 1}-{start + len(chunk)} of {len(copies)}")
+        start += len(chunk)
         first, recorded = engine.patched(corrupt, chunk, {"base": own, "source": other}, wanted)
         if not receivers:
             out.append(first)
