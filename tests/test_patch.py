@@ -409,3 +409,36 @@ def test_q_v_and_pattern_patches_equal_the_hand_forward(model):
                                if (i, head) == (1, 1) else p)[0], tp)
     assert abs(float(got[2, 0]) - expected) < 1e-4
     assert abs(expected - runs.baselines.corrupt[0]) > 1e-3  # negative control: it matters
+
+
+def test_out_figure_export_and_terminal(cli, tmp_path):
+    out, export = tmp_path / "p.png", tmp_path / "p.json"
+    result = cli("patch", "--out", out, "--export", export, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    from PIL import Image
+
+    with Image.open(out) as image:  # read back: drawn, not blank
+        assert image.size[0] > 300 and len(set(image.convert("L").getdata())) > 10
+    doc = json.loads(export.read_text())
+    assert doc["baselines"]["clean"] and doc["grids"][0]["by_pair"][0] == \
+        doc["grids"][0]["raw"]  # one pair: its own numbers are the means
+    text = result.output
+    assert "direction: denoising" in text and "0 = corrupted, 1 = clean" in text
+    assert "top: L0 H1" in text.replace("\n", " ")
+    # the pair file: two pairs, means ± spread over them
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"{BUILT_IN.clean}\t{BUILT_IN.corrupt}\twindow\tforest\n"
+                     f"{SECOND.clean}\t{SECOND.corrupt}\tbird\ttree\n")
+    two = json.loads(cli("patch", "--pairs", pairs, "--json").output)
+    heads = two["grids"][0]
+    assert len(heads["by_pair"]) == 2
+    import statistics
+
+    for i in range(2):
+        for j in range(2):
+            per = [(heads["by_pair"][p][i][j] - two["baselines"]["corrupted"][p])
+                   / (two["baselines"]["clean_mean"] - two["baselines"]["corrupted_mean"])
+                   for p in range(2)]
+            assert abs(heads["mean"][i][j] - statistics.mean(per)) < 1e-9
+            assert abs(heads["spread"][i][j] - statistics.stdev(per)) < 1e-9
+    assert any("differ in length" in note for note in two["notes"])

@@ -59,6 +59,7 @@ class EffectGrid:
     raw: list[list[float]]  # the metric itself, mean over pairs
     col_notes: list[str] = field(default_factory=list)  # k/v: the query heads sharing a column
     notes: list[str] = field(default_factory=list)
+    by_pair: list[list[list[float]]] = field(default_factory=list)  # [pair][row][col] metric
 
     def top(self, count: int = 5) -> list[tuple[str, str, float, float]]:
         """The cells farthest from the patched run's own baseline, (row, col, mean, spread)."""
@@ -125,8 +126,8 @@ class PatchResult:
         })
 
 
-def summarize(scores: torch.Tensor, baselines: Baselines) -> tuple[torch.Tensor, torch.Tensor,
-                                                                     torch.Tensor]:
+def summarize(scores: torch.Tensor, baselines: Baselines
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(C,) mean normalized metric, its spread over pairs, and the raw mean, of (C, P) scores:
     pair p normalized as (m_p − corrupted_p) / (clean − corrupted of the means), so the mean
     over pairs is the normalized mean metric."""

@@ -73,7 +73,9 @@ def _grid(runs: Runs, scores: torch.Tensor, what: tuple[str, PatchDirection, str
     def grid(t: torch.Tensor) -> list[list[float]]:
         return t.reshape(R, K).tolist()
     site, direction, title = what
-    return EffectGrid(site, direction, title, rows, cols, grid(mean), grid(spread), grid(raw))
+    by_pair = [grid(scores[:, p]) for p in range(scores.shape[1])]
+    return EffectGrid(site, direction, title, rows, cols, grid(mean), grid(spread), grid(raw),
+                      by_pair=by_pair)
 
 
 def units(site: str, runs: Runs) -> int:
