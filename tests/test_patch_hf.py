@@ -276,3 +276,35 @@ def test_shared_prefix_equals_whole_copies(lm, kind, monkeypatch):
     whole = engine.sweep(True, copies, {"source": runs.clean})
     assert (shared - whole).abs().max() < 1e-5
     assert rows[0] == 1 and rows[-1] == model.n_heads
+
+
+MORE = ["gpt_neox", "phi3", "falcon", "bloom", "opt", "gptj", "gpt_bigcode", "olmo2", "gemma3",
+        "mixtral", "gpt_neo", "phi"]
+
+
+@pytest.mark.parametrize("kind", MORE)
+def test_more_families_keep_the_identities(lm, kind):
+    """Fused and interleaved qkv (NeoX, Falcon, BLOOM), multi-query BigCode, MoE, per-head
+    norms, and models outside the attention interface (their q/k/v/pattern refused, said in
+    the notes): the baseline is the model's own, every head patched restores the clean run."""
+    model = lm(kind)
+    engine, (tp,) = engine_for(model, PAIRS[:1])
+    runs = baseline_runs(engine, {"z", "resid"} & set(model.sites), "")
+    assert abs(runs.baselines.clean[0] - own_metric(model, tp.clean, tp)) < 1e-4
+    every = tuple(Patch("z", layer) for layer in range(model.n_layers))
+    scores, _ = engine.patched(True, [every, (Patch("resid", 0),), ()], {"source": runs.clean})
+    assert abs(float(scores[0, 0]) - runs.baselines.clean[0]) < 1e-5
+    assert abs(float(scores[1, 0]) - runs.baselines.clean[0]) < 1e-5
+    assert abs(float(scores[2, 0]) - runs.baselines.corrupt[0]) < 1e-5
+    assert abs(runs.baselines.clean[0] - runs.baselines.corrupt[0]) > 1e-5  # control
+    if "q" not in model.sites:
+        assert any("attention interface" in note for note in model.notes)
+
+
+def test_sites_outside_the_interface_are_refused(cli, lm):
+    model = lm("falcon")
+    args = ["patch", "the cat sat on the mat", "-c", "the dog sat on the mat", "-a", "cat",
+            "--wrong", "dog", "--model", model.name]
+    refused = cli(*args, "--site", "q")
+    assert refused.exit_code == 2 and "--site q is not reachable" in refused.output
+    assert cli(*args, "--site", "heads", "--json").exit_code == 0  # control
