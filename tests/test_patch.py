@@ -48,7 +48,7 @@ class HandForward:
         self.read = lambda name: store.read(name).float()
         self.H = 2
 
-    def __call__(self, ids, edit=None, freeze=None):
+    def __call__(self, ids, edit=None, pattern_edit=None):
         r = self.read
         L = len(ids)
         x = r("embed.weight")[torch.tensor(ids)] + r("pos_embed.weight")[:L]
@@ -66,7 +66,10 @@ class HandForward:
                 cols = slice(head * d, (head + 1) * d)
                 scores = q[:, cols] @ k[:, cols].T / math.sqrt(d)
                 scores = scores.masked_fill(torch.ones(L, L).triu(1).bool(), float("-inf"))
-                z[:, head] = scores.softmax(-1) @ v[:, cols]
+                pattern = scores.softmax(-1)
+                if pattern_edit is not None:
+                    pattern = pattern_edit(i, head, pattern)
+                z[:, head] = pattern @ v[:, cols]
             if edit is not None:
                 z = edit(i, z)
             zs.append(z)
@@ -361,3 +364,82 @@ def test_other_metrics_equal_the_hand_forward(model, metric):
         expected = sum(losses) / len(losses)
     assert abs(runs.baselines.clean[0] - expected) < 1e-4
     assert abs(runs.baselines.corrupt[0] - expected) > 1e-3  # the corrupted run differs
+
+
+def test_api_returns_the_cli_numbers(cli):
+    from attnviz.api import patch
+
+    result = patch(sites=["heads", "v"], directions=["noising"])
+    doc = json.loads(cli("patch", "--site", "heads,v", "--direction", "noising",
+                         "--json").output)
+    assert result.to_json()["grids"] == doc["grids"]
+    assert [g.site for g in result.grids] == ["heads", "head-positions", "v"]
+    with pytest.raises(UsageError, match="unknown metric 'nope'"):
+        patch(metric="nope")
+
+
+def test_q_v_and_pattern_patches_equal_the_hand_forward(model):
+    """The bundled model's q, v and pattern patches against the hand forward's own math."""
+    engine, (tp,) = engine_for(model, [BUILT_IN])
+    runs = baseline_runs(engine, {"q", "v", "pattern"}, "")
+    got, _ = engine.patched(True, [(Patch("q", 1, 0),), (Patch("v", 0, 1),),
+                                   (Patch("pattern", 1, 1),)], {"source": runs.clean})
+    # the same patches through the model's own hook, one at a time, without the engine
+    for c, (site, layer, unit) in enumerate((("q", 1, 0), ("v", 0, 1), ("pattern", 1, 1))):
+        def hook(s, i, x, site=site, layer=layer, unit=unit):
+            if s == site and i == layer:
+                x = x.clone()
+                if site == "pattern":
+                    x[:, unit] = runs.clean[(s, i)][:, unit]
+                else:
+                    x[:, :, unit] = runs.clean[(s, i)][:, :, unit]
+            return x
+        b = engine.batch
+        logits = model.forward(b.corrupt, b.real, b.targets.positions, hook)
+        assert abs(float(got[c, 0]) - logit_diff(logits[0, 0], tp)) < 1e-5
+    # the pattern patch by hand: the clean run's softmax of L1H1, times the corrupted values
+    hand = HandForward(model.store)
+    kept = {}
+
+    def keep(i, head, pattern):
+        kept[(i, head)] = pattern
+        return pattern
+    hand(tp.clean, pattern_edit=keep)
+    expected = logit_diff(hand(tp.corrupt, pattern_edit=lambda i, head, p: kept[(i, head)]
+                               if (i, head) == (1, 1) else p)[0], tp)
+    assert abs(float(got[2, 0]) - expected) < 1e-4
+    assert abs(expected - runs.baselines.corrupt[0]) > 1e-3  # negative control: it matters
+
+
+def test_out_figure_export_and_terminal(cli, tmp_path):
+    out, export = tmp_path / "p.png", tmp_path / "p.json"
+    result = cli("patch", "--out", out, "--export", export, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(out) as image:  # read back: drawn, not blank
+        assert image.size[0] > 300 and len(np.unique(np.asarray(image.convert("L")))) > 10
+    doc = json.loads(export.read_text())
+    assert doc["baselines"]["clean"] and doc["grids"][0]["by_pair"][0] == \
+        doc["grids"][0]["raw"]  # one pair: its own numbers are the means
+    text = result.output
+    assert "direction: denoising" in text and "0 = corrupted, 1 = clean" in text
+    assert "top: L0 H1" in text.replace("\n", " ")
+    # the pair file: two pairs, means ± spread over them
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"{BUILT_IN.clean}\t{BUILT_IN.corrupt}\twindow\tforest\n"
+                     f"{SECOND.clean}\t{SECOND.corrupt}\tbird\ttree\n")
+    two = json.loads(cli("patch", "--pairs", pairs, "--json").output)
+    heads = two["grids"][0]
+    assert len(heads["by_pair"]) == 2
+    import statistics
+
+    for i in range(2):
+        for j in range(2):
+            per = [(heads["by_pair"][p][i][j] - two["baselines"]["corrupted"][p])
+                   / (two["baselines"]["clean_mean"] - two["baselines"]["corrupted_mean"])
+                   for p in range(2)]
+            assert abs(heads["mean"][i][j] - statistics.mean(per)) < 1e-9
+            assert abs(heads["spread"][i][j] - statistics.stdev(per)) < 1e-9
+    assert any("differ in length" in note for note in two["notes"])

@@ -252,3 +252,59 @@ def test_cli_runs_every_site_and_refuses_encoder_decoders(cli, lm, tmp_path):
     refused = cli("patch", "a b", "-c", "a c", "-a", "b", "--model", str(folder))
     assert refused.exit_code == 2
     assert "encoder-decoder" in refused.output
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_prefix_equals_whole_copies(lm, kind, monkeypatch):
+    """One pair's copies share the run before their first patched layer (one row, copied at
+    that layer's input): the same numbers as every copy run whole; the control shows the
+    shared forward did run (fewer rows before the layer)."""
+    model = lm(kind)
+    engine, _ = engine_for(model, PAIRS[:1])
+    runs = baseline_runs(engine, {"z"}, "")
+    copies = [(Patch("z", 1, h),) for h in range(model.n_heads)]
+    assert engine.shares(copies) == 1
+    rows = []
+    real_forward = model.forward
+
+    def counting(ids, real, read, hook):
+        rows.append(ids.shape[0])
+        return real_forward(ids, real, read, hook)
+    monkeypatch.setattr(model, "forward", counting)
+    shared = engine.sweep(True, copies, {"source": runs.clean})
+    monkeypatch.setattr(engine, "shares", lambda copies: None)
+    whole = engine.sweep(True, copies, {"source": runs.clean})
+    assert (shared - whole).abs().max() < 1e-5
+    assert rows[0] == 1 and rows[-1] == model.n_heads
+
+
+MORE = ["gpt_neox", "phi3", "falcon", "bloom", "opt", "gptj", "gpt_bigcode", "olmo2", "gemma3",
+        "mixtral", "gpt_neo", "phi"]
+
+
+@pytest.mark.parametrize("kind", MORE)
+def test_more_families_keep_the_identities(lm, kind):
+    """Fused and interleaved qkv (NeoX, Falcon, BLOOM), multi-query BigCode, MoE, per-head
+    norms, and models outside the attention interface (their q/k/v/pattern refused, said in
+    the notes): the baseline is the model's own, every head patched restores the clean run."""
+    model = lm(kind)
+    engine, (tp,) = engine_for(model, PAIRS[:1])
+    runs = baseline_runs(engine, {"z", "resid"} & set(model.sites), "")
+    assert abs(runs.baselines.clean[0] - own_metric(model, tp.clean, tp)) < 1e-4
+    every = tuple(Patch("z", layer) for layer in range(model.n_layers))
+    scores, _ = engine.patched(True, [every, (Patch("resid", 0),), ()], {"source": runs.clean})
+    assert abs(float(scores[0, 0]) - runs.baselines.clean[0]) < 1e-5
+    assert abs(float(scores[1, 0]) - runs.baselines.clean[0]) < 1e-5
+    assert abs(float(scores[2, 0]) - runs.baselines.corrupt[0]) < 1e-5
+    assert abs(runs.baselines.clean[0] - runs.baselines.corrupt[0]) > 1e-5  # control
+    if "q" not in model.sites:
+        assert any("attention interface" in note for note in model.notes)
+
+
+def test_sites_outside_the_interface_are_refused(cli, lm):
+    model = lm("falcon")
+    args = ["patch", "the cat sat on the mat", "-c", "the dog sat on the mat", "-a", "cat",
+            "--wrong", "dog", "--model", model.name]
+    refused = cli(*args, "--site", "q")
+    assert refused.exit_code == 2 and "--site q is not reachable" in refused.output
+    assert cli(*args, "--site", "heads", "--json").exit_code == 0  # control

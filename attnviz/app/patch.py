@@ -71,8 +71,9 @@ def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: N
         notes.append("the pairs differ in length: per-position grids (and the residual "
                      "stream, which over every position is the whole run) are left out")
     grids: list[EffectGrid] = []
+    plan = _Plan(request, positions, same, receivers, report)
     for direction in request.directions:
-        grids += _sweeps(request, runs, direction, positions, same, receivers, report)
+        grids += _sweeps(plan, runs, direction)
     views = [PairView(t.clean_names, t.corrupt_names, t.answer_names, t.wrong_name)
              for t in tokenized]
     result = PatchResult(model.name, request.metric, views, runs.baselines, grids,
@@ -83,12 +84,23 @@ def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: N
     return result
 
 
-def _sweeps(request: PatchRequest, runs: object, direction: PatchDirection,
-            positions: list[str], same: bool, receivers: list[tuple[int, int]],
-            report: Callable[[str], None]) -> list[EffectGrid]:
+@dataclass(frozen=True)
+class _Plan:
+    """What every direction's sweeps share."""
+
+    request: PatchRequest
+    positions: list[str]  # the column labels of per-position grids
+    same: bool  # every pair has the same length (per-position grids defined)
+    receivers: list[tuple[int, int]]  # path patching's receiver heads (none: the logits)
+    report: Callable[[str], None]
+
+
+def _sweeps(plan: _Plan, runs: object, direction: PatchDirection) -> list[EffectGrid]:
     from attnviz.compute.patching import sweeps
 
     assert isinstance(runs, sweeps.Runs)
+    request, positions, same, receivers, report = \
+        plan.request, plan.positions, plan.same, plan.receivers, plan.report
     grids: list[EffectGrid] = []
     exact: dict[str, EffectGrid] = {}
     L = runs.engine.batch.length

@@ -47,6 +47,9 @@ Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help
     "Write a figure of every grid (.png, .svg, .pdf)."))]
 Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help=(
     "Write every number, the metric, the directions and the baselines to a .json file."))]
+Html = Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
+    "Write an offline page of every grid; click a head to see its effect at each position "
+    "(.html)."))]
 
 
 def patch(
@@ -56,7 +59,7 @@ def patch(
     receivers: Receivers = None, receiver_input: ReceiverInput = None,
     device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
     memory_budget: MemoryBudget = None, out: Out = None, export: Export = None,
-    as_json: Json = False,
+    html: Html = None, as_json: Json = False,
 ) -> None:
     """Activation patching: which heads, layers and positions carry the difference between a
     clean and a corrupted prompt's answer (default: the bundled model's induction pair)."""
@@ -69,6 +72,7 @@ def patch(
     read = inputs_read(None, model, pairs, model is None)
     out_path = check_output_path(out, FIGURE_SUFFIXES, read) if out else None
     export_path = check_output_path(export, (".json",), read, "export") if export else None
+    html_path = check_output_path(html, (".html",), read, "html") if html else None
     request = PatchRequest(clean, corrupt, answer, wrong, pairs, model, metric,
                            parse_directions(direction), parse_sites(site), per_position,
                            receivers, receiver_input, device, dtype,
@@ -83,6 +87,11 @@ def patch(
         from attnviz.cli.paths import write_page
 
         write_page(strict_json(result.to_json()) + "\n", export_path)
+    if html_path is not None:
+        from attnviz.cli.paths import write_page
+        from attnviz.render.patch_html import patch_html
+
+        write_page(patch_html(result), html_path)
     if as_json:
         typer.echo(strict_json(result.to_json()))
         return
@@ -90,7 +99,7 @@ def patch(
 
     shown = console()
     print_patch(shown, result)
-    for path in (out_path, export_path):
+    for path in (out_path, export_path, html_path):
         if path is not None:
             shown.print(plain(f"wrote {path}"), soft_wrap=True)
 

@@ -88,6 +88,7 @@ class BundledPatchModel:
         allowed = causal[None, None] & real[:, None, None, :]  # (N, 1, L, L)
         for i, (layer, w) in enumerate(zip(self.layers, self.weights, strict=True)):
             x = at("resid", i, x)
+            N = x.shape[0]  # the hook may have made copies of a one-row batch
             h = F.layer_norm(x, (x.shape[-1],), p[f"layers.{i}.ln.weight"],
                              p[f"layers.{i}.ln.bias"], eps=1e-5)
             q = at("q", i, F.linear(h, w.W_q, w.b_q).view(N, L, H, d))  # (N, L, H, d)

@@ -88,14 +88,36 @@ class Engine:
         row = self.model.row_bytes(self.batch.length)
         return max(1, min(MAX_COPIES, self.budget_bytes // max(1, row * self.batch.pairs)))
 
-    def _forward(self, copies: int, corrupt: bool, hook: Hook | None) -> torch.Tensor:
-        """(copies·P,) scores of `copies` copies of the clean (or corrupted) batch."""
+    def _forward(self, copies: int, corrupt: bool, hook: Hook | None,
+                 share: int | None = None) -> torch.Tensor:
+        """(copies·P,) scores of `copies` copies of the clean (or corrupted) batch. `share`:
+        the first layer any copy patches — one pair's copies are the same run before it, so
+        the forward starts with one row and the copies are made where the residual stream
+        enters that layer (every mask and position table the model built for one row
+        broadcasts over them)."""
         b, device = self.batch, self.model.device
-        ids = (b.corrupt if corrupt else b.clean).repeat(copies, 1).to(device)
-        real = b.real.repeat(copies, 1).to(device)
         read = b.targets.positions.repeat(copies, 1).to(device)
         self.forwards += 1
-        return score(self.model.forward(ids, real, read, hook), b.targets).cpu()
+        if share is None or copies == 1:
+            ids = (b.corrupt if corrupt else b.clean).repeat(copies, 1).to(device)
+            real = b.real.repeat(copies, 1).to(device)
+            return score(self.model.forward(ids, real, read, hook), b.targets).cpu()
+        assert b.pairs == 1 and hook is not None
+        inner = hook
+
+        def expand(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+            if site == "resid" and layer == share and x.shape[0] == 1:
+                x = x.expand(copies, *x.shape[1:]).contiguous()
+            return inner(site, layer, x)
+        ids = (b.corrupt if corrupt else b.clean).to(device)
+        return score(self.model.forward(ids, b.real.to(device), read, expand), b.targets).cpu()
+
+    def shares(self, copies: list[Copy]) -> int | None:
+        """The layer the copies can share the run up to (see `_forward`), or None."""
+        if self.batch.pairs != 1 or "resid" not in self.model.sites:
+            return None
+        first = min((patch.layer for copy in copies for patch in copy), default=0)
+        return first if first > 0 else None
 
     def run(self, corrupt: bool, record: set[str] | frozenset[str] = frozenset()
             ) -> tuple[torch.Tensor, Cache]:
@@ -132,17 +154,20 @@ class Engine:
                 recorded[(site, layer)] = x.detach()
             return x
         with torch.no_grad():
-            scores = self._forward(C, corrupt, hook)
+            scores = self._forward(C, corrupt, hook, self.shares(copies))
         return scores.reshape(C, P), recorded
 
     def sweep(self, corrupt: bool, copies: list[Copy], caches: dict[str, Cache],
               report: Callable[[str], None] = lambda _: None) -> torch.Tensor:
-        """(C, P) scores of every copy, `per_forward` copies a forward."""
-        per, out = self.per_forward, []
-        for start in range(0, len(copies), per):
-            chunk = copies[start:start + per]
-            report(f"patching {start + 1}-{start + len(chunk)} of {len(copies)}")
-            out.append(self.patched(corrupt, chunk, caches)[0])
+        """(C, P) scores of every copy, `per_forward` copies a forward; copies of one first
+        patched layer go together, so that each forward shares the run before it."""
+        per, out, done = self.per_forward, [], 0
+        for group in by_first_layer(copies):
+            for start in range(0, len(group), per):
+                chunk = group[start:start + per]
+                report(f"patching {done + 1}-{done + len(chunk)} of {len(copies)}")
+                out.append(self.patched(corrupt, chunk, caches)[0])
+                done += len(chunk)
         return torch.cat(out) if out else torch.zeros(0, self.batch.pairs, dtype=torch.float64)
 
     def gradients(self, corrupt: bool, sites: set[str]) -> tuple[torch.Tensor, Cache, Cache]:
@@ -170,6 +195,19 @@ class Engine:
         grads = {key: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach()
                  for key, leaf in leaves.items()}
         return scores.detach().cpu(), acts, grads
+
+
+def by_first_layer(copies: list[Copy]) -> list[list[Copy]]:
+    """Consecutive runs of copies whose first patched layer is the same (order kept)."""
+    groups: list[list[Copy]] = []
+    last: int | None = None
+    for copy in copies:
+        first = min((patch.layer for patch in copy), default=0)
+        if not groups or first != last:
+            groups.append([])
+        groups[-1].append(copy)
+        last = first
+    return groups
 
 
 def _plan(copies: list[Copy], L: int, H: int, Hkv: int

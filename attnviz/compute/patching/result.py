@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from attnviz.core.choices import PatchDirection, PatchMetric
+
+if TYPE_CHECKING:
+    import torch
 
 DIRECTIONS = {
     PatchDirection.DENOISING: "denoising: the corrupted run, each cell with one activation "
@@ -58,6 +59,7 @@ class EffectGrid:
     raw: list[list[float]]  # the metric itself, mean over pairs
     col_notes: list[str] = field(default_factory=list)  # k/v: the query heads sharing a column
     notes: list[str] = field(default_factory=list)
+    by_pair: list[list[list[float]]] = field(default_factory=list)  # [pair][row][col] metric
 
     def top(self, count: int = 5) -> list[tuple[str, str, float, float]]:
         """The cells farthest from the patched run's own baseline, (row, col, mean, spread)."""
@@ -124,11 +126,13 @@ class PatchResult:
         })
 
 
-def summarize(scores: torch.Tensor, baselines: Baselines) -> tuple[torch.Tensor, torch.Tensor,
-                                                                     torch.Tensor]:
+def summarize(scores: torch.Tensor, baselines: Baselines
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(C,) mean normalized metric, its spread over pairs, and the raw mean, of (C, P) scores:
     pair p normalized as (m_p − corrupted_p) / (clean − corrupted of the means), so the mean
     over pairs is the normalized mean metric."""
+    import torch
+
     corrupt = torch.tensor(baselines.corrupt, dtype=torch.float64)
     scale = baselines.scale
     if scale == 0 or not math.isfinite(scale):
@@ -141,6 +145,8 @@ def summarize(scores: torch.Tensor, baselines: Baselines) -> tuple[torch.Tensor,
 
 def correlation(a: list[float], b: list[float]) -> float:
     """Pearson's r of two equally long lists (NaN when either is constant)."""
+    import torch
+
     x = torch.tensor(a, dtype=torch.float64)
     y = torch.tensor(b, dtype=torch.float64)
     x, y = x - x.mean(), y - y.mean()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.compute.patching.engine import Cache, Copy, Engine, Patch
+from attnviz.compute.patching.engine import Cache, Copy, Engine, Patch, by_first_layer
 from attnviz.compute.patching.result import Baselines, EffectGrid, correlation, summarize
 from attnviz.core.choices import PatchDirection
 
@@ -64,16 +64,18 @@ def baseline_runs(engine: Engine, sites: set[str], explained: str) -> Runs:
     return Runs(engine, baselines, clean_cache, corrupt_cache)
 
 
-def _grid(runs: Runs, scores: torch.Tensor, shape: tuple[int, int], site: str,
-          direction: PatchDirection, title: str, rows: list[str], cols: list[str],
-          col_notes: list[str] | None = None, notes: list[str] | None = None) -> EffectGrid:
+def _grid(runs: Runs, scores: torch.Tensor, what: tuple[str, PatchDirection, str],
+          rows: list[str], cols: list[str]) -> EffectGrid:
+    """A rows × cols grid of (rows·cols, P) scores; `what`: (site, direction, title)."""
     mean, spread, raw = summarize(scores, runs.baselines)
-    R, K = shape
+    R, K = len(rows), len(cols)
 
     def grid(t: torch.Tensor) -> list[list[float]]:
         return t.reshape(R, K).tolist()
+    site, direction, title = what
+    by_pair = [grid(scores[:, p]) for p in range(scores.shape[1])]
     return EffectGrid(site, direction, title, rows, cols, grid(mean), grid(spread), grid(raw),
-                      col_notes or [], notes or [])
+                      by_pair=by_pair)
 
 
 def units(site: str, runs: Runs) -> int:
@@ -95,9 +97,11 @@ def head_sweep(runs: Runs, direction: PatchDirection, site: str, report: Report
         group = runs.heads // runs.kv_heads
         col_notes = [f"KV{g}: query heads {g * group}-{(g + 1) * group - 1}" for g in range(U)]
     prefix = "KV" if site in ("k", "v") else "H"
-    return _grid(runs, scores, (runs.layers, U), "heads" if site == "z" else site, direction,
-                 f"{name}, each patched at every position", [f"L{i}" for i in range(runs.layers)],
-                 [f"{prefix}{u}" for u in range(U)], col_notes)
+    grid = _grid(runs, scores, ("heads" if site == "z" else site, direction,
+                                f"{name}, each patched at every position"),
+                 [f"L{i}" for i in range(runs.layers)], [f"{prefix}{u}" for u in range(U)])
+    grid.col_notes.extend(col_notes)
+    return grid
 
 
 def position_sweep(runs: Runs, direction: PatchDirection, site: str, positions: list[str],
@@ -116,8 +120,8 @@ def position_sweep(runs: Runs, direction: PatchDirection, site: str, positions: 
                   for h in range(runs.heads) for p in range(L)]
         title = "each head's output, patched at each position"
     scores = runs.engine.sweep(corrupt, copies, {"source": other}, report)
-    return _grid(runs, scores, (len(rows), L), "residual" if site == "resid" else "head-positions",
-                 direction, title, rows, positions)
+    return _grid(runs, scores, ("residual" if site == "resid" else "head-positions", direction,
+                                title), rows, positions)
 
 
 def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int, int]],
@@ -128,14 +132,20 @@ def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int,
     corrupt, own, other = runs.sides(direction)
     last = min((layer for layer, _ in receivers), default=runs.layers)
     senders = [(layer, h) for layer in range(last) for h in range(runs.heads)]
-    frozen = tuple(Patch("z", layer, None, None, "base") for layer in range(runs.layers))
-    copies: list[Copy] = [frozen + (Patch("z", layer, h),) for layer, h in senders]
+    # every other head frozen at the base run's output: before the sender's layer nothing has
+    # changed yet, so the freezing starts at its layer
+    copies: list[Copy] = [tuple(Patch("z", later, None, None, "base")
+                                for later in range(layer, runs.layers)) + (Patch("z", layer, h),)
+                          for layer, h in senders]
     group = runs.heads // runs.kv_heads
     wanted = {(receiver_site, layer) for layer, _ in receivers}
     out = []
-    for start in range(0, len(copies), engine.per_forward):
-        chunk = copies[start:start + engine.per_forward]
+    chunks = [group[i:i + engine.per_forward] for group in by_first_layer(copies)
+              for i in range(0, len(group), engine.per_forward)]
+    start = 0
+    for chunk in chunks:
         report(f"path patching senders {start + 1}-{start + len(chunk)} of {len(copies)}")
+        start += len(chunk)
         first, recorded = engine.patched(corrupt, chunk, {"base": own, "source": other}, wanted)
         if not receivers:
             out.append(first)
@@ -153,10 +163,11 @@ def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int,
     if not receivers:
         notes.append("to the logits: the sender's direct path and its paths through MLPs "
                      "and norms (every other head frozen)")
-    return _grid(runs, scores, (max(last, 0), runs.heads), "path", direction,
-                 f"exact path patching, each sender head → {target}",
-                 [f"L{i}" for i in range(last)], [f"H{h}" for h in range(runs.heads)],
-                 notes=notes)
+    grid = _grid(runs, scores, ("path", direction,
+                                f"exact path patching, each sender head → {target}"),
+                 [f"L{i}" for i in range(last)], [f"H{h}" for h in range(runs.heads)])
+    grid.notes.extend(notes)
+    return grid
 
 
 def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str],
@@ -175,9 +186,9 @@ def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str
     base = scores.double()[:, None, None, None]
     results = []
 
-    def add(site: str, title: str, estimate: torch.Tensor, shape: tuple[int, int],
-            rows: list[str], cols: list[str]) -> None:
-        grid = _grid(runs, estimate, shape, site, direction, title, rows, cols)
+    def add(site: str, title: str, estimate: torch.Tensor, rows: list[str],
+            cols: list[str]) -> None:
+        grid = _grid(runs, estimate, (site, direction, title), rows, cols)
         twin = exact.get(site.removeprefix("attribution-"))
         if twin is not None:
             a = [v for row in grid.mean for v in row]
@@ -187,16 +198,16 @@ def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str
         results.append(grid)
     whole = (base[..., 0] + per_head.sum(2)).reshape(-1, layers * H).T  # (layers·H, P)
     add("attribution-heads", "attribution patching (first order): head outputs", whole,
-        (layers, H), [f"L{i}" for i in range(layers)], [f"H{h}" for h in range(H)])
+        [f"L{i}" for i in range(layers)], [f"H{h}" for h in range(H)])
     at = (base + per_head).permute(1, 3, 2, 0).reshape(layers * H * L, -1)  # (layers·H·L, P)
     add("attribution-head-positions", "attribution patching (first order): each head at each "
-        "position", at, (layers * H, L), [f"L{i}H{h}" for i in range(layers) for h in range(H)],
+        "position", at, [f"L{i}H{h}" for i in range(layers) for h in range(H)],
         positions)
     if "resid" in sites:
         resid = torch.stack([((other[("resid", i)] - acts[("resid", i)])
                               * grads[("resid", i)]).sum(-1) for i in range(layers)], 1)
         est = (scores.double()[:, None, None] + resid.double().cpu()).reshape(-1, layers * L).T
         add("attribution-residual", "attribution patching (first order): the residual stream "
-            "per layer and position", est, (layers, L), [f"L{i}" for i in range(layers)],
+            "per layer and position", est, [f"L{i}" for i in range(layers)],
             positions)
     return results

@@ -59,23 +59,23 @@ ACTIVE: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("attnvi
 
 
 def patch_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The registered function: the module's own eager attention, with q, k, v and the pattern
-    passed through the session's hook (query (N, H, L, d) as (N, L, H, d), and so on)."""
+                    *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The registered function (module, query, key, value, attention_mask, …): the module's
+    own eager attention, with q, k, v and the pattern passed through the session's hook
+    (query (N, H, L, d) as (N, L, H, d), and so on)."""
     eager = eager_function(module)
     session = ACTIVE.get()
     if session is None:
-        return eager(module, query, key, value, attention_mask, *args, **kwargs)
+        return eager(module, query, key, value, *args, **kwargs)
     layer = session.next("attention")
     session.modules.append(module)
     hook = session.hook
     if hook is None:
-        return eager(module, query, key, value, attention_mask, *args, **kwargs)
+        return eager(module, query, key, value, *args, **kwargs)
     query = hook("q", layer, query.transpose(1, 2)).transpose(1, 2)
     key = hook("k", layer, key.transpose(1, 2)).transpose(1, 2)
     value = hook("v", layer, value.transpose(1, 2)).transpose(1, 2)
-    out, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
+    out, weights = eager(module, query, key, value, *args, **kwargs)
     if weights is None:
         return out, weights
     pattern = hook("pattern", layer, weights)
