@@ -21,6 +21,7 @@ most families, so the last row is read before the norm, where the hook saw it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -153,35 +154,42 @@ class ModelLogits:
             feed = {"input_ids": source, "attention_mask": source_mask, "decoder_input_ids": ids}
         else:
             feed = {"input_ids": ids, "attention_mask": mask}
-        seen, handles = self._hooks()
+        at = torch.tensor(positions, device=self.device)
+        rows = torch.arange(B, device=self.device)
+
+        def select(t: torch.Tensor) -> torch.Tensor:
+            """(B, L, E) -> (B, E) at each prompt's position, a copy kept by the hooks: the
+            rest of each (B, L, E) output is never held."""
+            if t.ndim == 2:  # OPT runs its MLP on (B·L, E)
+                t = t.reshape(B, L, -1)
+            return t.detach()[rows.to(t.device), at.to(t.device)]
+
+        seen, handles = self._hooks(select, lens_positions is not None)
         try:
             with torch.no_grad(), guard.silenced():
                 outputs = self.model(**{k: v.to(self.device) for k, v in feed.items()},
-                                     output_hidden_states=True, use_cache=False)
+                                     output_hidden_states=lens_positions is not None,
+                                     use_cache=False)
         finally:
             for handle in handles:
                 handle.remove()
         self._check_calls(seen["calls"])
-        at = torch.tensor(positions)
-        rows = torch.arange(B)
 
-        def pick(t: torch.Tensor) -> torch.Tensor:  # (B, L, E) -> (B, E) float, on the CPU
-            if t.ndim == 2:  # OPT runs its MLP on (B·L, E)
-                t = t.reshape(B, L, -1)
-            return t.detach().float().cpu()[rows, at]
+        def pick(t: torch.Tensor) -> torch.Tensor:  # what a hook kept, as float on the CPU
+            return t.float().cpu()
 
         with torch.no_grad():
-            parts, notes = self._parts(seen, pick, at)
+            parts, notes = self._parts(seen, pick)
             check_parts(parts, f"model {quoted(self.name)}", self.tolerance)
             norm = _fit(self.norm, pick(seen["final_in"][0]), pick(seen["final_out"][0]),
                         f"the final norm {quoted(self.norm_name)}", self.tolerance)
-            logits = pick(outputs.logits)
+            logits = pick(select(outputs.logits))
             self._check_head(pick(seen["final_out"][0]), logits)
             lens = None
             if lens_positions is not None:
                 hidden = outputs.decoder_hidden_states if self.encoder_decoder \
                     else outputs.hidden_states
-                lens = self._lens(hidden, seen["final_in"][0], lens_positions, notes)
+                lens = self._lens(hidden, seen["final_whole"][0], lens_positions, notes)
         weight = self.head.weight.detach().float().cpu()
         bias = self._bias()
         if self.dtype != "float32":
@@ -212,27 +220,33 @@ class ModelLogits:
                  (getattr(self.head, "bias", None), self.extra_bias) if b is not None]
         return None if not parts else sum(parts[1:], parts[0])
 
-    def _hooks(self) -> tuple[dict[str, Any], list[Any]]:
-        """Hooks filling `seen`: lists of tensors by key, and W_O calls by layer."""
+    def _hooks(self, select: Callable[[torch.Tensor], torch.Tensor], whole: bool
+               ) -> tuple[dict[str, Any], list[Any]]:
+        """Hooks filling `seen`: lists of tensors by key (each `select`ed at the positions, a
+        copy: Falcon adds the attention output into the MLP's in place), W_O calls by layer,
+        and (`whole`, for the lens) the final norm's whole input."""
         seen: dict[str, Any] = {"calls": Counter()}
 
         def keep(key: str) -> Any:
             def hook(module: Any, args: Any, output: Any) -> None:
                 value = output[0] if isinstance(output, tuple) else output
-                # a copy: Falcon adds the attention output into the MLP's in place
-                seen.setdefault(key, []).append(value.detach().clone())
+                seen.setdefault(key, []).append(select(value))
             return hook
 
-        def keep_input(key: str) -> Any:
+        def keep_input(key: str, all_rows: bool = False) -> Any:
             def hook(module: Any, args: Any, kwargs: Any) -> None:
                 value = args[0] if args else kwargs.get("hidden_states")
-                seen.setdefault(key, []).append(value.detach().clone())
+                seen.setdefault(key, []).append(value.detach().clone() if all_rows
+                                                else select(value))
             return hook
 
         handles = [self.blocks[0].register_forward_pre_hook(keep_input("embed"),
                                                             with_kwargs=True),
                    self.norm.register_forward_pre_hook(keep_input("final_in"), with_kwargs=True),
                    self.norm.register_forward_hook(keep("final_out"))]
+        if whole:
+            handles.append(self.norm.register_forward_pre_hook(
+                keep_input("final_whole", all_rows=True), with_kwargs=True))
         for i, layer in enumerate(self.anatomy):
             for kind, branch in (("attn", layer.attn), ("cross", layer.cross)):
                 if branch is None:
@@ -258,8 +272,7 @@ class ModelLogits:
                         f"{calls[f'{kind}{i}']} times in one forward pass: attnviz cannot "
                         "tell which call is which layer", fix="report this model to attnviz")
 
-    def _parts(self, seen: dict[str, Any], pick: Any, at: torch.Tensor
-               ) -> tuple[ResidualParts, list[str]]:
+    def _parts(self, seen: dict[str, Any], pick: Any) -> tuple[ResidualParts, list[str]]:
         """Every part at the chosen positions: the branches' outputs as the hooks saw them,
         each head's share through W_O's own module."""
         found: dict[str, list[torch.Tensor]] = {}
