@@ -12,7 +12,7 @@ from attnviz.cli.options import Json, Model, console, path_arg, plain, strict_js
 from attnviz.core import choices
 
 Prompts = Annotated[list[str] | None, typer.Argument(
-    metavar="[PROMPT]...", help=(
+    metavar="PROMPT", help=(
         "Prompts (default: the bundled model's built-in induction prompt)."))]
 Answer = Annotated[str | None, typer.Option("--answer", "-a", help=(
     "The token whose rank and probability each cell shows (one token). Default: the model's "
