@@ -24,6 +24,9 @@ from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
 from attnviz.compute.circuits_result import CircuitsResult
+from attnviz.compute.logit.attribute_result import AttributeResult
+from attnviz.compute.logit.lens_result import LensResult
+from attnviz.compute.patching.result import PatchResult
 from attnviz.core.choices import AblationMode, ColorScale, Dtype, OverviewShows, Weighting
 from attnviz.core.request import (
     DEFAULT_MAX_SENTENCES,
@@ -375,3 +378,74 @@ def circuits(weights: str | Path | None = None, *, model: str | Path | None = No
         hints, spec, None if composition is None else _flag(composition, "composition"),
         _str(device, "device", allow_none=False) or "cpu"))
     return _as(Circuits, result)
+
+
+def patch(clean: str | None = None, *, corrupt: str | None = None, answer: str | None = None,
+          wrong: str | None = None, pairs: str | Path | None = None,
+          model: str | Path | None = None, metric: str = "logit-diff",
+          directions: Sequence[str] = ("denoising",), sites: Sequence[str] = ("heads",
+                                                                               "residual"),
+          per_position: bool | None = None, receivers: str | None = None,
+          receiver_input: str | None = None, device: str = "auto", dtype: str = "float32",
+          memory_budget: int | None = None) -> PatchResult:
+    """Activation patching (`attnviz patch`): a clean prompt, its `corrupt` twin, the
+    `answer` (and `wrong` one, for the logit difference), or many `pairs` from a TSV / JSON-lines
+    file; nothing given: the bundled model's built-in induction pair. Returns the baselines and
+    one grid of effects per sweep (`grids`; `to_json()` is the `--json` document)."""
+    from attnviz.app.patch import PatchRequest, run_patch
+    from attnviz.core.choices import PatchDirection, PatchMetric, PatchSite
+
+    request = PatchRequest(
+        _str(clean, "clean"), _str(corrupt, "corrupt"), _str(answer, "answer"),
+        _str(wrong, "wrong"), _path(pairs, "pairs"), _str(model, "model"),
+        PatchMetric.parse(metric, "metric"),
+        tuple(PatchDirection.parse(d, "directions") for d in _texts(directions, "directions")
+              or ()),
+        tuple(PatchSite.parse(s, "sites") for s in _texts(sites, "sites") or ()),
+        None if per_position is None else _flag(per_position, "per_position"),
+        _str(receivers, "receivers"),
+        None if receiver_input is None else PatchSite.parse(receiver_input, "receiver_input"),
+        _str(device, "device", False) or "auto", Dtype.parse(dtype, "dtype"),
+        _int(memory_budget, "memory_budget", 1, True))
+    if not request.directions or not request.sites:
+        raise UsageError(f"{option('directions')} and {option('sites')} need a value each",
+                         fix="leave them at their defaults")
+    return run_patch(request)
+
+
+def attribute(prompts: Sequence[str] = (), *, model: str | Path | None = None,
+              answer: str | None = None, wrong: str | None = None, position: int = -1,
+              corrupt: Sequence[str] = (), pairs: str | Path | None = None,
+              targets: Sequence[str] = (), top: int = 10, device: str = "auto",
+              dtype: str = "float32") -> AttributeResult:
+    """Direct logit attribution (`attnviz attribute`): each head's, each layer's and the
+    embeddings' direct contribution to logit(answer) − logit(wrong) (or logit(answer)), the
+    final norm's scale frozen; the parts add up to the model's own metric (`parts.remainder`).
+    `pairs`: a TSV / JSON-lines file of prompt pairs; `targets`: an encoder-decoder's decoder
+    texts. Default: the bundled model on its built-in induction prompt."""
+    from attnviz.app.attribute import AttributeRequest, run_attribute
+
+    return run_attribute(AttributeRequest(
+        _texts(prompts, "prompts") or [], str(_path(model, "model")) if model else None,
+        _str(answer, "answer"), _str(wrong, "wrong"), _int(position, "position") or 0,
+        _texts(corrupt, "corrupt") or [], _path(pairs, "pairs"),
+        device=_str(device, "device", False) or "auto", dtype=Dtype.parse(dtype, "dtype"),
+        top=_int(top, "top", 1) or 1, targets=_texts(targets, "targets") or []))
+
+
+def lens(prompts: Sequence[str] = (), *, model: str | Path | None = None,
+         answer: str | None = None, positions: Sequence[int] = (), top: int = 3,
+         targets: Sequence[str] = (), device: str = "auto",
+         dtype: str = "float32") -> LensResult:
+    """The logit lens (`attnviz lens`): per layer × position, the top tokens and the answer's
+    rank and probability, each layer's residual through the model's own final norm (its own
+    statistics) and unembedding. Default: the bundled model on its built-in prompt."""
+    from attnviz.app.lens import LensRequest, run_lens
+
+    if isinstance(positions, str | bytes) or not isinstance(positions, Sequence):
+        raise TypeError(f"positions must be a list of ints, not {type(positions).__name__}")
+    return run_lens(LensRequest(
+        _texts(prompts, "prompts") or [], str(_path(model, "model")) if model else None,
+        _str(answer, "answer"), [_int(p, "positions") or 0 for p in positions],
+        _int(top, "top", 1) or 1, _str(device, "device", False) or "auto",
+        Dtype.parse(dtype, "dtype"), _texts(targets, "targets") or []))

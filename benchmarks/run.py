@@ -979,6 +979,164 @@ def circuits_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
                 m["ours"].error or two_layers(m["ours"])[1])]
 
 
+# Target 11 (issue 33): `attnviz patch` against TransformerLens's way — one hooked forward per
+# head (`run_with_hooks`), here on the same transformers model — and attribution patching
+# against one plain forward and backward.
+PATCH_LAYERS, PATCH_HEADS = 6, 12
+PATCH_LENGTHS = {"full": (16, 256, 1024), "quick": (16, 128)}
+PATCH_BUDGET_MB = 256  # attnviz patch's default --memory-budget
+PATCH_LOOP = """\
+import json, sys
+import torch
+import transformers
+folder, clean_path, corrupt_path, answer, wrong = sys.argv[1:6]
+transformers.utils.logging.disable_progress_bar()
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+model = transformers.GPT2LMHeadModel.from_pretrained(
+    folder, attn_implementation="eager", local_files_only=True).eval()
+ids = {name: tokenizer(open(path).read(), return_tensors="pt")["input_ids"]
+       for name, path in (("clean", clean_path), ("corrupt", corrupt_path))}
+a, w = tokenizer.convert_tokens_to_ids([answer, wrong])
+blocks, H = model.transformer.h, model.config.n_head
+d = model.config.n_embd // H
+cache = {}
+with torch.no_grad():
+    handles = [b.attn.c_proj.register_forward_pre_hook(
+        lambda m, args, i=i: cache.__setitem__(i, args[0].clone())) for i, b in enumerate(blocks)]
+    model(ids["clean"])
+    for handle in handles:
+        handle.remove()
+    found = []
+    for i, block in enumerate(blocks):
+        for h in range(H):
+            def patch(m, args, i=i, h=h):
+                x = args[0].clone()
+                x[..., h * d:(h + 1) * d] = cache[i][..., h * d:(h + 1) * d]
+                return (x,)
+            handle = block.attn.c_proj.register_forward_pre_hook(patch)
+            logits = model(ids["corrupt"]).logits[0, -1]
+            handle.remove()
+            found.append(float(logits[a] - logits[w]))
+print(json.dumps(found))
+"""
+PATCH_ATTRIBUTION = """\
+import json, statistics, sys, time
+import torch
+from attnviz.compute.patching.engine import Engine, pair_batch
+from attnviz.compute.patching.pairs import PromptPair, tokenize_pair
+from attnviz.core.choices import PatchMetric
+from attnviz.sources.hf.patching import open_patch_model
+folder, clean_path, corrupt_path, answer, wrong = sys.argv[1:6]
+model = open_patch_model(folder)
+pair = PromptPair(open(clean_path).read(), open(corrupt_path).read(), answer, wrong)
+tp = tokenize_pair(pair, model.tokenizer, PatchMetric.LOGIT_DIFF)
+engine = Engine(model, pair_batch([tp], PatchMetric.LOGIT_DIFF))
+ids = engine.batch.corrupt
+lm = model.model
+def plain():
+    with torch.enable_grad():
+        embeds = lm.get_input_embeddings()(ids).detach().requires_grad_(True)
+        logits = lm(inputs_embeds=embeds, use_cache=False).logits[0, -1]
+        (logits[tp.answer[0]] - logits[tp.wrong]).backward()
+def ours():
+    engine.gradients(True, {"z", "resid"})
+times = {}
+for name, fn in (("plain", plain), ("ours", ours)) * 4:
+    start = time.perf_counter()
+    fn()
+    times.setdefault(name, []).append(time.perf_counter() - start)
+print(json.dumps({k: statistics.median(v[1:]) for k, v in times.items()}))
+"""
+
+
+def patch_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """`patch --site heads` and `--site path` (every one of the 72 heads, exact) against a loop
+    of one hooked forward per head on the same GPT-2 (eager attention both), in time (≤ 0.8×)
+    and peak memory (≤ the loop's + the default --memory-budget), at each length; attribution
+    patching against one plain forward and backward (≤ 3×), in-process."""
+    import random
+
+    import transformers
+
+    width = 384 if sizes is FULL else 192
+    words = [f"w{i}" for i in range(64)]
+    folder = workdir / "patch-gpt2"
+    transformers.utils.logging.disable_progress_bar()
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=width, n_layer=PATCH_LAYERS, n_head=PATCH_HEADS,
+                                     n_positions=1024, vocab_size=len(words) + 4)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    write_model_tokenizer(folder, words)
+    (workdir / "patch_loop.py").write_text(PATCH_LOOP)
+    (workdir / "patch_attribution.py").write_text(PATCH_ATTRIBUTION)
+    heads = PATCH_LAYERS * PATCH_HEADS
+    rows = []
+    for length in PATCH_LENGTHS["quick" if sizes is QUICK else "full"]:
+        rng = random.Random(length)
+        clean = [rng.choice(words) for _ in range(length)]
+        corrupt = list(clean)
+        corrupt[length // 2] = next(w for w in words if w != clean[length // 2])
+        paths = [workdir / f"patch_{name}_{length}.txt" for name in ("clean", "corrupt")]
+        for path, text in zip(paths, (clean, corrupt), strict=True):
+            path.write_text(" ".join(text))
+        args = [str(folder), *map(str, paths), "w1", "w2"]
+        ours = [ATTNVIZ, "patch", " ".join(clean), "-c", " ".join(corrupt), "-a", "w1",
+                "--wrong", "w2", "--model", str(folder), "--no-per-position", "--json",
+                "--device", "cpu"]
+        m = measure({"loop": [PY, str(workdir / "patch_loop.py"), *args],
+                     "heads": [*ours, "--site", "heads"],
+                     "path": [*ours[:-4], "--json", "--device", "cpu", "--site", "path"]},
+                    repeats, True)
+
+        def same(run: Run, site: str = "heads", m: dict[str, Run] = m) -> tuple[bool, str]:
+            try:
+                doc = json.loads(run.stdout)
+                grid = next(g for g in doc["grids"] if g["site"] == site)
+                got = [v for row in grid["raw"] for v in row]
+                loop = json.loads(m["loop"].stdout)
+            except (ValueError, KeyError, StopIteration):
+                return False, "no result to compare"
+            if site == "path":
+                return len(got) == heads, f"{len(got)} senders, {doc['forwards']} forwards"
+            worst = max(abs(a - b) for a, b in zip(got, loop, strict=True))
+            return worst < 1e-4, (f"{len(got)} heads, max |Δ| vs the loop {worst:.1e}, "
+                                  f"{doc['forwards']} forwards")
+
+        def memory(run: Run, m: dict[str, Run] = m) -> tuple[bool, str]:
+            extra = run.peak_mb - m["loop"].peak_mb
+            ok = not run.error and extra <= PATCH_BUDGET_MB
+            return ok, f"{extra:+.0f} MB over the loop's peak (allowed {PATCH_BUDGET_MB} MB)"
+
+        what = f"{PATCH_LAYERS}×{PATCH_HEADS} GPT-2, E={width}, {length} tokens"
+        rows.append(compare(f"11a patch every head, {what}", m["heads"],
+                            "`patch --model DIR --site heads`", m["loop"],
+                            f"load + {heads + 1} hooked forwards", "s", 0.8, same))
+        ok, note = memory(m["heads"])
+        rows.append(Row(f"11b patch memory, {what}", "`patch` peak RSS", m["heads"].show("MB"),
+                        "the loop's peak RSS", m["loop"].show("MB"),
+                        None if m["heads"].error or m["loop"].error
+                        else m["heads"].peak_mb / m["loop"].peak_mb,
+                        f"+ ≤ {PATCH_BUDGET_MB} MB", ok, note))
+        rows.append(compare(f"11c path patching to the logits, {what}", m["path"],
+                            "`patch --model DIR --site path`", m["loop"],
+                            f"load + {heads + 1} hooked forwards", "s", 0.8,
+                            lambda run: same(run, "path")))
+        try:
+            seconds = json.loads(run_once([PY, str(workdir / "patch_attribution.py"),
+                                           *args])[2])
+            ratio = seconds["ours"] / seconds["plain"]
+            rows.append(Row(f"11d attribution patching, {what}", "one forward + backward, "
+                            "every head and position", f"{seconds['ours']:.3f} s",
+                            "a plain forward + backward", f"{seconds['plain']:.3f} s", ratio,
+                            "≤ 3", ratio <= 3.0))
+        except (CommandFailed, ValueError, KeyError) as exc:
+            rows.append(Row(f"11d attribution patching, {what}", "–", "error", "–", "–", None,
+                            "≤ 3", False, str(exc)[:200]))
+    return rows
+
+
 def print_tables(rows: list[Row], heading: str) -> None:
     plain = [("target", "attnviz", "baseline", "ratio", "limit", "result")] + [
         (r.target, r.ours_value, r.base_value, "–" if r.ratio is None else f"{r.ratio:.2f}",
@@ -1002,8 +1160,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=(
         "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
         "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
-    parser.add_argument("--only", type=int, action="append", choices=range(1, 11),
-                        help="run only this target group (1-10; repeatable)")
+    parser.add_argument("--only", type=int, action="append", choices=range(1, 12),
+                        help="run only this target group (1-11; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
     parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
     args = parser.parse_args()
@@ -1039,7 +1197,9 @@ def main() -> int:
              (head_targets, ("8a --ablate time", "8b --weighting norm time")),
              (generate_targets, ("9a --generate, all layers", "9b --generate, one layer")),
              (real_size_targets, ("10a real-size model time, bf16", "10b … memory, bf16",
-                                  "10c real-size model time, fp32", "10d … memory, fp32")))
+                                  "10c real-size model time, fp32", "10d … memory, fp32")),
+             (patch_targets, ("11a patch time", "11b patch memory", "11c path patching time",
+                              "11d attribution time")))
     try:
         for name, text in SCRIPTS.items():
             (workdir / name).write_text(text)

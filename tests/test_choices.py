@@ -27,6 +27,9 @@ from attnviz.core.choices import (
     ColorScale,
     Dtype,
     OverviewShows,
+    PatchDirection,
+    PatchMetric,
+    PatchSite,
     Positions,
     Probe,
     Weighting,
@@ -78,7 +81,7 @@ def test_every_choice_is_a_str_enum_printed_as_its_value():
     enums = [value for value in vars(choices).values()
              if isinstance(value, type) and issubclass(value, Choice) and value is not Choice]
     assert set(enums) == {ColorScale, Weighting, AblationMode, Positions, Dtype, OverviewShows,
-                          Probe}
+                          Probe, PatchMetric, PatchDirection, PatchSite}
     for enum in enums:
         for member in enum:
             assert isinstance(member, str) and member == member.value

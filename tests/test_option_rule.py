@@ -31,7 +31,7 @@ SENTENCES = ["the cat sat on the mat the cat sat", "a small dog ran far away"]
 MODEL_SENTENCES = ["the cat sat on the mat", "a small dog ran far away"]  # the zoo's words
 OUT = "{out}"  # replaced by the run's output folder
 # the walk's axes, not options to walk: the source, the mode and the inputs themselves
-AXES = {"sentences", "checkpoint", "weights", "model", "random", "as_json"}
+AXES = {"sentences", "clean", "checkpoint", "weights", "model", "random", "as_json"}
 # what no output shows by design: they change how the run is done, never what it shows
 UNOBSERVABLE = {
     "device": "auto is the CPU on a machine without a GPU: the same device, the same maps",
@@ -116,6 +116,31 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "composition": ["--no-composition"], "out": ["--out", f"{OUT}/f.png"],
         "device": ["--device", "cpu"],
     },
+    "attribute": {
+        "answer": ["--answer", "cat"], "wrong": ["--answer", "mat", "--wrong", "cat"],
+        "position": ["--position", "2"], "top": ["--top", "2"],
+        "corrupt": ["--corrupt", "the dog sat", "--corrupt", "a cat ran"],
+        "pairs": ["--pairs", f"{OUT}/../extra.txt"], "target": ["--target", "the cat"],
+        "html": ["--html", f"{OUT}/p.html"],
+        "export": ["--export", f"{OUT}/x.safetensors"],
+        "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
+    },
+    "lens": {
+        "answer": ["--answer", "cat"], "position": ["--position", "1"], "top": ["--top", "5"],
+        "out": ["--out", f"{OUT}/f.png"], "dtype": ["--dtype", "bfloat16"],
+        "export": ["--export", f"{OUT}/x.json"], "target": ["--target", "the cat"],
+        "html": ["--html", f"{OUT}/p.html"],
+    },
+    "patch": {
+        "corrupt": ["-c", "the cat"], "answer": ["-a", "cat"], "wrong": ["--wrong", "cat"],
+        "pairs": ["--pairs", f"{OUT}/../extra.txt"], "metric": ["--metric", "logprob"],
+        "direction": ["--direction", "noising"], "site": ["--site", "q"],
+        "per_position": ["--no-per-position"], "receivers": ["--receivers", "1.0"],
+        "receiver_input": ["--receiver-input", "k"], "device": ["--device", "cpu"],
+        "dtype": ["--dtype", "bfloat16"], "memory_budget": ["--memory-budget", "1MB"],
+        "out": ["--out", f"{OUT}/f.png"], "export": ["--export", f"{OUT}/x.json"],
+        "html": ["--html", f"{OUT}/p.html"],
+    },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
@@ -124,6 +149,9 @@ OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     ("ablate", "model"): {"stats": ["--stats"], "maps": ["--maps"]},
     ("split", "weights"): {"head_dim": ["--head-dim", "8"]},  # bert-tiny's own d is 4
     ("split", "model"): {"num_kv_heads": ["--num-kv-heads", "1"]},  # the zoo llama's is 2
+    # a --model run gives its own pair: another corrupted prompt, answer and wrong answer
+    ("patch", "model"): {"corrupt": ["-c", "the cat sat on a mat"], "answer": ["-a", "mat"],
+                         "wrong": ["--wrong", "mat"]},
 }
 # beside --json: --no-maps asks for what --json does anyway (it prints no map), so it is
 # accepted; --maps asks for what it cannot do
@@ -138,6 +166,9 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "split": {"random": [], "weights": [*WEIGHTS, "--layer", "0"]},
     "inspect": {"checkpoint": [str(SAMPLES / "llama-gqa-tiny")]},
     "circuits": {"bundled": [], "random": ["--random"], "weights": WEIGHTS},
+    "attribute": {"bundled": [*SENTENCES]},
+    "lens": {"bundled": [*SENTENCES]},
+    "patch": {"bundled": []},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
@@ -145,6 +176,10 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "ablate": ["--model", "{model}", *MODEL_SENTENCES],
     "split": ["--model", "{model}", "--layer", "0"],
     "circuits": ["--model", "{model}"],
+    "attribute": ["--model", "{model}", *MODEL_SENTENCES],
+    "lens": ["--model", "{model}", *MODEL_SENTENCES],
+    "patch": ["--model", "{model}", "the cat sat on the mat", "-c", "the dog sat on the mat",
+              "-a", "cat", "--wrong", "dog"],
 }
 # options a command may drop on a source: none (the walk fails on any)
 KNOWN: dict[str, set[tuple[str, str]]] = {}

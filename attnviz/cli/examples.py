@@ -37,10 +37,30 @@ EXAMPLES = {
         ('attnviz ablate "the cat sat on the mat" --overview ablation --no-stats',
          "the scorecard as an overview grid"),
     ],
+    "patch": [
+        ("attnviz patch", "the bundled model's induction pair: which heads carry it"),
+        ('attnviz patch "river cat stone window forest river cat stone" -c "river cat bird '
+         'window forest river cat stone" -a window --wrong forest',
+         "your own pair"),
+        ("attnviz patch --site path,attribution --direction both", "path and attribution"),
+    ],
     "circuits": [
         ("attnviz circuits", "the bundled model: its induction heads K-compose with layer 0"),
         ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),
         ("attnviz circuits --random -E 32 -H 4 --json", "a random layer, as JSON"),
+    ],
+    "attribute": [
+        ("attnviz attribute", "the bundled model: which heads write its induction answer"),
+        ('attnviz attribute "the cat sat on the mat the cat sat on the" --answer mat '
+         "--wrong cat", "logit(mat) − logit(cat), part by part"),
+        ('attnviz attribute "the cat sat on the mat the cat sat on the" '
+         '--corrupt "the cat sat on the mat the dog sat on the" --answer mat',
+         "clean − corrupted, per head"),
+    ],
+    "lens": [
+        ("attnviz lens", "the bundled model's logit lens, every position"),
+        ('attnviz lens "the cat sat on the mat the cat sat on the" --answer mat -p -1 -p -2',
+         "the answer's rank, layer by layer"),
     ],
 }
 

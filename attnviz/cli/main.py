@@ -18,14 +18,17 @@ from typer.core import TyperGroup
 
 from attnviz import __version__
 from attnviz.cli.ablate_cmd import ablate
+from attnviz.cli.attribute_cmd import attribute
 from attnviz.cli.circuits_cmd import circuits
 from attnviz.cli.compound import command_of, spell_as
 from attnviz.cli.examples import epilog, summary
 from attnviz.cli.generate_cmd import generate
 from attnviz.cli.heatmap_cmd import heatmap
 from attnviz.cli.inspect_cmd import inspect
+from attnviz.cli.lens_cmd import lens
 from attnviz.cli.options import flag_of
 from attnviz.cli.panels import PanelledCommand, assign_panels
+from attnviz.cli.patch_cmd import patch
 from attnviz.cli.split_cmd import split
 from attnviz.errors import AttnvizError, ExitCode, Interrupted
 
@@ -191,7 +194,8 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-for _command in (split, inspect, heatmap, generate, ablate, circuits):
+for _command in (split, inspect, heatmap, generate, ablate, circuits, patch, attribute,
+                 lens):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

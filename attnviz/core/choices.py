@@ -106,3 +106,31 @@ class Probe(Choice):
     """--probe: an input made to show one head type (attnviz.core.probe)."""
 
     INDUCTION = "induction"
+
+
+class PatchMetric(Choice):
+    """--metric of attnviz patch: what a run is scored by (attnviz.compute.patching.metric)."""
+
+    LOGIT_DIFF = "logit-diff"  # logit(answer) − logit(wrong) at the prompt's last token
+    LOGPROB = "logprob"  # log p(answer) at the prompt's last token
+    LOSS = "loss"  # mean next-token loss over the answer, taken as a continuation
+
+
+class PatchDirection(Choice):
+    """--direction of attnviz patch: which run is patched with which run's activations."""
+
+    DENOISING = "denoising"  # the corrupted run, patched with the clean run's activations
+    NOISING = "noising"  # the clean run, patched with the corrupted run's activations
+
+
+class PatchSite(Choice):
+    """--site of attnviz patch: which activation is patched (attnviz.compute.patching.sites)."""
+
+    HEADS = "heads"  # each head's output: its slice of the input to W_O
+    RESIDUAL = "residual"  # the residual stream entering each layer (causal tracing)
+    Q = "q"  # each head's query
+    K = "k"  # each key/value head's key (grouped-query: shared by its query heads)
+    V = "v"  # each key/value head's value
+    PATTERN = "pattern"  # each head's attention pattern
+    PATH = "path"  # exact path patching: each sender head → --receiver (or the logits)
+    ATTRIBUTION = "attribution"  # first-order attribution patching beside exact head patching

@@ -1,0 +1,246 @@
+"""The one patch-and-measure loop: run a batch of pairs, with many patched copies of it stacked
+along the batch dimension, each copy with its own list of patches, and score every copy.
+
+A `Patch` replaces one site's activation (a layer's head, key/value head or residual stream, at
+one position or all) in a copy by the same slice from a cache: the other run's (`source`, the
+plain activation patch), the patched run's own (`base`: path patching freezes heads with it), or
+a cache given per copy (`given`: path patching's second pass). Copies are copy-major: row
+c·P + p is pair p of copy c. How many copies go in one forward comes from the memory budget
+and the model's own estimate of a row's cost (`PatchModel.row_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from attnviz.compute.patching.metric import Targets, inputs_of, score, targets
+from attnviz.compute.patching.model import Hook, PatchModel
+from attnviz.compute.patching.pairs import TokenizedPair
+from attnviz.core.choices import PatchMetric
+
+SOURCES = ("base", "source", "given")  # applied in this order: a later one wins
+MAX_COPIES = 256
+Key = tuple[str, int]  # (site, layer)
+Cache = dict[Key, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One site of one copy replaced from a cache."""
+
+    site: str  # resid, q, k, v, pattern, z
+    layer: int
+    unit: int | None = None  # the head (k, v: the key/value head); None: every one
+    position: int | None = None  # None: every position (pattern: query rows)
+    source: str = "source"  # base, source or given (see SOURCES)
+
+
+Copy = tuple[Patch, ...]
+
+
+@dataclass(frozen=True)
+class PairBatch:
+    """The pairs as right-padded id tensors."""
+
+    clean: torch.Tensor  # (P, L) long
+    corrupt: torch.Tensor  # (P, L) long
+    real: torch.Tensor  # (P, L) bool
+    targets: Targets
+    lengths: list[int]  # each pair's tokens (prompt, and continuation for the loss)
+
+    @property
+    def pairs(self) -> int:
+        return int(self.clean.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.clean.shape[1])
+
+
+def pair_batch(pairs: list[TokenizedPair], metric: PatchMetric) -> PairBatch:
+    """Right-padded ids of every pair's clean and corrupted run (padding id 0, masked)."""
+    rows = [(inputs_of(p, metric, False), inputs_of(p, metric, True)) for p in pairs]
+    L = max(len(clean) for clean, _ in rows)
+    clean = torch.zeros(len(rows), L, dtype=torch.long)
+    corrupt = torch.zeros(len(rows), L, dtype=torch.long)
+    real = torch.zeros(len(rows), L, dtype=torch.bool)
+    for p, (c, k) in enumerate(rows):
+        clean[p, :len(c)], corrupt[p, :len(k)], real[p, :len(c)] = \
+            torch.tensor(c), torch.tensor(k), True
+    return PairBatch(clean, corrupt, real, targets(pairs, metric), [len(c) for c, _ in rows])
+
+
+@dataclass
+class Engine:
+    """Runs a `PairBatch` through a `PatchModel`, plainly or patched."""
+
+    model: PatchModel
+    batch: PairBatch
+    budget_bytes: int = 256 * 2**20
+    forwards: int = field(default=0, init=False)  # forward passes run (for the output)
+
+    @property
+    def per_forward(self) -> int:
+        """Copies of the batch in one forward pass, from the memory budget."""
+        row = self.model.row_bytes(self.batch.length)
+        return max(1, min(MAX_COPIES, self.budget_bytes // max(1, row * self.batch.pairs)))
+
+    def _forward(self, copies: int, corrupt: bool, hook: Hook | None,
+                 share: int | None = None) -> torch.Tensor:
+        """(copies·P,) scores of `copies` copies of the clean (or corrupted) batch. `share`:
+        the first layer any copy patches — one pair's copies are the same run before it, so
+        the forward starts with one row and the copies are made where the residual stream
+        enters that layer (every mask and position table the model built for one row
+        broadcasts over them)."""
+        b, device = self.batch, self.model.device
+        read = b.targets.positions.repeat(copies, 1).to(device)
+        self.forwards += 1
+        if share is None or copies == 1:
+            ids = (b.corrupt if corrupt else b.clean).repeat(copies, 1).to(device)
+            real = b.real.repeat(copies, 1).to(device)
+            return score(self.model.forward(ids, real, read, hook), b.targets).cpu()
+        assert b.pairs == 1 and hook is not None
+        inner = hook
+
+        def expand(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+            if site == "resid" and layer == share and x.shape[0] == 1:
+                x = x.expand(copies, *x.shape[1:]).contiguous()
+            return inner(site, layer, x)
+        ids = (b.corrupt if corrupt else b.clean).to(device)
+        return score(self.model.forward(ids, b.real.to(device), read, expand), b.targets).cpu()
+
+    def shares(self, copies: list[Copy]) -> int | None:
+        """The layer the copies can share the run up to (see `_forward`), or None."""
+        if self.batch.pairs != 1 or "resid" not in self.model.sites:
+            return None
+        first = min((patch.layer for copy in copies for patch in copy), default=0)
+        return first if first > 0 else None
+
+    def run(self, corrupt: bool, record: set[str] | frozenset[str] = frozenset()
+            ) -> tuple[torch.Tensor, Cache]:
+        """(P,) scores of the clean (or corrupted) run, and its activations at the `record`
+        sites of every layer."""
+        cache: Cache = {}
+
+        def hook(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+            if site in record:
+                cache[(site, layer)] = x.detach()
+            return x
+        with torch.no_grad():
+            return self._forward(1, corrupt, hook), cache
+
+    def patched(self, corrupt: bool, copies: list[Copy], caches: dict[str, Cache],
+                record: set[Key] | frozenset[Key] = frozenset()) -> tuple[torch.Tensor, Cache]:
+        """(C, P) scores of one forward of C = len(copies) patched copies of the clean (or
+        corrupted) run, and the activations at the `record` sites after patching (C·P rows)."""
+        C, P, L = len(copies), self.batch.pairs, self.batch.length
+        plan = _plan(copies, L, self.model.n_heads, self.model.n_kv_heads)
+        recorded: Cache = {}
+
+        def hook(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+            edits = plan.get((site, layer))
+            if edits:
+                view = x.reshape(C, P, *x.shape[1:])
+                for source, mask in edits:
+                    given = caches[source][(site, layer)].to(x.device, x.dtype)
+                    given = given.reshape(C, P, *x.shape[1:]) if given.shape[0] == C * P \
+                        else given[None]
+                    view = torch.where(_broadcast(site, mask.to(x.device)), given, view)
+                x = view.reshape(x.shape)
+            if (site, layer) in record:
+                recorded[(site, layer)] = x.detach()
+            return x
+        with torch.no_grad():
+            scores = self._forward(C, corrupt, hook, self.shares(copies))
+        return scores.reshape(C, P), recorded
+
+    def sweep(self, corrupt: bool, copies: list[Copy], caches: dict[str, Cache],
+              report: Callable[[str], None] = lambda _: None) -> torch.Tensor:
+        """(C, P) scores of every copy, `per_forward` copies a forward; copies of one first
+        patched layer go together, so that each forward shares the run before it."""
+        per, out, done = self.per_forward, [], 0
+        for group in by_first_layer(copies):
+            for start in range(0, len(group), per):
+                chunk = group[start:start + per]
+                report(f"patching {done + 1}-{done + len(chunk)} of {len(copies)}")
+                out.append(self.patched(corrupt, chunk, caches)[0])
+                done += len(chunk)
+        return torch.cat(out) if out else torch.zeros(0, self.batch.pairs, dtype=torch.float64)
+
+    def gradients(self, corrupt: bool, sites: set[str]) -> tuple[torch.Tensor, Cache, Cache]:
+        """One forward and backward of the clean (or corrupted) run: (P,) scores, the
+        activations at `sites`, and the metric's gradient with respect to each (each pair's
+        metric depends on its own row only, so one backward of their sum gives every pair's)."""
+        acts: Cache = {}
+        leaves: Cache = {}
+
+        def hook(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+            if site not in sites:
+                return x
+            acts[(site, layer)] = x.detach()
+            leaf = torch.zeros_like(x, requires_grad=True)  # d metric / d leaf = d metric / d x
+            leaves[(site, layer)] = leaf
+            return x + leaf
+        b, device = self.batch, self.model.device
+        with torch.enable_grad():
+            ids = (b.corrupt if corrupt else b.clean).to(device)
+            logits = self.model.forward(ids, b.real.to(device), b.targets.positions.to(device),
+                                        hook)
+            scores = score(logits, b.targets)
+            scores.sum().backward()
+        self.forwards += 1
+        grads = {key: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach()
+                 for key, leaf in leaves.items()}
+        return scores.detach().cpu(), acts, grads
+
+
+def by_first_layer(copies: list[Copy]) -> list[list[Copy]]:
+    """Consecutive runs of copies whose first patched layer is the same (order kept)."""
+    groups: list[list[Copy]] = []
+    last: int | None = None
+    for copy in copies:
+        first = min((patch.layer for patch in copy), default=0)
+        if not groups or first != last:
+            groups.append([])
+        groups[-1].append(copy)
+        last = first
+    return groups
+
+
+def _plan(copies: list[Copy], L: int, H: int, Hkv: int
+          ) -> dict[Key, list[tuple[str, torch.Tensor]]]:
+    """Per site, the (source, mask) edits in SOURCES order; masks: resid (C, L), pattern
+    (C, H, L) over query rows, q/z (C, L, H), k/v (C, L, Hkv)."""
+    C = len(copies)
+    masks: dict[tuple[Key, str], torch.Tensor] = {}
+    for c, copy in enumerate(copies):
+        for patch in copy:
+            key = ((patch.site, patch.layer), patch.source)
+            if key not in masks:
+                shape = {"resid": (C, L), "pattern": (C, H, L), "k": (C, L, Hkv),
+                         "v": (C, L, Hkv)}.get(patch.site, (C, L, H))
+                masks[key] = torch.zeros(shape, dtype=torch.bool)
+            at = slice(None) if patch.position is None else patch.position
+            unit = slice(None) if patch.unit is None else patch.unit
+            if patch.site == "resid":
+                masks[key][c, at] = True
+            elif patch.site == "pattern":
+                masks[key][c, unit, at] = True
+            else:
+                masks[key][c, at, unit] = True
+    plan: dict[Key, list[tuple[str, torch.Tensor]]] = {}
+    for source in SOURCES:
+        for (site_key, s), mask in masks.items():
+            if s == source:
+                plan.setdefault(site_key, []).append((source, mask))
+    return plan
+
+
+def _broadcast(site: str, mask: torch.Tensor) -> torch.Tensor:
+    """A (C, …) mask shaped to broadcast against the (C, P, …) activation view."""
+    if site == "resid":
+        return mask[:, None, :, None]  # (C, 1, L, 1)
+    return mask[:, None, :, :, None]  # (C, 1, L, U, 1) or pattern (C, 1, H, L, 1)

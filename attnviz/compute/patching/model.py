@@ -1,0 +1,56 @@
+"""What a model must offer to be patched: its forward on a padded batch of ids, calling one hook
+at every site with the activation in attnviz's layout, and using what the hook returns.
+
+Sites and their layouts (TransformerLens's names; one convention everywhere):
+
+    resid    (N, L, E)      the residual stream entering layer i (the layer's input)
+    q        (N, L, H, d)   each query head's query (after rotary, as attention reads it)
+    k, v     (N, L, Hkv, d) each key/value head's key and value (before grouped-query repeat)
+    pattern  (N, H, L, L)   each head's attention weights, query × key
+    z        (N, L, H, d)   each head's output: its slice of the input to W_O
+
+The Hugging Face model (attnviz.sources.hf.patching) computes them with the model's own modules
+and attention function; the bundled model (attnviz.sources.patch_bundled) with its own forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from attnviz.compute.patching.pairs import Tokenizer
+
+SITES = ("resid", "q", "k", "v", "pattern", "z")  # in the order a layer computes them
+# hook(site, layer, activation) -> the activation the forward goes on with
+Hook = Callable[[str, int, torch.Tensor], torch.Tensor]
+
+
+class PatchModel(Protocol):
+    """A model that can be run with a hook at every site."""
+
+    name: str  # the model, as the output names it
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    device: torch.device
+    notes: list[str]
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """The sites this model's hook reaches."""
+        ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def forward(self, ids: torch.Tensor, real: torch.Tensor, read: torch.Tensor,
+                hook: Hook | None) -> torch.Tensor:
+        """(N, K, V) logits at positions `read` (N, K) of ids (N, L), `real` (N, L) marking
+        real tokens (right padding), with `hook` called at every site it reaches."""
+        ...
+
+    def row_bytes(self, length: int) -> int:
+        """Roughly the memory one row of `length` tokens takes in a forward (for chunking)."""
+        ...
