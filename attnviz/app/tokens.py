@@ -1,0 +1,262 @@
+"""`attnviz tokens`: which input tokens reach one output position through all layers.
+
+For each sentence the source hands a `TokenTrace` (per-layer maps and per-source terms) and its
+leave-one-out `Erasures`; here every asked method turns them into one vector over the input
+tokens (`chain[0]`, with `chain[k]` the same for the representations entering layer k), and each
+method's Spearman correlation with the erasure effects is computed. Request in, result out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from attnviz.core.choices import Dtype, Erase, HeadReduce, TokenMethod
+from attnviz.core.memory import budget_bytes
+from attnviz.core.request import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
+from attnviz.errors import UsageError, option
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
+
+METHODS = tuple(TokenMethod)
+TOP_TOKENS = 3
+
+
+@dataclass(frozen=True)
+class TokensRequest:
+    sentences: list[str]
+    model: str | None = None  # None: the bundled model
+    position: str | None = None  # index or word; None: last (causal) / first (encoder)
+    methods: tuple[TokenMethod, ...] | None = None  # None: every method the input allows
+    heads: HeadReduce = HeadReduce.MEAN
+    residual_weight: float = 0.5
+    check: bool = True  # leave-one-out and the correlations
+    erase: Erase = Erase.MASK
+    baseline: str | None = None  # the baseline token for --erase baseline
+    memory_budget: int | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_sentences: int = DEFAULT_MAX_SENTENCES
+    device: str = "cpu"
+    dtype: Dtype = Dtype.FLOAT32
+
+    def check_values(self) -> None:
+        if not 0.0 <= self.residual_weight <= 1.0:
+            raise UsageError(f"{option('residual_weight')} must lie in [0, 1], got "
+                             f"{self.residual_weight}", fix="0.5 mixes attention and identity "
+                             "equally (Abnar & Zuidema)", option="residual_weight")
+        if self.baseline is not None and self.erase is not Erase.BASELINE:
+            raise UsageError(f"{option('baseline')} applies to {option('erase')} baseline",
+                             fix=f"drop {option('baseline')} or add {option('erase')} baseline",
+                             option="baseline")
+        if self.erase is Erase.BASELINE and not self.check:
+            raise UsageError(f"{option('erase')} applies to the leave-one-out check",
+                             fix=f"drop {option('erase')} or {option('no_check')}",
+                             option="erase")
+
+
+@dataclass
+class SentenceTokens:
+    """One sentence's answer."""
+
+    tokens: list[str]
+    position: int
+    layers: list[str]
+    chains: dict[TokenMethod, Any]  # method → (n + 1, L) float64 tensor
+    mixed: list[Any]  # per layer (L, L): rollout's Ã
+    effects: Any | None = None  # (L,) float64 leave-one-out effect, NaN where not erased
+    erasures: Erasures | None = None
+    correlations: dict[TokenMethod, float | None] = field(default_factory=dict)
+
+    def scores(self, method: TokenMethod) -> list[float]:
+        """The method's value per input token."""
+        return [float(v) for v in self.chains[method][0]]
+
+    def top(self, method: TokenMethod, count: int = TOP_TOKENS) -> list[int]:
+        values = self.chains[method][0]
+        order = sorted(range(len(self.tokens)), key=lambda j: (-float(values[j]), j))
+        return order[:count]
+
+
+@dataclass
+class TokensResult:
+    source: str
+    causal: bool
+    methods: tuple[TokenMethod, ...]
+    sentences: list[SentenceTokens]
+    summary: dict[TokenMethod, tuple[float | None, float | None, int]]  # mean, spread, count
+    heads: HeadReduce
+    residual_weight: float
+    measure: str | None
+    erased_how: str | None
+    notes: list[str] = field(default_factory=list)
+
+    def best(self) -> TokenMethod | None:
+        """The method whose correlation with erasure is highest on average."""
+        rated = [(m, s[0]) for m, s in self.summary.items() if s[0] is not None]
+        return max(rated, key=lambda r: r[1])[0] if rated else None
+
+    def to_json(self) -> dict[str, Any]:
+        def floats(t: Any) -> Any:
+            return t.tolist() if t is not None else None
+
+        return {
+            "source": self.source, "causal": self.causal,
+            "methods": [str(m) for m in self.methods], "heads": str(self.heads),
+            "residual_weight": self.residual_weight, "measure": self.measure,
+            "erased": self.erased_how,
+            "summary": {str(m): {"mean": s[0], "spread": s[1], "sentences": s[2]}
+                        for m, s in self.summary.items()},
+            "best": None if self.best() is None else str(self.best()),
+            "sentences": [{
+                "tokens": s.tokens, "position": s.position, "layers": s.layers,
+                "scores": {str(m): s.scores(m) for m in self.methods},
+                "chains": {str(m): floats(s.chains[m]) for m in self.methods},
+                "rollout_matrices": [floats(M) for M in s.mixed],
+                "effects": floats(s.effects),
+                "correlations": {str(m): c for m, c in s.correlations.items()},
+            } for s in self.sentences],
+            "notes": self.notes,
+        }
+
+
+def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
+    """--position: an index (negative from the end) or a word (its last occurrence for a causal
+    model, where later tokens are out of its reach, else its first); default the last token
+    (causal) or the first (encoder)."""
+    if spec is None:
+        return len(tokens) - 1 if causal else 0
+    try:
+        index = int(spec)
+    except ValueError:
+        lowered = [t.lower() for t in tokens]
+        word = spec.lower()
+        if word not in lowered:
+            from attnviz.errors import printable
+
+            shown = ", ".join(printable(t) for t in dict.fromkeys(tokens))
+            raise UsageError(f"token {printable(spec)!r} is not in the sentence",
+                             fix=f"choose one of {shown}", option="position") from None
+        return len(lowered) - 1 - lowered[::-1].index(word) if causal else lowered.index(word)
+    if not -len(tokens) <= index < len(tokens):
+        raise UsageError(f"position {index} is out of range",
+                         fix=f"the sentence has {len(tokens)} tokens", option="position")
+    return index % len(tokens)
+
+
+def chosen_methods(request: TokensRequest, longest: int, layers: int, can_decompose: bool
+                   ) -> tuple[tuple[TokenMethod, ...], list[str]]:
+    """The methods to run, and notes on those left out; asked-for methods that cannot run are
+    refused up front, with the reason."""
+    from attnviz.compute.tokenflow.maxflow import flow_problem
+
+    notes = []
+    asked = request.methods
+    wanted = list(METHODS if asked is None else asked)
+    problem = flow_problem(longest, layers)
+    if TokenMethod.FLOW in wanted and problem is not None:
+        if asked is not None:
+            raise UsageError(problem, fix=f"drop flow from {option('method')}, or pass a "
+                             "shorter sentence", option="method")
+        wanted.remove(TokenMethod.FLOW)
+        notes.append(f"flow left out: {problem}")
+    contributions = {TokenMethod.NORMS, TokenMethod.ALTI}
+    if not can_decompose and contributions & set(wanted):
+        if asked is not None:
+            raise UsageError("this model's attention blocks cannot be decomposed into "
+                             "per-source terms by attnviz", fix=f"choose rollout or flow with "
+                             f"{option('method')}", option="method")
+        wanted = [m for m in wanted if m not in contributions]
+        notes.append("norms and alti left out: attnviz does not decompose this model's "
+                     "attention blocks")
+    return tuple(dict.fromkeys(wanted)), notes
+
+
+def analyse(request: TokensRequest, trace: TokenTrace, position: int,
+            methods: tuple[TokenMethod, ...], erasures: Erasures | None) -> SentenceTokens:
+    """Every method on one sentence's trace, and each one's correlation with erasure."""
+    import torch
+
+    from attnviz.compute.tokenflow import decompose, faithfulness, maxflow, rollout
+
+    chain, matrices = rollout.rollout(trace.maps, position, request.heads,
+                                      request.residual_weight)
+    chains: dict[TokenMethod, torch.Tensor] = {}
+    if TokenMethod.ROLLOUT in methods:
+        chains[TokenMethod.ROLLOUT] = chain
+    if TokenMethod.FLOW in methods:
+        # the flow into the output from each token entering each layer: only layer 0 is
+        # computed (the inputs); the layers above repeat rollout's chain for the figure
+        flow = maxflow.attention_flow(matrices, position)
+        chains[TokenMethod.FLOW] = torch.cat([flow[None], chain[1:]])
+    if {TokenMethod.NORMS, TokenMethod.ALTI} & set(methods):
+        assert trace.blocks is not None
+        composed = decompose.compose(trace.blocks, position, budget_bytes(request.memory_budget))
+        for m in (TokenMethod.NORMS, TokenMethod.ALTI):
+            if m in methods:
+                chains[m] = composed[m]
+    result = SentenceTokens(trace.tokens, position, trace.layer_names,
+                            {m: chains[m] for m in methods}, matrices)
+    if erasures is not None:
+        effects = torch.full((len(trace.tokens),), float("nan"), dtype=torch.float64)
+        effects[erasures.erased] = erasures.effects
+        result.effects, result.erasures = effects, erasures
+        for m in methods:
+            result.correlations[m] = faithfulness.spearman(chains[m][0][erasures.erased],
+                                                           erasures.effects)
+    return result
+
+
+def summarize(sentences: list[SentenceTokens], methods: tuple[TokenMethod, ...]
+              ) -> dict[TokenMethod, tuple[float | None, float | None, int]]:
+    from attnviz.compute.tokenflow.faithfulness import mean_spread
+
+    return {m: mean_spread([s.correlations.get(m) for s in sentences]) for m in methods}
+
+
+def run_tokens(request: TokensRequest) -> TokensResult:
+    """The use case: open the source, trace each sentence, run the methods and the check."""
+    request.check_values()
+    if request.model is not None:
+        from attnviz.sources.hf.token_contributions import run_model_tokens
+
+        return run_model_tokens(request)
+    return _run_bundled(request)
+
+
+def _run_bundled(request: TokensRequest) -> TokensResult:
+    from attnviz.compute.device import resolve_device
+    from attnviz.compute.inputs import make_batch
+    from attnviz.core.request import SourceSpec
+    from attnviz.sources import bundled, tokens_bundled
+    from attnviz.sources.registry import open_source
+
+    if request.dtype is not Dtype.FLOAT32:
+        raise UsageError(f"{option('dtype')} applies to {option('model')}",
+                         fix=f"drop {option('dtype')}", option="dtype")
+    opened = open_source(SourceSpec())
+    store = opened.store
+    batch = make_batch(request.sentences, request.max_tokens, request.max_sentences,
+                       bundled.token_limit(store, "the bundled model"))
+    device = resolve_device(request.device)
+    model = tokens_bundled.TinyModel(store, device)
+    positions = [output_position(t, request.position, True) for t in batch.tokens]
+    methods, notes = chosen_methods(request, batch.max_len, len(model.layers), True)
+    traces = tokens_bundled.traces(model, batch.tokens)
+    budget = budget_bytes(request.memory_budget)
+    sentences = []
+    baseline = None
+    if request.erase is Erase.BASELINE:
+        baseline = request.baseline or tokens_bundled.BASELINE_WORD
+    for trace, p in zip(traces, positions, strict=True):
+        erased = None
+        if request.check:
+            per_pass = tokens_bundled.copies_per_pass(model, len(trace.tokens), budget)
+            erased = tokens_bundled.erasures(model, trace.tokens, p, baseline, per_pass)
+        sentences.append(analyse(request, trace, p, methods, erased))
+    first = sentences[0].erasures
+    return TokensResult(str(store.source), True, methods, sentences, summarize(sentences, methods),
+                        request.heads, request.residual_weight,
+                        None if first is None else first.measure,
+                        None if first is None else first.how, notes)
