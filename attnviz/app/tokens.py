@@ -64,7 +64,8 @@ class SentenceTokens:
     position: int
     layers: list[str]
     chains: dict[TokenMethod, Any]  # method → (n + 1, L) float64 tensor
-    mixed: list[Any]  # per layer (L, L): rollout's Ã
+    mixed: list[Any]  # per layer (L, L): rollout's Ã (flow's capacities)
+    matrices: dict[TokenMethod, list[Any]] = field(default_factory=dict)  # method → per layer
     effects: Any | None = None  # (L,) float64 leave-one-out effect, NaN where not erased
     erasures: Erasures | None = None
     correlations: dict[TokenMethod, float | None] = field(default_factory=dict)
@@ -92,10 +93,13 @@ class TokensResult:
     erased_how: str | None
     notes: list[str] = field(default_factory=list)
 
-    def best(self) -> TokenMethod | None:
-        """The method whose correlation with erasure is highest on average."""
+    def best(self) -> list[TokenMethod]:
+        """The methods whose mean correlation with erasure is the highest (ties: all)."""
         rated = [(m, s[0]) for m, s in self.summary.items() if s[0] is not None]
-        return max(rated, key=lambda r: r[1])[0] if rated else None
+        if not rated:
+            return []
+        top = max(r for _, r in rated)
+        return [m for m, r in rated if r >= top - 1e-9]
 
     def to_json(self) -> dict[str, Any]:
         def floats(t: Any) -> Any:
@@ -108,12 +112,13 @@ class TokensResult:
             "erased": self.erased_how,
             "summary": {str(m): {"mean": s[0], "spread": s[1], "sentences": s[2]}
                         for m, s in self.summary.items()},
-            "best": None if self.best() is None else str(self.best()),
+            "best": [str(m) for m in self.best()],
             "sentences": [{
                 "tokens": s.tokens, "position": s.position, "layers": s.layers,
                 "scores": {str(m): s.scores(m) for m in self.methods},
                 "chains": {str(m): floats(s.chains[m]) for m in self.methods},
-                "rollout_matrices": [floats(M) for M in s.mixed],
+                "matrices": {str(m): [floats(M) for M in s.matrices[m]]
+                             for m in self.methods},
                 "effects": floats(s.effects),
                 "correlations": {str(m): c for m, c in s.correlations.items()},
             } for s in self.sentences],
@@ -183,6 +188,7 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
     chain, matrices = rollout.rollout(trace.maps, position, request.heads,
                                       request.residual_weight)
     chains: dict[TokenMethod, torch.Tensor] = {}
+    own: dict[TokenMethod, list[torch.Tensor]] = {}
     if TokenMethod.ROLLOUT in methods:
         chains[TokenMethod.ROLLOUT] = chain
     if TokenMethod.FLOW in methods:
@@ -195,9 +201,10 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
         composed = decompose.compose(trace.blocks, position, budget_bytes(request.memory_budget))
         for m in (TokenMethod.NORMS, TokenMethod.ALTI):
             if m in methods:
-                chains[m] = composed[m]
+                chains[m], own[m] = composed[m]
     result = SentenceTokens(trace.tokens, position, trace.layer_names,
-                            {m: chains[m] for m in methods}, matrices)
+                            {m: chains[m] for m in methods}, matrices,
+                            {m: own.get(m, matrices) for m in methods})
     if erasures is not None:
         effects = torch.full((len(trace.tokens),), float("nan"), dtype=torch.float64)
         effects[erasures.erased] = erasures.effects

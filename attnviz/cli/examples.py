@@ -42,6 +42,14 @@ EXAMPLES = {
         ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),
         ("attnviz circuits --random -E 32 -H 4 --json", "a random layer, as JSON"),
     ],
+    "tokens": [
+        ('attnviz tokens "the quick brown fox jumps over the lazy dog the quick brown fox"',
+         "the last token draws on the one after its earlier occurrence"),
+        ('attnviz tokens "the cat sat on the mat the cat" --method rollout --heads max',
+         "rollout only, the strongest head per cell"),
+        ('attnviz tokens "the cat sat on the mat the cat" --erase baseline --json',
+         "erasure by a baseline token, as JSON"),
+    ],
 }
 
 

@@ -26,6 +26,7 @@ from attnviz.cli.inspect_cmd import inspect
 from attnviz.cli.options import flag_of
 from attnviz.cli.panels import PanelledCommand, assign_panels
 from attnviz.cli.split_cmd import split
+from attnviz.cli.tokens_cmd import tokens
 from attnviz.errors import AttnvizError, ExitCode, Interrupted
 
 _state = {"debug": False}
@@ -179,7 +180,7 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-for _command in (split, inspect, heatmap, generate, ablate, circuits):
+for _command in (split, inspect, heatmap, generate, ablate, circuits, tokens):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

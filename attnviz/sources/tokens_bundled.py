@@ -135,13 +135,15 @@ def _padded(model: TinyModel, sentences: list[list[str]]) -> tuple[torch.Tensor,
 def erasures(model: TinyModel, tokens: list[str], position: int, baseline: str | None,
              copies_per_pass: int) -> Erasures:
     """Leave-one-out for tokens 0..position (later ones cannot reach a causal output): one copy
-    of the sentence per erased token, `copies_per_pass` copies per forward."""
+    of the sentence per erased token, `copies_per_pass` copies per forward. Masking cannot erase
+    the output token itself (its own query still runs, its embedding in its residual), so with
+    the mask it is left out."""
     ids = torch.tensor([model.ids(tokens)], device=model.device)
     clear = torch.zeros_like(ids, dtype=torch.bool)
     x, _ = model.forward(ids, clear)
     base = model.log_probs(x[0, position])
     target = int(base.argmax())
-    erased = list(range(position + 1))
+    erased = list(range(position + 1 if baseline is not None else position))
     drops = []
     for start in range(0, len(erased), max(1, copies_per_pass)):
         chunk = erased[start:start + max(1, copies_per_pass)]
@@ -154,9 +156,11 @@ def erasures(model: TinyModel, tokens: list[str], position: int, baseline: str |
                 copies[c, j] = model.ids([baseline])[0]
         xs, _ = model.forward(copies, mask)
         drops.append(base[target] - model.log_probs(xs[:, position])[:, target])
-    how = ("masked as the model masks padding (no query reads it)" if baseline is None else
+    how = ("masked as the model masks padding (no query reads it; the output token itself, "
+           "whose query still runs, is not erased)" if baseline is None else
            f"replaced by the baseline word {baseline!r}")
-    return Erasures(erased, torch.cat(drops).double().cpu(),
+    effects = torch.cat(drops).double().cpu() if drops else torch.zeros(0, dtype=torch.float64)
+    return Erasures(erased, effects,
                     f"drop in log p(next token) at the output, for the token the model "
                     f"predicts there (id {target})", how, float(base[target]))
 

@@ -109,12 +109,13 @@ def _row_normalized(M: torch.Tensor) -> torch.Tensor:
 
 
 def compose(blocks: list[BlockTerms], position: int, budget: int
-            ) -> dict[TokenMethod, torch.Tensor]:
-    """Each contribution method's chain (n + 1, L) for one output position: e_p carried down,
-    each layer's matrix built only for the rows the vector still reaches (a causal model's
-    rows ≤ p)."""
+            ) -> dict[TokenMethod, tuple[torch.Tensor, list[torch.Tensor]]]:
+    """Each contribution method's (chain (n + 1, L), per-layer matrices (L, L)) for one output
+    position: e_p carried down, each layer's matrix built only for the rows the vector still
+    reaches (a causal model's rows ≤ p; the other rows stay 0)."""
     L = blocks[0].residual.shape[0]
     chains: dict[TokenMethod, list[torch.Tensor]] = {}
+    matrices: dict[TokenMethod, list[torch.Tensor]] = {m: [] for m in CONTRIBUTION_METHODS}
     for method in CONTRIBUTION_METHODS:
         v = torch.zeros(L, dtype=torch.float64)
         v[position] = 1.0
@@ -124,8 +125,11 @@ def compose(blocks: list[BlockTerms], position: int, budget: int
         for method in CONTRIBUTION_METHODS:
             reached |= chains[method][-1] != 0
         rows = reached.nonzero().flatten()
-        matrices = contribution_rows(block, rows, budget)
+        computed = contribution_rows(block, rows, budget)
         for method in CONTRIBUTION_METHODS:
             v = chains[method][-1]
-            chains[method].append(v[rows] @ matrices[method])
-    return {m: torch.stack(c[::-1]) for m, c in chains.items()}
+            chains[method].append(v[rows] @ computed[method])
+            full = torch.zeros(L, L, dtype=torch.float64)
+            full[rows] = computed[method]
+            matrices[method].append(full)
+    return {m: (torch.stack(c[::-1]), matrices[m][::-1]) for m, c in chains.items()}
