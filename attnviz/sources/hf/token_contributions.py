@@ -1,0 +1,375 @@
+"""`attnviz tokens --model`: a Hugging Face model's own forward pass, with hooks, for the tokens
+command: per layer its attention maps (output_attentions, eager attention), and, for the
+families in BLOCKS, what each attention block's per-source terms are made of; leave-one-out
+through the model's own attention mask (or a baseline token) on stacked copies of a sentence.
+
+Encoder–decoder models run their encoder (encoder self-attention). A causal LM head (config.json
+names …ForCausalLM / …LMHeadModel) gives the measure: log p of the token the unerased model
+predicts at the output position; otherwise the measure is the relative change of the final
+hidden state there, ‖h′ − h‖ / ‖h‖.
+
+A family's block is data (BLOCKS): where its layers sit, the value projection (GPT-2's fused
+c_attn: its last third), the output projection (Conv1D: stored (in, out)), where the block's
+own output can be read (the input of the norm after it, or a module's output) and, for post-LN
+models, the norm applied after the residual. Captured per layer: the layer's input (the
+residual), the value states, and the block's output, which the tests compare with Σ_j T_ij.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnviz.compute.tokenflow.decompose import BlockTerms, PostNorm
+from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
+from attnviz.core.memory import budget_bytes
+from attnviz.errors import CheckpointError, UsageError, option, printable, printable_path
+from attnviz.load.paths import library_path
+from attnviz.sources.hf import guard
+from attnviz.sources.hf.load import COMMON, FILES_FIX, OpenedModel, dtype_keyword
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where one family's attention block sits, relative to one layer module."""
+
+    layers: str  # the ModuleList of layers, relative to the module that runs
+    value: str  # the value projection (its output: the value states, bias included)
+    out: str  # the output projection W_O
+    read: str  # where the block's output is read
+    read_input: bool  # True: the input of `read` (a pre-LN model's next norm); else its output
+    residual: str = ""  # the module whose input is the block's residual ("": the layer)
+    value_third: bool = False  # a fused [q; k; v] projection: the value is its last third
+    conv1d: bool = False  # W_O stored (in, out) (GPT-2's Conv1D)
+    post_norm: str | None = None  # post-LN: the norm after the residual sum
+    rms: bool = False
+
+
+_LLAMA = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
+               True)
+_BERT = Block("encoder.layer", "attention.self.value", "attention.output.dense",
+              "attention.output", False, post_norm="attention.output.LayerNorm")
+BLOCKS: dict[str, Block] = {
+    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
+    "gpt2": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_third=True,
+                  conv1d=True),
+    "bert": _BERT, "roberta": _BERT,
+    "t5": Block("block", "layer.0.SelfAttention.v", "layer.0.SelfAttention.o", "layer.0",
+                False, residual="layer.0"),
+    "bart": Block("layers", "self_attn.v_proj", "self_attn.out_proj", "self_attn_layer_norm",
+                  False, post_norm="self_attn_layer_norm"),
+}
+
+
+@dataclass
+class ModelRunner:
+    """The loaded model, the module that runs on the text, and the LM head if any."""
+
+    model: Any
+    runner: Any  # the base model, or an encoder-decoder's encoder
+    tokenizer: Any
+    config: Any
+    causal_lm: bool
+    device: torch.device
+    block: Block | None
+    source: str
+
+    @property
+    def causal(self) -> bool:
+        return self.causal_lm or bool(getattr(self.config, "is_decoder", False)) or \
+            self.config.model_type in ("llama", "mistral", "qwen2", "gpt2")
+
+
+def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
+    import transformers
+
+    from attnviz.compute.device import resolve_device
+    from attnviz.sources.hf.ablation import lm_class
+
+    if opened.tower is not None:
+        raise UsageError("'attnviz tokens' runs text-only models and encoder-decoders; this "
+                         "model's text is one tower of several", fix="choose another model")
+    arch, kind = lm_class(opened.config)
+    where = printable_path(opened.folder)
+    cls = getattr(transformers, arch) if kind == "causal" and arch else transformers.AutoModel
+    target = resolve_device(device)
+    with guard.silenced(stderr=True), \
+            guard.contained("transformers cannot load the model", FILES_FIX, where):
+        model = cls.from_pretrained(
+            library_path(opened.folder), attn_implementation="eager",
+            **{dtype_keyword(): dtype if dtype == "auto" else getattr(torch, dtype)}, **COMMON)
+    model = model.eval().to(target)
+    encoder_decoder = bool(getattr(opened.config, "is_encoder_decoder", False))
+    base = model.base_model if kind == "causal" and arch else model
+    runner = base.get_encoder() if encoder_decoder else base
+    return ModelRunner(model, runner, opened.tokenizer, opened.config,
+                       kind == "causal" and arch is not None, target,
+                       BLOCKS.get(str(opened.config.model_type)), str(opened.folder))
+
+
+def _module(root: Any, path: str) -> Any:
+    return root.get_submodule(path) if path else root
+
+
+def _batch(runner: ModelRunner, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and the model's attention mask (1 real, 0 padding)."""
+    L = max(len(r) for r in rows)
+    filler = next((i for i in (runner.tokenizer.pad_token_id, runner.tokenizer.eos_token_id,
+                               runner.tokenizer.unk_token_id) if isinstance(i, int)), 0)
+    ids = torch.full((len(rows), L), filler, dtype=torch.long)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, :len(row)] = torch.tensor(row)
+        mask[b, :len(row)] = 1
+    return ids.to(runner.device), mask.to(runner.device)
+
+
+class _Hooks:
+    """Per layer: the residual (the block's input), the value states and the block's output."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        assert runner.block is not None
+        self.block = runner.block
+        self.layers = list(_module(runner.runner, self.block.layers))
+        self.residual: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.values: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.outputs: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _Hooks:
+        for i, layer in enumerate(self.layers):
+            self.handles += [
+                _module(layer, self.block.residual).register_forward_pre_hook(
+                    self._keep(self.residual, i, "input"), with_kwargs=True),
+                _module(layer, self.block.value).register_forward_hook(
+                    self._keep(self.values, i, "output"), with_kwargs=True),
+            ]
+            site = _module(layer, self.block.read)
+            if self.block.read_input:
+                self.handles.append(site.register_forward_pre_hook(
+                    self._keep(self.outputs, i, "input"), with_kwargs=True))
+            else:
+                self.handles.append(site.register_forward_hook(
+                    self._keep(self.outputs, i, "output"), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    @staticmethod
+    def _keep(store: list[torch.Tensor | None], i: int, what: str) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict, *output: Any) -> None:
+            if what == "input":
+                value = args[0] if args else kwargs.get("hidden_states")
+            else:
+                value = output[0]
+                if isinstance(value, tuple):
+                    value = value[0]
+            if store[i] is None:  # the first call: a layer run once per forward
+                store[i] = value.detach()
+        return hook
+
+
+def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """W_O (E, H·d) and b_O of one layer, in (out, in) orientation."""
+    assert runner.block is not None
+    module = _module(layer, runner.block.out)
+    weight = module.weight.detach().float()
+    if runner.block.conv1d:
+        weight = weight.T
+    bias = getattr(module, "bias", None)
+    return weight, None if bias is None else bias.detach().float()
+
+
+def _post_norm(runner: ModelRunner, layer: Any) -> PostNorm | None:
+    block = runner.block
+    if block is None or block.post_norm is None:
+        return None
+    norm = _module(layer, block.post_norm)
+    bias = getattr(norm, "bias", None)
+    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-12)
+    return PostNorm(norm.weight.detach().float(), None if bias is None else bias.detach().float(),
+                    float(eps), block.rms)
+
+
+def traces(runner: ModelRunner, rows: list[list[int]], tokens: list[list[str]]
+           ) -> list[TokenTrace]:
+    """Each sentence's maps and, where BLOCKS knows the family, its blocks' terms."""
+    ids, mask = _batch(runner, rows)
+    hooks = _Hooks(runner) if runner.block is not None else None
+    with torch.no_grad(), guard.silenced():
+        if hooks is not None:
+            with hooks:
+                out = runner.runner(input_ids=ids, attention_mask=mask, output_attentions=True)
+        else:
+            out = runner.runner(input_ids=ids, attention_mask=mask, output_attentions=True)
+    maps = [a.float() for a in (out.attentions or ()) if a is not None]
+    if not maps:
+        raise CheckpointError("the model returned no attention maps", fix="report this model",
+                              where=printable(runner.source))
+    result = []
+    for b, row in enumerate(rows):
+        n = len(row)
+        own = [m[b, :, :n, :n].cpu() for m in maps]
+        blocks, outputs = None, None
+        if hooks is not None:
+            blocks, outputs = _blocks(runner, hooks, own, b, n)
+        result.append(TokenTrace(tokens[b], own, blocks, outputs,
+                                 [f"layer {i}" for i in range(len(own))]))
+    return result
+
+
+def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int, n: int
+            ) -> tuple[list[BlockTerms], list[torch.Tensor]]:
+    blocks, outputs = [], []
+    for i, layer in enumerate(hooks.layers):
+        residual, values, output = hooks.residual[i], hooks.values[i], hooks.outputs[i]
+        if residual is None or values is None or output is None:
+            raise CheckpointError(f"layer {i} of the model did not run as attnviz expects its "
+                                  "family to", fix=f"choose rollout or flow with "
+                                  f"{option('method')}", where=printable(runner.source))
+        W_o, b_o = _out_weight(runner, layer)
+        H = maps[i].shape[0]
+        v = values[b, :n].float().cpu()  # (n, H_kv·d) or GPT-2's (n, 3E)
+        if runner.block is not None and runner.block.value_third:
+            v = v[:, 2 * v.shape[-1] // 3:]
+        d = W_o.shape[1] // H
+        H_kv = v.shape[-1] // d
+        group = H // H_kv
+        per_head = v.view(n, H_kv, d).transpose(0, 1)  # (H_kv, n, d)
+        U = torch.stack([per_head[h // group] @ W_o[:, h * d:(h + 1) * d].T.cpu()
+                         for h in range(H)])  # (H, n, E)
+        blocks.append(BlockTerms(maps[i], U, residual[b, :n].float().cpu(),
+                                 None if b_o is None else b_o.cpu(),
+                                 _post_norm(runner, layer)))
+        outputs.append(output[b, :n].float().cpu())
+    return blocks, outputs
+
+
+def _measure(runner: ModelRunner, ids: torch.Tensor, mask: torch.Tensor, position: int
+             ) -> torch.Tensor:
+    """Per copy: the log-probabilities at `position` (causal LM), else its final hidden state."""
+    with torch.no_grad(), guard.silenced():
+        if runner.causal_lm:
+            logits = runner.model(input_ids=ids, attention_mask=mask).logits
+            return torch.log_softmax(logits[:, position].float(), -1)
+        hidden = runner.runner(input_ids=ids, attention_mask=mask).last_hidden_state
+        return hidden[:, position].float()
+
+
+def baseline_id(runner: ModelRunner, baseline: str | None) -> int:
+    """--baseline's one token, or the tokenizer's mask, pad or unknown token."""
+    tok = runner.tokenizer
+    if baseline is None:
+        found = next((i for i in (getattr(tok, "mask_token_id", None), tok.pad_token_id,
+                                  tok.unk_token_id) if isinstance(i, int)), None)
+        if found is None:
+            raise UsageError("the tokenizer has no mask, pad or unknown token to erase with",
+                             fix=f"name one with {option('baseline')}", option="baseline")
+        return int(found)
+    ids = tok(baseline, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise UsageError(f"{option('baseline')} {printable(baseline)!r} is {len(ids)} tokens "
+                         "for this tokenizer, not one", fix="choose a single token",
+                         option="baseline")
+    return int(ids[0])
+
+
+def erasures(runner: ModelRunner, row: list[int], position: int, baseline: int | None,
+             budget: int, baseline_name: str) -> Erasures:
+    """Leave-one-out of each token the output can see (masking: all but the output's own),
+    copies stacked along the batch, as many per forward as the budget holds."""
+    ids, mask = _batch(runner, [row])
+    base = _measure(runner, ids, mask, position)[0]
+    reach = range(position + 1) if runner.causal else range(len(row))
+    erased = [j for j in reach if baseline is not None or j != position]
+    config = runner.config
+    H = int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 8) or 8)
+    E = int(getattr(config, "hidden_size", None) or getattr(config, "d_model", 64) or 64)
+    per_copy = 4 * (3 * H * len(row) ** 2 + 12 * len(row) * E)
+    if runner.causal_lm:
+        per_copy += 4 * int(getattr(config, "vocab_size", 0) or 0) * len(row)
+    step = max(1, budget // max(1, per_copy))
+    effects = []
+    target = int(base.argmax()) if runner.causal_lm else -1
+    for start in range(0, len(erased), step):
+        chunk = erased[start:start + step]
+        copies, masks = ids.repeat(len(chunk), 1), mask.repeat(len(chunk), 1)
+        for c, j in enumerate(chunk):
+            if baseline is None:
+                masks[c, j] = 0
+            else:
+                copies[c, j] = baseline
+        got = _measure(runner, copies, masks, position)
+        if runner.causal_lm:
+            effects.append((base[target] - got[:, target]).double().cpu())
+        else:
+            effects.append(((got - base).norm(dim=-1) / base.norm().clamp(min=1e-30))
+                           .double().cpu())
+    values = torch.cat(effects) if effects else torch.zeros(0, dtype=torch.float64)
+    how = ("masked through the model's attention mask, as padding (the output token itself, "
+           "whose query still runs, is not erased)" if baseline is None else
+           f"replaced by the token {printable(baseline_name)!r} (id {baseline})")
+    measure = (f"drop in log p(next token) at the output, for the token the model predicts "
+               f"there (id {target})" if runner.causal_lm else
+               "relative change ‖h′ − h‖ / ‖h‖ of the output's final hidden state")
+    return Erasures(erased, values, measure, how,
+                    float(base[target]) if runner.causal_lm else None)
+
+
+def run_model_tokens(request: Any) -> Any:
+    """The tokens use case on a --model source (request: attnviz.app.tokens.TokensRequest)."""
+    from attnviz.app.tokens import (
+        TokensResult,
+        analyse,
+        chosen_methods,
+        output_position,
+        summarize,
+    )
+    from attnviz.core.choices import Erase
+    from attnviz.core.request import SourceSpec
+    from attnviz.sources.hf.inputs import encode
+    from attnviz.sources.hf.load import check_load_options
+    from attnviz.sources.hf.token_names import token_names
+    from attnviz.sources.registry import open_model_source
+
+    check_load_options(request.device, str(request.dtype), None)
+    opened = open_model_source(SourceSpec(model=request.model))
+    if len(request.sentences) > request.max_sentences:
+        raise UsageError(f"{len(request.sentences)} sentences exceed "
+                         f"{option('max_sentences')} {request.max_sentences}",
+                         fix=f"raise {option('max_sentences')} or pass fewer")
+    encoded = encode(opened, list(request.sentences), None, request.max_tokens)
+    rows = [list(r["input_ids"]) for r in encoded.rows]
+    tokens = [token_names(opened.tokenizer, r) for r in rows]
+    runner = load_runner(opened, request.device, str(request.dtype))
+    notes = []
+    if runner.block is None:
+        notes.append(f"model type {printable(str(opened.config.model_type))!r}: attnviz knows "
+                     "no decomposition of its attention blocks")
+    if getattr(opened.config, "is_encoder_decoder", False):
+        notes.append("encoder-decoder: the encoder's self-attention is traced")
+    positions = [output_position(t, request.position, runner.causal) for t in tokens]
+    found = traces(runner, rows, tokens)
+    methods, left_out = chosen_methods(request, max(len(r) for r in rows), len(found[0].maps),
+                                       runner.block is not None)
+    baseline = None
+    if request.check and request.erase is Erase.BASELINE:
+        baseline = baseline_id(runner, request.baseline)
+    budget = budget_bytes(request.memory_budget)
+    sentences = []
+    for trace, row, p in zip(found, rows, positions, strict=True):
+        erased = None
+        if request.check:
+            erased = erasures(runner, row, p, baseline, budget,
+                              request.baseline or str(opened.tokenizer.convert_ids_to_tokens(
+                                  baseline)) if baseline is not None else "")
+        sentences.append(analyse(request, trace, p, methods, erased))
+    first = sentences[0].erasures
+    return TokensResult(str(opened.folder), runner.causal, methods, sentences,
+                        summarize(sentences, methods), request.heads, request.residual_weight,
+                        None if first is None else first.measure,
+                        None if first is None else first.how, notes + left_out)
