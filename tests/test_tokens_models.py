@@ -1,0 +1,202 @@
+"""`attnviz tokens --model` on the tiny zoo (llama and gpt2 with their LM heads, bert, roberta,
+the t5 and bart encoders) and the real all-MiniLM-L6-v2: each attention block's per-source terms
+add up to the block's own output, read here through hooks written for each family (≤ 1e-5
+relative); padded batches give each sentence's own result; leave-one-out equals running the
+erased input alone through the model; rollout stays lower-triangular on causal models and flow
+equals an independent max flow. Each check has a negative control."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_tokens import edmonds_karp, graph
+
+from attnviz.app.tokens import TokensRequest, run_tokens
+from attnviz.compute.tokenflow import decompose, maxflow, rollout
+from attnviz.core.choices import HeadReduce
+from attnviz.sources.hf import token_contributions as tc
+from attnviz.sources.hf.load import open_model
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_thread")]
+
+RTOL = 1e-5
+SENTENCES = ["the cat sat on the mat the cat", "a small dog ran far away"]
+LM_KINDS = ("llama", "gpt2")
+ENCODER_KINDS = ("bert", "roberta", "t5", "bart")
+
+# the block's own output, as each family's modules hand it over: (module under the layer,
+# whether it is that module's input (a pre-LN model's next norm) or its output)
+OWN_OUTPUT = {"llama": ("post_attention_layernorm", True), "gpt2": ("ln_2", True),
+              "bert": ("attention.output", False), "roberta": ("attention.output", False),
+              "t5": ("layer.0", False), "bart": ("self_attn_layer_norm", False)}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import zoo
+    from helpers import minilm_folder
+
+    made = {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(kind)) for kind in LM_KINDS}
+    made.update({kind: zoo.build(kind, tmp_path_factory.mktemp(kind)) for kind in ENCODER_KINDS})
+    made["minilm"] = minilm_folder()
+    return made
+
+
+def _runner(folder):
+    opened = open_model(str(folder))
+    return tc.load_runner(opened, "cpu", "float32"), opened.tokenizer
+
+
+def _rows(tokenizer, sentences):
+    return [list(tokenizer(s)["input_ids"]) for s in sentences]
+
+
+def own_outputs(runner, kind, ids, mask):
+    """Each layer's block output through a hook written here (not the module under test)."""
+    path, is_input = OWN_OUTPUT.get(kind, ("attention.output", False))
+    layers = runner.runner.get_submodule(runner.block.layers)
+    seen = []
+
+    def grab(module, args, *output):
+        value = args[0] if is_input else output[0]
+        seen.append((value[0] if isinstance(value, tuple) else value).detach())
+
+    handles = []
+    for layer in layers:
+        site = layer.get_submodule(path)
+        handles.append(site.register_forward_pre_hook(grab) if is_input
+                       else site.register_forward_hook(grab))
+    try:
+        with torch.no_grad():
+            runner.runner(input_ids=ids, attention_mask=mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("kind", [*LM_KINDS, *ENCODER_KINDS, "minilm"])
+def test_terms_add_up_to_each_blocks_own_output(folders, kind):
+    runner, tokenizer = _runner(folders[kind])
+    rows = _rows(tokenizer, SENTENCES)
+    tokens = [[str(i) for i in r] for r in rows]
+    traces = tc.traces(runner, rows, tokens)
+    ids, mask = tc._batch(runner, rows)
+    expected = own_outputs(runner, "bert" if kind == "minilm" else kind, ids, mask)
+    for b, trace in enumerate(traces):
+        n = len(trace.tokens)
+        assert trace.blocks is not None and len(trace.blocks) == len(expected)
+        for block, own in zip(trace.blocks, expected, strict=True):
+            want = own[b, :n].double()
+            got = decompose.terms(block, torch.arange(n)).sum(1)
+            assert float((got - want).norm() / want.norm()) <= RTOL
+            # negative control: the residual left out of the self term breaks the identity
+            bare = decompose.BlockTerms(block.maps, block.values, torch.zeros_like(
+                block.residual), block.out_bias, block.post_norm)
+            wrong = decompose.terms(bare, torch.arange(n)).sum(1)
+            assert float((wrong - want).norm() / want.norm()) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_padded_batches_give_each_sentence_its_own_result(folders, kind):
+    runner, tokenizer = _runner(folders[kind])
+    rows = _rows(tokenizer, SENTENCES)
+    both = tc.traces(runner, rows, [["x"] * len(r) for r in rows])
+    for b, row in enumerate(rows):
+        alone = tc.traces(runner, [row], [["x"] * len(row)])[0]
+        for x, y in zip(both[b].maps, alone.maps, strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+        for x, y in zip(both[b].blocks, alone.blocks, strict=True):
+            assert torch.allclose(x.values, y.values, atol=1e-4)
+    if kind == "bert":  # negative control: padding left visible changes the short sentence
+        ids, _ = tc._batch(runner, rows)
+        with torch.no_grad():
+            visible = runner.runner(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                    output_attentions=True).attentions
+        short = 1 if len(rows[1]) < len(rows[0]) else 0
+        n = len(rows[short])
+        assert not torch.allclose(visible[-1][short, :, :n, :n], both[short].maps[-1], atol=1e-4)
+
+
+@pytest.mark.parametrize("kind, erase", [("llama", "mask"), ("llama", "baseline"),
+                                         ("bert", "mask"), ("minilm", "baseline")])
+def test_leave_one_out_equals_each_erased_input_alone(folders, kind, erase):
+    runner, tokenizer = _runner(folders[kind])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    p = len(row) - 1 if runner.causal else 0
+    baseline = tc.baseline_id(runner, None) if erase == "baseline" else None
+    got = tc.erasures(runner, row, p, baseline, 1 << 16, "")  # a few copies per forward
+    ids = torch.tensor([row])
+    mask = torch.ones_like(ids)
+
+    def measure(i, m):
+        with torch.no_grad():
+            if runner.causal_lm:
+                return torch.log_softmax(runner.model(input_ids=i, attention_mask=m)
+                                         .logits[0, p], -1)
+            return runner.runner(input_ids=i, attention_mask=m).last_hidden_state[0, p]
+
+    base = measure(ids, mask)
+    expected = []
+    for j in got.erased:
+        i, m = ids.clone(), mask.clone()
+        if baseline is None:
+            m[0, j] = 0
+        else:
+            i[0, j] = baseline
+        out = measure(i, m)
+        if runner.causal_lm:
+            t = int(base.argmax())
+            expected.append(float(base[t] - out[t]))
+        else:
+            expected.append(float((out - base).norm() / base.norm()))
+    assert torch.allclose(got.effects, torch.tensor(expected, dtype=torch.float64), atol=1e-4)
+    # negative control: the effects of another sentence's erasures differ
+    other_row = _rows(tokenizer, SENTENCES[1:])[0]
+    other = tc.erasures(runner, other_row, len(other_row) - 1 if runner.causal else 0,
+                        baseline, 1 << 16, "")
+    k = min(len(other.effects), len(got.effects))
+    assert not torch.allclose(other.effects[:k], got.effects[:k], atol=1e-4)
+
+
+def test_rollout_is_lower_triangular_on_a_causal_model_and_flow_is_exact(folders):
+    runner, tokenizer = _runner(folders["llama"])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    trace = tc.traces(runner, [row], [["x"] * len(row)])[0]
+    p = len(row) - 1
+    chain, matrices = rollout.rollout(trace.maps, p, HeadReduce.MEAN, 0.5)
+    for M in matrices:
+        assert float(M.triu(1).abs().max()) == 0.0
+        assert torch.allclose(M.sum(-1), torch.ones(len(row), dtype=M.dtype))
+    flows = maxflow.attention_flow(matrices, p)
+    L, n = len(row), len(matrices)
+    for s in range(L):
+        assert float(flows[s]) == pytest.approx(edmonds_karp(graph(matrices), s, n * L + p),
+                                                abs=1e-9)
+    # negative control: an encoder's rollout is not lower-triangular
+    runner, tokenizer = _runner(folders["bert"])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    trace = tc.traces(runner, [row], [["x"] * len(row)])[0]
+    _, matrices = rollout.rollout(trace.maps, 0, HeadReduce.MEAN, 0.5)
+    assert float(matrices[0].triu(1).abs().max()) > 0
+
+
+def test_the_command_on_a_model(folders, cli):
+    result = cli("tokens", "--model", folders["llama"], *SENTENCES, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["causal"] is True and doc["summary"]["alti"]["sentences"] >= 1
+    assert doc["sentences"][0]["position"] == len(doc["sentences"][0]["tokens"]) - 1
+    result = cli("tokens", "--model", folders["minilm"], "the cat sat on the mat", "--erase",
+                 "baseline")
+    assert result.exit_code == 0, result.output
+    assert "[MASK]" in result.output and "output position 0 ([CLS])" in result.output
+
+
+def test_encoder_decoder_runs_its_encoder(folders):
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["t5"])))
+    assert any("encoder" in note for note in result.notes)
+    assert result.sentences[0].position == 0 and not result.causal
