@@ -108,6 +108,17 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "composition": ["--no-composition"], "out": ["--out", f"{OUT}/f.png"],
         "device": ["--device", "cpu"],
     },
+    "tokens": {
+        "file": ["--file", f"{OUT}/../extra.txt"], "position": ["--position", "0"],
+        "method": ["--method", "rollout"], "heads": ["--heads", "max"],
+        "residual_weight": ["--residual-weight", "0.3"], "check": ["--no-check"],
+        "erase": ["--erase", "baseline"], "baseline": ["--baseline", "dog"],
+        "out": ["--out", f"{OUT}/f.png"], "html": ["--html", f"{OUT}/p.html"],
+        "export": ["--export", f"{OUT}/x.safetensors"], "dpi": ["--dpi", "50"],
+        "device": ["--device", "cpu"], "dtype": ["--dtype", "bfloat16"],
+        "max_tokens": ["--max-tokens", "3"], "max_sentences": ["--max-sentences", "1"],
+        "memory_budget": ["--memory-budget", "1MB"],
+    },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
@@ -130,6 +141,7 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "split": {"random": [], "weights": [*WEIGHTS, "--layer", "0"]},
     "inspect": {"checkpoint": [str(SAMPLES / "llama-gqa-tiny")]},
     "circuits": {"bundled": [], "random": ["--random"], "weights": WEIGHTS},
+    "tokens": {"bundled": [*SENTENCES]},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
@@ -137,6 +149,7 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "ablate": ["--model", "{model}", *MODEL_SENTENCES],
     "split": ["--model", "{model}", "--layer", "0"],
     "circuits": ["--model", "{model}"],
+    "tokens": ["--model", "{model}", *MODEL_SENTENCES],
 }
 # options a command may drop on a source: none (the walk fails on any)
 KNOWN: dict[str, set[tuple[str, str]]] = {}

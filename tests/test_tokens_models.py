@@ -200,3 +200,33 @@ def test_encoder_decoder_runs_its_encoder(folders):
     result = run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["t5"])))
     assert any("encoder" in note for note in result.notes)
     assert result.sentences[0].position == 0 and not result.causal
+
+
+def test_a_family_described_wrongly_is_refused(folders, monkeypatch):
+    """The run-time identity check: a block row with the wrong output projection (the value's
+    own projection in its place) is refused instead of shown; the true row passes."""
+    from dataclasses import replace
+
+    from attnviz.errors import CheckFailed
+
+    right = tc.BLOCKS["bert"]
+    monkeypatch.setitem(tc.BLOCKS, "bert", replace(right, out="attention.self.value"))
+    with pytest.raises(CheckFailed, match="do not add up"):
+        run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+    monkeypatch.setitem(tc.BLOCKS, "bert", right)
+    assert run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+
+
+def test_causality_is_read_from_the_maps(folders):
+    """A causal base model without an LM head (the zoo's gpt2 saved as GPT2Model) is traced
+    from its last token; an encoder from its first."""
+    import zoo
+
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+    assert not result.causal and result.sentences[0].position == 0
+    assert run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["llama"]))).causal
+    base = zoo.build("gpt2", folders["llama"].parent / "gpt2-base")
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(base)))
+    s = result.sentences[0]
+    assert result.causal and s.position == len(s.tokens) - 1
+    assert "hidden state" in (result.measure or "")

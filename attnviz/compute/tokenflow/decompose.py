@@ -49,6 +49,27 @@ class BlockTerms:
     residual: torch.Tensor  # (L, E) r_i, added to the term of j = i
     out_bias: torch.Tensor | None  # (E,) b_O
     post_norm: PostNorm | None = None
+    output: torch.Tensor | None = None  # (L, E) the block's own output, where the source read it
+
+
+# the terms' sum against the block's own output (float32 modules): past this, refused
+IDENTITY_RTOL = 1e-4
+
+
+def check_identity(block: BlockTerms, rows: torch.Tensor, y: torch.Tensor) -> None:
+    """Σ_j T_ij against the block's own output for these rows, when the source read it: a
+    family described wrongly (a value slice, a norm in another place) is refused, never shown."""
+    if block.output is None:
+        return
+    want = block.output[rows].double()
+    error = float((y - want).norm() / want.norm().clamp(min=1e-30))
+    if error > IDENTITY_RTOL:
+        from attnviz.errors import CheckFailed, option
+
+        raise CheckFailed(f"the per-source terms of an attention block do not add up to the "
+                          f"block's own output (relative error {error:.1e}): attnviz describes "
+                          "this model's blocks wrongly", fix=f"choose rollout or flow with "
+                          f"{option('method')}, and report this model")
 
 
 def terms(block: BlockTerms, rows: torch.Tensor) -> torch.Tensor:
@@ -96,6 +117,7 @@ def contribution_rows(block: BlockTerms, rows: torch.Tensor, budget: int
         chunk = rows[start:start + step]
         T = terms(block, chunk)  # (r, L, E)
         y = T.sum(1, keepdim=True)  # (r, 1, E)
+        check_identity(block, chunk, y[:, 0])
         # a key the query cannot see has T_ij = 0: ‖y‖₁ − ‖y − 0‖₁ = 0 for ALTI, 0 for norms
         out[TokenMethod.NORMS].append(T.norm(dim=-1))
         alti = (y.abs().sum(-1) - (y - T).abs().sum(-1)).clamp(min=0)

@@ -47,19 +47,37 @@ class Block:
     rms: bool = False
 
 
+# pre-LN decoders: x + attn(norm(x)), read at the input of the norm before the MLP
 _LLAMA = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
                True)
+# pre-LN encoder-decoder encoders and decoders with fairseq names (norm before the fc1 block)
+_FAIRSEQ_PRE = Block("layers", "self_attn.v_proj", "self_attn.out_proj", "final_layer_norm",
+                     True)
+# post-LN: LN(x + attn(x)), read at the output of that norm
 _BERT = Block("encoder.layer", "attention.self.value", "attention.output.dense",
               "attention.output", False, post_norm="attention.output.LayerNorm")
+_BART = Block("layers", "self_attn.v_proj", "self_attn.out_proj", "self_attn_layer_norm",
+              False, post_norm="self_attn_layer_norm")
+# model_type → its block; every row is checked at run time (Σ_j T_ij = the block's output)
 BLOCKS: dict[str, Block] = {
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA,
+    **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                     "qwen3_moe", "starcoder2", "olmo", "helium", "smollm3", "nemotron",
+                     "gemma", "stablelm"), _LLAMA),
     "gpt2": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_third=True,
                   conv1d=True),
-    "bert": _BERT, "roberta": _BERT,
+    **dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert", "electra", "roformer",
+                     "big_bird"), _BERT),
+    "distilbert": Block("transformer.layer", "attention.v_lin", "attention.out_lin",
+                        "sa_layer_norm", False, post_norm="sa_layer_norm"),
+    "mpnet": Block("encoder.layer", "attention.attn.v", "attention.attn.o", "attention",
+                   False, post_norm="attention.LayerNorm"),
     "t5": Block("block", "layer.0.SelfAttention.v", "layer.0.SelfAttention.o", "layer.0",
                 False, residual="layer.0"),
-    "bart": Block("layers", "self_attn.v_proj", "self_attn.out_proj", "self_attn_layer_norm",
-                  False, post_norm="self_attn_layer_norm"),
+    "mt5": Block("block", "layer.0.SelfAttention.v", "layer.0.SelfAttention.o", "layer.0",
+                 False, residual="layer.0"),
+    **dict.fromkeys(("bart", "marian", "plbart"), _BART),
+    **dict.fromkeys(("mbart", "pegasus", "m2m_100", "blenderbot", "biogpt", "xglm"),
+                    _FAIRSEQ_PRE),
 }
 
 
@@ -76,10 +94,7 @@ class ModelRunner:
     block: Block | None
     source: str
 
-    @property
-    def causal(self) -> bool:
-        return self.causal_lm or bool(getattr(self.config, "is_decoder", False)) or \
-            self.config.model_type in ("llama", "mistral", "qwen2", "gpt2")
+    causal: bool = False  # set from the maps once they are seen (`seen_causal`)
 
 
 def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
@@ -104,9 +119,9 @@ def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
     encoder_decoder = bool(getattr(opened.config, "is_encoder_decoder", False))
     base = model.base_model if kind == "causal" and arch else model
     runner = base.get_encoder() if encoder_decoder else base
-    return ModelRunner(model, runner, opened.tokenizer, opened.config,
-                       kind == "causal" and arch is not None, target,
-                       BLOCKS.get(str(opened.config.model_type)), str(opened.folder))
+    causal_lm = kind == "causal" and arch is not None
+    return ModelRunner(model, runner, opened.tokenizer, opened.config, causal_lm, target,
+                       BLOCKS.get(str(opened.config.model_type)), str(opened.folder), causal_lm)
 
 
 def _module(root: Any, path: str) -> Any:
@@ -242,11 +257,23 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
         per_head = v.view(n, H_kv, d).transpose(0, 1)  # (H_kv, n, d)
         U = torch.stack([per_head[h // group] @ W_o[:, h * d:(h + 1) * d].T.cpu()
                          for h in range(H)])  # (H, n, E)
+        own = output[b, :n].float().cpu()
         blocks.append(BlockTerms(maps[i], U, residual[b, :n].float().cpu(),
                                  None if b_o is None else b_o.cpu(),
-                                 _post_norm(runner, layer)))
-        outputs.append(output[b, :n].float().cpu())
+                                 _post_norm(runner, layer), own))
+        outputs.append(own)
     return blocks, outputs
+
+
+def seen_causal(runner: ModelRunner, found: list[TokenTrace]) -> bool:
+    """Causal when it has a causal LM head, or when no query of the first layer reads a later
+    key in any sentence of two tokens or more (what the model does, whatever its config says);
+    one-token sentences only: its config's is_decoder."""
+    if runner.causal_lm:
+        return True
+    seen = [float(t.maps[0].triu(1).abs().max()) == 0.0 for t in found
+            if t.maps and t.maps[0].shape[-1] > 1]
+    return all(seen) if seen else bool(getattr(runner.config, "is_decoder", False))
 
 
 def _measure(runner: ModelRunner, ids: torch.Tensor, mask: torch.Tensor, position: int
@@ -352,8 +379,9 @@ def run_model_tokens(request: Any) -> Any:
                      "no decomposition of its attention blocks")
     if getattr(opened.config, "is_encoder_decoder", False):
         notes.append("encoder-decoder: the encoder's self-attention is traced")
-    positions = [output_position(t, request.position, runner.causal) for t in tokens]
     found = traces(runner, rows, tokens)
+    runner.causal = seen_causal(runner, found)
+    positions = [output_position(t, request.position, runner.causal) for t in tokens]
     methods, left_out = chosen_methods(request, max(len(r) for r in rows), len(found[0].maps),
                                        runner.block is not None)
     baseline = None
