@@ -26,9 +26,12 @@ from attnviz.core.choices import (
     Choice,
     ColorScale,
     Dtype,
+    Erase,
+    HeadReduce,
     OverviewShows,
     Positions,
     Probe,
+    TokenMethod,
     Weighting,
 )
 from attnviz.core.probe import PROBES
@@ -76,7 +79,7 @@ def test_every_choice_is_a_str_enum_printed_as_its_value():
     enums = [value for value in vars(choices).values()
              if isinstance(value, type) and issubclass(value, Choice) and value is not Choice]
     assert set(enums) == {ColorScale, Weighting, AblationMode, Positions, Dtype, OverviewShows,
-                          Probe}
+                          Probe, HeadReduce, TokenMethod, Erase}
     for enum in enums:
         for member in enum:
             assert isinstance(member, str) and member == member.value

@@ -7,9 +7,14 @@ method's Spearman correlation with the erasure effects is computed. Request in, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from attnviz.compute.tokenflow.result import (  # noqa: F401 - the use case's result
+    SentenceTokens,
+    TokensResult,
+)
 from attnviz.core.choices import Dtype, Erase, HeadReduce, TokenMethod
 from attnviz.core.memory import budget_bytes
 from attnviz.core.request import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
@@ -21,7 +26,6 @@ if TYPE_CHECKING:
     from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
 
 METHODS = tuple(TokenMethod)
-TOP_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -54,76 +58,6 @@ class TokensRequest:
             raise UsageError(f"{option('erase')} applies to the leave-one-out check",
                              fix=f"drop {option('erase')} or {option('no_check')}",
                              option="erase")
-
-
-@dataclass
-class SentenceTokens:
-    """One sentence's answer."""
-
-    tokens: list[str]
-    position: int
-    layers: list[str]
-    chains: dict[TokenMethod, Any]  # method → (n + 1, L) float64 tensor
-    mixed: list[Any]  # per layer (L, L): rollout's Ã (flow's capacities)
-    matrices: dict[TokenMethod, list[Any]] = field(default_factory=dict)  # method → per layer
-    effects: Any | None = None  # (L,) float64 leave-one-out effect, NaN where not erased
-    erasures: Erasures | None = None
-    correlations: dict[TokenMethod, float | None] = field(default_factory=dict)
-
-    def scores(self, method: TokenMethod) -> list[float]:
-        """The method's value per input token."""
-        return [float(v) for v in self.chains[method][0]]
-
-    def top(self, method: TokenMethod, count: int = TOP_TOKENS) -> list[int]:
-        values = self.chains[method][0]
-        order = sorted(range(len(self.tokens)), key=lambda j: (-float(values[j]), j))
-        return order[:count]
-
-
-@dataclass
-class TokensResult:
-    source: str
-    causal: bool
-    methods: tuple[TokenMethod, ...]
-    sentences: list[SentenceTokens]
-    summary: dict[TokenMethod, tuple[float | None, float | None, int]]  # mean, spread, count
-    heads: HeadReduce
-    residual_weight: float
-    measure: str | None
-    erased_how: str | None
-    notes: list[str] = field(default_factory=list)
-
-    def best(self) -> list[TokenMethod]:
-        """The methods whose mean correlation with erasure is the highest (ties: all)."""
-        rated = [(m, s[0]) for m, s in self.summary.items() if s[0] is not None]
-        if not rated:
-            return []
-        top = max(r for _, r in rated)
-        return [m for m, r in rated if r >= top - 1e-9]
-
-    def to_json(self) -> dict[str, Any]:
-        def floats(t: Any) -> Any:
-            return t.tolist() if t is not None else None
-
-        return {
-            "source": self.source, "causal": self.causal,
-            "methods": [str(m) for m in self.methods], "heads": str(self.heads),
-            "residual_weight": self.residual_weight, "measure": self.measure,
-            "erased": self.erased_how,
-            "summary": {str(m): {"mean": s[0], "spread": s[1], "sentences": s[2]}
-                        for m, s in self.summary.items()},
-            "best": [str(m) for m in self.best()],
-            "sentences": [{
-                "tokens": s.tokens, "position": s.position, "layers": s.layers,
-                "scores": {str(m): s.scores(m) for m in self.methods},
-                "chains": {str(m): floats(s.chains[m]) for m in self.methods},
-                "matrices": {str(m): [floats(M) for M in s.matrices[m]]
-                             for m in self.methods},
-                "effects": floats(s.effects),
-                "correlations": {str(m): c for m, c in s.correlations.items()},
-            } for s in self.sentences],
-            "notes": self.notes,
-        }
 
 
 def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
@@ -226,10 +160,38 @@ def run_tokens(request: TokensRequest) -> TokensResult:
     """The use case: open the source, trace each sentence, run the methods and the check."""
     request.check_values()
     if request.model is not None:
-        from attnviz.sources.hf.token_contributions import run_model_tokens
-
-        return run_model_tokens(request)
+        return _run_model(request)
     return _run_bundled(request)
+
+
+@dataclass
+class _Traced:
+    """What a source handed over, before the methods run."""
+
+    source: str
+    causal: bool
+    traces: list[TokenTrace]
+    can_decompose: bool
+    notes: list[str]
+
+
+def _finish(request: TokensRequest, traced: _Traced,
+            erase: Callable[[int, TokenTrace, int], Erasures] | None) -> TokensResult:
+    """Positions, methods, the check and the correlations, for any source."""
+    positions = [output_position(t.tokens, request.position, traced.causal)
+                 for t in traced.traces]
+    longest = max(len(t.tokens) for t in traced.traces)
+    methods, left_out = chosen_methods(request, longest, len(traced.traces[0].maps),
+                                       traced.can_decompose)
+    sentences = []
+    for b, (trace, p) in enumerate(zip(traced.traces, positions, strict=True)):
+        erased = erase(b, trace, p) if erase is not None and request.check else None
+        sentences.append(analyse(request, trace, p, methods, erased))
+    first = sentences[0].erasures
+    return TokensResult(traced.source, traced.causal, methods, sentences,
+                        summarize(sentences, methods), request.heads, request.residual_weight,
+                        None if first is None else first.measure,
+                        None if first is None else first.how, traced.notes + left_out)
 
 
 def _run_bundled(request: TokensRequest) -> TokensResult:
@@ -242,28 +204,44 @@ def _run_bundled(request: TokensRequest) -> TokensResult:
     if request.dtype is not Dtype.FLOAT32:
         raise UsageError(f"{option('dtype')} applies to {option('model')}",
                          fix=f"drop {option('dtype')}", option="dtype")
-    opened = open_source(SourceSpec())
-    store = opened.store
+    store = open_source(SourceSpec()).store
     batch = make_batch(request.sentences, request.max_tokens, request.max_sentences,
                        bundled.token_limit(store, "the bundled model"))
-    device = resolve_device(request.device)
-    model = tokens_bundled.TinyModel(store, device)
-    positions = [output_position(t, request.position, True) for t in batch.tokens]
-    methods, notes = chosen_methods(request, batch.max_len, len(model.layers), True)
-    traces = tokens_bundled.traces(model, batch.tokens)
+    model = tokens_bundled.TinyModel(store, resolve_device(request.device))
     budget = budget_bytes(request.memory_budget)
-    sentences = []
     baseline = None
     if request.erase is Erase.BASELINE:
         baseline = request.baseline or tokens_bundled.BASELINE_WORD
-    for trace, p in zip(traces, positions, strict=True):
-        erased = None
-        if request.check:
-            per_pass = tokens_bundled.copies_per_pass(model, len(trace.tokens), budget)
-            erased = tokens_bundled.erasures(model, trace.tokens, p, baseline, per_pass)
-        sentences.append(analyse(request, trace, p, methods, erased))
-    first = sentences[0].erasures
-    return TokensResult(str(store.source), True, methods, sentences, summarize(sentences, methods),
-                        request.heads, request.residual_weight,
-                        None if first is None else first.measure,
-                        None if first is None else first.how, notes)
+
+    def erase(_: int, trace: TokenTrace, p: int) -> Erasures:
+        per_pass = tokens_bundled.copies_per_pass(model, len(trace.tokens), budget)
+        return tokens_bundled.erasures(model, trace.tokens, p, baseline, per_pass)
+
+    traced = _Traced(str(store.source), True, tokens_bundled.traces(model, batch.tokens), True,
+                     [])
+    return _finish(request, traced, erase)
+
+
+def _run_model(request: TokensRequest) -> TokensResult:
+    from attnviz.sources.hf import token_contributions
+
+    assert request.model is not None
+    opened, rows, tokens = token_contributions.open_inputs(
+        request.model, request.sentences, request.max_tokens, request.max_sentences,
+        request.device, str(request.dtype))
+    runner = token_contributions.load_runner(opened, request.device, str(request.dtype))
+    found = token_contributions.traces(runner, rows, tokens)
+    runner.causal = token_contributions.seen_causal(runner, found)
+    baseline = None
+    if request.check and request.erase is Erase.BASELINE:
+        baseline = token_contributions.baseline_id(runner, request.baseline)
+    name = "" if baseline is None else \
+        request.baseline or token_contributions.baseline_name(runner, baseline)
+    budget = budget_bytes(request.memory_budget)
+
+    def erase(b: int, _: TokenTrace, p: int) -> Erasures:
+        return token_contributions.erasures(runner, rows[b], p, baseline, budget, name)
+
+    traced = _Traced(str(opened.folder), runner.causal, found, runner.block is not None,
+                     token_contributions.notes(runner))
+    return _finish(request, traced, erase)

@@ -92,7 +92,7 @@ def tokens(
         device, dtype))
     written = []
     if export_path is not None:
-        from attnviz.render.tokens_export import write_export
+        from attnviz.app.tokens_export import write_export
 
         write_export(result, export_path)
         written.append(export_path)

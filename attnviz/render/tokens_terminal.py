@@ -16,7 +16,7 @@ from attnviz.errors import printable, with_options
 from attnviz.render.maps_terminal import colour_off, ramp, shade
 
 if TYPE_CHECKING:
-    from attnviz.app.tokens import SentenceTokens, TokensResult
+    from attnviz.compute.tokenflow.result import SentenceTokens, TokensResult
 
 SENTENCES_SHOWN = 3  # tables printed in full; the rest only enter the summary
 ROWS_SHOWN = 64  # token rows per table (the rest elided, the top tokens still named)
@@ -85,9 +85,10 @@ def print_tokens(console: Console, result: TokensResult) -> None:
                 f"   ρ with erasure {'n/a' if rho is None else f'{rho:+.2f}'}"
             top = ", ".join(_named(s, j) for j in s.top(m))
             console.print(Text(f"{m!s:>8}: top {top}{agree}"), overflow="fold")
-        if s.effects is not None:
+        effects = s.effects
+        if effects is not None:
             order = sorted(s.erasures.erased if s.erasures else [],
-                           key=lambda j: -float(s.effects[j]))[:3]
+                           key=lambda j: -float(effects[j]))[:3]
             console.print(Text(f" erasure: top {', '.join(_named(s, j) for j in order)}"),
                           overflow="fold")
     if len(result.sentences) > SENTENCES_SHOWN:

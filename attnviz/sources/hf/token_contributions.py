@@ -24,7 +24,6 @@ import torch
 
 from attnviz.compute.tokenflow.decompose import BlockTerms, PostNorm
 from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
-from attnviz.core.memory import budget_bytes
 from attnviz.errors import CheckpointError, UsageError, option, printable, printable_path
 from attnviz.load.paths import library_path
 from attnviz.sources.hf import guard
@@ -183,7 +182,7 @@ class _Hooks:
                 value = output[0]
                 if isinstance(value, tuple):
                     value = value[0]
-            if store[i] is None:  # the first call: a layer run once per forward
+            if store[i] is None and isinstance(value, torch.Tensor):  # the first call
                 store[i] = value.detach()
         return hook
 
@@ -205,7 +204,7 @@ def _post_norm(runner: ModelRunner, layer: Any) -> PostNorm | None:
         return None
     norm = _module(layer, block.post_norm)
     bias = getattr(norm, "bias", None)
-    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-12)
+    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-12
     return PostNorm(norm.weight.detach().float(), None if bias is None else bias.detach().float(),
                     float(eps), block.rms)
 
@@ -347,57 +346,35 @@ def erasures(runner: ModelRunner, row: list[int], position: int, baseline: int |
                     float(base[target]) if runner.causal_lm else None)
 
 
-def run_model_tokens(request: Any) -> Any:
-    """The tokens use case on a --model source (request: attnviz.app.tokens.TokensRequest)."""
-    from attnviz.app.tokens import (
-        TokensResult,
-        analyse,
-        chosen_methods,
-        output_position,
-        summarize,
-    )
-    from attnviz.core.choices import Erase
+def open_inputs(model: str, sentences: list[str], max_tokens: int, max_sentences: int,
+                device: str, dtype: str) -> tuple[OpenedModel, list[list[int]], list[list[str]]]:
+    """The model's folder, config and tokenizer (no weights yet) and each sentence's ids and
+    token names, every limit checked before the weights load."""
     from attnviz.core.request import SourceSpec
     from attnviz.sources.hf.inputs import encode
     from attnviz.sources.hf.load import check_load_options
     from attnviz.sources.hf.token_names import token_names
     from attnviz.sources.registry import open_model_source
 
-    check_load_options(request.device, str(request.dtype), None)
-    opened = open_model_source(SourceSpec(model=request.model))
-    if len(request.sentences) > request.max_sentences:
-        raise UsageError(f"{len(request.sentences)} sentences exceed "
-                         f"{option('max_sentences')} {request.max_sentences}",
-                         fix=f"raise {option('max_sentences')} or pass fewer")
-    encoded = encode(opened, list(request.sentences), None, request.max_tokens)
+    check_load_options(device, dtype, None)
+    if len(sentences) > max_sentences:
+        raise UsageError(f"{len(sentences)} sentences exceed {option('max_sentences')} "
+                         f"{max_sentences}", fix=f"raise {option('max_sentences')} or pass fewer")
+    opened = open_model_source(SourceSpec(model=model))
+    encoded = encode(opened, list(sentences), None, max_tokens)
     rows = [list(r["input_ids"]) for r in encoded.rows]
-    tokens = [token_names(opened.tokenizer, r) for r in rows]
-    runner = load_runner(opened, request.device, str(request.dtype))
-    notes = []
+    return opened, rows, [token_names(opened.tokenizer, r) for r in rows]
+
+
+def notes(runner: ModelRunner) -> list[str]:
+    found = []
     if runner.block is None:
-        notes.append(f"model type {printable(str(opened.config.model_type))!r}: attnviz knows "
+        found.append(f"model type {printable(str(runner.config.model_type))!r}: attnviz knows "
                      "no decomposition of its attention blocks")
-    if getattr(opened.config, "is_encoder_decoder", False):
-        notes.append("encoder-decoder: the encoder's self-attention is traced")
-    found = traces(runner, rows, tokens)
-    runner.causal = seen_causal(runner, found)
-    positions = [output_position(t, request.position, runner.causal) for t in tokens]
-    methods, left_out = chosen_methods(request, max(len(r) for r in rows), len(found[0].maps),
-                                       runner.block is not None)
-    baseline = None
-    if request.check and request.erase is Erase.BASELINE:
-        baseline = baseline_id(runner, request.baseline)
-    budget = budget_bytes(request.memory_budget)
-    sentences = []
-    for trace, row, p in zip(found, rows, positions, strict=True):
-        erased = None
-        if request.check:
-            erased = erasures(runner, row, p, baseline, budget,
-                              request.baseline or str(opened.tokenizer.convert_ids_to_tokens(
-                                  baseline)) if baseline is not None else "")
-        sentences.append(analyse(request, trace, p, methods, erased))
-    first = sentences[0].erasures
-    return TokensResult(str(opened.folder), runner.causal, methods, sentences,
-                        summarize(sentences, methods), request.heads, request.residual_weight,
-                        None if first is None else first.measure,
-                        None if first is None else first.how, notes + left_out)
+    if getattr(runner.config, "is_encoder_decoder", False):
+        found.append("encoder-decoder: the encoder's self-attention is traced")
+    return found
+
+
+def baseline_name(runner: ModelRunner, baseline: int) -> str:
+    return str(runner.tokenizer.convert_ids_to_tokens(baseline))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from attnviz.app.tokens import TokensResult
+    from attnviz.compute.tokenflow.result import TokensResult
 
 
 def write_export(result: TokensResult, path: Path) -> None:
