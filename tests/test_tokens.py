@@ -436,3 +436,19 @@ def test_file_gives_mean_and_spread(cli, tmp_path):
 
 def test_erase_option_enum():
     assert Erase.parse("baseline", "erase") is Erase.BASELINE
+
+
+def test_python_api_returns_the_same_result():
+    from attnviz import api
+
+    result = api.tokens([REPEATED], methods=["rollout", "alti"], heads="max",
+                        residual_weight=0.4)
+    direct = run_tokens(TokensRequest([REPEATED], methods=(TokenMethod.ROLLOUT, TokenMethod.ALTI),
+                                      heads=HeadReduce.MAX, residual_weight=0.4))
+    assert result.methods == direct.methods
+    for m in result.methods:
+        assert torch.equal(result.sentences[0].chains[m], direct.sentences[0].chains[m])
+    with pytest.raises(UsageError, match="unknown"):
+        api.tokens([REPEATED], heads="median")
+    with pytest.raises(TypeError):
+        api.tokens(REPEATED)  # a bare string, not a list of sentences
