@@ -452,3 +452,14 @@ def test_python_api_returns_the_same_result():
         api.tokens([REPEATED], heads="median")
     with pytest.raises(TypeError):
         api.tokens(REPEATED)  # a bare string, not a list of sentences
+
+
+@pytest.mark.parametrize("how", list(HeadReduce))
+@pytest.mark.parametrize("w", [0.0, 0.5, 0.9])
+def test_the_fast_rollout_chain_equals_the_matrix_chain(trace, how, w):
+    p = len(trace.tokens) - 1
+    chain, _ = rollout.rollout(trace.maps, p, how, w)
+    fast = rollout.rollout_chain(trace.maps, p, how, w)
+    assert torch.allclose(fast, chain, atol=1e-12)
+    other = rollout.rollout_chain(trace.maps, p - 1, how, w)  # negative control
+    assert not torch.allclose(other, chain, atol=1e-6)

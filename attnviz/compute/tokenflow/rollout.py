@@ -55,3 +55,30 @@ def rollout(maps: list[torch.Tensor], position: int, how: HeadReduce,
     """(chain (n + 1, L), the mixed matrices Ã_l) for per-layer maps (H, L, L)."""
     matrices = [mixed(m, how, residual_weight) for m in maps]
     return carry_down(matrices, position), matrices
+
+
+def rollout_chain(maps: list[torch.Tensor], position: int, how: HeadReduce,
+                  residual_weight: float) -> torch.Tensor:
+    """(n + 1, L): the same chain as `rollout`, without forming any L × L matrix for the mean:
+    v Ã = w·v + (1 − w)·(1/H) Σ_h v A_h when every row of the maps sums to 1 (a query with no
+    key left, whose row is 0, is normalized as `mixed` does); max and min form their reduced
+    map once. O(layers · H · L²) multiply-adds, the cost of reading the maps once."""
+    L = maps[0].shape[-1] if maps else position + 1
+    v = torch.zeros(L, dtype=torch.float64)
+    v[position] = 1.0
+    rows = [v]
+    w = residual_weight
+    for A in reversed(maps):
+        A = A.double()
+        if how is HeadReduce.MEAN:
+            reduced_rows = A.sum(-1).mean(0)  # (L,) each row's sum (1, or 0 for an empty row)
+            scale = w + (1.0 - w) * reduced_rows
+            u = torch.where(scale > 0, v / scale.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
+            v = w * u + (1.0 - w) * torch.einsum("i,hij->j", u, A) / A.shape[0]
+        else:
+            R = reduce_heads(A, how)
+            scale = w + (1.0 - w) * R.sum(-1)
+            u = torch.where(scale > 0, v / scale.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
+            v = w * u + (1.0 - w) * (u @ R)
+        rows.append(v)
+    return torch.stack(rows[::-1])
