@@ -118,6 +118,7 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "device": ["--device", "cpu"], "dtype": ["--dtype", "bfloat16"],
         "max_tokens": ["--max-tokens", "3"], "max_sentences": ["--max-sentences", "1"],
         "memory_budget": ["--memory-budget", "1MB"],
+        "target": ["--target", "the cat", "--target", "a dog"],
     },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {

@@ -128,7 +128,7 @@ def test_leave_one_out_equals_each_erased_input_alone(folders, kind, erase):
     row = _rows(tokenizer, SENTENCES[:1])[0]
     p = len(row) - 1 if runner.causal else 0
     baseline = tc.baseline_id(runner, None) if erase == "baseline" else None
-    got = tc.erasures(runner, row, p, baseline, 1 << 16, "")  # a few copies per forward
+    got = tc.erasures(runner, row, p, tc.EraseSpec(baseline, "", 1 << 16))  # a few per forward
     ids = torch.tensor([row])
     mask = torch.ones_like(ids)
 
@@ -157,7 +157,7 @@ def test_leave_one_out_equals_each_erased_input_alone(folders, kind, erase):
     # negative control: the effects of another sentence's erasures differ
     other_row = _rows(tokenizer, SENTENCES[1:])[0]
     other = tc.erasures(runner, other_row, len(other_row) - 1 if runner.causal else 0,
-                        baseline, 1 << 16, "")
+                        tc.EraseSpec(baseline, "", 1 << 16))
     k = min(len(other.effects), len(got.effects))
     assert not torch.allclose(other.effects[:k], got.effects[:k], atol=1e-4)
 
@@ -230,3 +230,107 @@ def test_causality_is_read_from_the_maps(folders):
     s = result.sentences[0]
     assert result.causal and s.position == len(s.tokens) - 1
     assert "hidden state" in (result.measure or "")
+
+
+# ---- the decoder's view of the source (encoder-decoder with --target) -----------------------
+
+def joint_rollout(encoder, decoder, cross, p, w):
+    """The same rollout as one explicit matrix product over the joint nodes [decoder tokens;
+    encoder outputs] per decoder sublayer, then the encoder's matrices: O(N³), written here."""
+    T, S = decoder[0].shape[-1], cross[0].shape[-1]
+    N = T + S
+    v = torch.zeros(N, dtype=torch.float64)
+    v[p] = 1.0
+    for self_maps, cross_maps in zip(reversed(decoder), reversed(cross), strict=True):
+        X = torch.eye(N, dtype=torch.float64)  # cross sublayer: decoder rows read the encoder
+        X[:T, :T] *= w
+        C = cross_maps.double().mean(0)
+        X[:T, T:] = (1 - w) * C / C.sum(-1, keepdim=True)
+        A = torch.eye(N, dtype=torch.float64)  # self sublayer on the decoder rows only
+        A[:T, :T] = w * torch.eye(T, dtype=torch.float64) + (1 - w) * self_maps.double().mean(0)
+        v = v @ X @ A
+    source = v[T:]
+    for maps in reversed(encoder):
+        source = source @ (w * torch.eye(S, dtype=torch.float64)
+                           + (1 - w) * maps.double().mean(0))
+    return source, v[:T]
+
+
+@pytest.fixture(scope="module")
+def seq2seq(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import zoo
+
+    return {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(f"{kind}-lm"))
+            for kind in ("t5", "bart")}
+
+
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_cross_rollout_equals_the_joint_matrix_product(seq2seq, kind):
+    from attnviz.compute.tokenflow.cross import cross_rollout
+
+    runner, tokenizer = _runner(seq2seq[kind])
+    rows = _rows(tokenizer, SENTENCES)
+    start = runner.config.decoder_start_token_id
+    decoder = [[start, *tokenizer(text_target=t)["input_ids"]] for t in ("a dog ran", "the cat")]
+    traces = tc.cross_traces(runner, rows, decoder)
+    for b, trace in enumerate(traces):
+        p = len(decoder[b]) - 1
+        chain, share, _ = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
+                                        HeadReduce.MEAN, 0.5)
+        source, kept = joint_rollout(trace.encoder, trace.decoder, trace.cross, p, 0.5)
+        assert torch.allclose(chain[0], source, atol=1e-12)
+        assert torch.allclose(share, kept, atol=1e-12)
+        assert float(chain[0].sum() + share.sum()) == pytest.approx(1.0)
+        # negative control: the decoder's layers taken in the wrong order
+        wrong_chain, _, _ = cross_rollout(trace.encoder, trace.decoder[::-1], trace.cross, p,
+                                          HeadReduce.MEAN, 0.5)
+        assert not torch.allclose(wrong_chain[0], source, atol=1e-6)
+        # padded batch: each sentence's own maps
+        alone = tc.cross_traces(runner, [rows[b]], [decoder[b]])[0]
+        for x, y in zip(trace.cross, alone.cross, strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+
+
+def test_cross_erasures_equal_each_erased_source_alone(seq2seq):
+    runner, tokenizer = _runner(seq2seq["t5"])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    start = runner.config.decoder_start_token_id
+    target = [start, *tokenizer(text_target="a dog ran")["input_ids"]]
+    p = len(target) - 1
+    got = tc.cross_erasures(runner, row, target, p, tc.EraseSpec(None, "", 1 << 16))
+    ids, dec = torch.tensor([row]), torch.tensor([target])
+
+    def log_p(mask):
+        with torch.no_grad():
+            out = runner.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+        return torch.log_softmax(out.logits[0, p], -1)
+
+    base = log_p(torch.ones_like(ids))
+    t = int(base.argmax())
+    expected = []
+    for j in got.erased:
+        mask = torch.ones_like(ids)
+        mask[0, j] = 0
+        expected.append(float(base[t] - log_p(mask)[t]))
+    assert torch.allclose(got.effects, torch.tensor(expected, dtype=torch.float64), atol=1e-4)
+    shifted = expected[1:] + expected[:1]  # negative control: effects paired with other tokens
+    assert not torch.allclose(got.effects, torch.tensor(shifted, dtype=torch.float64),
+                              atol=1e-4)
+
+
+def test_target_on_the_command_line(seq2seq, folders, cli):
+    from helpers import assert_clean_error
+
+    result = cli("tokens", "--model", seq2seq["t5"], "the cat sat on the mat", "--target",
+                 "a dog ran", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    s = doc["sentences"][0]
+    assert doc["methods"] == ["rollout"] and s["decoder_tokens"][-1] == s["output"].split("@")[0]
+    assert sum(s["chains"]["rollout"][0]) + sum(s["decoder_share"]) == pytest.approx(1.0)
+    assert_clean_error(cli("tokens", "--model", seq2seq["t5"], "the cat", "--target", "a dog",
+                           "--method", "alti"), 2, "--method")
+    assert_clean_error(cli("tokens", "the cat", "--target", "a dog"), 2, "--target")
+    assert_clean_error(cli("tokens", "--model", folders["llama"], "the cat", "--target", "a"),
+                       2, "--target")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
+    from attnviz.sources.hf.token_contributions import EraseSpec, ModelRunner
 
 METHODS = tuple(TokenMethod)
 
@@ -44,6 +45,7 @@ class TokensRequest:
     max_sentences: int = DEFAULT_MAX_SENTENCES
     device: str = "cpu"
     dtype: Dtype = Dtype.FLOAT32
+    targets: tuple[str, ...] | None = None  # encoder-decoder: the decoder's text per sentence
 
     def check_values(self) -> None:
         if not 0.0 <= self.residual_weight <= 1.0:
@@ -54,6 +56,10 @@ class TokensRequest:
             raise UsageError(f"{option('baseline')} applies to {option('erase')} baseline",
                              fix=f"drop {option('baseline')} or add {option('erase')} baseline",
                              option="baseline")
+        if self.targets is not None and self.model is None:
+            raise UsageError(f"{option('target')} applies to an encoder-decoder "
+                             f"{option('model')}", fix=f"drop {option('target')}",
+                             option="target")
         if self.erase is Erase.BASELINE and not self.check:
             raise UsageError(f"{option('erase')} applies to the leave-one-out check",
                              fix=f"drop {option('erase')} or {option('no_check')}",
@@ -224,24 +230,73 @@ def _run_bundled(request: TokensRequest) -> TokensResult:
 
 def _run_model(request: TokensRequest) -> TokensResult:
     from attnviz.sources.hf import token_contributions
+    from attnviz.sources.hf.load import check_load_options
 
     assert request.model is not None
-    opened, rows, tokens = token_contributions.open_inputs(
-        request.model, request.sentences, request.max_tokens, request.max_sentences,
-        request.device, str(request.dtype))
+    check_load_options(request.device, str(request.dtype), None)
+    opened, rows, tokens, decoder = token_contributions.open_inputs(
+        request.model, request.sentences,
+        None if request.targets is None else list(request.targets), request.max_tokens,
+        request.max_sentences)
     runner = token_contributions.load_runner(opened, request.device, str(request.dtype))
-    found = token_contributions.traces(runner, rows, tokens)
-    runner.causal = token_contributions.seen_causal(runner, found)
     baseline = None
     if request.check and request.erase is Erase.BASELINE:
         baseline = token_contributions.baseline_id(runner, request.baseline)
     name = "" if baseline is None else \
         request.baseline or token_contributions.baseline_name(runner, baseline)
-    budget = budget_bytes(request.memory_budget)
+    spec = token_contributions.EraseSpec(baseline, name, budget_bytes(request.memory_budget))
+    if decoder is not None:
+        return _run_cross(request, runner, rows, decoder, spec)
+    found = token_contributions.traces(runner, rows, tokens)
+    runner.causal = token_contributions.seen_causal(runner, found)
 
     def erase(b: int, _: TokenTrace, p: int) -> Erasures:
-        return token_contributions.erasures(runner, rows[b], p, baseline, budget, name)
+        return token_contributions.erasures(runner, rows[b], p, spec)
 
     traced = _Traced(str(opened.folder), runner.causal, found, runner.block is not None,
                      token_contributions.notes(runner))
     return _finish(request, traced, erase)
+
+
+def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]],
+               decoder: list[list[int]], spec: EraseSpec) -> TokensResult:
+    """The decoder's view of the source: rollout from a decoder position through the decoder's
+    self- and cross-attention and the encoder, checked by erasing source tokens."""
+    from attnviz.compute.tokenflow.cross import cross_rollout
+    from attnviz.compute.tokenflow.faithfulness import spearman
+    from attnviz.sources.hf import token_contributions
+
+    asked = set(request.methods or ()) - {TokenMethod.ROLLOUT}
+    if asked:
+        raise UsageError(f"the decoder's view of the source ({option('target')}) has rollout "
+                         f"only; {', '.join(sorted(map(str, asked)))} trace one stack",
+                         fix=f"drop {option('method')} or {option('target')}",
+                         option="method")
+    sentences = []
+    for b, trace in enumerate(token_contributions.cross_traces(runner, rows, decoder)):
+        p = output_position(trace.target, request.position, True)
+        chain, share, matrices = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
+                                               request.heads, request.residual_weight)
+        s = SentenceTokens(trace.source, p, [f"encoder layer {i}" for i in range(len(matrices))],
+                           {TokenMethod.ROLLOUT: chain}, matrices,
+                           {TokenMethod.ROLLOUT: matrices}, output_tokens=trace.target,
+                           decoder_share=share)
+        if request.check:
+            erased = token_contributions.cross_erasures(runner, rows[b], decoder[b], p, spec)
+            import torch
+
+            effects = torch.full((len(trace.source),), float("nan"), dtype=torch.float64)
+            effects[erased.erased] = erased.effects
+            s.effects, s.erasures = effects, erased
+            s.correlations[TokenMethod.ROLLOUT] = spearman(chain[0][erased.erased],
+                                                           erased.effects)
+        sentences.append(s)
+    methods = (TokenMethod.ROLLOUT,)
+    first = sentences[0].erasures
+    notes = [f"the decoder's view of the source: rollout from the decoder position through the "
+             f"decoder's self- and cross-attention, then the encoder; flow, norms and alti "
+             f"trace one stack (drop {option('target')} for the encoder's own)"]
+    return TokensResult(str(runner.source), False, methods, sentences,
+                        summarize(sentences, methods), request.heads, request.residual_weight,
+                        None if first is None else first.measure,
+                        None if first is None else first.how, notes)

@@ -17,6 +17,7 @@ from attnviz.cli.heatmap_options import (
     MaxTokens,
     MemoryBudget,
     Sentences,
+    Target,
 )
 from attnviz.cli.options import Json, Model, choice_option, path_arg, plain
 from attnviz.core import choices
@@ -24,7 +25,8 @@ from attnviz.core.choices import Erase, HeadReduce, TokenMethod
 
 Position = Annotated[str | None, typer.Option("--position", "-p", help=(
     "The output position traced back: an index (negative from the end) or a word (default: "
-    "the last token for a causal model, the first for an encoder)."))]
+    "the last token for a causal model, the first for an encoder; with --target, a decoder "
+    "token, default its last)."))]
 Method = Annotated[list[TokenMethod] | None, choice_option(TokenMethod, "--method", help=(
     "rollout, flow (exact max flow; refused past its token limit), norms (Kobayashi et al. "
     "2021) or alti (Ferrando et al. 2022); repeat for several (default: every method the "
@@ -54,7 +56,8 @@ Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help
 
 def tokens(
     sentences: Sentences = None, file: File = None, model: Model = None,
-    position: Position = None, method: Method = None, heads: Heads = HeadReduce.MEAN,
+    target: Target = None, position: Position = None, method: Method = None,
+    heads: Heads = HeadReduce.MEAN,
     residual_weight: ResidualWeight = 0.5, check: Check = True,
     erase: EraseOption = Erase.MASK, baseline: Baseline = None,
     out: Out = None, html: Html = None, export: Export = None, as_json: Json = False,
@@ -89,7 +92,7 @@ def tokens(
     result = run_tokens(TokensRequest(
         texts, model, position, tuple(method) if method else None, heads, residual_weight,
         check, erase, baseline, parse_memory_budget(memory_budget), max_tokens, max_sentences,
-        device, dtype))
+        device, dtype, tuple(target) if target else None))
     written = []
     if export_path is not None:
         from attnviz.app.tokens_export import write_export

@@ -42,7 +42,7 @@ def tokens_figure(result: TokensResult, dpi: int = 100) -> Figure:
             top = max((abs(v) for v in values), default=0.0) or 1.0
             bars.bar([j - 0.4 + step * (k + 0.5) for j in range(L)], [v / top for v in values],
                      width=step, label=name)
-        bars.set_title(label(f"output {s.tokens[s.position]}@{s.position}: each method / "
+        bars.set_title(label(f"output {s.output_name()}: each method / "
                              "its max", 60), fontsize=9, parse_math=False)
         bars.legend(fontsize=7)
         _ticks(bars, names, L)

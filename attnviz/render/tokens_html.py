@@ -44,12 +44,13 @@ def _document(result: TokensResult) -> dict[str, Any]:
     sentences = []
     for s in result.sentences:
         L = len(s.tokens)
-        last = s.position + 1 if result.causal else L
+        last = s.reached(result.causal)
         first = max(0, last - MAX_TOKENS_DRAWN)
         shown = list(range(first, min(L, first + MAX_TOKENS_DRAWN)))
         sentences.append({
             "tokens": [printable(s.tokens[j], None) for j in shown],
-            "index": shown, "position": s.position, "layers": len(s.mixed),
+            "index": shown, "position": s.position if s.output_is_input else -1,
+            "layers": len(s.mixed),
             "scores": {str(m): [round(float(s.chains[m][0][j]), 5) for j in shown]
                        for m in result.methods},
             "edges": {str(m): _edges(s, m, shown) for m in result.methods},
@@ -132,8 +133,7 @@ def _table(result: TokensResult, s: SentenceTokens) -> str:
     head = "".join(f"<th>{esc(str(m))}</th>" for m in result.methods)
     head += "<th>erasure</th>" if s.effects is not None else ""
     rows = []
-    last = s.position + 1 if result.causal else len(s.tokens)
-    for j in range(min(last, 4 * MAX_TOKENS_DRAWN)):
+    for j in range(min(s.reached(result.causal), 4 * MAX_TOKENS_DRAWN)):
         cells = "".join(f"<td>{float(s.chains[m][0][j]):.3f}</td>" for m in result.methods)
         if s.effects is not None:
             value = float(s.effects[j])
@@ -152,8 +152,8 @@ def tokens_page(result: TokensResult) -> str:
                       for m in result.methods)
     parts = []
     for n, s in enumerate(result.sentences):
-        parts.append(f"<h2>sentence {n + 1}: output {esc(s.tokens[s.position])}@{s.position}"
-                     f"</h2><div id='route{n}'></div>{_table(result, s)}")
+        parts.append(f"<h2>sentence {n + 1}: output {esc(s.output_name())}</h2>"
+                     f"<div id='route{n}'></div>{_table(result, s)}")
     about = "" if result.measure is None else \
         f"<p><small>erasure: each token {esc(result.erased_how or '')}; effect = " \
         f"{esc(result.measure)}</small></p>"

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 SENTENCES_SHOWN = 3  # tables printed in full; the rest only enter the summary
 ROWS_SHOWN = 64  # token rows per table (the rest elided, the top tokens still named)
-LABELS = {"rollout": "rollout", "flow": "flow", "norms": "norms", "alti": "alti"}
 
 
 def _cell(value: float, top: float, colour: bool) -> Text:
@@ -49,9 +48,9 @@ def sentence_table(result: TokensResult, s: SentenceTokens, colour: bool) -> Tab
         table.add_column(name, justify="right")
     tops = [max((abs(v) for v in values if math.isfinite(v)), default=0.0)
             for _, values in columns]
-    reach = range(len(s.tokens)) if not result.causal else range(s.position + 1)
-    for j in list(reach)[:ROWS_SHOWN]:
-        label = Text(printable(s.tokens[j]), style="bold" if j == s.position else "")
+    for j in range(min(s.reached(result.causal), ROWS_SHOWN)):
+        own = s.output_is_input and j == s.position
+        label = Text(printable(s.tokens[j]), style="bold" if own else "")
         table.add_row(str(j), label, *[_cell(values[j], top, colour)
                                        for (_, values), top in zip(columns, tops, strict=True)])
     return table
@@ -61,21 +60,25 @@ def print_tokens(console: Console, result: TokensResult) -> None:
     colour = not colour_off(console)
     console.print(Text(f"which input tokens reach the output, through all layers — "
                        f"{printable(result.source)}", style="bold"), overflow="fold")
-    console.print(Text(f"rollout/flow: heads' {result.heads}, mixed with the identity at "
-                       f"{result.residual_weight:g} for the residual; norms: ‖per-source term‖ "
-                       "(Kobayashi et al. 2021); alti: L1 proximity of each term to the "
-                       "block's output (Ferrando et al. 2022); each composed down the layers",
-                       style="dim"), overflow="fold")
+    about = {"rollout": f"rollout: heads' {result.heads}, mixed with the identity at "
+                        f"{result.residual_weight:g} for the residual",
+             "flow": "flow: exact max flow over the same graph",
+             "norms": "norms: ‖per-source term‖ (Kobayashi et al. 2021)",
+             "alti": "alti: L1 proximity of each term to the block's output (Ferrando et al. "
+                     "2022)"}
+    console.print(Text("; ".join(about[str(m)] for m in result.methods)
+                       + "; each composed down the layers", style="dim"), overflow="fold")
     if result.measure is not None:
         console.print(Text(f"erasure: each token {result.erased_how}; effect = {result.measure}",
                            style="dim"), overflow="fold")
     for number, s in enumerate(result.sentences[:SENTENCES_SHOWN], 1):
         where = f"sentence {number}: " if len(result.sentences) > 1 else ""
-        console.print(Text(f"{where}output position {s.position} "
-                           f"({printable(s.tokens[s.position])})", style="bold"),
-                      overflow="fold")
+        tokens = s.tokens if s.output_tokens is None else s.output_tokens
+        what = "output position" if s.output_is_input else "decoder position"
+        console.print(Text(f"{where}{what} {s.position} ({printable(tokens[s.position])})",
+                           style="bold"), overflow="fold")
         console.print(sentence_table(result, s, colour))
-        hidden = (s.position + 1 if result.causal else len(s.tokens)) - ROWS_SHOWN
+        hidden = s.reached(result.causal) - ROWS_SHOWN
         if hidden > 0:
             console.print(Text(f"… {hidden} more tokens (--json holds every value)",
                                style="dim"))
@@ -85,6 +88,11 @@ def print_tokens(console: Console, result: TokensResult) -> None:
                 f"   ρ with erasure {'n/a' if rho is None else f'{rho:+.2f}'}"
             top = ", ".join(_named(s, j) for j in s.top(m))
             console.print(Text(f"{m!s:>8}: top {top}{agree}"), overflow="fold")
+        if s.decoder_share is not None:
+            kept = float(s.decoder_share.sum())
+            console.print(Text(f"   rollout left {kept:.3f} of the output on the decoder's own "
+                               f"tokens and passed {1 - kept:.3f} to the source", style="dim"),
+                          overflow="fold")
         effects = s.effects
         if effects is not None:
             order = sorted(s.erasures.erased if s.erasures else [],

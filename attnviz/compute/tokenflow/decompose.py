@@ -50,10 +50,7 @@ class BlockTerms:
     out_bias: torch.Tensor | None  # (E,) b_O
     post_norm: PostNorm | None = None
     output: torch.Tensor | None = None  # (L, E) the block's own output, where the source read it
-
-
-# the terms' sum against the block's own output (float32 modules): past this, refused
-IDENTITY_RTOL = 1e-4
+    identity_rtol: float = 1e-4  # how close Σ_j T_ij must come to `output` (its dtype's rounding)
 
 
 def check_identity(block: BlockTerms, rows: torch.Tensor, y: torch.Tensor) -> None:
@@ -63,7 +60,7 @@ def check_identity(block: BlockTerms, rows: torch.Tensor, y: torch.Tensor) -> No
         return
     want = block.output[rows].double()
     error = float((y - want).norm() / want.norm().clamp(min=1e-30))
-    if error > IDENTITY_RTOL:
+    if error > block.identity_rtol:
         from attnviz.errors import CheckFailed, option
 
         raise CheckFailed(f"the per-source terms of an attention block do not add up to the "
@@ -138,7 +135,8 @@ def _float64(block: BlockTerms) -> BlockTerms:
     norm = block.post_norm
     return BlockTerms(block.maps.double(), block.values.double(), block.residual.double(),
                       wide(block.out_bias), None if norm is None else PostNorm(
-                          norm.weight.double(), wide(norm.bias), norm.eps, norm.rms))
+                          norm.weight.double(), wide(norm.bias), norm.eps, norm.rms),
+                      identity_rtol=block.identity_rtol)
 
 
 def _row_normalized(M: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,26 @@ class SentenceTokens:
     effects: Any | None = None  # (L,) float64 leave-one-out effect, NaN where not erased
     erasures: Erasures | None = None
     correlations: dict[TokenMethod, float | None] = field(default_factory=dict)
+    # the decoder's view of the source (an encoder-decoder with a target): the decoder's
+    # tokens, which `position` indexes, and the share of the output left on them
+    output_tokens: list[str] | None = None
+    decoder_share: Any | None = None  # (T,) float64
+
+    @property
+    def output_is_input(self) -> bool:
+        return self.output_tokens is None
+
+    def output_name(self) -> str:
+        """The output token as `word@index` (a decoder token for the cross view)."""
+        tokens = self.tokens if self.output_tokens is None else self.output_tokens
+        return f"{tokens[self.position]}@{self.position}"
+
+    def reached(self, causal: bool) -> int:
+        """How many input tokens the output can reach: tokens 0..p of a causal model, all of a
+        bidirectional one, every source token for the decoder's view."""
+        if self.output_tokens is None and causal:
+            return self.position + 1
+        return len(self.tokens)
 
     def scores(self, method: TokenMethod) -> list[float]:
         """The method's value per input token."""
@@ -77,6 +97,8 @@ class TokensResult:
                 "matrices": {str(m): [floats(M) for M in s.matrices[m]]
                              for m in self.methods},
                 "effects": floats(s.effects),
+                "output": s.output_name(), "decoder_tokens": s.output_tokens,
+                "decoder_share": floats(s.decoder_share),
                 "correlations": {str(m): c for m, c in s.correlations.items()},
             } for s in self.sentences],
             "notes": self.notes,

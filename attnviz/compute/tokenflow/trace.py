@@ -30,3 +30,14 @@ class Erasures:
     measure: str  # what was measured, in words
     how: str  # how a token was erased, in words
     base_value: float | None = None  # the unerased measure (a log-probability), if scalar
+
+
+@dataclass
+class CrossTrace:
+    """One sentence through an encoder-decoder with its target: the decoder's view."""
+
+    source: list[str]  # the encoder's tokens
+    target: list[str]  # the decoder's tokens (its start token first)
+    encoder: list[torch.Tensor]  # per encoder layer (H, S, S)
+    decoder: list[torch.Tensor]  # per decoder layer (H, T, T)
+    cross: list[torch.Tensor]  # per decoder layer (H, T, S)

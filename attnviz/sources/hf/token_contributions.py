@@ -23,11 +23,11 @@ from typing import Any
 import torch
 
 from attnviz.compute.tokenflow.decompose import BlockTerms, PostNorm
-from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
+from attnviz.compute.tokenflow.trace import CrossTrace, Erasures, TokenTrace
 from attnviz.errors import CheckpointError, UsageError, option, printable, printable_path
 from attnviz.load.paths import library_path
 from attnviz.sources.hf import guard
-from attnviz.sources.hf.load import COMMON, FILES_FIX, OpenedModel, dtype_keyword
+from attnviz.sources.hf.load import COMMON, FILES_FIX, TOLERANCE, OpenedModel, dtype_keyword
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,15 @@ BLOCKS: dict[str, Block] = {
 }
 
 
+@dataclass(frozen=True)
+class EraseSpec:
+    """How leave-one-out erases and within what memory: `baseline` None masks the token."""
+
+    baseline: int | None
+    name: str  # the baseline token as the messages name it
+    budget: int  # bytes for the stacked copies of one forward
+
+
 @dataclass
 class ModelRunner:
     """The loaded model, the module that runs on the text, and the LM head if any."""
@@ -92,8 +101,8 @@ class ModelRunner:
     device: torch.device
     block: Block | None
     source: str
-
     causal: bool = False  # set from the maps once they are seen (`seen_causal`)
+    seq2seq_lm: bool = False  # an encoder-decoder loaded with its LM head
 
 
 def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
@@ -107,7 +116,8 @@ def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
                          "model's text is one tower of several", fix="choose another model")
     arch, kind = lm_class(opened.config)
     where = printable_path(opened.folder)
-    cls = getattr(transformers, arch) if kind == "causal" and arch else transformers.AutoModel
+    headed = arch is not None and kind in ("causal", "seq2seq")
+    cls = getattr(transformers, arch) if headed and arch else transformers.AutoModel
     target = resolve_device(device)
     with guard.silenced(stderr=True), \
             guard.contained("transformers cannot load the model", FILES_FIX, where):
@@ -120,7 +130,8 @@ def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
     runner = base.get_encoder() if encoder_decoder else base
     causal_lm = kind == "causal" and arch is not None
     return ModelRunner(model, runner, opened.tokenizer, opened.config, causal_lm, target,
-                       BLOCKS.get(str(opened.config.model_type)), str(opened.folder), causal_lm)
+                       BLOCKS.get(str(opened.config.model_type)), str(opened.folder), causal_lm,
+                       kind == "seq2seq" and arch is not None)
 
 
 def _module(root: Any, path: str) -> Any:
@@ -257,9 +268,10 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
         U = torch.stack([per_head[h // group] @ W_o[:, h * d:(h + 1) * d].T.cpu()
                          for h in range(H)])  # (H, n, E)
         own = output[b, :n].float().cpu()
+        rtol = TOLERANCE.get(str(output.dtype).removeprefix("torch."), 1e-4)
         blocks.append(BlockTerms(maps[i], U, residual[b, :n].float().cpu(),
                                  None if b_o is None else b_o.cpu(),
-                                 _post_norm(runner, layer), own))
+                                 _post_norm(runner, layer), own, rtol))
         outputs.append(own)
     return blocks, outputs
 
@@ -304,10 +316,10 @@ def baseline_id(runner: ModelRunner, baseline: str | None) -> int:
     return int(ids[0])
 
 
-def erasures(runner: ModelRunner, row: list[int], position: int, baseline: int | None,
-             budget: int, baseline_name: str) -> Erasures:
+def erasures(runner: ModelRunner, row: list[int], position: int, spec: EraseSpec) -> Erasures:
     """Leave-one-out of each token the output can see (masking: all but the output's own),
     copies stacked along the batch, as many per forward as the budget holds."""
+    baseline, budget, baseline_name = spec.baseline, spec.budget, spec.name
     ids, mask = _batch(runner, [row])
     base = _measure(runner, ids, mask, position)[0]
     reach = range(position + 1) if runner.causal else range(len(row))
@@ -346,24 +358,32 @@ def erasures(runner: ModelRunner, row: list[int], position: int, baseline: int |
                     float(base[target]) if runner.causal_lm else None)
 
 
-def open_inputs(model: str, sentences: list[str], max_tokens: int, max_sentences: int,
-                device: str, dtype: str) -> tuple[OpenedModel, list[list[int]], list[list[str]]]:
-    """The model's folder, config and tokenizer (no weights yet) and each sentence's ids and
-    token names, every limit checked before the weights load."""
+def open_inputs(model: str, sentences: list[str], targets: list[str] | None,
+                max_tokens: int, max_sentences: int
+                ) -> tuple[OpenedModel, list[list[int]], list[list[str]],
+                           list[list[int]] | None]:
+    """The model's folder, config and tokenizer (no weights yet), each sentence's ids and
+    token names and, with targets (encoder-decoders), each decoder input (its start token,
+    then the target's ids); every limit checked before the weights load."""
     from attnviz.core.request import SourceSpec
     from attnviz.sources.hf.inputs import encode
-    from attnviz.sources.hf.load import check_load_options
     from attnviz.sources.hf.token_names import token_names
     from attnviz.sources.registry import open_model_source
 
-    check_load_options(device, dtype, None)
     if len(sentences) > max_sentences:
         raise UsageError(f"{len(sentences)} sentences exceed {option('max_sentences')} "
                          f"{max_sentences}", fix=f"raise {option('max_sentences')} or pass fewer")
     opened = open_model_source(SourceSpec(model=model))
-    encoded = encode(opened, list(sentences), None, max_tokens)
+    encoded = encode(opened, list(sentences), targets, max_tokens)
     rows = [list(r["input_ids"]) for r in encoded.rows]
-    return opened, rows, [token_names(opened.tokenizer, r) for r in rows]
+    decoder = None
+    if encoded.target_rows is not None:
+        start = getattr(opened.config, "decoder_start_token_id", None)
+        if not isinstance(start, int):
+            raise CheckpointError("the model's config has no decoder_start_token_id",
+                                  fix="add it to config.json", where=printable_path(opened.folder))
+        decoder = [[start, *r["input_ids"]] for r in encoded.target_rows]
+    return opened, rows, [token_names(opened.tokenizer, r) for r in rows], decoder
 
 
 def notes(runner: ModelRunner) -> list[str]:
@@ -378,3 +398,74 @@ def notes(runner: ModelRunner) -> list[str]:
 
 def baseline_name(runner: ModelRunner, baseline: int) -> str:
     return str(runner.tokenizer.convert_ids_to_tokens(baseline))
+
+
+def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[int]]
+                 ) -> list[CrossTrace]:
+    """Each sentence's encoder, decoder and cross maps from one padded forward of the whole
+    encoder-decoder (sources and decoder inputs right-padded, each with its mask)."""
+    from attnviz.sources.hf.token_names import token_names
+
+    ids, mask = _batch(runner, rows)
+    dec_ids, dec_mask = _batch(runner, decoder)
+    with torch.no_grad(), guard.silenced():
+        out = runner.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids,
+                           decoder_attention_mask=dec_mask, output_attentions=True)
+    found = []
+    for b, (row, target) in enumerate(zip(rows, decoder, strict=True)):
+        S, T = len(row), len(target)
+        found.append(CrossTrace(
+            token_names(runner.tokenizer, row), token_names(runner.tokenizer, target),
+            [m[b, :, :S, :S].float().cpu() for m in out.encoder_attentions],
+            [m[b, :, :T, :T].float().cpu() for m in out.decoder_attentions],
+            [m[b, :, :T, :S].float().cpu() for m in out.cross_attentions]))
+    return found
+
+
+def cross_erasures(runner: ModelRunner, row: list[int], target: list[int], position: int,
+                   spec: EraseSpec) -> Erasures:
+    """Leave-one-out of each source token, for one decoder position: copies of the source
+    stacked along the batch (the decoder input the same in each)."""
+    baseline, budget, baseline_name = spec.baseline, spec.budget, spec.name
+    ids, mask = _batch(runner, [row])
+    dec = torch.tensor([target], device=runner.device)
+
+    def measure(copies: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), guard.silenced():
+            out = runner.model(input_ids=copies, attention_mask=masks,
+                               decoder_input_ids=dec.expand(len(copies), -1))
+        if runner.seq2seq_lm:
+            return torch.log_softmax(out.logits[:, position].float(), -1)
+        return out.last_hidden_state[:, position].float()
+
+    base = measure(ids, mask)[0]
+    target_id = int(base.argmax()) if runner.seq2seq_lm else -1
+    config = runner.config
+    E = int(getattr(config, "d_model", None) or getattr(config, "hidden_size", 64) or 64)
+    vocab = int(getattr(config, "vocab_size", 0) or 0) if runner.seq2seq_lm else 0
+    per_copy = 4 * (3 * 16 * (len(row) + len(target)) ** 2 + 12 * (len(row) + len(target)) * E
+                    + vocab * len(target))
+    step = max(1, budget // max(1, per_copy))
+    erased, effects = list(range(len(row))), []
+    for start in range(0, len(erased), step):
+        chunk = erased[start:start + step]
+        copies, masks = ids.repeat(len(chunk), 1), mask.repeat(len(chunk), 1)
+        for c, j in enumerate(chunk):
+            if baseline is None:
+                masks[c, j] = 0
+            else:
+                copies[c, j] = baseline
+        got = measure(copies, masks)
+        if runner.seq2seq_lm:
+            effects.append((base[target_id] - got[:, target_id]).double().cpu())
+        else:
+            effects.append(((got - base).norm(dim=-1) / base.norm().clamp(min=1e-30))
+                           .double().cpu())
+    how = ("masked through the encoder's attention mask, as padding" if baseline is None else
+           f"replaced by the token {printable(baseline_name)!r} (id {baseline})")
+    measure_text = (f"drop in log p(next token) at the decoder position, for the token the "
+                    f"model predicts there (id {target_id})" if runner.seq2seq_lm else
+                    "relative change ‖h′ − h‖ / ‖h‖ of the decoder's final hidden state there")
+    return Erasures(erased, torch.cat(effects) if effects else torch.zeros(0, dtype=torch.float64),
+                    measure_text, how,
+                    float(base[target_id]) if runner.seq2seq_lm else None)
