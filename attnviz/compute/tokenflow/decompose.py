@@ -108,24 +108,37 @@ def rows_per_block(length: int, width: int, budget: int) -> int:
 def contribution_rows(block: BlockTerms, rows: torch.Tensor, budget: int
                       ) -> dict[TokenMethod, torch.Tensor]:
     """Each method's contribution matrix rows (len(rows), L), rows normalized; the terms are
-    built a block of rows at a time within `budget` bytes."""
+    built a block of rows at a time within `budget` bytes, over the keys those rows can see
+    (a causal model's block of rows up to i sees keys up to i: about half the work)."""
     L, E = block.residual.shape
     step = rows_per_block(L, E, budget)
     wide = _float64(block)  # converted once, not per block of rows
     out: dict[TokenMethod, list[torch.Tensor]] = {m: [] for m in CONTRIBUTION_METHODS}
     for start in range(0, len(rows), step):
         chunk = rows[start:start + step]
-        T = terms(wide, chunk)  # (r, L, E)
-        y = T.sum(1, keepdim=True)  # (r, 1, E)
-        check_identity(block, chunk, y[:, 0])
-        out[TokenMethod.NORMS].append(torch.linalg.vector_norm(T, dim=-1))
-        distance = torch.cdist(y, T, p=1)[:, 0]  # (r, L) ‖y_i − T_ij‖₁, fused
-        alti = (y[:, 0].abs().sum(-1, keepdim=True) - distance).clamp(min=0)
-        # a key the query cannot see has T_ij = 0, so exactly 0 (cdist's rounding aside)
         seen = wide.maps[:, chunk].sum(0) > 0  # (r, L)
         seen[torch.arange(len(chunk)), chunk] = True
+        K = int(seen.any(0).nonzero().max()) + 1  # keys past K are seen by no row here
+        T = terms(_keys(wide, K), chunk)  # (r, K, E)
+        y = T.sum(1, keepdim=True)  # (r, 1, E)
+        check_identity(block, chunk, y[:, 0])
+        norms = torch.zeros(len(chunk), L, dtype=T.dtype)
+        norms[:, :K] = torch.linalg.vector_norm(T, dim=-1)
+        out[TokenMethod.NORMS].append(norms)
+        distance = torch.cdist(y, T, p=1)[:, 0]  # (r, K) ‖y_i − T_ij‖₁, fused
+        alti = torch.zeros(len(chunk), L, dtype=T.dtype)
+        alti[:, :K] = (y[:, 0].abs().sum(-1, keepdim=True) - distance).clamp(min=0)
+        # a key the query cannot see has T_ij = 0, so exactly 0 (cdist's rounding aside)
         out[TokenMethod.ALTI].append(torch.where(seen, alti, 0.0))
     return {m: _row_normalized(torch.cat(parts)) for m, parts in out.items()}
+
+
+def _keys(block: BlockTerms, keys: int) -> BlockTerms:
+    """The block with its keys cut to the first `keys` (the residual keeps every row)."""
+    if keys == block.maps.shape[-1]:
+        return block
+    return BlockTerms(block.maps[..., :keys], block.values[:, :keys], block.residual,
+                      block.out_bias, block.post_norm, identity_rtol=block.identity_rtol)
 
 
 def _float64(block: BlockTerms) -> BlockTerms:
