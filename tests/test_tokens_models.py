@@ -8,6 +8,7 @@ equals an independent max flow. Each check has a negative control."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -334,3 +335,32 @@ def test_target_on_the_command_line(seq2seq, folders, cli):
     assert_clean_error(cli("tokens", "the cat", "--target", "a dog"), 2, "--target")
     assert_clean_error(cli("tokens", "--model", folders["llama"], "the cat", "--target", "a"),
                        2, "--target")
+
+
+def test_a_model_folder_whose_name_is_not_utf8(cli, tmp_path):
+    """--model and every output inside a folder named with byte 0xff (as Python names it from
+    argv: a surrogate escape); the export's metadata names it by its escapes. Control: the
+    name really is not UTF-8."""
+    import os
+    import shutil
+
+    from helpers import SAMPLES
+
+    folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xff"))
+    folder.mkdir()
+    with pytest.raises(UnicodeEncodeError):
+        str(folder).encode("utf-8")
+    model = folder / "m"
+    shutil.copytree(SAMPLES / "models" / "distilbert-tiny-model", model)
+    result = cli("tokens", "--model", model, "the cat sat on the mat", "--out", folder / "t.png",
+                 "--html", folder / "t.html", "--export", folder / "t.safetensors")
+    assert result.exit_code == 0, result.output
+    assert "tokenizer" not in result.stderr
+    for name in ("t.png", "t.html", "t.safetensors"):
+        assert (folder / name).stat().st_size > 100
+    from safetensors import safe_open
+
+    from attnviz.load.paths import library_path
+
+    with safe_open(str(library_path(folder) / "t.safetensors"), "pt") as f:
+        assert "caf\\udcff" in f.metadata()["source"]
