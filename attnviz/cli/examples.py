@@ -43,8 +43,8 @@ EXAMPLES = {
         ("attnviz circuits --random -E 32 -H 4 --json", "a random layer, as JSON"),
     ],
     "tokens": [
-        ('attnviz tokens "the quick brown fox jumps over the lazy dog the quick brown fox"',
-         "the last token draws on the one after its earlier occurrence"),
+        ('attnviz tokens "the fox jumps over a dog the fox"',
+         "the last fox draws on jumps, the token after its earlier occurrence"),
         ('attnviz tokens "the cat sat on the mat the cat" --method rollout --heads max',
          "rollout only, the strongest head per cell"),
         ('attnviz tokens "the cat sat on the mat the cat" --erase baseline --json',
