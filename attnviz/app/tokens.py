@@ -132,10 +132,11 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
     if TokenMethod.ROLLOUT in methods:
         chains[TokenMethod.ROLLOUT] = chain
     if TokenMethod.FLOW in methods:
-        # the flow into the output from each token entering each layer: only layer 0 is
-        # computed (the inputs); the layers above repeat rollout's chain for the figure
+        # flow is computed from the inputs only (one max flow per input token): the rows
+        # between are NaN (not computed), the top row the output itself
         flow = maxflow.attention_flow(matrices, position)
-        chains[TokenMethod.FLOW] = torch.cat([flow[None], chain[1:]])
+        between = torch.full_like(chain[1:-1], float("nan"))
+        chains[TokenMethod.FLOW] = torch.cat([flow[None], between, chain[-1:]])
     if {TokenMethod.NORMS, TokenMethod.ALTI} & set(methods):
         assert trace.blocks is not None
         composed = decompose.compose(trace.blocks, position, budget_bytes(request.memory_budget))

@@ -1,11 +1,14 @@
 """`attnviz tokens --export`: every vector and matrix of the result in one .safetensors file.
 
-Per sentence s (0-based): `s{s}.{method}` the chain (n + 1, L) (row 0: the inputs, row n: the
-output position's one-hot), `s{s}.rollout_matrix.{l}` rollout's mixed Ã_l (L, L),
-`s{s}.norms_matrix.{l}` / `s{s}.alti_matrix.{l}` their per-layer contribution
-matrices (L, L) (rows the output does not reach are 0), `s{s}.effects` the leave-one-out
-effects (L,) (NaN where a token was not erased); metadata: the
-tokens, positions, methods, measure and erasure in words, and the settings."""
+Per sentence s (0-based):
+- `s{s}.{method}`: the chain (n + 1, L) (row 0: the inputs, row n: the output position's
+  one-hot; flow's rows between are NaN: it is computed for the inputs only);
+- `s{s}.rollout_matrix.{l}`: rollout's mixed Ã_l (L, L);
+- `s{s}.norms_matrix.{l}`, `s{s}.alti_matrix.{l}`: their per-layer contribution matrices
+  (L, L) (rows the output does not reach are 0);
+- `s{s}.effects`: the leave-one-out effects (L,) (NaN where a token was not erased).
+Metadata: the tokens, positions, methods, correlations, measure and erasure in words, and the
+settings."""
 
 from __future__ import annotations
 

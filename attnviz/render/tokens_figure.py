@@ -52,6 +52,8 @@ def tokens_figure(result: TokensResult, dpi: int = 100) -> Figure:
                               interpolation="nearest", vmin=0)
             rho = s.correlations.get(m)
             extra = "" if rho is None else f" (ρ {rho:+.2f})"
+            if str(m) == "flow":
+                extra += ", inputs only"
             ax.set_title(label(f"{m}{extra}: layers × tokens", 60), fontsize=9,
                          parse_math=False)
             ax.set_ylabel("entering layer (0: inputs)", fontsize=8)

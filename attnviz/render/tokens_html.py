@@ -40,6 +40,11 @@ def _edges(s: SentenceTokens, method: Any, shown: list[int]) -> list[list[float]
     return out
 
 
+def _routed(result: TokensResult) -> list[Any]:
+    """The methods with a route: every one but flow, which is computed for the inputs only."""
+    return [m for m in result.methods if str(m) != "flow"]
+
+
 def _document(result: TokensResult) -> dict[str, Any]:
     sentences = []
     for s in result.sentences:
@@ -53,13 +58,13 @@ def _document(result: TokensResult) -> dict[str, Any]:
             "layers": len(s.mixed),
             "scores": {str(m): [round(float(s.chains[m][0][j]), 5) for j in shown]
                        for m in result.methods},
-            "edges": {str(m): _edges(s, m, shown) for m in result.methods},
+            "edges": {str(m): _edges(s, m, shown) for m in _routed(result)},
             "effects": None if s.effects is None else
             [None if s.effects[j] != s.effects[j] else round(float(s.effects[j]), 5)
              for j in shown],
             "correlations": {str(m): c for m, c in s.correlations.items()},
         })
-    return {"methods": [str(m) for m in result.methods], "sentences": sentences,
+    return {"methods": [str(m) for m in _routed(result)], "sentences": sentences,
             "measure": result.measure, "erased": result.erased_how}
 
 
@@ -149,7 +154,7 @@ def tokens_page(result: TokensResult) -> str:
     data = json.dumps(_document(result), allow_nan=False).replace("<", "\\u003c") \
         .replace(">", "\\u003e").replace("&", "\\u0026")
     options = "".join(f"<option value='{esc(str(m))}'>{esc(str(m))}</option>"
-                      for m in result.methods)
+                      for m in _routed(result))
     parts = []
     for n, s in enumerate(result.sentences):
         parts.append(f"<h2>sentence {n + 1}: output {esc(s.output_name())}</h2>"
