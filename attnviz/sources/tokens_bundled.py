@@ -115,7 +115,8 @@ def traces(model: TinyModel, sentences: list[list[str]]) -> list[TokenTrace]:
         n = len(tokens)
         blocks = [BlockTerms(c.maps[b, :, :n, :n].cpu(), c.values[b, :, :n].cpu(),
                              c.residual[b, :n].cpu(), None if c.out_bias is None else
-                             c.out_bias.cpu()) for c in captured]
+                             c.out_bias.cpu(), output=c.output[b, :n].cpu())
+                  for c in captured]
         out.append(TokenTrace(list(tokens), [blk.maps for blk in blocks], blocks,
                               [c.output[b, :n].cpu() for c in captured],
                               [layer.name for layer in model.layers]))
