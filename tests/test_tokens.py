@@ -463,3 +463,13 @@ def test_the_fast_rollout_chain_equals_the_matrix_chain(trace, how, w):
     assert torch.allclose(fast, chain, atol=1e-12)
     other = rollout.rollout_chain(trace.maps, p - 1, how, w)  # negative control
     assert not torch.allclose(other, chain, atol=1e-6)
+
+
+def test_matrices_are_kept_only_when_asked():
+    kept = run_tokens(TokensRequest([REPEATED]))
+    lean = run_tokens(TokensRequest([REPEATED], keep_matrices=False))
+    assert lean.sentences[0].mixed == [] and len(kept.sentences[0].mixed) == 2
+    for m in kept.methods:
+        assert torch.allclose(kept.sentences[0].chains[m], lean.sentences[0].chains[m],
+                              equal_nan=True)  # flow's rows between are NaN in both
+    assert kept.sentences[0].correlations == lean.sentences[0].correlations

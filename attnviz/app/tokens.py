@@ -46,6 +46,9 @@ class TokensRequest:
     device: str = "cpu"
     dtype: Dtype = Dtype.FLOAT32
     targets: tuple[str, ...] | None = None  # encoder-decoder: the decoder's text per sentence
+    # keep each layer's L × L matrices in the result (--json, --export, --html and the API
+    # read them; the terminal and the figure read the chains only)
+    keep_matrices: bool = True
 
     def check_values(self) -> None:
         if not 0.0 <= self.residual_weight <= 1.0:
@@ -143,6 +146,8 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
         for m in (TokenMethod.NORMS, TokenMethod.ALTI):
             if m in methods:
                 chains[m], own[m] = composed[m]
+    if not request.keep_matrices:
+        matrices, own = [], {}
     result = SentenceTokens(trace.tokens, position, trace.layer_names,
                             {m: chains[m] for m in methods}, matrices,
                             {m: own.get(m, matrices) for m in methods})
@@ -278,7 +283,10 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
         p = output_position(trace.target, request.position, True)
         chain, share, matrices = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
                                                request.heads, request.residual_weight)
-        s = SentenceTokens(trace.source, p, [f"encoder layer {i}" for i in range(len(matrices))],
+        if not request.keep_matrices:
+            matrices = []
+        s = SentenceTokens(trace.source, p,
+                           [f"encoder layer {i}" for i in range(len(trace.encoder))],
                            {TokenMethod.ROLLOUT: chain}, matrices,
                            {TokenMethod.ROLLOUT: matrices}, output_tokens=trace.target,
                            decoder_share=share)

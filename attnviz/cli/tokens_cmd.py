@@ -95,7 +95,8 @@ def tokens(
     result = run_tokens(TokensRequest(
         texts, model, position, tuple(method) if method else None, heads, residual_weight,
         check, erase, baseline, parse_memory_budget(memory_budget), max_tokens, max_sentences,
-        device, dtype, tuple(target) if target else None))
+        device, dtype, tuple(target) if target else None,
+        keep_matrices=as_json or html_path is not None or export_path is not None))
     written = []
     if export_path is not None:
         from attnviz.app.tokens_export import write_export

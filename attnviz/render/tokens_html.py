@@ -55,7 +55,7 @@ def _document(result: TokensResult) -> dict[str, Any]:
         sentences.append({
             "tokens": [printable(s.tokens[j], None) for j in shown],
             "index": shown, "position": s.position if s.output_is_input else -1,
-            "layers": len(s.mixed),
+            "layers": len(s.layers),
             "scores": {str(m): [round(float(s.chains[m][0][j]), 5) for j in shown]
                        for m in result.methods},
             "edges": {str(m): _edges(s, m, shown) for m in _routed(result)},
