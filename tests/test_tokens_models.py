@@ -18,6 +18,7 @@ from attnviz.app.tokens import TokensRequest, run_tokens
 from attnviz.compute.tokenflow import decompose, maxflow, rollout
 from attnviz.core.choices import HeadReduce
 from attnviz.sources.hf import token_contributions as tc
+from attnviz.sources.hf import token_cross
 from attnviz.sources.hf.load import open_model
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_thread")]
@@ -85,7 +86,7 @@ def test_terms_add_up_to_each_blocks_own_output(folders, kind):
     rows = _rows(tokenizer, SENTENCES)
     tokens = [[str(i) for i in r] for r in rows]
     traces = tc.traces(runner, rows, tokens)
-    ids, mask = tc._batch(runner, rows)
+    ids, mask = tc.padded_batch(runner, rows)
     expected = own_outputs(runner, "bert" if kind == "minilm" else kind, ids, mask)
     for b, trace in enumerate(traces):
         n = len(trace.tokens)
@@ -113,7 +114,7 @@ def test_padded_batches_give_each_sentence_its_own_result(folders, kind):
         for x, y in zip(both[b].blocks, alone.blocks, strict=True):
             assert torch.allclose(x.values, y.values, atol=1e-4)
     if kind == "bert":  # negative control: padding left visible changes the short sentence
-        ids, _ = tc._batch(runner, rows)
+        ids, _ = tc.padded_batch(runner, rows)
         with torch.no_grad():
             visible = runner.runner(input_ids=ids, attention_mask=torch.ones_like(ids),
                                     output_attentions=True).attentions
@@ -274,7 +275,7 @@ def test_cross_rollout_equals_the_joint_matrix_product(seq2seq, kind):
     rows = _rows(tokenizer, SENTENCES)
     start = runner.config.decoder_start_token_id
     decoder = [[start, *tokenizer(text_target=t)["input_ids"]] for t in ("a dog ran", "the cat")]
-    traces = tc.cross_traces(runner, rows, decoder)
+    traces = token_cross.cross_traces(runner, rows, decoder)
     for b, trace in enumerate(traces):
         p = len(decoder[b]) - 1
         chain, share, _ = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
@@ -288,7 +289,7 @@ def test_cross_rollout_equals_the_joint_matrix_product(seq2seq, kind):
                                           HeadReduce.MEAN, 0.5)
         assert not torch.allclose(wrong_chain[0], source, atol=1e-6)
         # padded batch: each sentence's own maps
-        alone = tc.cross_traces(runner, [rows[b]], [decoder[b]])[0]
+        alone = token_cross.cross_traces(runner, [rows[b]], [decoder[b]])[0]
         for x, y in zip(trace.cross, alone.cross, strict=True):
             assert torch.allclose(x, y, atol=1e-5)
 
@@ -299,7 +300,7 @@ def test_cross_erasures_equal_each_erased_source_alone(seq2seq):
     start = runner.config.decoder_start_token_id
     target = [start, *tokenizer(text_target="a dog ran")["input_ids"]]
     p = len(target) - 1
-    got = tc.cross_erasures(runner, row, target, p, tc.EraseSpec(None, "", 1 << 16))
+    got = token_cross.cross_erasures(runner, row, target, p, tc.EraseSpec(None, "", 1 << 16))
     ids, dec = torch.tensor([row]), torch.tensor([target])
 
     def log_p(mask):

@@ -270,7 +270,7 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
     self- and cross-attention and the encoder, checked by erasing source tokens."""
     from attnviz.compute.tokenflow.cross import cross_rollout
     from attnviz.compute.tokenflow.faithfulness import spearman
-    from attnviz.sources.hf import token_contributions
+    from attnviz.sources.hf import token_cross
 
     asked = set(request.methods or ()) - {TokenMethod.ROLLOUT}
     if asked:
@@ -279,7 +279,7 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
                          fix=f"drop {option('method')} or {option('target')}",
                          option="method")
     sentences = []
-    for b, trace in enumerate(token_contributions.cross_traces(runner, rows, decoder)):
+    for b, trace in enumerate(token_cross.cross_traces(runner, rows, decoder)):
         p = output_position(trace.target, request.position, True)
         chain, share, matrices = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
                                                request.heads, request.residual_weight)
@@ -291,7 +291,7 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
                            {TokenMethod.ROLLOUT: matrices}, output_tokens=trace.target,
                            decoder_share=share)
         if request.check:
-            erased = token_contributions.cross_erasures(runner, rows[b], decoder[b], p, spec)
+            erased = token_cross.cross_erasures(runner, rows[b], decoder[b], p, spec)
             import torch
 
             effects = torch.full((len(trace.source),), float("nan"), dtype=torch.float64)

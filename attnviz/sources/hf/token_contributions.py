@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from attnviz.compute.tokenflow.decompose import BlockTerms, PostNorm
-from attnviz.compute.tokenflow.trace import CrossTrace, Erasures, TokenTrace
+from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
 from attnviz.errors import CheckpointError, UsageError, option, printable, printable_path
 from attnviz.load.paths import library_path
 from attnviz.sources.hf import guard
@@ -138,7 +138,7 @@ def _module(root: Any, path: str) -> Any:
     return root.get_submodule(path) if path else root
 
 
-def _batch(runner: ModelRunner, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_batch(runner: ModelRunner, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and the model's attention mask (1 real, 0 padding)."""
     L = max(len(r) for r in rows)
     filler = next((i for i in (runner.tokenizer.pad_token_id, runner.tokenizer.eos_token_id,
@@ -223,7 +223,7 @@ def _post_norm(runner: ModelRunner, layer: Any) -> PostNorm | None:
 def traces(runner: ModelRunner, rows: list[list[int]], tokens: list[list[str]]
            ) -> list[TokenTrace]:
     """Each sentence's maps and, where BLOCKS knows the family, its blocks' terms."""
-    ids, mask = _batch(runner, rows)
+    ids, mask = padded_batch(runner, rows)
     hooks = _Hooks(runner) if runner.block is not None else None
     with torch.no_grad(), guard.silenced():
         if hooks is not None:
@@ -320,7 +320,7 @@ def erasures(runner: ModelRunner, row: list[int], position: int, spec: EraseSpec
     """Leave-one-out of each token the output can see (masking: all but the output's own),
     copies stacked along the batch, as many per forward as the budget holds."""
     baseline, budget, baseline_name = spec.baseline, spec.budget, spec.name
-    ids, mask = _batch(runner, [row])
+    ids, mask = padded_batch(runner, [row])
     base = _measure(runner, ids, mask, position)[0]
     reach = range(position + 1) if runner.causal else range(len(row))
     erased = [j for j in reach if baseline is not None or j != position]
@@ -398,74 +398,3 @@ def notes(runner: ModelRunner) -> list[str]:
 
 def baseline_name(runner: ModelRunner, baseline: int) -> str:
     return str(runner.tokenizer.convert_ids_to_tokens(baseline))
-
-
-def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[int]]
-                 ) -> list[CrossTrace]:
-    """Each sentence's encoder, decoder and cross maps from one padded forward of the whole
-    encoder-decoder (sources and decoder inputs right-padded, each with its mask)."""
-    from attnviz.sources.hf.token_names import token_names
-
-    ids, mask = _batch(runner, rows)
-    dec_ids, dec_mask = _batch(runner, decoder)
-    with torch.no_grad(), guard.silenced():
-        out = runner.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids,
-                           decoder_attention_mask=dec_mask, output_attentions=True)
-    found = []
-    for b, (row, target) in enumerate(zip(rows, decoder, strict=True)):
-        S, T = len(row), len(target)
-        found.append(CrossTrace(
-            token_names(runner.tokenizer, row), token_names(runner.tokenizer, target),
-            [m[b, :, :S, :S].float().cpu() for m in out.encoder_attentions],
-            [m[b, :, :T, :T].float().cpu() for m in out.decoder_attentions],
-            [m[b, :, :T, :S].float().cpu() for m in out.cross_attentions]))
-    return found
-
-
-def cross_erasures(runner: ModelRunner, row: list[int], target: list[int], position: int,
-                   spec: EraseSpec) -> Erasures:
-    """Leave-one-out of each source token, for one decoder position: copies of the source
-    stacked along the batch (the decoder input the same in each)."""
-    baseline, budget, baseline_name = spec.baseline, spec.budget, spec.name
-    ids, mask = _batch(runner, [row])
-    dec = torch.tensor([target], device=runner.device)
-
-    def measure(copies: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), guard.silenced():
-            out = runner.model(input_ids=copies, attention_mask=masks,
-                               decoder_input_ids=dec.expand(len(copies), -1))
-        if runner.seq2seq_lm:
-            return torch.log_softmax(out.logits[:, position].float(), -1)
-        return out.last_hidden_state[:, position].float()
-
-    base = measure(ids, mask)[0]
-    target_id = int(base.argmax()) if runner.seq2seq_lm else -1
-    config = runner.config
-    E = int(getattr(config, "d_model", None) or getattr(config, "hidden_size", 64) or 64)
-    vocab = int(getattr(config, "vocab_size", 0) or 0) if runner.seq2seq_lm else 0
-    per_copy = 4 * (3 * 16 * (len(row) + len(target)) ** 2 + 12 * (len(row) + len(target)) * E
-                    + vocab * len(target))
-    step = max(1, budget // max(1, per_copy))
-    erased, effects = list(range(len(row))), []
-    for start in range(0, len(erased), step):
-        chunk = erased[start:start + step]
-        copies, masks = ids.repeat(len(chunk), 1), mask.repeat(len(chunk), 1)
-        for c, j in enumerate(chunk):
-            if baseline is None:
-                masks[c, j] = 0
-            else:
-                copies[c, j] = baseline
-        got = measure(copies, masks)
-        if runner.seq2seq_lm:
-            effects.append((base[target_id] - got[:, target_id]).double().cpu())
-        else:
-            effects.append(((got - base).norm(dim=-1) / base.norm().clamp(min=1e-30))
-                           .double().cpu())
-    how = ("masked through the encoder's attention mask, as padding" if baseline is None else
-           f"replaced by the token {printable(baseline_name)!r} (id {baseline})")
-    measure_text = (f"drop in log p(next token) at the decoder position, for the token the "
-                    f"model predicts there (id {target_id})" if runner.seq2seq_lm else
-                    "relative change ‖h′ − h‖ / ‖h‖ of the decoder's final hidden state there")
-    return Erasures(erased, torch.cat(effects) if effects else torch.zeros(0, dtype=torch.float64),
-                    measure_text, how,
-                    float(base[target_id]) if runner.seq2seq_lm else None)
