@@ -473,3 +473,20 @@ def test_matrices_are_kept_only_when_asked():
         assert torch.allclose(kept.sentences[0].chains[m], lean.sentences[0].chains[m],
                               equal_nan=True)  # flow's rows between are NaN in both
     assert kept.sentences[0].correlations == lean.sentences[0].correlations
+
+
+def test_rollout_alone_without_matrices_takes_the_row_vector_path(monkeypatch):
+    """--method rollout printed to the terminal forms no L × L matrix (rollout.mixed never
+    runs), and gives the chain the matrix path gives; control: with the matrices kept, it runs."""
+    only = (TokenMethod.ROLLOUT,)
+    kept = run_tokens(TokensRequest([REPEATED], methods=only, check=False))
+    calls = []
+    real = rollout.mixed
+    monkeypatch.setattr(rollout, "mixed", lambda *a: calls.append(1) or real(*a))
+    lean = run_tokens(TokensRequest([REPEATED], methods=only, check=False,
+                                    keep_matrices=False))
+    assert calls == []
+    assert torch.allclose(lean.sentences[0].chains[TokenMethod.ROLLOUT],
+                          kept.sentences[0].chains[TokenMethod.ROLLOUT], atol=1e-12)
+    run_tokens(TokensRequest([REPEATED], methods=only, check=False))
+    assert calls  # the control: the matrix path does call it

@@ -128,8 +128,13 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
 
     from attnviz.compute.tokenflow import decompose, faithfulness, maxflow, rollout
 
-    chain, matrices = rollout.rollout(trace.maps, position, request.heads,
+    if request.keep_matrices or TokenMethod.FLOW in methods:  # Ã_l as matrices
+        chain, matrices = rollout.rollout(trace.maps, position, request.heads,
+                                          request.residual_weight)
+    else:  # the row vector alone: no L × L matrix formed (the same chain, tested)
+        chain = rollout.rollout_chain(trace.maps, position, request.heads,
                                       request.residual_weight)
+        matrices = []
     chains: dict[TokenMethod, torch.Tensor] = {}
     own: dict[TokenMethod, list[torch.Tensor]] = {}
     if TokenMethod.ROLLOUT in methods:
