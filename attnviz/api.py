@@ -27,6 +27,7 @@ from attnviz.compute.circuits_result import CircuitsResult
 from attnviz.compute.logit.attribute_result import AttributeResult
 from attnviz.compute.logit.lens_result import LensResult
 from attnviz.compute.patching.result import PatchResult
+from attnviz.compute.tokenflow.result import TokensResult
 from attnviz.core.choices import AblationMode, ColorScale, Dtype, OverviewShows, Weighting
 from attnviz.core.request import (
     DEFAULT_MAX_SENTENCES,
@@ -449,3 +450,28 @@ def lens(prompts: Sequence[str] = (), *, model: str | Path | None = None,
         _str(answer, "answer"), [_int(p, "positions") or 0 for p in positions],
         _int(top, "top", 1) or 1, _str(device, "device", False) or "auto",
         Dtype.parse(dtype, "dtype"), _texts(targets, "targets") or []))
+def tokens(sentences: Sequence[str], *, model: str | Path | None = None,
+           position: str | int | None = None, methods: Sequence[str] | None = None,
+           heads: str = "mean", residual_weight: float = 0.5, check: bool = True,
+           erase: str = "mask", baseline: str | None = None, memory_budget: int | None = None,
+           max_tokens: int = DEFAULT_MAX_TOKENS, max_sentences: int = DEFAULT_MAX_SENTENCES,
+           device: str = "cpu", dtype: str = "float32") -> TokensResult:
+    """Which input tokens reach one output position through all layers, on the bundled model
+    (default) or a Hugging Face folder (`model`): attention rollout, attention flow, norms and
+    ALTI side by side (`result.sentences[i].chains[method]`, the matrices, the leave-one-out
+    effects) and each method's rank correlation with erasure (`result.summary`)."""
+    from attnviz.app.tokens import TokensRequest, run_tokens
+    from attnviz.core.choices import Erase, HeadReduce, TokenMethod
+
+    texts = _texts(sentences, "sentences") or []
+    chosen = None if methods is None else tuple(
+        TokenMethod.parse(m, "method") for m in _texts(methods, "methods") or [])
+    budget = _int(memory_budget, "memory_budget", 1, True)
+    return run_tokens(TokensRequest(
+        texts, None if model is None else str(_path(model, "model")),
+        _str(position, "position", ints=True), chosen, HeadReduce.parse(heads, "heads"),
+        _number(residual_weight, "residual_weight"), _flag(check, "check"),
+        Erase.parse(erase, "erase"), _str(baseline, "baseline"), budget,
+        _int(max_tokens, "max_tokens", 1) or DEFAULT_MAX_TOKENS,
+        _int(max_sentences, "max_sentences", 1) or DEFAULT_MAX_SENTENCES,
+        _str(device, "device", allow_none=False) or "cpu", Dtype.parse(dtype, "dtype")))

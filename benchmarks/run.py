@@ -1134,6 +1134,83 @@ def patch_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         except (CommandFailed, ValueError, KeyError) as exc:
             rows.append(Row(f"11d attribution patching, {what}", "–", "error", "–", "–", None,
                             "≤ 3", False, str(exc)[:200]))
+# Target 12: `tokens` — rollout and contributions for one output position against the
+# forward that produces the maps (a 12-layer LLaMA of width 64 at 1,000 tokens).
+TOKENS_SIZES = {"full": (1000, 12), "quick": (400, 4)}  # (tokens, layers)
+TOKENS_BUDGET = 64 * 2**20
+
+
+def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """In-process: the model's own forward with output_attentions (the baseline) against
+    rollout's chain and the composed contributions (norms and ALTI) for the last position,
+    computed from one captured trace; the largest block of terms against --memory-budget."""
+    import torch
+    import transformers
+
+    from attnviz.compute.tokenflow import decompose, rollout
+    from attnviz.core.choices import HeadReduce
+    from attnviz.sources.hf import token_contributions
+
+    L, layers = TOKENS_SIZES["quick" if sizes == QUICK else "full"]
+    config = transformers.LlamaConfig(**{**LONG_MODEL, "num_hidden_layers": layers},
+                                      vocab_size=1000, max_position_embeddings=L + 8)
+    torch.manual_seed(0)
+    model = transformers.LlamaModel(config).eval()
+    model.config._attn_implementation = "eager"
+    ids = torch.randint(0, 1000, (1, L))
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
+
+    class Tokenizer:
+        pad_token_id = eos_token_id = unk_token_id = 0
+
+    runner = token_contributions.ModelRunner(
+        model, model, Tokenizer(), config, False, torch.device("cpu"),
+        token_contributions.BLOCKS["llama"], "benchmark", True)
+    trace = token_contributions.traces(runner, [ids[0].tolist()], [["w"] * L])[0]
+    assert trace.blocks is not None
+    largest = [0]
+    terms = decompose.terms
+
+    def counted(block: decompose.BlockTerms, rows: torch.Tensor) -> torch.Tensor:
+        out = terms(block, rows)
+        largest[0] = max(largest[0], out.numel() * out.element_size())
+        return out
+
+    def chain() -> None:
+        rollout.rollout_chain(trace.maps, L - 1, HeadReduce.MEAN, 0.5)
+
+    def contributions() -> None:
+        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET)
+
+    forward()  # warm-up
+    t = {fn.__name__: statistics.median(timeit.repeat(fn, number=1, repeat=repeats))
+         for fn in (forward, chain, contributions)}
+    decompose.terms = counted  # type: ignore[assignment]
+    try:
+        contributions()
+    finally:
+        decompose.terms = terms  # type: ignore[assignment]
+    what = f"{L} tokens, {layers} layers, E={LONG_MODEL['hidden_size']}"
+    base = f"{t['forward']:.2f} s"
+    rows = []
+    for name, label in (("chain", "rollout chain for one position"),
+                        ("contributions", "norms + ALTI composed for one position")):
+        ratio = t[name] / t["forward"]
+        note = "" if name == "chain" else (
+            "exact ALTI needs ‖y_i − T_ij‖₁ for every pair: L²·E element-wise work per layer "
+            "(the forward's L²·E runs as matrix products)")
+        rows.append(Row(f"11{'ab'[len(rows)]} tokens: {label} ({what})",
+                        "in-process, from one captured trace", f"{t[name]:.2f} s",
+                        "the model's forward with output_attentions", base, ratio, "≤ 1.3",
+                        ratio <= 1.3, note))
+    held = 3 * largest[0]  # the terms, y − T and |·|: three blocks of that size at most
+    rows.append(Row(f"12c tokens: contributions' memory ({what})", "largest block of terms × 3",
+                    f"{held / 2**20:.0f} MB", "--memory-budget",
+                    f"{TOKENS_BUDGET / 2**20:.0f} MB", held / TOKENS_BUDGET,
+                    "≤ 1", held <= TOKENS_BUDGET, "blocks of query rows sized by the budget"))
     return rows
 
 
@@ -1160,8 +1237,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=(
         "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
         "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
-    parser.add_argument("--only", type=int, action="append", choices=range(1, 12),
-                        help="run only this target group (1-11; repeatable)")
+    parser.add_argument("--only", type=int, action="append", choices=range(1, 13),
+                        help="run only this target group (1-12; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
     parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
     args = parser.parse_args()
@@ -1199,7 +1276,9 @@ def main() -> int:
              (real_size_targets, ("10a real-size model time, bf16", "10b … memory, bf16",
                                   "10c real-size model time, fp32", "10d … memory, fp32")),
              (patch_targets, ("11a patch time", "11b patch memory", "11c path patching time",
-                              "11d attribution time")))
+                              "11d attribution time")),
+             (tokens_targets, ("12a tokens rollout time", "12b tokens contributions time",
+                               "12c tokens contributions memory")))
     try:
         for name, text in SCRIPTS.items():
             (workdir / name).write_text(text)

@@ -26,12 +26,15 @@ from attnviz.core.choices import (
     Choice,
     ColorScale,
     Dtype,
+    Erase,
+    HeadReduce,
     OverviewShows,
     PatchDirection,
     PatchMetric,
     PatchSite,
     Positions,
     Probe,
+    TokenMethod,
     Weighting,
 )
 from attnviz.core.probe import PROBES
@@ -81,7 +84,8 @@ def test_every_choice_is_a_str_enum_printed_as_its_value():
     enums = [value for value in vars(choices).values()
              if isinstance(value, type) and issubclass(value, Choice) and value is not Choice]
     assert set(enums) == {ColorScale, Weighting, AblationMode, Positions, Dtype, OverviewShows,
-                          Probe, PatchMetric, PatchDirection, PatchSite}
+                          Probe, PatchMetric, PatchDirection, PatchSite, HeadReduce,
+                          TokenMethod, Erase}
     for enum in enums:
         for member in enum:
             assert isinstance(member, str) and member == member.value

@@ -11,7 +11,7 @@ from helpers import ROOT, needs_safe_pickles
 from attnviz.cli.examples import EXAMPLES
 from attnviz.load.pickles import PICKLE_SUFFIXES
 
-COMMANDS = ["split", "inspect", "heatmap", "generate", "ablate", "circuits"]
+COMMANDS = ["split", "inspect", "heatmap", "generate", "ablate", "circuits", "tokens"]
 
 
 def _example(example: str):

@@ -141,6 +141,18 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "out": ["--out", f"{OUT}/f.png"], "export": ["--export", f"{OUT}/x.json"],
         "html": ["--html", f"{OUT}/p.html"],
     },
+    "tokens": {
+        "file": ["--file", f"{OUT}/../extra.txt"], "position": ["--position", "0"],
+        "method": ["--method", "rollout"], "heads": ["--heads", "max"],
+        "residual_weight": ["--residual-weight", "0.3"], "check": ["--no-check"],
+        "erase": ["--erase", "baseline"], "baseline": ["--baseline", "dog"],
+        "out": ["--out", f"{OUT}/f.png"], "html": ["--html", f"{OUT}/p.html"],
+        "export": ["--export", f"{OUT}/x.safetensors"], "dpi": ["--dpi", "50"],
+        "device": ["--device", "cpu"], "dtype": ["--dtype", "bfloat16"],
+        "max_tokens": ["--max-tokens", "3"], "max_sentences": ["--max-sentences", "1"],
+        "memory_budget": ["--memory-budget", "1MB"],
+        "target": ["--target", "the cat", "--target", "a dog"],
+    },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
@@ -169,6 +181,7 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "attribute": {"bundled": [*SENTENCES]},
     "lens": {"bundled": [*SENTENCES]},
     "patch": {"bundled": []},
+    "tokens": {"bundled": [*SENTENCES]},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
@@ -180,6 +193,7 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "lens": ["--model", "{model}", *MODEL_SENTENCES],
     "patch": ["--model", "{model}", "the cat sat on the mat", "-c", "the dog sat on the mat",
               "-a", "cat", "--wrong", "dog"],
+    "tokens": ["--model", "{model}", *MODEL_SENTENCES],
 }
 # options a command may drop on a source: none (the walk fails on any)
 KNOWN: dict[str, set[tuple[str, str]]] = {}

@@ -1,10 +1,10 @@
 """The source matrix: every sample checkpoint and every zoo model that `attnviz inspect` lists
 with a usable layer runs through every command that accepts it (inspect, split, heatmap and
-circuits with --weights; split, heatmap and circuits with --model for the zoo's folders). Each
-cell exits 0, or with a clear refusal listed below with its reason; never "no attention layer
-recognized" for a layer inspect listed. Every command opens its source through one registry
-(attnviz.sources.registry), which is what makes the matrix hold: the negative control puts
-heatmap's old table-only inventory back and shows the CTRL cell fails."""
+circuits with --weights; split, heatmap, circuits and tokens with --model for the zoo's
+folders). Each cell exits 0, or with a clear refusal listed below with its reason; never "no
+attention layer recognized" for a layer inspect listed. Every command opens its source through
+one registry (attnviz.sources.registry), which is what makes the matrix hold: the negative
+control puts heatmap's old table-only inventory back and shows the CTRL cell fails."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ REFUSALS: dict[tuple[str, str, str], Refusal] = {
         2, "--model needs a text model",
         "heatmap runs the model's own forward on sentences; a vision model takes pixels, not "
         "token ids (its layers still run in heatmap --weights, on synthetic vectors)"),
+    ("zoo:vit", "tokens", "--model"): Refusal(
+        2, "--model needs a text model", "tokens runs the model's own forward on sentences"),
 }
 
 
@@ -85,6 +87,8 @@ def model_args(command: str, folder: Path) -> list[Any]:
     """One --model cell's command line: the model's first layer."""
     if command == "heatmap":
         return ["heatmap", "--model", folder, "--layer", "0", "--no-maps", "--json", SENTENCE]
+    if command == "tokens":  # every layer: the command traces the whole stack
+        return ["tokens", "--model", folder, "--json", SENTENCE]
     return [command, "--model", folder, "--layer", "0", "--json"]
 
 
@@ -106,7 +110,7 @@ def check_cell(cli: Callable[..., Any], case: str, command: str, flag: str,
 
 
 WEIGHTS_COMMANDS = ("inspect", "split", "heatmap", "circuits")
-MODEL_COMMANDS = ("split", "heatmap", "circuits")
+MODEL_COMMANDS = ("split", "heatmap", "circuits", "tokens")
 
 
 def run_weights_row(cli: Callable[..., Any], case: str, source: Path) -> bool:

@@ -62,6 +62,14 @@ EXAMPLES = {
         ('attnviz lens "the cat sat on the mat the cat sat on the" --answer mat -p -1 -p -2',
          "the answer's rank, layer by layer"),
     ],
+    "tokens": [
+        ('attnviz tokens "the fox jumps over a dog the fox"',
+         "the last fox draws on jumps, the token after its earlier occurrence"),
+        ('attnviz tokens "the cat sat on the mat the cat" --method rollout --heads max',
+         "rollout only, the strongest head per cell"),
+        ('attnviz tokens "the cat sat on the mat the cat" --erase baseline --json',
+         "erasure by a baseline token, as JSON"),
+    ],
 }
 
 

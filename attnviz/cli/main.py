@@ -30,6 +30,7 @@ from attnviz.cli.options import flag_of
 from attnviz.cli.panels import PanelledCommand, assign_panels
 from attnviz.cli.patch_cmd import patch
 from attnviz.cli.split_cmd import split
+from attnviz.cli.tokens_cmd import tokens
 from attnviz.errors import AttnvizError, ExitCode, Interrupted
 
 _state = {"debug": False}
@@ -195,7 +196,7 @@ def _main(
 
 
 for _command in (split, inspect, heatmap, generate, ablate, circuits, patch, attribute,
-                 lens):
+                 lens, tokens):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

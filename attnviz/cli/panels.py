@@ -82,6 +82,17 @@ PANELS: dict[str, dict[str, str]] = {
         "composition": MEASURES,
         **{name: OUTPUTS for name in ("out", "as_json")},
     },
+    "tokens": {
+        "sentences": ARGUMENTS,
+        **{name: INPUT for name in ("file", "target")},
+        **{name: SOURCE for name in ("model", "device")},
+        "dtype": HF_MODEL,
+        "position": SELECTION,
+        **{name: MEASURES for name in ("method", "heads", "residual_weight", "check", "erase",
+                                       "baseline")},
+        **{name: OUTPUTS for name in ("out", "html", "export", "as_json", "dpi")},
+        **{name: LIMITS for name in ("max_tokens", "max_sentences", "memory_budget")},
+    },
     "inspect": {
         "checkpoint": ARGUMENTS,
         **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},

@@ -134,3 +134,25 @@ class PatchSite(Choice):
     PATTERN = "pattern"  # each head's attention pattern
     PATH = "path"  # exact path patching: each sender head → --receiver (or the logits)
     ATTRIBUTION = "attribution"  # first-order attribution patching beside exact head patching
+class HeadReduce(Choice):
+    """--heads of `attnviz tokens`: how one layer's heads become one map for rollout and flow."""
+
+    MEAN = "mean"
+    MAX = "max"  # vit-explain's option: the strongest head per cell
+    MIN = "min"
+
+
+class TokenMethod(Choice):
+    """--method of `attnviz tokens`: how much each input token reaches the output position."""
+
+    ROLLOUT = "rollout"  # attention rollout (Abnar & Zuidema 2020)
+    FLOW = "flow"  # attention flow: exact max flow in the layered graph (Abnar & Zuidema 2020)
+    NORMS = "norms"  # ‖per-source term‖ with residual and norm (Kobayashi et al. 2021), composed
+    ALTI = "alti"  # ALTI (Ferrando et al. 2022): L1 proximity of each term to the output
+
+
+class Erase(Choice):
+    """--erase of `attnviz tokens`: how leave-one-out removes one input token."""
+
+    MASK = "mask"  # masked as the model masks padding: no query attends to it
+    BASELINE = "baseline"  # replaced by a baseline token (--baseline)

@@ -1,0 +1,316 @@
+"""`attnviz tokens`: which input tokens reach one output position through all layers.
+
+For each sentence the source hands a `TokenTrace` (per-layer maps and per-source terms) and its
+leave-one-out `Erasures`; here every asked method turns them into one vector over the input
+tokens (`chain[0]`, with `chain[k]` the same for the representations entering layer k), and each
+method's Spearman correlation with the erasure effects is computed. Request in, result out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from attnviz.compute.tokenflow.result import (  # noqa: F401 - the use case's result
+    SentenceTokens,
+    TokensResult,
+)
+from attnviz.core.choices import Dtype, Erase, HeadReduce, TokenMethod
+from attnviz.core.memory import budget_bytes
+from attnviz.core.request import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
+from attnviz.errors import UsageError, option
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
+    from attnviz.sources.hf.token_contributions import EraseSpec, ModelRunner
+
+METHODS = tuple(TokenMethod)
+
+
+@dataclass(frozen=True)
+class TokensRequest:
+    sentences: list[str]
+    model: str | None = None  # None: the bundled model
+    position: str | None = None  # index or word; None: last (causal) / first (encoder)
+    methods: tuple[TokenMethod, ...] | None = None  # None: every method the input allows
+    heads: HeadReduce = HeadReduce.MEAN
+    residual_weight: float = 0.5
+    check: bool = True  # leave-one-out and the correlations
+    erase: Erase = Erase.MASK
+    baseline: str | None = None  # the baseline token for --erase baseline
+    memory_budget: int | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_sentences: int = DEFAULT_MAX_SENTENCES
+    device: str = "cpu"
+    dtype: Dtype = Dtype.FLOAT32
+    targets: tuple[str, ...] | None = None  # encoder-decoder: the decoder's text per sentence
+    # keep each layer's L × L matrices in the result (--json, --export, --html and the API
+    # read them; the terminal and the figure read the chains only)
+    keep_matrices: bool = True
+
+    def check_values(self) -> None:
+        if not 0.0 <= self.residual_weight <= 1.0:
+            raise UsageError(f"{option('residual_weight')} must lie in [0, 1], got "
+                             f"{self.residual_weight}", fix="0.5 mixes attention and identity "
+                             "equally (Abnar & Zuidema)", option="residual_weight")
+        if self.baseline is not None and self.erase is not Erase.BASELINE:
+            raise UsageError(f"{option('baseline')} applies to {option('erase')} baseline",
+                             fix=f"drop {option('baseline')} or add {option('erase')} baseline",
+                             option="baseline")
+        if self.targets is not None and self.model is None:
+            raise UsageError(f"{option('target')} applies to an encoder-decoder "
+                             f"{option('model')}", fix=f"drop {option('target')}",
+                             option="target")
+        if self.erase is Erase.BASELINE and not self.check:
+            raise UsageError(f"{option('erase')} applies to the leave-one-out check",
+                             fix=f"drop {option('erase')} or {option('no_check')}",
+                             option="erase")
+
+
+def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
+    """--position: an index (negative from the end) or a word (its last occurrence for a causal
+    model, where later tokens are out of its reach, else its first); default the last token
+    (causal) or the first (encoder)."""
+    if spec is None:
+        return len(tokens) - 1 if causal else 0
+    try:
+        index = int(spec)
+    except ValueError:
+        lowered = [t.lower() for t in tokens]
+        word = spec.lower()
+        if word not in lowered:
+            from attnviz.errors import printable
+
+            shown = ", ".join(printable(t) for t in dict.fromkeys(tokens))
+            raise UsageError(f"token {printable(spec)!r} is not in the sentence",
+                             fix=f"choose one of {shown}", option="position") from None
+        return len(lowered) - 1 - lowered[::-1].index(word) if causal else lowered.index(word)
+    if not -len(tokens) <= index < len(tokens):
+        raise UsageError(f"position {index} is out of range",
+                         fix=f"the sentence has {len(tokens)} tokens", option="position")
+    return index % len(tokens)
+
+
+def chosen_methods(request: TokensRequest, longest: int, layers: int, can_decompose: bool
+                   ) -> tuple[tuple[TokenMethod, ...], list[str]]:
+    """The methods to run, and notes on those left out; asked-for methods that cannot run are
+    refused up front, with the reason."""
+    from attnviz.compute.tokenflow.maxflow import flow_problem
+
+    notes = []
+    asked = request.methods
+    wanted = list(METHODS if asked is None else asked)
+    problem = flow_problem(longest, layers)
+    if TokenMethod.FLOW in wanted and problem is not None:
+        if asked is not None:
+            raise UsageError(problem, fix=f"drop flow from {option('method')}, or pass a "
+                             "shorter sentence", option="method")
+        wanted.remove(TokenMethod.FLOW)
+        notes.append(f"flow left out: {problem}")
+    contributions = {TokenMethod.NORMS, TokenMethod.ALTI}
+    if not can_decompose and contributions & set(wanted):
+        if asked is not None:
+            raise UsageError("this model's attention blocks cannot be decomposed into "
+                             "per-source terms by attnviz", fix=f"choose rollout or flow with "
+                             f"{option('method')}", option="method")
+        wanted = [m for m in wanted if m not in contributions]
+        notes.append("norms and alti left out: attnviz does not decompose this model's "
+                     "attention blocks")
+    return tuple(dict.fromkeys(wanted)), notes
+
+
+def analyse(request: TokensRequest, trace: TokenTrace, position: int,
+            methods: tuple[TokenMethod, ...], erasures: Erasures | None) -> SentenceTokens:
+    """Every method on one sentence's trace, and each one's correlation with erasure."""
+    import torch
+
+    from attnviz.compute.tokenflow import decompose, faithfulness, maxflow, rollout
+
+    if request.keep_matrices or TokenMethod.FLOW in methods:  # Ã_l as matrices
+        chain, matrices = rollout.rollout(trace.maps, position, request.heads,
+                                          request.residual_weight)
+    else:  # the row vector alone: no L × L matrix formed (the same chain, tested)
+        chain = rollout.rollout_chain(trace.maps, position, request.heads,
+                                      request.residual_weight)
+        matrices = []
+    chains: dict[TokenMethod, torch.Tensor] = {}
+    own: dict[TokenMethod, list[torch.Tensor]] = {}
+    if TokenMethod.ROLLOUT in methods:
+        chains[TokenMethod.ROLLOUT] = chain
+    if TokenMethod.FLOW in methods:
+        # flow is computed from the inputs only (one max flow per input token): the rows
+        # between are NaN (not computed), the top row the output itself
+        flow = maxflow.attention_flow(matrices, position)
+        between = torch.full_like(chain[1:-1], float("nan"))
+        chains[TokenMethod.FLOW] = torch.cat([flow[None], between, chain[-1:]])
+    if {TokenMethod.NORMS, TokenMethod.ALTI} & set(methods):
+        assert trace.blocks is not None
+        composed = decompose.compose(trace.blocks, position, budget_bytes(request.memory_budget))
+        for m in (TokenMethod.NORMS, TokenMethod.ALTI):
+            if m in methods:
+                chains[m], own[m] = composed[m]
+    if not request.keep_matrices:
+        matrices, own = [], {}
+    result = SentenceTokens(trace.tokens, position, trace.layer_names,
+                            {m: chains[m] for m in methods}, matrices,
+                            {m: own.get(m, matrices) for m in methods})
+    if erasures is not None:
+        effects = torch.full((len(trace.tokens),), float("nan"), dtype=torch.float64)
+        effects[erasures.erased] = erasures.effects
+        result.effects, result.erasures = effects, erasures
+        for m in methods:
+            result.correlations[m] = faithfulness.spearman(chains[m][0][erasures.erased],
+                                                           erasures.effects)
+    return result
+
+
+def summarize(sentences: list[SentenceTokens], methods: tuple[TokenMethod, ...]
+              ) -> dict[TokenMethod, tuple[float | None, float | None, int]]:
+    from attnviz.compute.tokenflow.faithfulness import mean_spread
+
+    return {m: mean_spread([s.correlations.get(m) for s in sentences]) for m in methods}
+
+
+def run_tokens(request: TokensRequest) -> TokensResult:
+    """The use case: open the source, trace each sentence, run the methods and the check."""
+    request.check_values()
+    if request.model is not None:
+        return _run_model(request)
+    return _run_bundled(request)
+
+
+@dataclass
+class _Traced:
+    """What a source handed over, before the methods run."""
+
+    source: str
+    causal: bool
+    traces: list[TokenTrace]
+    can_decompose: bool
+    notes: list[str]
+
+
+def _finish(request: TokensRequest, traced: _Traced,
+            erase: Callable[[int, TokenTrace, int], Erasures] | None) -> TokensResult:
+    """Positions, methods, the check and the correlations, for any source."""
+    positions = [output_position(t.tokens, request.position, traced.causal)
+                 for t in traced.traces]
+    longest = max(len(t.tokens) for t in traced.traces)
+    methods, left_out = chosen_methods(request, longest, len(traced.traces[0].maps),
+                                       traced.can_decompose)
+    sentences = []
+    for b, (trace, p) in enumerate(zip(traced.traces, positions, strict=True)):
+        erased = erase(b, trace, p) if erase is not None and request.check else None
+        sentences.append(analyse(request, trace, p, methods, erased))
+    first = sentences[0].erasures
+    return TokensResult(traced.source, traced.causal, methods, sentences,
+                        summarize(sentences, methods), request.heads, request.residual_weight,
+                        None if first is None else first.measure,
+                        None if first is None else first.how, traced.notes + left_out)
+
+
+def _run_bundled(request: TokensRequest) -> TokensResult:
+    from attnviz.compute.device import resolve_device
+    from attnviz.compute.inputs import make_batch
+    from attnviz.core.request import SourceSpec
+    from attnviz.sources import bundled, tokens_bundled
+    from attnviz.sources.registry import open_source
+
+    if request.dtype is not Dtype.FLOAT32:
+        raise UsageError(f"{option('dtype')} applies to {option('model')}",
+                         fix=f"drop {option('dtype')}", option="dtype")
+    store = open_source(SourceSpec()).store
+    batch = make_batch(request.sentences, request.max_tokens, request.max_sentences,
+                       bundled.token_limit(store, "the bundled model"))
+    model = tokens_bundled.TinyModel(store, resolve_device(request.device))
+    budget = budget_bytes(request.memory_budget)
+    baseline = None
+    if request.erase is Erase.BASELINE:
+        baseline = request.baseline or tokens_bundled.BASELINE_WORD
+
+    def erase(_: int, trace: TokenTrace, p: int) -> Erasures:
+        per_pass = tokens_bundled.copies_per_pass(model, len(trace.tokens), budget)
+        return tokens_bundled.erasures(model, trace.tokens, p, baseline, per_pass)
+
+    traced = _Traced(str(store.source), True, tokens_bundled.traces(model, batch.tokens), True,
+                     [])
+    return _finish(request, traced, erase)
+
+
+def _run_model(request: TokensRequest) -> TokensResult:
+    from attnviz.sources.hf import token_contributions
+    from attnviz.sources.hf.load import check_load_options
+
+    assert request.model is not None
+    check_load_options(request.device, str(request.dtype), None)
+    opened, rows, tokens, decoder = token_contributions.open_inputs(
+        request.model, request.sentences,
+        None if request.targets is None else list(request.targets), request.max_tokens,
+        request.max_sentences)
+    runner = token_contributions.load_runner(opened, request.device, str(request.dtype))
+    baseline = None
+    if request.check and request.erase is Erase.BASELINE:
+        baseline = token_contributions.baseline_id(runner, request.baseline)
+    name = "" if baseline is None else \
+        request.baseline or token_contributions.baseline_name(runner, baseline)
+    spec = token_contributions.EraseSpec(baseline, name, budget_bytes(request.memory_budget))
+    if decoder is not None:
+        return _run_cross(request, runner, rows, decoder, spec)
+    found = token_contributions.traces(runner, rows, tokens)
+    runner.causal = token_contributions.seen_causal(runner, found)
+
+    def erase(b: int, _: TokenTrace, p: int) -> Erasures:
+        return token_contributions.erasures(runner, rows[b], p, spec)
+
+    traced = _Traced(str(opened.folder), runner.causal, found, runner.block is not None,
+                     token_contributions.notes(runner))
+    return _finish(request, traced, erase)
+
+
+def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]],
+               decoder: list[list[int]], spec: EraseSpec) -> TokensResult:
+    """The decoder's view of the source: rollout from a decoder position through the decoder's
+    self- and cross-attention and the encoder, checked by erasing source tokens."""
+    from attnviz.compute.tokenflow.cross import cross_rollout
+    from attnviz.compute.tokenflow.faithfulness import spearman
+    from attnviz.sources.hf import token_cross
+
+    asked = set(request.methods or ()) - {TokenMethod.ROLLOUT}
+    if asked:
+        raise UsageError(f"the decoder's view of the source ({option('target')}) has rollout "
+                         f"only; {', '.join(sorted(map(str, asked)))} trace one stack",
+                         fix=f"drop {option('method')} or {option('target')}",
+                         option="method")
+    sentences = []
+    for b, trace in enumerate(token_cross.cross_traces(runner, rows, decoder)):
+        p = output_position(trace.target, request.position, True)
+        chain, share, matrices = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
+                                               request.heads, request.residual_weight)
+        if not request.keep_matrices:
+            matrices = []
+        s = SentenceTokens(trace.source, p,
+                           [f"encoder layer {i}" for i in range(len(trace.encoder))],
+                           {TokenMethod.ROLLOUT: chain}, matrices,
+                           {TokenMethod.ROLLOUT: matrices}, output_tokens=trace.target,
+                           decoder_share=share)
+        if request.check:
+            erased = token_cross.cross_erasures(runner, rows[b], decoder[b], p, spec)
+            import torch
+
+            effects = torch.full((len(trace.source),), float("nan"), dtype=torch.float64)
+            effects[erased.erased] = erased.effects
+            s.effects, s.erasures = effects, erased
+            s.correlations[TokenMethod.ROLLOUT] = spearman(chain[0][erased.erased],
+                                                           erased.effects)
+        sentences.append(s)
+    methods = (TokenMethod.ROLLOUT,)
+    first = sentences[0].erasures
+    notes = [f"the decoder's view of the source: rollout from the decoder position through the "
+             f"decoder's self- and cross-attention, then the encoder; flow, norms and alti "
+             f"trace one stack (drop {option('target')} for the encoder's own)"]
+    return TokensResult(str(runner.source), False, methods, sentences,
+                        summarize(sentences, methods), request.heads, request.residual_weight,
+                        None if first is None else first.measure,
+                        None if first is None else first.how, notes)

@@ -1,0 +1,400 @@
+"""`attnviz tokens --model`: a Hugging Face model's own forward pass, with hooks, for the tokens
+command: per layer its attention maps (output_attentions, eager attention), and, for the
+families in BLOCKS, what each attention block's per-source terms are made of; leave-one-out
+through the model's own attention mask (or a baseline token) on stacked copies of a sentence.
+
+Encoder–decoder models run their encoder (encoder self-attention). A causal LM head (config.json
+names …ForCausalLM / …LMHeadModel) gives the measure: log p of the token the unerased model
+predicts at the output position; otherwise the measure is the relative change of the final
+hidden state there, ‖h′ − h‖ / ‖h‖.
+
+A family's block is data (BLOCKS): where its layers sit, the value projection (GPT-2's fused
+c_attn: its last third), the output projection (Conv1D: stored (in, out)), where the block's
+own output can be read (the input of the norm after it, or a module's output) and, for post-LN
+models, the norm applied after the residual. Captured per layer: the layer's input (the
+residual), the value states, and the block's output, which the tests compare with Σ_j T_ij.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnviz.compute.tokenflow.decompose import BlockTerms, PostNorm
+from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
+from attnviz.errors import CheckpointError, UsageError, option, printable, printable_path
+from attnviz.load.paths import library_path
+from attnviz.sources.hf import guard
+from attnviz.sources.hf.load import COMMON, FILES_FIX, TOLERANCE, OpenedModel, dtype_keyword
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where one family's attention block sits, relative to one layer module."""
+
+    layers: str  # the ModuleList of layers, relative to the module that runs
+    value: str  # the value projection (its output: the value states, bias included)
+    out: str  # the output projection W_O
+    read: str  # where the block's output is read
+    read_input: bool  # True: the input of `read` (a pre-LN model's next norm); else its output
+    residual: str = ""  # the module whose input is the block's residual ("": the layer)
+    value_third: bool = False  # a fused [q; k; v] projection: the value is its last third
+    conv1d: bool = False  # W_O stored (in, out) (GPT-2's Conv1D)
+    post_norm: str | None = None  # post-LN: the norm after the residual sum
+    rms: bool = False
+
+
+# pre-LN decoders: x + attn(norm(x)), read at the input of the norm before the MLP
+_LLAMA = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
+               True)
+# pre-LN encoder-decoder encoders and decoders with fairseq names (norm before the fc1 block)
+_FAIRSEQ_PRE = Block("layers", "self_attn.v_proj", "self_attn.out_proj", "final_layer_norm",
+                     True)
+# post-LN: LN(x + attn(x)), read at the output of that norm
+_BERT = Block("encoder.layer", "attention.self.value", "attention.output.dense",
+              "attention.output", False, post_norm="attention.output.LayerNorm")
+_BART = Block("layers", "self_attn.v_proj", "self_attn.out_proj", "self_attn_layer_norm",
+              False, post_norm="self_attn_layer_norm")
+# model_type → its block; every row is checked at run time (Σ_j T_ij = the block's output)
+BLOCKS: dict[str, Block] = {
+    **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                     "qwen3_moe", "starcoder2", "olmo", "helium", "smollm3", "nemotron",
+                     "gemma", "stablelm"), _LLAMA),
+    "gpt2": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_third=True,
+                  conv1d=True),
+    **dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert", "electra", "roformer",
+                     "big_bird"), _BERT),
+    "distilbert": Block("transformer.layer", "attention.v_lin", "attention.out_lin",
+                        "sa_layer_norm", False, post_norm="sa_layer_norm"),
+    "mpnet": Block("encoder.layer", "attention.attn.v", "attention.attn.o", "attention",
+                   False, post_norm="attention.LayerNorm"),
+    "t5": Block("block", "layer.0.SelfAttention.v", "layer.0.SelfAttention.o", "layer.0",
+                False, residual="layer.0"),
+    "mt5": Block("block", "layer.0.SelfAttention.v", "layer.0.SelfAttention.o", "layer.0",
+                 False, residual="layer.0"),
+    **dict.fromkeys(("bart", "marian", "plbart"), _BART),
+    **dict.fromkeys(("mbart", "pegasus", "m2m_100", "blenderbot", "biogpt", "xglm"),
+                    _FAIRSEQ_PRE),
+}
+
+
+@dataclass(frozen=True)
+class EraseSpec:
+    """How leave-one-out erases and within what memory: `baseline` None masks the token."""
+
+    baseline: int | None
+    name: str  # the baseline token as the messages name it
+    budget: int  # bytes for the stacked copies of one forward
+
+
+@dataclass
+class ModelRunner:
+    """The loaded model, the module that runs on the text, and the LM head if any."""
+
+    model: Any
+    runner: Any  # the base model, or an encoder-decoder's encoder
+    tokenizer: Any
+    config: Any
+    causal_lm: bool
+    device: torch.device
+    block: Block | None
+    source: str
+    causal: bool = False  # set from the maps once they are seen (`seen_causal`)
+    seq2seq_lm: bool = False  # an encoder-decoder loaded with its LM head
+
+
+def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
+    import transformers
+
+    from attnviz.compute.device import resolve_device
+    from attnviz.sources.hf.ablation import lm_class
+
+    if opened.tower is not None:
+        raise UsageError("'attnviz tokens' runs text-only models and encoder-decoders; this "
+                         "model's text is one tower of several", fix="choose another model")
+    arch, kind = lm_class(opened.config)
+    where = printable_path(opened.folder)
+    headed = arch is not None and kind in ("causal", "seq2seq")
+    cls = getattr(transformers, arch) if headed and arch else transformers.AutoModel
+    target = resolve_device(device)
+    with guard.silenced(stderr=True), \
+            guard.contained("transformers cannot load the model", FILES_FIX, where):
+        model = cls.from_pretrained(
+            library_path(opened.folder), attn_implementation="eager",
+            **{dtype_keyword(): dtype if dtype == "auto" else getattr(torch, dtype)}, **COMMON)
+    model = model.eval().to(target)
+    encoder_decoder = bool(getattr(opened.config, "is_encoder_decoder", False))
+    base = model.base_model if kind == "causal" and arch else model
+    runner = base.get_encoder() if encoder_decoder else base
+    causal_lm = kind == "causal" and arch is not None
+    return ModelRunner(model, runner, opened.tokenizer, opened.config, causal_lm, target,
+                       BLOCKS.get(str(opened.config.model_type)), str(opened.folder), causal_lm,
+                       kind == "seq2seq" and arch is not None)
+
+
+def _module(root: Any, path: str) -> Any:
+    return root.get_submodule(path) if path else root
+
+
+def padded_batch(runner: ModelRunner, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and the model's attention mask (1 real, 0 padding)."""
+    L = max(len(r) for r in rows)
+    filler = next((i for i in (runner.tokenizer.pad_token_id, runner.tokenizer.eos_token_id,
+                               runner.tokenizer.unk_token_id) if isinstance(i, int)), 0)
+    ids = torch.full((len(rows), L), filler, dtype=torch.long)
+    mask = torch.zeros(len(rows), L, dtype=torch.long)
+    for b, row in enumerate(rows):
+        ids[b, :len(row)] = torch.tensor(row)
+        mask[b, :len(row)] = 1
+    return ids.to(runner.device), mask.to(runner.device)
+
+
+class _Hooks:
+    """Per layer: the residual (the block's input), the value states and the block's output."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        assert runner.block is not None
+        self.block = runner.block
+        self.layers = list(_module(runner.runner, self.block.layers))
+        self.residual: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.values: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.outputs: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _Hooks:
+        for i, layer in enumerate(self.layers):
+            self.handles += [
+                _module(layer, self.block.residual).register_forward_pre_hook(
+                    self._keep(self.residual, i, "input"), with_kwargs=True),
+                _module(layer, self.block.value).register_forward_hook(
+                    self._keep(self.values, i, "output"), with_kwargs=True),
+            ]
+            site = _module(layer, self.block.read)
+            if self.block.read_input:
+                self.handles.append(site.register_forward_pre_hook(
+                    self._keep(self.outputs, i, "input"), with_kwargs=True))
+            else:
+                self.handles.append(site.register_forward_hook(
+                    self._keep(self.outputs, i, "output"), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    @staticmethod
+    def _keep(store: list[torch.Tensor | None], i: int, what: str) -> Any:
+        def hook(module: Any, args: tuple, kwargs: dict, *output: Any) -> None:
+            if what == "input":
+                value = args[0] if args else kwargs.get("hidden_states")
+            else:
+                value = output[0]
+                if isinstance(value, tuple):
+                    value = value[0]
+            if store[i] is None and isinstance(value, torch.Tensor):  # the first call
+                store[i] = value.detach()
+        return hook
+
+
+def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """W_O (E, H·d) and b_O of one layer, in (out, in) orientation."""
+    assert runner.block is not None
+    module = _module(layer, runner.block.out)
+    weight = module.weight.detach().float()
+    if runner.block.conv1d:
+        weight = weight.T
+    bias = getattr(module, "bias", None)
+    return weight, None if bias is None else bias.detach().float()
+
+
+def _post_norm(runner: ModelRunner, layer: Any) -> PostNorm | None:
+    block = runner.block
+    if block is None or block.post_norm is None:
+        return None
+    norm = _module(layer, block.post_norm)
+    bias = getattr(norm, "bias", None)
+    eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-12
+    return PostNorm(norm.weight.detach().float(), None if bias is None else bias.detach().float(),
+                    float(eps), block.rms)
+
+
+def traces(runner: ModelRunner, rows: list[list[int]], tokens: list[list[str]]
+           ) -> list[TokenTrace]:
+    """Each sentence's maps and, where BLOCKS knows the family, its blocks' terms."""
+    ids, mask = padded_batch(runner, rows)
+    hooks = _Hooks(runner) if runner.block is not None else None
+    with torch.no_grad(), guard.silenced():
+        if hooks is not None:
+            with hooks:
+                out = runner.runner(input_ids=ids, attention_mask=mask, output_attentions=True)
+        else:
+            out = runner.runner(input_ids=ids, attention_mask=mask, output_attentions=True)
+    maps = [a.float() for a in (out.attentions or ()) if a is not None]
+    if not maps:
+        raise CheckpointError("the model returned no attention maps", fix="report this model",
+                              where=printable(runner.source))
+    result = []
+    for b, row in enumerate(rows):
+        n = len(row)
+        own = [m[b, :, :n, :n].cpu() for m in maps]
+        blocks, outputs = None, None
+        if hooks is not None:
+            blocks, outputs = _blocks(runner, hooks, own, b, n)
+        result.append(TokenTrace(tokens[b], own, blocks, outputs,
+                                 [f"layer {i}" for i in range(len(own))]))
+    return result
+
+
+def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int, n: int
+            ) -> tuple[list[BlockTerms], list[torch.Tensor]]:
+    blocks, outputs = [], []
+    for i, layer in enumerate(hooks.layers):
+        residual, values, output = hooks.residual[i], hooks.values[i], hooks.outputs[i]
+        if residual is None or values is None or output is None:
+            raise CheckpointError(f"layer {i} of the model did not run as attnviz expects its "
+                                  "family to", fix=f"choose rollout or flow with "
+                                  f"{option('method')}", where=printable(runner.source))
+        W_o, b_o = _out_weight(runner, layer)
+        H = maps[i].shape[0]
+        v = values[b, :n].float().cpu()  # (n, H_kv·d) or GPT-2's (n, 3E)
+        if runner.block is not None and runner.block.value_third:
+            v = v[:, 2 * v.shape[-1] // 3:]
+        d = W_o.shape[1] // H
+        H_kv = v.shape[-1] // d
+        group = H // H_kv
+        per_head = v.view(n, H_kv, d).transpose(0, 1)  # (H_kv, n, d)
+        U = torch.stack([per_head[h // group] @ W_o[:, h * d:(h + 1) * d].T.cpu()
+                         for h in range(H)])  # (H, n, E)
+        own = output[b, :n].float().cpu()
+        rtol = TOLERANCE.get(str(output.dtype).removeprefix("torch."), 1e-4)
+        blocks.append(BlockTerms(maps[i], U, residual[b, :n].float().cpu(),
+                                 None if b_o is None else b_o.cpu(),
+                                 _post_norm(runner, layer), own, rtol))
+        outputs.append(own)
+    return blocks, outputs
+
+
+def seen_causal(runner: ModelRunner, found: list[TokenTrace]) -> bool:
+    """Causal when it has a causal LM head, or when no query of the first layer reads a later
+    key in any sentence of two tokens or more (what the model does, whatever its config says);
+    one-token sentences only: its config's is_decoder."""
+    if runner.causal_lm:
+        return True
+    seen = [float(t.maps[0].triu(1).abs().max()) == 0.0 for t in found
+            if t.maps and t.maps[0].shape[-1] > 1]
+    return all(seen) if seen else bool(getattr(runner.config, "is_decoder", False))
+
+
+def _measure(runner: ModelRunner, ids: torch.Tensor, mask: torch.Tensor, position: int
+             ) -> torch.Tensor:
+    """Per copy: the log-probabilities at `position` (causal LM), else its final hidden state."""
+    with torch.no_grad(), guard.silenced():
+        if runner.causal_lm:
+            logits = runner.model(input_ids=ids, attention_mask=mask).logits
+            return torch.log_softmax(logits[:, position].float(), -1)
+        hidden = runner.runner(input_ids=ids, attention_mask=mask).last_hidden_state
+        return hidden[:, position].float()
+
+
+def baseline_id(runner: ModelRunner, baseline: str | None) -> int:
+    """--baseline's one token, or the tokenizer's mask, pad or unknown token."""
+    tok = runner.tokenizer
+    if baseline is None:
+        found = next((i for i in (getattr(tok, "mask_token_id", None), tok.pad_token_id,
+                                  tok.unk_token_id) if isinstance(i, int)), None)
+        if found is None:
+            raise UsageError("the tokenizer has no mask, pad or unknown token to erase with",
+                             fix=f"name one with {option('baseline')}", option="baseline")
+        return int(found)
+    ids = tok(baseline, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise UsageError(f"{option('baseline')} {printable(baseline)!r} is {len(ids)} tokens "
+                         "for this tokenizer, not one", fix="choose a single token",
+                         option="baseline")
+    return int(ids[0])
+
+
+def erasures(runner: ModelRunner, row: list[int], position: int, spec: EraseSpec) -> Erasures:
+    """Leave-one-out of each token the output can see (masking: all but the output's own),
+    copies stacked along the batch, as many per forward as the budget holds."""
+    baseline, budget, baseline_name = spec.baseline, spec.budget, spec.name
+    ids, mask = padded_batch(runner, [row])
+    base = _measure(runner, ids, mask, position)[0]
+    reach = range(position + 1) if runner.causal else range(len(row))
+    erased = [j for j in reach if baseline is not None or j != position]
+    config = runner.config
+    H = int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 8) or 8)
+    E = int(getattr(config, "hidden_size", None) or getattr(config, "d_model", 64) or 64)
+    per_copy = 4 * (3 * H * len(row) ** 2 + 12 * len(row) * E)
+    if runner.causal_lm:
+        per_copy += 4 * int(getattr(config, "vocab_size", 0) or 0) * len(row)
+    step = max(1, budget // max(1, per_copy))
+    effects = []
+    target = int(base.argmax()) if runner.causal_lm else -1
+    for start in range(0, len(erased), step):
+        chunk = erased[start:start + step]
+        copies, masks = ids.repeat(len(chunk), 1), mask.repeat(len(chunk), 1)
+        for c, j in enumerate(chunk):
+            if baseline is None:
+                masks[c, j] = 0
+            else:
+                copies[c, j] = baseline
+        got = _measure(runner, copies, masks, position)
+        if runner.causal_lm:
+            effects.append((base[target] - got[:, target]).double().cpu())
+        else:
+            effects.append(((got - base).norm(dim=-1) / base.norm().clamp(min=1e-30))
+                           .double().cpu())
+    values = torch.cat(effects) if effects else torch.zeros(0, dtype=torch.float64)
+    how = ("masked through the model's attention mask, as padding (the output token itself, "
+           "whose query still runs, is not erased)" if baseline is None else
+           f"replaced by the token {printable(baseline_name)!r} (id {baseline})")
+    measure = (f"drop in log p(next token) at the output, for the token the model predicts "
+               f"there (id {target})" if runner.causal_lm else
+               "relative change ‖h′ − h‖ / ‖h‖ of the output's final hidden state")
+    return Erasures(erased, values, measure, how,
+                    float(base[target]) if runner.causal_lm else None)
+
+
+def open_inputs(model: str, sentences: list[str], targets: list[str] | None,
+                max_tokens: int, max_sentences: int
+                ) -> tuple[OpenedModel, list[list[int]], list[list[str]],
+                           list[list[int]] | None]:
+    """The model's folder, config and tokenizer (no weights yet), each sentence's ids and
+    token names and, with targets (encoder-decoders), each decoder input (its start token,
+    then the target's ids); every limit checked before the weights load."""
+    from attnviz.core.request import SourceSpec
+    from attnviz.sources.hf.inputs import encode
+    from attnviz.sources.hf.token_names import token_names
+    from attnviz.sources.registry import open_model_source
+
+    if len(sentences) > max_sentences:
+        raise UsageError(f"{len(sentences)} sentences exceed {option('max_sentences')} "
+                         f"{max_sentences}", fix=f"raise {option('max_sentences')} or pass fewer")
+    opened = open_model_source(SourceSpec(model=model))
+    encoded = encode(opened, list(sentences), targets, max_tokens)
+    rows = [list(r["input_ids"]) for r in encoded.rows]
+    decoder = None
+    if encoded.target_rows is not None:
+        start = getattr(opened.config, "decoder_start_token_id", None)
+        if not isinstance(start, int):
+            raise CheckpointError("the model's config has no decoder_start_token_id",
+                                  fix="add it to config.json", where=printable_path(opened.folder))
+        decoder = [[start, *r["input_ids"]] for r in encoded.target_rows]
+    return opened, rows, [token_names(opened.tokenizer, r) for r in rows], decoder
+
+
+def notes(runner: ModelRunner) -> list[str]:
+    found = []
+    if runner.block is None:
+        found.append(f"model type {printable(str(runner.config.model_type))!r}: attnviz knows "
+                     "no decomposition of its attention blocks")
+    if getattr(runner.config, "is_encoder_decoder", False):
+        found.append("encoder-decoder: the encoder's self-attention is traced")
+    return found
+
+
+def baseline_name(runner: ModelRunner, baseline: int) -> str:
+    return str(runner.tokenizer.convert_ids_to_tokens(baseline))

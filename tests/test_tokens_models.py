@@ -1,0 +1,367 @@
+"""`attnviz tokens --model` on the tiny zoo (llama and gpt2 with their LM heads, bert, roberta,
+the t5 and bart encoders) and the real all-MiniLM-L6-v2: each attention block's per-source terms
+add up to the block's own output, read here through hooks written for each family (≤ 1e-5
+relative); padded batches give each sentence's own result; leave-one-out equals running the
+erased input alone through the model; rollout stays lower-triangular on causal models and flow
+equals an independent max flow. Each check has a negative control."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_tokens import edmonds_karp, graph
+
+from attnviz.app.tokens import TokensRequest, run_tokens
+from attnviz.compute.tokenflow import decompose, maxflow, rollout
+from attnviz.core.choices import HeadReduce
+from attnviz.sources.hf import token_contributions as tc
+from attnviz.sources.hf import token_cross
+from attnviz.sources.hf.load import open_model
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_thread")]
+
+RTOL = 1e-5
+SENTENCES = ["the cat sat on the mat the cat", "a small dog ran far away"]
+LM_KINDS = ("llama", "gpt2")
+ENCODER_KINDS = ("bert", "roberta", "t5", "bart")
+
+# the block's own output, as each family's modules hand it over: (module under the layer,
+# whether it is that module's input (a pre-LN model's next norm) or its output)
+OWN_OUTPUT = {"llama": ("post_attention_layernorm", True), "gpt2": ("ln_2", True),
+              "bert": ("attention.output", False), "roberta": ("attention.output", False),
+              "t5": ("layer.0", False), "bart": ("self_attn_layer_norm", False)}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import zoo
+    from helpers import minilm_folder
+
+    made = {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(kind)) for kind in LM_KINDS}
+    made.update({kind: zoo.build(kind, tmp_path_factory.mktemp(kind)) for kind in ENCODER_KINDS})
+    made["minilm"] = minilm_folder()
+    return made
+
+
+def _runner(folder):
+    opened = open_model(str(folder))
+    return tc.load_runner(opened, "cpu", "float32"), opened.tokenizer
+
+
+def _rows(tokenizer, sentences):
+    return [list(tokenizer(s)["input_ids"]) for s in sentences]
+
+
+def own_outputs(runner, kind, ids, mask):
+    """Each layer's block output through a hook written here (not the module under test)."""
+    path, is_input = OWN_OUTPUT.get(kind, ("attention.output", False))
+    layers = runner.runner.get_submodule(runner.block.layers)
+    seen = []
+
+    def grab(module, args, *output):
+        value = args[0] if is_input else output[0]
+        seen.append((value[0] if isinstance(value, tuple) else value).detach())
+
+    handles = []
+    for layer in layers:
+        site = layer.get_submodule(path)
+        handles.append(site.register_forward_pre_hook(grab) if is_input
+                       else site.register_forward_hook(grab))
+    try:
+        with torch.no_grad():
+            runner.runner(input_ids=ids, attention_mask=mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("kind", [*LM_KINDS, *ENCODER_KINDS, "minilm"])
+def test_terms_add_up_to_each_blocks_own_output(folders, kind):
+    runner, tokenizer = _runner(folders[kind])
+    rows = _rows(tokenizer, SENTENCES)
+    tokens = [[str(i) for i in r] for r in rows]
+    traces = tc.traces(runner, rows, tokens)
+    ids, mask = tc.padded_batch(runner, rows)
+    expected = own_outputs(runner, "bert" if kind == "minilm" else kind, ids, mask)
+    for b, trace in enumerate(traces):
+        n = len(trace.tokens)
+        assert trace.blocks is not None and len(trace.blocks) == len(expected)
+        for block, own in zip(trace.blocks, expected, strict=True):
+            want = own[b, :n].double()
+            got = decompose.terms(block, torch.arange(n)).sum(1)
+            assert float((got - want).norm() / want.norm()) <= RTOL
+            # negative control: the residual left out of the self term breaks the identity
+            bare = decompose.BlockTerms(block.maps, block.values, torch.zeros_like(
+                block.residual), block.out_bias, block.post_norm)
+            wrong = decompose.terms(bare, torch.arange(n)).sum(1)
+            assert float((wrong - want).norm() / want.norm()) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_padded_batches_give_each_sentence_its_own_result(folders, kind):
+    runner, tokenizer = _runner(folders[kind])
+    rows = _rows(tokenizer, SENTENCES)
+    both = tc.traces(runner, rows, [["x"] * len(r) for r in rows])
+    for b, row in enumerate(rows):
+        alone = tc.traces(runner, [row], [["x"] * len(row)])[0]
+        for x, y in zip(both[b].maps, alone.maps, strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+        for x, y in zip(both[b].blocks, alone.blocks, strict=True):
+            assert torch.allclose(x.values, y.values, atol=1e-4)
+    if kind == "bert":  # negative control: padding left visible changes the short sentence
+        ids, _ = tc.padded_batch(runner, rows)
+        with torch.no_grad():
+            visible = runner.runner(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                    output_attentions=True).attentions
+        short = 1 if len(rows[1]) < len(rows[0]) else 0
+        n = len(rows[short])
+        assert not torch.allclose(visible[-1][short, :, :n, :n], both[short].maps[-1], atol=1e-4)
+
+
+@pytest.mark.parametrize("kind, erase", [("llama", "mask"), ("llama", "baseline"),
+                                         ("bert", "mask"), ("minilm", "baseline")])
+def test_leave_one_out_equals_each_erased_input_alone(folders, kind, erase):
+    runner, tokenizer = _runner(folders[kind])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    p = len(row) - 1 if runner.causal else 0
+    baseline = tc.baseline_id(runner, None) if erase == "baseline" else None
+    got = tc.erasures(runner, row, p, tc.EraseSpec(baseline, "", 1 << 16))  # a few per forward
+    ids = torch.tensor([row])
+    mask = torch.ones_like(ids)
+
+    def measure(i, m):
+        with torch.no_grad():
+            if runner.causal_lm:
+                return torch.log_softmax(runner.model(input_ids=i, attention_mask=m)
+                                         .logits[0, p], -1)
+            return runner.runner(input_ids=i, attention_mask=m).last_hidden_state[0, p]
+
+    base = measure(ids, mask)
+    expected = []
+    for j in got.erased:
+        i, m = ids.clone(), mask.clone()
+        if baseline is None:
+            m[0, j] = 0
+        else:
+            i[0, j] = baseline
+        out = measure(i, m)
+        if runner.causal_lm:
+            t = int(base.argmax())
+            expected.append(float(base[t] - out[t]))
+        else:
+            expected.append(float((out - base).norm() / base.norm()))
+    assert torch.allclose(got.effects, torch.tensor(expected, dtype=torch.float64), atol=1e-4)
+    # negative control: the effects of another sentence's erasures differ
+    other_row = _rows(tokenizer, SENTENCES[1:])[0]
+    other = tc.erasures(runner, other_row, len(other_row) - 1 if runner.causal else 0,
+                        tc.EraseSpec(baseline, "", 1 << 16))
+    k = min(len(other.effects), len(got.effects))
+    assert not torch.allclose(other.effects[:k], got.effects[:k], atol=1e-4)
+
+
+def test_rollout_is_lower_triangular_on_a_causal_model_and_flow_is_exact(folders):
+    runner, tokenizer = _runner(folders["llama"])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    trace = tc.traces(runner, [row], [["x"] * len(row)])[0]
+    p = len(row) - 1
+    chain, matrices = rollout.rollout(trace.maps, p, HeadReduce.MEAN, 0.5)
+    for M in matrices:
+        assert float(M.triu(1).abs().max()) == 0.0
+        assert torch.allclose(M.sum(-1), torch.ones(len(row), dtype=M.dtype))
+    flows = maxflow.attention_flow(matrices, p)
+    L, n = len(row), len(matrices)
+    for s in range(L):
+        assert float(flows[s]) == pytest.approx(edmonds_karp(graph(matrices), s, n * L + p),
+                                                abs=1e-9)
+    # negative control: an encoder's rollout is not lower-triangular
+    runner, tokenizer = _runner(folders["bert"])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    trace = tc.traces(runner, [row], [["x"] * len(row)])[0]
+    _, matrices = rollout.rollout(trace.maps, 0, HeadReduce.MEAN, 0.5)
+    assert float(matrices[0].triu(1).abs().max()) > 0
+
+
+def test_the_command_on_a_model(folders, cli):
+    result = cli("tokens", "--model", folders["llama"], *SENTENCES, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["causal"] is True and doc["summary"]["alti"]["sentences"] >= 1
+    assert doc["sentences"][0]["position"] == len(doc["sentences"][0]["tokens"]) - 1
+    result = cli("tokens", "--model", folders["minilm"], "the cat sat on the mat", "--erase",
+                 "baseline")
+    assert result.exit_code == 0, result.output
+    assert "[MASK]" in result.output and "output position 0 ([CLS])" in result.output
+
+
+def test_encoder_decoder_runs_its_encoder(folders):
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["t5"])))
+    assert any("encoder" in note for note in result.notes)
+    assert result.sentences[0].position == 0 and not result.causal
+
+
+def test_a_family_described_wrongly_is_refused(folders, monkeypatch):
+    """The run-time identity check: a block row with the wrong output projection (the value's
+    own projection in its place) is refused instead of shown; the true row passes."""
+    from dataclasses import replace
+
+    from attnviz.errors import CheckFailed
+
+    right = tc.BLOCKS["bert"]
+    monkeypatch.setitem(tc.BLOCKS, "bert", replace(right, out="attention.self.value"))
+    with pytest.raises(CheckFailed, match="do not add up"):
+        run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+    monkeypatch.setitem(tc.BLOCKS, "bert", right)
+    assert run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+
+
+def test_causality_is_read_from_the_maps(folders):
+    """A causal base model without an LM head (the zoo's gpt2 saved as GPT2Model) is traced
+    from its last token; an encoder from its first."""
+    import zoo
+
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+    assert not result.causal and result.sentences[0].position == 0
+    assert run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["llama"]))).causal
+    base = zoo.build("gpt2", folders["llama"].parent / "gpt2-base")
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(base)))
+    s = result.sentences[0]
+    assert result.causal and s.position == len(s.tokens) - 1
+    assert "hidden state" in (result.measure or "")
+
+
+# ---- the decoder's view of the source (encoder-decoder with --target) -----------------------
+
+def joint_rollout(encoder, decoder, cross, p, w):
+    """The same rollout as one explicit matrix product over the joint nodes [decoder tokens;
+    encoder outputs] per decoder sublayer, then the encoder's matrices: O(N³), written here."""
+    T, S = decoder[0].shape[-1], cross[0].shape[-1]
+    N = T + S
+    v = torch.zeros(N, dtype=torch.float64)
+    v[p] = 1.0
+    for self_maps, cross_maps in zip(reversed(decoder), reversed(cross), strict=True):
+        X = torch.eye(N, dtype=torch.float64)  # cross sublayer: decoder rows read the encoder
+        X[:T, :T] *= w
+        C = cross_maps.double().mean(0)
+        X[:T, T:] = (1 - w) * C / C.sum(-1, keepdim=True)
+        A = torch.eye(N, dtype=torch.float64)  # self sublayer on the decoder rows only
+        A[:T, :T] = w * torch.eye(T, dtype=torch.float64) + (1 - w) * self_maps.double().mean(0)
+        v = v @ X @ A
+    source = v[T:]
+    for maps in reversed(encoder):
+        source = source @ (w * torch.eye(S, dtype=torch.float64)
+                           + (1 - w) * maps.double().mean(0))
+    return source, v[:T]
+
+
+@pytest.fixture(scope="module")
+def seq2seq(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import zoo
+
+    return {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(f"{kind}-lm"))
+            for kind in ("t5", "bart")}
+
+
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_cross_rollout_equals_the_joint_matrix_product(seq2seq, kind):
+    from attnviz.compute.tokenflow.cross import cross_rollout
+
+    runner, tokenizer = _runner(seq2seq[kind])
+    rows = _rows(tokenizer, SENTENCES)
+    start = runner.config.decoder_start_token_id
+    decoder = [[start, *tokenizer(text_target=t)["input_ids"]] for t in ("a dog ran", "the cat")]
+    traces = token_cross.cross_traces(runner, rows, decoder)
+    for b, trace in enumerate(traces):
+        p = len(decoder[b]) - 1
+        chain, share, _ = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
+                                        HeadReduce.MEAN, 0.5)
+        source, kept = joint_rollout(trace.encoder, trace.decoder, trace.cross, p, 0.5)
+        assert torch.allclose(chain[0], source, atol=1e-12)
+        assert torch.allclose(share, kept, atol=1e-12)
+        assert float(chain[0].sum() + share.sum()) == pytest.approx(1.0)
+        # negative control: the decoder's layers taken in the wrong order
+        wrong_chain, _, _ = cross_rollout(trace.encoder, trace.decoder[::-1], trace.cross, p,
+                                          HeadReduce.MEAN, 0.5)
+        assert not torch.allclose(wrong_chain[0], source, atol=1e-6)
+        # padded batch: each sentence's own maps
+        alone = token_cross.cross_traces(runner, [rows[b]], [decoder[b]])[0]
+        for x, y in zip(trace.cross, alone.cross, strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
+
+
+def test_cross_erasures_equal_each_erased_source_alone(seq2seq):
+    runner, tokenizer = _runner(seq2seq["t5"])
+    row = _rows(tokenizer, SENTENCES[:1])[0]
+    start = runner.config.decoder_start_token_id
+    target = [start, *tokenizer(text_target="a dog ran")["input_ids"]]
+    p = len(target) - 1
+    got = token_cross.cross_erasures(runner, row, target, p, tc.EraseSpec(None, "", 1 << 16))
+    ids, dec = torch.tensor([row]), torch.tensor([target])
+
+    def log_p(mask):
+        with torch.no_grad():
+            out = runner.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+        return torch.log_softmax(out.logits[0, p], -1)
+
+    base = log_p(torch.ones_like(ids))
+    t = int(base.argmax())
+    expected = []
+    for j in got.erased:
+        mask = torch.ones_like(ids)
+        mask[0, j] = 0
+        expected.append(float(base[t] - log_p(mask)[t]))
+    assert torch.allclose(got.effects, torch.tensor(expected, dtype=torch.float64), atol=1e-4)
+    shifted = expected[1:] + expected[:1]  # negative control: effects paired with other tokens
+    assert not torch.allclose(got.effects, torch.tensor(shifted, dtype=torch.float64),
+                              atol=1e-4)
+
+
+def test_target_on_the_command_line(seq2seq, folders, cli):
+    from helpers import assert_clean_error
+
+    result = cli("tokens", "--model", seq2seq["t5"], "the cat sat on the mat", "--target",
+                 "a dog ran", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    s = doc["sentences"][0]
+    assert doc["methods"] == ["rollout"] and s["decoder_tokens"][-1] == s["output"].split("@")[0]
+    assert sum(s["chains"]["rollout"][0]) + sum(s["decoder_share"]) == pytest.approx(1.0)
+    assert_clean_error(cli("tokens", "--model", seq2seq["t5"], "the cat", "--target", "a dog",
+                           "--method", "alti"), 2, "--method")
+    assert_clean_error(cli("tokens", "the cat", "--target", "a dog"), 2, "--target")
+    assert_clean_error(cli("tokens", "--model", folders["llama"], "the cat", "--target", "a"),
+                       2, "--target")
+
+
+def test_a_model_folder_whose_name_is_not_utf8(cli, tmp_path):
+    """--model and every output inside a folder named with byte 0xff (as Python names it from
+    argv: a surrogate escape); the export's metadata names it by its escapes. Control: the
+    name really is not UTF-8."""
+    import os
+    import shutil
+
+    from helpers import SAMPLES
+
+    folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xff"))
+    folder.mkdir()
+    with pytest.raises(UnicodeEncodeError):
+        str(folder).encode("utf-8")
+    model = folder / "m"
+    shutil.copytree(SAMPLES / "models" / "distilbert-tiny-model", model)
+    result = cli("tokens", "--model", model, "the cat sat on the mat", "--out", folder / "t.png",
+                 "--html", folder / "t.html", "--export", folder / "t.safetensors")
+    assert result.exit_code == 0, result.output
+    assert "tokenizer" not in result.stderr
+    for name in ("t.png", "t.html", "t.safetensors"):
+        assert (folder / name).stat().st_size > 100
+    from safetensors import safe_open
+
+    from attnviz.load.paths import library_path
+
+    with safe_open(str(library_path(folder) / "t.safetensors"), "pt") as f:
+        assert "caf\\udcff" in f.metadata()["source"]
