@@ -27,7 +27,7 @@ from attnviz.compute.circuits_result import CircuitsResult
 from attnviz.compute.logit.attribute_result import AttributeResult
 from attnviz.compute.logit.lens_result import LensResult
 from attnviz.compute.patching.result import PatchResult
-from attnviz.compute.tokenflow.result import TokensResult
+from attnviz.compute.tokenflow.token_result import TokensResult
 from attnviz.core.choices import AblationMode, ColorScale, Dtype, OverviewShows, Weighting
 from attnviz.core.request import (
     DEFAULT_MAX_SENTENCES,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from attnviz.compute.tokenflow.result import (  # noqa: F401 - the use case's result
+from attnviz.compute.tokenflow.token_result import (  # noqa: F401 - the use case's result
     SentenceTokens,
     TokensResult,
 )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from attnviz.compute.tokenflow.result import TokensResult
+    from attnviz.compute.tokenflow.token_result import TokensResult
 
 
 def write_export(result: TokensResult, path: Path) -> None:

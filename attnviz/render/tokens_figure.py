@@ -13,7 +13,7 @@ from attnviz.render.figure_io import isolated, label, new_figure
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from attnviz.compute.tokenflow.result import TokensResult
+    from attnviz.compute.tokenflow.token_result import TokensResult
 
 SENTENCES_DRAWN = 3
 LABELLED_TOKENS = 48  # token names along the x axis up to this many

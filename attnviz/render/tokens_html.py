@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from attnviz.errors import printable
 
 if TYPE_CHECKING:
-    from attnviz.compute.tokenflow.result import SentenceTokens, TokensResult
+    from attnviz.compute.tokenflow.token_result import SentenceTokens, TokensResult
 
 MAX_TOKENS_DRAWN = 64  # route views wider than this draw the tokens nearest the output
 MIN_EDGE_SHARE = 0.005  # edges carrying less than this share of the output are left out

@@ -16,7 +16,7 @@ from attnviz.errors import printable, with_options
 from attnviz.render.maps_terminal import colour_off, ramp, shade
 
 if TYPE_CHECKING:
-    from attnviz.compute.tokenflow.result import SentenceTokens, TokensResult
+    from attnviz.compute.tokenflow.token_result import SentenceTokens, TokensResult
 
 SENTENCES_SHOWN = 3  # tables printed in full; the rest only enter the summary
 ROWS_SHOWN = 64  # token rows per table (the rest elided, the top tokens still named)
