@@ -39,6 +39,8 @@ REFUSALS: dict[tuple[str, str, str], Refusal] = {
         2, "--model needs a text model",
         "heatmap runs the model's own forward on sentences; a vision model takes pixels, not "
         "token ids (its layers still run in heatmap --weights, on synthetic vectors)"),
+    ("zoo:vit", "corpus", "--model"): Refusal(
+        2, "--model needs a text model", "a corpus is text; a vision model takes pixels"),
 }
 
 
@@ -85,6 +87,9 @@ def model_args(command: str, folder: Path) -> list[Any]:
     """One --model cell's command line: the model's first layer."""
     if command == "heatmap":
         return ["heatmap", "--model", folder, "--layer", "0", "--no-maps", "--json", SENTENCE]
+    if command == "corpus":  # every layer, over a few real sentences
+        return ["corpus", SAMPLES / "english.txt", "--model", folder, "--limit", "4",
+                "--resamples", "5", "--json"]
     return [command, "--model", folder, "--layer", "0", "--json"]
 
 
@@ -106,7 +111,7 @@ def check_cell(cli: Callable[..., Any], case: str, command: str, flag: str,
 
 
 WEIGHTS_COMMANDS = ("inspect", "split", "heatmap", "circuits")
-MODEL_COMMANDS = ("split", "heatmap", "circuits")
+MODEL_COMMANDS = ("split", "heatmap", "circuits", "corpus")
 
 
 def run_weights_row(cli: Callable[..., Any], case: str, source: Path) -> bool:
@@ -146,8 +151,8 @@ def _zoo_ids() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", _zoo_ids())
 def test_every_zoo_model_runs_in_every_command(cli, zoo_model, kind: str) -> None:
-    """--weights on the saved folder in all four commands; --model in split, heatmap and
-    circuits."""
+    """--weights on the saved folder in all four commands; --model in split, heatmap,
+    circuits and corpus."""
     folder = zoo_model(kind)
     if not run_weights_row(cli, f"zoo:{kind}", folder):
         pytest.skip(f"inspect lists no usable layer of {kind}")
