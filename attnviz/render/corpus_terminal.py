@@ -33,6 +33,10 @@ def _cell(head: CorpusHead, statistic: str | None, short: bool) -> str:
     return f"{_num(s.mean)}±{_num((s.high - s.low) / 2)}"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
+
+
 def _num(value: float) -> str:
     if abs(value) >= 10:
         return f"{value:.0f}"
@@ -99,7 +103,7 @@ def print_corpus(console: Console, result: CorpusResult, statistic: str | None =
                                f"{head.stability:.0%}  ({settled})"))
         if len(uncertain) > MAX_LISTED:
             console.print(Text(f"  … {len(uncertain) - MAX_LISTED} more (--json lists all)"))
-    said = [f"{counts.used} examples used", f"{counts.batches} batches"]
+    said = [_count(counts.used, "example") + " used", _count(counts.batches, "batch")]
     if counts.skipped_empty:
         said.append(f"{counts.skipped_empty} without a token skipped")
     console.print(Text("\n" + ", ".join(said)))
