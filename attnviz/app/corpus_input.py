@@ -21,7 +21,8 @@ from typing import Any
 from attnviz.errors import AttnvizError, UsageError, option, printable, printable_path
 
 MAX_LINE_BYTES = 1 << 20  # a longer line is cut here (its tail is never an example's start)
-CORPUS_FIX = "pass a UTF-8 text file (one example per line) or JSON lines with --field"
+CORPUS_FIX = ("pass a UTF-8 text file (one example per line), or JSON lines with "
+              f"{option('field')}")
 
 
 @dataclass(frozen=True)
