@@ -84,9 +84,24 @@ def test_two_gloo_ranks_equal_one_process(corpus, tmp_path):
         assert_equal_runs(one_process(even, "--resamples", "40", "--max-tokens", "24"), alone)
 
 
-def test_a_rank_without_examples_still_takes_part(corpus):
-    assert_equal_runs(two_ranks(corpus, "--limit", "1", "--resamples", "10"),
+def test_a_rank_without_examples_still_takes_part_and_resumes(corpus, tmp_path):
+    state = tmp_path / "s"
+    assert_equal_runs(two_ranks(corpus, "--limit", "1", "--resamples", "10", "--state", state),
                       one_process(corpus, "--limit", "1", "--resamples", "10"))
+    # rank 1 saved empty sums (it had run nothing); both resume from their files
+    resumed = two_ranks(corpus, "--limit", "5", "--resamples", "10", "--state", state,
+                        "--resume")
+    assert resumed["resumed_from"] == 1
+    assert_equal_runs(resumed, one_process(corpus, "--limit", "5", "--resamples", "10"))
+
+
+def test_standard_input_is_refused_under_two_ranks():
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                           "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                           "-m", "attnviz", "corpus", "-"], capture_output=True, text=True,
+                          env=env(), timeout=300, input="A sentence on standard input.\n")
+    assert done.returncode != 0
+    assert "standard input cannot be read by 2 processes" in done.stderr
 
 
 def test_two_ranks_resume_from_their_own_state_files(corpus, tmp_path):

@@ -124,6 +124,9 @@ def run_corpus(request: CorpusRequest,
     check_request(request)
     world = join_world(request.device)
     try:
+        if world.size > 1 and str(request.corpus) == "-":  # each rank reads the whole stream
+            raise UsageError(f"standard input cannot be read by {world.size} processes at once",
+                             fix="pass the corpus as a file every rank can read")
         request = replace(request, device=local_device(world, request.device))
         engine = open_engine(request.source(), request.memory_budget,
                              request.weighting == Weighting.NORM)
@@ -142,6 +145,7 @@ def _run(request: CorpusRequest, engine: Engine, world: World,
         state_path,
     )
     from attnviz.compute.corpus.corpus_examples import LayerInfo
+    from attnviz.compute.corpus.corpus_sums import CorpusSums
 
     started = time.perf_counter()
     identity = RunState(engine.identity(), corpus_identity(request.corpus),
@@ -151,20 +155,22 @@ def _run(request: CorpusRequest, engine: Engine, world: World,
     path = None if request.state is None else state_path(request.state, world.rank, world.size)
     saved_prefix = ""
     if request.resume and path is not None:
-        loop.sums, saved = load_state(path)
+        sums, saved = load_state(path)
         check_resumable(saved, identity)
+        loop.sums = sums if sums.shape[1] else None  # no layer: nothing had run
         start, saved_prefix = saved.consumed, saved.prefix
         loop.layers = [LayerInfo(**info) for info in saved.layers]
         loop.counts = Counts(**saved.counts)
     prefix = PrefixHash()
 
     def save(consumed: int) -> None:
-        if path is None or loop.sums is None:
+        if path is None:
             return
         state = RunState(identity.model, identity.corpus, identity.options, consumed,
                          prefix.hexdigest(), [info.__dict__ for info in loop.layers],
                          loop.counts.to_json())
-        save_state(path, loop.sums, state)
+        # a rank that has run nothing yet saves empty sums: its resume starts from them too
+        save_state(path, loop.sums or CorpusSums.zeros(0, 0, request.resamples), state)
 
     stream = examples(request.corpus, request.field, request.limit, request.sample,
                       request.seed)
