@@ -219,3 +219,22 @@ def test_the_reservoir_leaves_the_global_generator_alone():
     state = random.getstate()
     reservoir(["a", "b", "c"], 1, 0)
     assert random.getstate() == state
+
+
+def test_non_finite_maps_are_named_never_averaged(tmp_path, monkeypatch):
+    """A model whose maps hold a NaN (its weights do) stops the run with heatmap's message;
+    control: the same run with the maps intact succeeds."""
+    from attnviz.errors import CheckFailed
+
+    path = write(tmp_path, LINES[:6])
+    real = BundledEngine.run
+
+    def poisoned(self, items):
+        run = real(self, items)
+        run.layers[1].weights[0, 0, 1, 0] = float("nan")
+        return run
+
+    assert run_corpus(CorpusRequest(path, resamples=5)).summary.examples == 6
+    monkeypatch.setattr(BundledEngine, "run", poisoned)
+    with pytest.raises(CheckFailed, match="layer 1 produced 1 non-finite attention weights"):
+        run_corpus(CorpusRequest(path, resamples=5))

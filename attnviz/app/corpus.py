@@ -34,7 +34,7 @@ from attnviz.app.corpus_input import PrefixHash, buckets, corpus_identity, examp
 from attnviz.compute.corpus.corpus_result import DEFAULT_MAX_TOKENS, CorpusResult, Counts
 from attnviz.core.choices import Dtype, LongExamples, Weighting
 from attnviz.core.request import SourceSpec
-from attnviz.errors import UsageError, option
+from attnviz.errors import CheckFailed, UsageError, option
 
 if TYPE_CHECKING:
     from attnviz.app.corpus_dist import World
@@ -248,6 +248,8 @@ class _Loop:
         return len(batches)
 
     def batch(self, batch: list[Tokenized]) -> None:
+        import torch
+
         from attnviz.compute.corpus.corpus_examples import example_sums, run_layers
         from attnviz.compute.corpus.corpus_sums import CorpusSums
 
@@ -261,6 +263,13 @@ class _Loop:
             raise UsageError("the model ran different attention layers on two batches",
                              fix="report this model to attnviz")
         sums, counts = example_sums(run, self.sums.shape[2])
+        if not bool(torch.isfinite(sums).all()):  # NaN/Inf maps: named, never averaged
+            from attnviz.compute.attention import check_finite_maps
+
+            check_finite_maps(run)
+            raise CheckFailed("a batch's head statistics came out non-finite",
+                              fix="check the model's weights with 'attnviz inspect "
+                              f"{option('scan')}'")
         lengths = [i.length for i in batch]
         self.sums.add([i.ordinal for i in batch], sums, counts, sum(lengths), self.request.seed)
         self.counts.used += len(batch)
