@@ -26,6 +26,8 @@ def corpus_figure(result: CorpusResult) -> Figure:
     xs = list(range(len(summary.heads)))
     bounds = [i for i in range(1, len(summary.heads))
               if summary.heads[i].label != summary.heads[i - 1].label]
+    starts = [0, *bounds]  # each layer's first head, labelled by the layer
+    labels = [f"L{summary.heads[i].label}" for i in starts]
     for ax, name in zip(axes, STATISTICS, strict=False):
         means: list[float] = []
         kept: list[int] = []
@@ -38,9 +40,15 @@ def corpus_figure(result: CorpusResult) -> Figure:
             means.append(s.mean)
             errors[0].append(0.0 if s.low is None else s.mean - s.low)
             errors[1].append(0.0 if s.high is None else s.high - s.mean)
-        ax.errorbar(kept, means, yerr=errors, fmt="o", markersize=2, elinewidth=0.8)
+        if kept:
+            ax.errorbar(kept, means, yerr=errors, fmt="o", markersize=2, elinewidth=0.8)
+        else:  # no example had a query for it (no special token, say)
+            ax.text(0.5, 0.5, "no query exercised it", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=8, color="0.4")
         for b in bounds:
             ax.axvline(b - 0.5, color="0.85", linewidth=0.6)
+        ax.set_xlim(-0.5, len(xs) - 0.5)
+        ax.set_xticks(starts, labels)
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
     ax = axes[len(STATISTICS)]
