@@ -408,8 +408,9 @@ def corpus(path: str | Path, *, model: str | Path | None = None, field: str | No
     over examples, the type, its stability and settle point), `.to_json()`, `.rows()`."""
     from attnviz.app.corpus import CorpusRequest, run_corpus
     from attnviz.core.choices import LongExamples
+    from attnviz.errors import with_options
 
-    return run_corpus(CorpusRequest(
+    result = run_corpus(CorpusRequest(
         _path(path, "path") or Path("-"),
         _str(str(model) if isinstance(model, Path) else model, "model"), _str(field, "field"),
         _str(device, "device", False) or "auto", Dtype.parse(dtype, "dtype"),
@@ -419,3 +420,5 @@ def corpus(path: str | Path, *, model: str | Path | None = None, field: str | No
         sample=_int(sample, "sample", 1, True), seed=_int(seed, "seed", 0, high=MAX_SEED) or 0,
         resamples=_int(resamples, "resamples", 1) or 1, state=_path(state, "state"),
         resume=_flag(resume, "resume")))
+    result.notes = [with_options(note) for note in result.notes]  # keywords, as errors say
+    return result

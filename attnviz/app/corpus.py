@@ -14,8 +14,8 @@ API (stable; `attnviz compare` builds on it):
   statistic's mean with its 95 % interval over examples, query and example counts, the head
   type, its stability and settle point), `.to_json()`, `.rows()` (the CSV's per-head rows).
 - The parts, for a caller that drives its own loop (two models over the same examples):
-  `app.corpus_engines.open_engine(spec, budget, norm)` (`.tokenize`, `.run(batch) ->
-  AttentionRun`), `app.corpus_input.examples/windows/buckets`, and
+  `app.corpus_engines.open_engine(spec, budget, norm)` (`.tokenize(examples, max_tokens,
+  long)`, `.run(batch) -> AttentionRun`), `app.corpus_input.examples/windows/buckets`, and
   `compute.corpus.corpus_examples.example_sums(run, heads) -> (sums (B, L, H, S), counts
   (B, L, S))`, the per-example values every sum above is made of.
 

@@ -110,6 +110,9 @@ def corpus(
         result = run_corpus(request, report)
     if not leader:
         return
+    from attnviz.cli.options import with_flags
+
+    result.notes = [with_flags(note) for note in result.notes]  # flags, as errors show them
     _write(result, outputs)
     if as_json:
         from attnviz.cli.options import strict_json
