@@ -475,3 +475,28 @@ def tokens(sentences: Sequence[str], *, model: str | Path | None = None,
         _int(max_tokens, "max_tokens", 1) or DEFAULT_MAX_TOKENS,
         _int(max_sentences, "max_sentences", 1) or DEFAULT_MAX_SENTENCES,
         _str(device, "device", allow_none=False) or "cpu", Dtype.parse(dtype, "dtype")))
+def corpus(path: str | Path, *, model: str | Path | None = None, field: str | None = None,
+           limit: int | None = None, sample: int | None = None, seed: int = 0,
+           long: str = "truncate", weighting: str = "attention", max_tokens: int = 128,
+           device: str = "auto", dtype: str = "float32", resamples: int = 200,
+           state: str | Path | None = None, resume: bool = False) -> Any:
+    """Head statistics over a corpus (`attnviz corpus`): a text file with one example per line,
+    JSON lines (`field`), streamed; the bundled model (default) or a Hugging Face `model`.
+    Returns the CorpusResult: `.summary.heads` (each statistic's mean with its 95 % interval
+    over examples, the type, its stability and settle point), `.to_json()`, `.rows()`."""
+    from attnviz.app.corpus import CorpusRequest, run_corpus
+    from attnviz.core.choices import LongExamples
+    from attnviz.errors import with_options
+
+    result = run_corpus(CorpusRequest(
+        _path(path, "path") or Path("-"),
+        _str(str(model) if isinstance(model, Path) else model, "model"), _str(field, "field"),
+        _str(device, "device", False) or "auto", Dtype.parse(dtype, "dtype"),
+        weighting=Weighting.parse(weighting, "weighting"),
+        max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+        long=LongExamples.parse(long, "long"), limit=_int(limit, "limit", 1, True),
+        sample=_int(sample, "sample", 1, True), seed=_int(seed, "seed", 0, high=MAX_SEED) or 0,
+        resamples=_int(resamples, "resamples", 1) or 1, state=_path(state, "state"),
+        resume=_flag(resume, "resume")))
+    result.notes = [with_options(note) for note in result.notes]  # keywords, as errors say
+    return result

@@ -25,9 +25,11 @@ from attnviz.core.choices import (
     AblationMode,
     Choice,
     ColorScale,
+    CorpusShows,
     Dtype,
     Erase,
     HeadReduce,
+    LongExamples,
     OverviewShows,
     PatchDirection,
     PatchMetric,
@@ -85,7 +87,7 @@ def test_every_choice_is_a_str_enum_printed_as_its_value():
              if isinstance(value, type) and issubclass(value, Choice) and value is not Choice]
     assert set(enums) == {ColorScale, Weighting, AblationMode, Positions, Dtype, OverviewShows,
                           Probe, PatchMetric, PatchDirection, PatchSite, HeadReduce,
-                          TokenMethod, Erase}
+                          TokenMethod, Erase, LongExamples, CorpusShows}
     for enum in enums:
         for member in enum:
             assert isinstance(member, str) and member == member.value
@@ -107,6 +109,8 @@ def test_the_constants_below_are_the_enums():
     assert hf_load.DTYPES == Dtype.values() == ("float32", "bfloat16", "float16", "auto")
     assert PROBES == Probe.values() == ("induction",)
     assert CHOICES == OverviewShows.values()
+    # attnviz corpus --overview: the type, or a statistic the heatmap overview shows
+    assert set(CorpusShows.values()) == set(CHOICES) - {"ablation", "off"}
     assert set(CHOICES) == {LABEL, *STATISTICS, OFF}
 
 

@@ -32,6 +32,7 @@ MODEL_SENTENCES = ["the cat sat on the mat", "a small dog ran far away"]  # the 
 OUT = "{out}"  # replaced by the run's output folder
 # the walk's axes, not options to walk: the source, the mode and the inputs themselves
 AXES = {"sentences", "clean", "checkpoint", "weights", "model", "random", "as_json"}
+AXES = {"sentences", "checkpoint", "weights", "model", "random", "as_json", "corpus"}
 # what no output shows by design: they change how the run is done, never what it shows
 UNOBSERVABLE = {
     "device": "auto is the CPU on a machine without a GPU: the same device, the same maps",
@@ -153,6 +154,17 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "memory_budget": ["--memory-budget", "1MB"],
         "target": ["--target", "the cat", "--target", "a dog"],
     },
+    "corpus": {
+        "field": ["--field", "text"], "limit": ["--limit", "10"], "sample": ["--sample", "10"],
+        "seed": ["--seed", "3"], "long": ["--long", "skip"], "device": ["--device", "cpu"],
+        "dtype": ["--dtype", "bfloat16"], "device_map": ["--device-map", "auto"],
+        "max_memory": ["--max-memory", "1GB"], "weighting": ["--weighting", "norm"],
+        "resamples": ["--resamples", "7"], "overview": ["--overview", "entropy"],
+        "out": ["--out", f"{OUT}/f.png"], "csv": ["--csv", f"{OUT}/h.csv"],
+        "html": ["--html", f"{OUT}/p.html"], "max_tokens": ["--max-tokens", "3"],
+        "memory_budget": ["--memory-budget", "1MB"], "state": ["--state", f"{OUT}/s.state"],
+        "resume": ["--resume"], "save_every": ["--save-every", "1"],
+    },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
@@ -182,6 +194,7 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "lens": {"bundled": [*SENTENCES]},
     "patch": {"bundled": []},
     "tokens": {"bundled": [*SENTENCES]},
+    "corpus": {"bundled": [str(SAMPLES / "english.txt"), "--limit", "30"]},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
@@ -194,6 +207,7 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "patch": ["--model", "{model}", "the cat sat on the mat", "-c", "the dog sat on the mat",
               "-a", "cat", "--wrong", "dog"],
     "tokens": ["--model", "{model}", *MODEL_SENTENCES],
+    "corpus": ["--model", "{model}", str(SAMPLES / "english.txt"), "--limit", "8"],
 }
 # options a command may drop on a source: none (the walk fails on any)
 KNOWN: dict[str, set[tuple[str, str]]] = {}

@@ -41,6 +41,8 @@ REFUSALS: dict[tuple[str, str, str], Refusal] = {
         "token ids (its layers still run in heatmap --weights, on synthetic vectors)"),
     ("zoo:vit", "tokens", "--model"): Refusal(
         2, "--model needs a text model", "tokens runs the model's own forward on sentences"),
+    ("zoo:vit", "corpus", "--model"): Refusal(
+        2, "--model needs a text model", "a corpus is text; a vision model takes pixels"),
 }
 
 
@@ -89,6 +91,9 @@ def model_args(command: str, folder: Path) -> list[Any]:
         return ["heatmap", "--model", folder, "--layer", "0", "--no-maps", "--json", SENTENCE]
     if command == "tokens":  # every layer: the command traces the whole stack
         return ["tokens", "--model", folder, "--json", SENTENCE]
+    if command == "corpus":  # every layer, over a few real sentences
+        return ["corpus", SAMPLES / "english.txt", "--model", folder, "--limit", "4",
+                "--resamples", "5", "--json"]
     return [command, "--model", folder, "--layer", "0", "--json"]
 
 
@@ -110,7 +115,7 @@ def check_cell(cli: Callable[..., Any], case: str, command: str, flag: str,
 
 
 WEIGHTS_COMMANDS = ("inspect", "split", "heatmap", "circuits")
-MODEL_COMMANDS = ("split", "heatmap", "circuits", "tokens")
+MODEL_COMMANDS = ("split", "heatmap", "circuits", "tokens", "corpus")
 
 
 def run_weights_row(cli: Callable[..., Any], case: str, source: Path) -> bool:
@@ -150,8 +155,8 @@ def _zoo_ids() -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", _zoo_ids())
 def test_every_zoo_model_runs_in_every_command(cli, zoo_model, kind: str) -> None:
-    """--weights on the saved folder in all four commands; --model in split, heatmap and
-    circuits."""
+    """--weights on the saved folder in all four commands; --model in split, heatmap,
+    circuits and corpus."""
     folder = zoo_model(kind)
     if not run_weights_row(cli, f"zoo:{kind}", folder):
         pytest.skip(f"inspect lists no usable layer of {kind}")

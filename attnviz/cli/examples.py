@@ -70,6 +70,14 @@ EXAMPLES = {
         ('attnviz tokens "the cat sat on the mat the cat" --erase baseline --json',
          "erasure by a baseline token, as JSON"),
     ],
+    "corpus": [
+        ("attnviz corpus sample_weights/english.txt --limit 200",
+         "head types over 200 real sentences, with their stability"),
+        ("attnviz corpus sample_weights/english.txt --sample 100 --overview previous",
+         "a uniform sample: each head's previous-token mean and interval"),
+        ("attnviz corpus sample_weights/english.txt --limit 100 --out heads.png",
+         "each statistic per head with its 95% error bars"),
+    ],
 }
 
 

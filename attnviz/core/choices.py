@@ -156,3 +156,26 @@ class Erase(Choice):
 
     MASK = "mask"  # masked as the model masks padding: no query attends to it
     BASELINE = "baseline"  # replaced by a baseline token (--baseline)
+class LongExamples(Choice):
+    """--long (attnviz corpus): an example longer than --max-tokens."""
+
+    TRUNCATE = "truncate"  # its first --max-tokens tokens
+    SKIP = "skip"  # left out (counted)
+
+
+class CorpusShows(Choice):
+    """--overview (attnviz corpus): what a cell of the layers × heads grid shows."""
+
+    LABEL = "label"  # the head's type and its bootstrap stability
+    ENTROPY = "entropy"
+    MAX = "max"
+    DISTANCE = "distance"
+    FIRST = "first"
+    PREVIOUS = "previous"
+    LAST = "last"
+    SPECIAL = "special"
+    SELF = "self"
+    DUPLICATE = "duplicate"
+    INDUCTION = "induction"
+    NEXT = "next"
+    PUNCTUATION = "punctuation"
