@@ -1,7 +1,7 @@
 """The forward pass of a corpus run, per source: heatmap's own paths, opened once and run on
 batch after batch. `BundledEngine` runs the bundled model (`sources.bundled.run_tiny`);
-`ModelEngine` a Hugging Face model through `sources.hf.layers.plan_run` / `sources.hf.run.run_plan`, full maps kept
-(never streamed); both weigh the maps with `--weighting norm` as heatmap does
+`ModelEngine` a Hugging Face model through `sources.hf.layers.plan_run` and `run_plan`, full
+maps kept (never streamed); both weigh the maps with `--weighting norm` as heatmap does
 (`app.weighting.weigh_run`). An engine tokenizes each example alone (`tokenize`: lengths
 known before batching), runs a batch of tokenized examples (`run`), and says who it is
 (`identity`: what a resumed run must find unchanged)."""
