@@ -106,3 +106,10 @@ class Probe(Choice):
     """--probe: an input made to show one head type (attnviz.core.probe)."""
 
     INDUCTION = "induction"
+
+
+class LongExamples(Choice):
+    """--long (attnviz corpus): an example longer than --max-tokens."""
+
+    TRUNCATE = "truncate"  # its first --max-tokens tokens
+    SKIP = "skip"  # left out (counted)
