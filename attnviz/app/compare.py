@@ -366,8 +366,8 @@ class _Paired:
         from attnviz.app.corpus_dist import all_max, all_reduce
         from attnviz.compute.comparison.paired import PairedMoments
         from attnviz.compute.corpus.corpus_examples import LayerInfo
-        from attnviz.compute.corpus.corpus_sums import STATISTICS, CorpusSums
         from attnviz.compute.corpus.corpus_summary import summarize_sums
+        from attnviz.compute.corpus.corpus_sums import STATISTICS, CorpusSums
 
         world = self.world
         layers = all_max(world, len(self.layers))
