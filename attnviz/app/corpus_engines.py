@@ -169,7 +169,9 @@ class ModelEngine:
                 "dtype": str(self.spec.dtype)}
 
     def name(self) -> str:
-        return Path(str(self.loaded.folder)).name
+        from attnviz.app.naming import display_name
+
+        return display_name(str(self.loaded.folder))
 
 
 def _weighed(run: AttentionRun, norm: bool) -> AttentionRun:

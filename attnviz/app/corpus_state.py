@@ -9,7 +9,6 @@ own file (STATE.rankR), since each sums its own share."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,17 +38,15 @@ def state_path(path: Path, rank: int, world: int) -> Path:
 
 
 def save_state(path: Path, sums: CorpusSums, state: RunState) -> None:
+    """Atomically: a crash while writing leaves the previous state whole."""
     from safetensors.torch import save_file
+
+    from attnviz.app.outputs import write_output
 
     meta = {"format": FORMAT, "version": str(VERSION),
             "state": json.dumps(state.__dict__, sort_keys=True)}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        save_file({k: v.contiguous() for k, v in sums.tensors().items()}, str(tmp), meta)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    tensors = {k: v.contiguous() for k, v in sums.tensors().items()}
+    write_output(path, lambda tmp: save_file(tensors, str(tmp), meta))
 
 
 def load_state(path: Path) -> tuple[CorpusSums, RunState]:

@@ -42,6 +42,14 @@ EXAMPLES = {
         ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),
         ("attnviz circuits --random -E 32 -H 4 --json", "a random layer, as JSON"),
     ],
+    "corpus": [
+        ("attnviz corpus sample_weights/english.txt --limit 200",
+         "head types over 200 real sentences, with their stability"),
+        ("attnviz corpus sample_weights/english.txt --sample 100 --overview previous",
+         "a uniform sample: each head's previous-token mean and interval"),
+        ("attnviz corpus sample_weights/english.txt --limit 100 --csv heads.csv",
+         "one row per head, for a spreadsheet"),
+    ],
 }
 
 

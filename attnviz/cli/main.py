@@ -1,6 +1,6 @@
 """The command line: the Typer app, its global options, and the one place where errors become
 `error: …` lines and exit codes. The commands live beside it (split_cmd, inspect_cmd, heatmap_cmd,
-generate_cmd, ablate_cmd, circuits_cmd).
+generate_cmd, ablate_cmd, circuits_cmd, corpus_cmd).
 
 Only typer and rich are imported at start-up; torch and matplotlib load inside commands, so
 `attnviz --help` stays instant.
@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 from attnviz import __version__
 from attnviz.cli.ablate_cmd import ablate
 from attnviz.cli.circuits_cmd import circuits
+from attnviz.cli.corpus_cmd import corpus
 from attnviz.cli.examples import epilog, summary
 from attnviz.cli.generate_cmd import generate
 from attnviz.cli.heatmap_cmd import heatmap
@@ -179,7 +180,7 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-for _command in (split, inspect, heatmap, generate, ablate, circuits):
+for _command in (split, inspect, heatmap, generate, ablate, circuits, corpus):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

@@ -24,9 +24,10 @@ OUTPUTS = "Outputs"
 LIMITS = "Limits"
 PROOF = "Proof"
 MEASURES = "What to measure"
+RESUME = "Resume"
 HELP = "Help"  # --help closes the list instead of standing between the arguments and the rest
 PANEL_ORDER = (ARGUMENTS, INPUT, GENERATION, SOURCE, RANDOM, CHECKPOINT_LAYER, HF_MODEL,
-               SELECTION, MEASURES, OUTPUTS, PROOF, LIMITS, HELP)
+               SELECTION, MEASURES, OUTPUTS, PROOF, LIMITS, RESUME, HELP)
 
 # (command, parameter name) → panel; a parameter shared by several commands is named once per
 # command, since what it means may differ (split's --layer selects a layer of a checkpoint).
@@ -84,6 +85,16 @@ PANELS: dict[str, dict[str, str]] = {
         "layer": SELECTION,
         "composition": MEASURES,
         **{name: OUTPUTS for name in ("out", "as_json")},
+    },
+    "corpus": {
+        "corpus": ARGUMENTS,
+        **{name: INPUT for name in ("field", "limit", "sample", "seed", "long")},
+        **{name: SOURCE for name in ("model", "device")},
+        **{name: HF_MODEL for name in ("dtype", "device_map", "max_memory")},
+        **{name: MEASURES for name in ("weighting", "resamples")},
+        **{name: OUTPUTS for name in ("overview", "out", "as_json", "csv", "html")},
+        **{name: LIMITS for name in ("max_tokens", "memory_budget")},
+        **{name: RESUME for name in ("state", "resume", "save_every")},
     },
     "inspect": {
         "checkpoint": ARGUMENTS,

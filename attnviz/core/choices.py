@@ -113,3 +113,21 @@ class LongExamples(Choice):
 
     TRUNCATE = "truncate"  # its first --max-tokens tokens
     SKIP = "skip"  # left out (counted)
+
+
+class CorpusShows(Choice):
+    """--overview (attnviz corpus): what a cell of the layers × heads grid shows."""
+
+    LABEL = "label"  # the head's type and its bootstrap stability
+    ENTROPY = "entropy"
+    MAX = "max"
+    DISTANCE = "distance"
+    FIRST = "first"
+    PREVIOUS = "previous"
+    LAST = "last"
+    SPECIAL = "special"
+    SELF = "self"
+    DUPLICATE = "duplicate"
+    INDUCTION = "induction"
+    NEXT = "next"
+    PUNCTUATION = "punctuation"

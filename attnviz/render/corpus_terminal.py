@@ -1,0 +1,112 @@
+"""A corpus run in the terminal: the layers × heads overview, each cell a head's type and its
+bootstrap stability (`prev 97`: previous-token in 97 % of resamples), or one statistic's mean
+and the half-width of its 95 % interval (`.53±.02`); then the heads whose type is uncertain,
+what was counted, and a key. Words carry everything; colour only repeats the type."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.text import Text
+
+from attnviz.render.maps_terminal import colour_off
+from attnviz.render.overview_terminal import TYPES
+
+if TYPE_CHECKING:
+    from attnviz.app.corpus import CorpusResult
+    from attnviz.compute.corpus.corpus_summary import CorpusHead
+
+UNSTABLE = 0.9  # a type given by fewer resamples than this is listed as uncertain
+MAX_LISTED = 12
+
+
+def _cell(head: CorpusHead, statistic: str | None, short: bool) -> str:
+    if statistic is None:
+        word = TYPES.get(head.type, (head.type or "?", head.type[:3] or "?", "", ""))
+        return f"{word[1 if short else 0]} {round(100 * head.stability)}"
+    s = head.statistics[statistic]
+    if s.mean is None:
+        return "–"
+    if s.low is None or s.high is None:
+        return _num(s.mean)
+    return f"{_num(s.mean)}±{_num((s.high - s.low) / 2)}"
+
+
+def _num(value: float) -> str:
+    if abs(value) >= 10:
+        return f"{value:.0f}"
+    if abs(value) >= 1:
+        return f"{value:.1f}"
+    return f"{value:.2f}".replace("0.", ".", 1)
+
+
+def overview_lines(result: CorpusResult, width: int, statistic: str | None,
+                   colour: bool) -> list[Text]:
+    """The grid, wrapped into blocks of heads that fit `width`."""
+    summary = result.summary
+    rows: dict[tuple[int, str], list[CorpusHead]] = {}
+    for head in summary.heads:
+        rows.setdefault((head.layer, head.label), []).append(head)
+    label_width = max([5, *(len(label) for _, label in rows)])
+    heads = max((len(r) for r in rows.values()), default=0)
+    cells: dict[tuple[int, str], list[str]] = {}
+    cell = per_block = 1
+    for short in (False, True):
+        cells = {key: [_cell(h, statistic, short) for h in row] for key, row in rows.items()}
+        cell = 1 + max([len(str(heads - 1)), *(len(c) for row in cells.values() for c in row)])
+        per_block = max(1, (width - label_width) // cell)
+        if per_block >= heads:
+            break
+    lines: list[Text] = []
+    for start in range(0, heads, per_block):
+        stop = min(heads, start + per_block)
+        header = Text("layer".ljust(label_width))
+        for h in range(start, stop):
+            header.append(str(h).rjust(cell))
+        lines.append(header)
+        for key, row in rows.items():
+            line = Text(key[1].ljust(label_width))
+            for head, text in zip(row[start:stop], cells[key][start:stop], strict=False):
+                style = TYPES.get(head.type, ("", "", "", ""))[3] if colour and \
+                    statistic is None else ""
+                line.append(text.rjust(cell), style=style)
+            lines.append(line)
+    return lines
+
+
+def print_corpus(console: Console, result: CorpusResult, statistic: str | None = None) -> None:
+    summary = result.summary
+    counts = result.counts
+    console.print(Text(f"{result.source} over {summary.examples} examples "
+                       f"({summary.tokens} tokens) of {result.corpus}"
+                       + (f", {result.world} processes" if result.world > 1 else "")
+                       + (" · value-weighted ‖α·W_O v‖" if result.weighting == "norm" else "")))
+    shows = "head type and its stability (% of bootstrap resamples)" if statistic is None \
+        else f"{statistic}: mean ± half its 95% interval over examples"
+    console.print(Text(f"cells: {shows}"))
+    for line in overview_lines(result, console.width, statistic, not colour_off(console)):
+        console.print(line, soft_wrap=True)
+    uncertain = sorted((h for h in summary.heads if h.stability < UNSTABLE),
+                       key=lambda h: h.stability)
+    if uncertain:
+        console.print(Text(f"\nuncertain types ({len(uncertain)} heads below "
+                           f"{UNSTABLE:.0%} of resamples):"))
+        for head in uncertain[:MAX_LISTED]:
+            settled = "not settled" if head.settled_at is None else \
+                f"settled after {head.settled_at} examples"
+            console.print(Text(f"  {head.label}.{head.head}  {head.type or 'none'}  "
+                               f"{head.stability:.0%}  ({settled})"))
+        if len(uncertain) > MAX_LISTED:
+            console.print(Text(f"  … {len(uncertain) - MAX_LISTED} more (--json lists all)"))
+    said = [f"{counts.used} examples used"]
+    said += [f"{n} {what}" for n, what in ((counts.truncated, "truncated"),
+                                           (counts.skipped_long, "skipped as too long"),
+                                           (counts.skipped_empty, "skipped as empty")) if n]
+    said.append(f"{counts.batches} batches")
+    console.print(Text("\n" + ", ".join(said)))
+    present = {head.type for head in summary.heads}
+    key = ", ".join(f"{word} = {meaning}" for word, _, meaning, _ in
+                    (TYPES[t] for t in TYPES if t in present)) if statistic is None else ""
+    if key:
+        console.print(Text(f"key: {key}"), soft_wrap=False)
