@@ -37,7 +37,9 @@ DEFAULT_MAX_TOKENS = 128
 DEFAULT_BUDGET = 256 * 2**20  # bytes of one model's maps a batch may hold
 LOOKAHEAD = 512  # examples read ahead and sorted by length
 MAX_BATCH = 256
-RESAMPLES = 100  # each model's head-type stability (the corpus engine's bootstrap)
+# Each model's own summary gives its head types; their bootstrap stability is `attnviz
+# corpus`'s to show, so compare draws no resamples (and --seed seeds --sample alone).
+RESAMPLES = 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,10 @@ def check_request(request: CompareRequest) -> None:
         from attnviz.app.circuits_source import refuse_head_hints
 
         refuse_head_hints(request.hints, "model")
+    if request.seed != 0 and request.sample is None and request.corpus is not None:
+        raise UsageError(f"{option('seed')} seeds {option('sample')}'s draw of examples",
+                         fix=f"add {option('sample')} N, or drop {option('seed')}",
+                         option="seed")
     if request.corpus is None:
         corpus_only = {"field": request.field is not None, "limit": request.limit is not None,
                        "sample": request.sample is not None,
@@ -236,9 +242,8 @@ def run_compare(request: CompareRequest, progress: ProgressHook | None = None) -
         side.require_layers()
     weights = compare_weights(opened[0].layers, opened[0].store, opened[1].layers,
                               opened[1].store, request.sides())
-    names = (str(opened[0].store.source), str(opened[1].store.source))
     del opened  # headers only; the corpus run loads the models for their forward pass
-    result = CompareResult(names[0], names[1], weights)
+    result = CompareResult(str(a_source), request.against, weights)
     if weights.all_identical:
         result.notes.append("every attention tensor of the two models is byte-identical: "
                             "their heads cannot differ on any input (unless other weights do)")

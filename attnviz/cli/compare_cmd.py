@@ -46,7 +46,7 @@ Limit = Annotated[int | None, typer.Option("--limit", callback=positive, help=(
 Sample = Annotated[int | None, typer.Option("--sample", callback=positive, help=(
     "N examples drawn uniformly from the corpus in one pass (reservoir sampling, --seed)."))]
 Seed = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help=(
-    "Seed of --sample and of each model's bootstrap resamples (its head types' stability)."))]
+    "Seed of --sample's draw."))]
 Long = Annotated[choices.LongExamples, choice_option(choices.LongExamples, "--long", help=(
     "An example longer than --max-tokens: truncate it to its first --max-tokens tokens, or "
     "skip it (both counted)."))]

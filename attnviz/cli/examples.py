@@ -50,6 +50,15 @@ EXAMPLES = {
         ("attnviz corpus sample_weights/english.txt --limit 100 --csv heads.csv",
          "one row per head, for a spreadsheet"),
     ],
+    "compare": [
+        ("attnviz compare -w sample_weights/bert-tiny -a sample_weights/gpt2-tiny",
+         "two checkpoints of one head geometry, head by head"),
+        ("attnviz compare -w sample_weights/bert-tiny -a sample_weights/gpt2-tiny --json",
+         "the same as one JSON document"),
+        ("attnviz compare sample_weights/english.txt --limit 50 "
+         "-m sample_weights/models/phi3-tiny-lm -a sample_weights/models/phi3-tiny-model",
+         "50 sentences through both: the same attention weights, no head differs"),
+    ],
 }
 
 

@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 from attnviz import __version__
 from attnviz.cli.ablate_cmd import ablate
 from attnviz.cli.circuits_cmd import circuits
+from attnviz.cli.compare_cmd import compare
 from attnviz.cli.corpus_cmd import corpus
 from attnviz.cli.examples import epilog, summary
 from attnviz.cli.generate_cmd import generate
@@ -180,7 +181,7 @@ def _main(
     """attnviz: inspect and visualize multi-head attention in PyTorch weights."""
 
 
-for _command in (split, inspect, heatmap, generate, ablate, circuits, corpus):
+for _command in (split, inspect, heatmap, generate, ablate, circuits, corpus, compare):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

@@ -86,6 +86,9 @@ def difference_rows(corpus: CorpusComparison, statistic: str, colour: bool) -> l
             if diff != diff:
                 cells.append(("–", ""))
                 continue
+            if diff == 0 and low == 0 and high == 0:  # every example the same in both
+                cells.append(("0", "dim" if colour else ""))
+                continue
             if low != low:  # one example: no interval
                 cells.append((_num(diff, True), ""))
                 continue
@@ -102,7 +105,9 @@ def _weights_summary(weights: WeightComparison) -> str:
     if weights.all_identical:
         return (f"weights: all {heads} heads byte-identical (and every shared tensor): "
                 "the same attention weights")
-    return f"weights: {same} of {heads} heads byte-identical ({' vs '.join(weights.dtypes)})"
+    dtypes = weights.dtypes[0] if weights.dtypes[0] == weights.dtypes[1] \
+        else " vs ".join(weights.dtypes)
+    return f"weights: {same} of {heads} heads byte-identical ({dtypes})"
 
 
 def print_compare(console: Console, result: CompareResult, statistic: str = "entropy") -> None:
@@ -131,8 +136,9 @@ def print_corpus_difference(console: Console, corpus: CorpusComparison, statisti
                        f"({d.level:.0%} interval over examples, paired)"), soft_wrap=True)
     for line in grid_lines(difference_rows(corpus, statistic, colour), width):
         console.print(line, soft_wrap=True)
-    console.print(Text("cell: B − A ± half the interval; * the interval excludes 0"),
-                  soft_wrap=True)
+    console.print(Text("cell: B − A ± half the interval; * the interval excludes 0; 0: the "
+                       "same value on every example"), soft_wrap=True)
+    console.print(Text(mean_line(corpus, statistic)), soft_wrap=True)
     for line in changed_lines(corpus, statistic):
         console.print(line, soft_wrap=True)
     counted = f"{c.used} examples through both models in {c.batches} batches"
@@ -143,6 +149,19 @@ def print_corpus_difference(console: Console, corpus: CorpusComparison, statisti
     if corpus.world > 1:
         counted += f", {corpus.world} processes"
     console.print(Text(counted), soft_wrap=True)
+
+
+def mean_line(corpus: CorpusComparison, statistic: str) -> str:
+    """The statistic in each model, averaged over every head (NaN heads left out)."""
+    d = corpus.difference
+    s = corpus.statistics.index(statistic)
+    values = []
+    for side in (d.mean_a, d.mean_b):
+        cells = [float(side[l, h, s]) for l, info in enumerate(corpus.layers)  # noqa: E741
+                 for h in range(info.heads)]
+        kept = [v for v in cells if v == v]
+        values.append(f"{sum(kept) / len(kept):.4g}" if kept else "–")
+    return f"{statistic} averaged over heads: model {values[0]}, against {values[1]}"
 
 
 def changed_lines(corpus: CorpusComparison, statistic: str) -> list[Text]:
