@@ -413,8 +413,10 @@ def compare(against: str | Path, *, model: str | Path | None = None,
     from attnviz.app.compare import CompareRequest, run_compare
     from attnviz.core.choices import LongExamples
 
+    model_a = _path(model, "model")
     return run_compare(CompareRequest(
-        str(_path(against, "against")), _str(model, "model"), _path(weights, "weights"),
+        str(_path(against, "against")), None if model_a is None else str(model_a),
+        _path(weights, "weights"),
         _path(corpus, "corpus"), _hints(num_heads, num_kv_heads, head_dim),
         _str(field, "field"), _str(device, "device", allow_none=False) or "auto",
         Dtype.parse(dtype, "dtype"), Weighting.parse(weighting, "weighting"),
