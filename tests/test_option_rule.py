@@ -31,7 +31,7 @@ SENTENCES = ["the cat sat on the mat the cat sat", "a small dog ran far away"]
 MODEL_SENTENCES = ["the cat sat on the mat", "a small dog ran far away"]  # the zoo's words
 OUT = "{out}"  # replaced by the run's output folder
 # the walk's axes, not options to walk: the source, the mode and the inputs themselves
-AXES = {"sentences", "checkpoint", "weights", "model", "random", "as_json"}
+AXES = {"sentences", "checkpoint", "weights", "model", "random", "as_json", "corpus", "against"}
 # what no output shows by design: they change how the run is done, never what it shows
 UNOBSERVABLE = {
     "device": "auto is the CPU on a machine without a GPU: the same device, the same maps",
@@ -108,6 +108,15 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "composition": ["--no-composition"], "out": ["--out", f"{OUT}/f.png"],
         "device": ["--device", "cpu"],
     },
+    "compare": {
+        "num_heads": ["-H", "2"], "num_kv_heads": ["--num-kv-heads", "2"],
+        "head_dim": ["--head-dim", "8"], "field": ["--field", "text"], "limit": ["--limit", "1"],
+        "sample": ["--sample", "1"], "seed": ["--seed", "3"], "long": ["--long", "skip"],
+        "max_tokens": ["--max-tokens", "3"], "memory_budget": ["--memory-budget", "1MB"],
+        "weighting": ["--weighting", "norm"], "device": ["--device", "cpu"],
+        "dtype": ["--dtype", "bfloat16"], "statistic": ["--statistic", "max"],
+        "out": ["--out", f"{OUT}/f.png"], "csv": ["--csv", f"{OUT}/h.csv"],
+    },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
@@ -130,6 +139,7 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "split": {"random": [], "weights": [*WEIGHTS, "--layer", "0"]},
     "inspect": {"checkpoint": [str(SAMPLES / "llama-gqa-tiny")]},
     "circuits": {"bundled": [], "random": ["--random"], "weights": WEIGHTS},
+    "compare": {"weights": [*WEIGHTS, "--against", str(SAMPLES / "gpt2-tiny")]},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
@@ -137,6 +147,8 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "ablate": ["--model", "{model}", *MODEL_SENTENCES],
     "split": ["--model", "{model}", "--layer", "0"],
     "circuits": ["--model", "{model}"],
+    # the corpus: extra.jsonl's three lines of the zoo's words (the model against itself)
+    "compare": [f"{OUT}/../extra.jsonl", "--model", "{model}", "--against", "{model}"],
 }
 # options a command may drop on a source: none (the walk fails on any)
 KNOWN: dict[str, set[tuple[str, str]]] = {}
@@ -169,6 +181,9 @@ class Walker:
         self.out = folder / "out"
         self.out.mkdir(parents=True, exist_ok=True)
         (folder / "extra.txt").write_text("the red barn\n")
+        # a corpus for compare: JSON lines (for --field), the last longer than 128 tokens
+        texts = ["the cat sat on the mat", "a small dog ran far away", "the cat sat " * 50]
+        (folder / "extra.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in texts))
         self.model = model
         self.runner = CliRunner()
 

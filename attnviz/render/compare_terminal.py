@@ -160,7 +160,7 @@ def mean_line(corpus: CorpusComparison, statistic: str) -> str:
         cells = [float(side[l, h, s]) for l, info in enumerate(corpus.layers)  # noqa: E741
                  for h in range(info.heads)]
         kept = [v for v in cells if v == v]
-        values.append(f"{sum(kept) / len(kept):.4g}" if kept else "–")
+        values.append(f"{sum(kept) / len(kept):.6g}" if kept else "–")
     return f"{statistic} averaged over heads: model {values[0]}, against {values[1]}"
 
 
