@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from matplotlib.figure import Figure
 
-    from attnviz.app.compare import CompareResult
+    from attnviz.compute.comparison.compare_result import CompareResult
     from attnviz.compute.overview import Overview
 
 _T = TypeVar("_T")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from attnviz.compute.comparison.paired import (
+    Bootstrap,
     PairedMoments,
     paired_bootstrap,
     paired_difference,
@@ -173,14 +174,14 @@ def test_bootstrap_agrees_with_the_per_example_variance():
     counts, sa, sb = simulate(3, 400, seed=6)
     args = [torch.tensor(x) for x in (sa, sb, counts, counts)]
     analytic = paired_difference(*args)
-    boot = paired_bootstrap(*args, resamples=1000, seed=1)
+    boot = paired_bootstrap(*args, how=Bootstrap(1000, seed=1))
     torch.testing.assert_close(boot.diff, analytic.diff, rtol=1e-12, atol=0)
     assert ((boot.se / analytic.se - 1).abs() < 0.1).all()
     assert ((boot.high - boot.low) / (analytic.high - analytic.low) - 1).abs().max() < 0.12
-    again = paired_bootstrap(*args, resamples=1000, seed=1)
+    again = paired_bootstrap(*args, how=Bootstrap(1000, seed=1))
     assert torch.equal(again.low, boot.low)
     # negative control: unpaired resampling (A and B drawn independently) loses the pairing
     # and gives a much wider interval here, where per-example levels dominate
     unpaired = paired_bootstrap(args[0], args[1][torch.randperm(400)], args[2], args[3],
-                                resamples=500, seed=1)
+                                how=Bootstrap(500, seed=1))
     assert ((unpaired.high - unpaired.low) > 3 * (boot.high - boot.low)).all()

@@ -27,7 +27,7 @@ from attnviz.core import choices
 from attnviz.core.request import MAX_SEED
 
 if TYPE_CHECKING:
-    from attnviz.app.compare import CompareResult
+    from attnviz.compute.comparison.compare_result import CompareResult
 
 Corpus = Annotated[Path | None, typer.Argument(callback=path_arg, help=(
     "A corpus to run through both models: a text file with one example per line, JSON lines "

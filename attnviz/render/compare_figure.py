@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from attnviz.app.compare import CompareResult, CorpusComparison
+    from attnviz.compute.comparison.compare_result import CompareResult, CorpusComparison
     from attnviz.compute.comparison.head_weights import WeightComparison
 
 COLUMNS = 4

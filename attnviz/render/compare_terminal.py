@@ -16,7 +16,7 @@ from attnviz.render.maps_terminal import colour_off
 from attnviz.render.overview_terminal import TYPES
 
 if TYPE_CHECKING:
-    from attnviz.app.compare import CompareResult, CorpusComparison
+    from attnviz.compute.comparison.compare_result import CompareResult, CorpusComparison
     from attnviz.compute.comparison.head_weights import WeightComparison
 
 MAX_LISTED = 12  # heads listed under the difference grid

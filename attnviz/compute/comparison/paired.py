@@ -122,13 +122,23 @@ def paired_difference(a: torch.Tensor, b: torch.Tensor, count_a: torch.Tensor | 
     return moments.result(level)
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """How `paired_bootstrap` resamples."""
+
+    resamples: int = 2000
+    seed: int = 0
+    level: float = LEVEL
+    chunk: int = 200  # resamples drawn at once: memory is chunk × examples float64
+
+
 def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, count_a: torch.Tensor | None = None,
-                     count_b: torch.Tensor | None = None, level: float = LEVEL,
-                     resamples: int = 2000, seed: int = 0,
-                     chunk: int = 200) -> PairedDifference:
-    """The same difference with a percentile interval from `resamples` resamplings of whole
-    examples (both models resampled together: the pairing is kept). Examples without a value
-    in both models are dropped per head as `PairedMoments.add` drops them."""
+                     count_b: torch.Tensor | None = None,
+                     how: Bootstrap = Bootstrap()) -> PairedDifference:
+    """The same difference with a percentile interval from `how.resamples` resamplings of
+    whole examples (both models resampled together: the pairing is kept). Examples without a
+    value in both models are dropped per head as `PairedMoments.add` drops them."""
+    resamples, level, chunk = how.resamples, how.level, how.chunk
     sa, sb = a.to(torch.float64), b.to(torch.float64)
     ca = torch.ones_like(sa) if count_a is None else count_a.to(torch.float64)
     cb = torch.ones_like(sb) if count_b is None else count_b.to(torch.float64)
@@ -136,7 +146,7 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, count_a: torch.Tensor | N
     zero = torch.zeros((), dtype=torch.float64)
     sa, sb, ca, cb = (torch.where(used, t, zero).reshape(len(a), -1) for t in (sa, sb, ca, cb))
     n = len(a)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(how.seed)
     draws = []
     for start in range(0, resamples, chunk):
         size = min(chunk, resamples - start)
