@@ -398,6 +398,29 @@ def circuits(weights: str | Path | None = None, *, model: str | Path | None = No
     return _as(Circuits, result)
 
 
+def corpus(path: str | Path, *, model: str | Path | None = None, field: str | None = None,
+           limit: int | None = None, sample: int | None = None, seed: int = 0,
+           long: str = "truncate", weighting: str = "attention", max_tokens: int = 128,
+           device: str = "auto", dtype: str = "float32", resamples: int = 200,
+           state: str | Path | None = None, resume: bool = False) -> Any:
+    """Head statistics over a corpus (`attnviz corpus`): a text file with one example per line,
+    JSON lines (`field`), streamed; the bundled model (default) or a Hugging Face `model`.
+    Returns the CorpusResult: `.summary.heads` (each statistic's mean with its 95 % interval
+    over examples, the type, its stability and settle point), `.to_json()`, `.rows()`."""
+    from attnviz.app.corpus import CorpusRequest, run_corpus
+    from attnviz.core.choices import LongExamples
+
+    return run_corpus(CorpusRequest(
+        _path(path, "path") or Path("-"), _str(model, "model"), _str(field, "field"),
+        _str(device, "device", False) or "auto", Dtype.parse(dtype, "dtype"),
+        weighting=Weighting.parse(weighting, "weighting"),
+        max_tokens=_int(max_tokens, "max_tokens", 1) or 1,
+        long=LongExamples.parse(long, "long"), limit=_int(limit, "limit", 1, True),
+        sample=_int(sample, "sample", 1, True), seed=_int(seed, "seed", 0, high=MAX_SEED) or 0,
+        resamples=_int(resamples, "resamples", 1) or 1, state=_path(state, "state"),
+        resume=_flag(resume, "resume")))
+
+
 def compare(against: str | Path, *, model: str | Path | None = None,
             weights: str | Path | None = None, corpus: str | Path | None = None,
             field: str | None = None, limit: int | None = None, sample: int | None = None,

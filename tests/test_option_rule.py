@@ -117,6 +117,17 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "dtype": ["--dtype", "bfloat16"], "statistic": ["--statistic", "max"],
         "out": ["--out", f"{OUT}/f.png"], "csv": ["--csv", f"{OUT}/h.csv"],
     },
+    "corpus": {
+        "field": ["--field", "text"], "limit": ["--limit", "10"], "sample": ["--sample", "10"],
+        "seed": ["--seed", "3"], "long": ["--long", "skip"], "device": ["--device", "cpu"],
+        "dtype": ["--dtype", "bfloat16"], "device_map": ["--device-map", "auto"],
+        "max_memory": ["--max-memory", "1GB"], "weighting": ["--weighting", "norm"],
+        "resamples": ["--resamples", "7"], "overview": ["--overview", "entropy"],
+        "out": ["--out", f"{OUT}/f.png"], "csv": ["--csv", f"{OUT}/h.csv"],
+        "html": ["--html", f"{OUT}/p.html"], "max_tokens": ["--max-tokens", "3"],
+        "memory_budget": ["--memory-budget", "1MB"], "state": ["--state", f"{OUT}/s.state"],
+        "resume": ["--resume"], "save_every": ["--save-every", "1"],
+    },
 }
 OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     # a --model run shows the overview in place of maps and table: asking for them is the change
@@ -140,6 +151,7 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "inspect": {"checkpoint": [str(SAMPLES / "llama-gqa-tiny")]},
     "circuits": {"bundled": [], "random": ["--random"], "weights": WEIGHTS},
     "compare": {"weights": [*WEIGHTS, "--against", str(SAMPLES / "gpt2-tiny")]},
+    "corpus": {"bundled": [str(SAMPLES / "english.txt"), "--limit", "30"]},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
     "heatmap": ["--model", "{model}", *MODEL_SENTENCES],
@@ -149,6 +161,7 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "circuits": ["--model", "{model}"],
     # the corpus: extra.jsonl's three lines of the zoo's words (the model against itself)
     "compare": [f"{OUT}/../extra.jsonl", "--model", "{model}", "--against", "{model}"],
+    "corpus": ["--model", "{model}", str(SAMPLES / "english.txt"), "--limit", "8"],
 }
 # options a command may drop on a source: none (the walk fails on any)
 KNOWN: dict[str, set[tuple[str, str]]] = {}

@@ -6,13 +6,18 @@ API (stable; `attnviz compare` builds on it):
 - `run_corpus(request, progress=None) -> CorpusResult`: reads the corpus a lookahead window at a
   time, tokenizes each example alone, batches each window by length within the memory budget,
   runs heatmap's forward path (`app.corpus_engines`), and adds each example's own sums into
-  `compute.corpus.CorpusSums` (float64). `progress(CorpusProgress)` hears after every batch.
-- `CorpusResult.sums` (CorpusSums: Σ s_i, Σ s_i², Σ c_i, Σ c_i², Σ s_i c_i per layer, head and
-  statistic, the Poisson-bootstrap and band sums), `.layers` (LayerInfo per layer), `.summary`
-  (`compute.corpus.corpus_summary.CorpusSummary`: per head, each statistic's mean with its 95 %
-  interval over examples, query and example counts, the head type, its stability and settle
-  point), `.to_json()`, `.rows()` (the CSV's per-head rows).
-- `accumulate(engine, stream, sums, ...)`: the loop itself, for a caller with its own engine.
+  `compute.corpus.corpus_sums.CorpusSums` (float64). `progress(CorpusProgress)` hears after
+  every batch.
+- `CorpusResult` (`compute.corpus.corpus_result`): `.sums` (Σ s_i, Σ s_i², Σ c_i, Σ c_i²,
+  Σ s_i c_i per layer, head and statistic; the Poisson-bootstrap and band sums), `.layers`
+  (LayerInfo per layer), `.counts`, `.summary` (`compute.corpus.corpus_summary`: per head, each
+  statistic's mean with its 95 % interval over examples, query and example counts, the head
+  type, its stability and settle point), `.to_json()`, `.rows()` (the CSV's per-head rows).
+- The parts, for a caller that drives its own loop (two models over the same examples):
+  `app.corpus_engines.open_engine(spec, budget, norm)` (`.tokenize`, `.run(batch) ->
+  AttentionRun`), `app.corpus_input.examples/windows/buckets`, and
+  `compute.corpus.corpus_examples.example_sums(run, heads) -> (sums (B, L, H, S), counts
+  (B, L, S))`, the per-example values every sum above is made of.
 
 Under torchrun each rank takes the examples whose ordinal % world is its rank; the sums are
 all-reduced at the end and every rank returns the same result (rank 0 writes the outputs)."""
@@ -21,11 +26,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnviz.app.corpus_input import PrefixHash, buckets, corpus_identity, examples, windows
+from attnviz.compute.corpus.corpus_result import DEFAULT_MAX_TOKENS, CorpusResult, Counts
 from attnviz.core.choices import Dtype, LongExamples, Weighting
 from attnviz.core.request import SourceSpec
 from attnviz.errors import UsageError, option
@@ -34,10 +40,8 @@ if TYPE_CHECKING:
     from attnviz.app.corpus_dist import World
     from attnviz.app.corpus_engines import Engine, Tokenized
     from attnviz.compute.corpus.corpus_examples import LayerInfo
-    from attnviz.compute.corpus.corpus_summary import CorpusSummary
     from attnviz.compute.corpus.corpus_sums import CorpusSums
 
-DEFAULT_MAX_TOKENS = 128
 DEFAULT_BUDGET = 256 * 2**20  # bytes of maps a batch may hold
 LOOKAHEAD = 512  # examples read ahead and sorted by length
 MAX_BATCH = 256
@@ -63,7 +67,7 @@ class CorpusRequest:
     resamples: int = 200  # bootstrap resamples for the type's stability
     state: Path | None = None  # partial sums saved here every `save_every` batches
     resume: bool = False  # continue from `state`
-    save_every: int = DEFAULT_SAVE_EVERY
+    save_every: int | None = None  # None: DEFAULT_SAVE_EVERY (given, it needs `state`)
     lookahead: int = LOOKAHEAD  # examples sorted by length per window
 
     def source(self) -> SourceSpec:
@@ -86,81 +90,16 @@ class CorpusProgress:
     batches: int
 
 
-@dataclass
-class Counts:
-    """What happened to the examples, summed over the ranks."""
-
-    read: int = 0  # examples read (ordinals)
-    used: int = 0
-    truncated: int = 0
-    skipped_long: int = 0
-    skipped_empty: int = 0  # no token at all
-    batches: int = 0
-    padding: int = 0  # padded positions the batches carried (bucketing keeps this small)
-
-    def to_json(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class CorpusResult:
-    source: str
-    corpus: str
-    weighting: str
-    sums: CorpusSums
-    layers: list[LayerInfo]
-    counts: Counts
-    world: int = 1
-    seconds: float = 0.0
-    resumed_from: int = 0  # examples a resumed run found done
-    notes: list[str] = field(default_factory=list)
-    _summary: CorpusSummary | None = field(default=None, repr=False)
-
-    @property
-    def summary(self) -> CorpusSummary:
-        if self._summary is None:
-            from attnviz.compute.corpus.corpus_summary import summarize_sums
-
-            self._summary = summarize_sums(self.sums, self.layers, self.counts.read)
-        return self._summary
-
-    def to_json(self) -> dict[str, Any]:
-        summary = self.summary
-        return {"source": self.source, "corpus": self.corpus, "weighting": self.weighting,
-                "examples": summary.examples, "tokens": summary.tokens,
-                "counts": self.counts.to_json(), "world_size": self.world,
-                "seconds": round(self.seconds, 3), "resumed_from": self.resumed_from,
-                "resamples": summary.resamples, "interval": "95% (per-example variance)",
-                "layers": [info.to_json() for info in self.layers],
-                "heads": [head.to_json() for head in summary.heads],
-                "settle_curve": [{"examples": k, "settled_share": share}
-                                 for k, share in summary.settle_curve()],
-                "notes": list(self.notes)}
-
-    def rows(self) -> list[dict[str, Any]]:
-        """One flat row per head (the CSV): type, stability, and each statistic's mean,
-        interval and query count."""
-        from attnviz.compute.corpus.corpus_sums import STATISTICS
-
-        out = []
-        for head in self.summary.heads:
-            row: dict[str, Any] = {"layer": head.layer, "layer_label": head.label,
-                                   "head": head.head, "type": head.type,
-                                   "stability": head.stability, "settled_at": head.settled_at}
-            for name in STATISTICS:
-                s = head.statistics[name]
-                row |= {name: s.mean, f"{name}_low": s.low, f"{name}_high": s.high,
-                        f"{name}_queries": s.queries}
-            out.append(row)
-        return out
-
-
 def check_request(request: CorpusRequest) -> None:
     for name in ("limit", "sample", "max_tokens", "resamples", "save_every", "lookahead"):
         value = getattr(request, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UsageError(f"{option(name)} must be a positive whole number, not {value!r}",
                              option=name)
+    if request.save_every is not None and request.state is None:
+        raise UsageError(f"{option('save_every')} says how often {option('state')} is saved",
+                         fix=f"name the state file with {option('state')}, or drop "
+                         f"{option('save_every')}", option="save_every")
     if request.resume and request.state is None:
         raise UsageError(f"{option('resume')} continues from a state file",
                          fix=f"name it with {option('state')}", option="resume")
@@ -236,7 +175,7 @@ def _run(request: CorpusRequest, engine: Engine, world: World,
         if not todo:
             continue
         since_save += loop.window([e for e in todo if e.ordinal % world.size == world.rank])
-        if since_save >= request.save_every:
+        if since_save >= (request.save_every or DEFAULT_SAVE_EVERY):
             save(window[-1].ordinal + 1)
             since_save = 0
     if loop.counts.read < start:
@@ -361,4 +300,5 @@ def _finish(request: CorpusRequest, engine: Engine, world: World, loop: _Loop, s
         notes.append(f"{skipped_long} example(s) longer than {option('max_tokens')} "
                      f"{request.max_tokens} skipped ({option('long')} skip)")
     return CorpusResult(engine.name(), str(request.corpus), str(request.weighting), sums, layers,
-                        total, world.size, seconds, start, notes)
+                        total, world.size, seconds, start, request.seed, str(request.long),
+                        request.max_tokens, notes)

@@ -171,7 +171,9 @@ class ModelEngine:
     def name(self) -> str:
         from attnviz.app.naming import display_name
 
-        return display_name(str(self.loaded.folder))
+        name = display_name(str(self.loaded.folder))
+        dtype = str(self.spec.dtype)
+        return name if dtype == "float32" else f"{name} ({dtype})"
 
 
 def _weighed(run: AttentionRun, norm: bool) -> AttentionRun:

@@ -39,7 +39,7 @@ def read_texts(path: Path, field: str | None = None) -> Iterator[str]:
     line (a line that is not a JSON object with a string there is an error naming it)."""
     where = where_of(path)
     with _open(path, where) as f:
-        number = 0
+        number, first = 0, True
         while True:
             try:
                 raw = f.readline(MAX_LINE_BYTES + 1)
@@ -61,7 +61,8 @@ def read_texts(path: Path, field: str | None = None) -> Iterator[str]:
                                    where=where) from None
             if not text:
                 continue
-            yield text if field is None else _field(text, field, number, where)
+            yield text if field is None else _field(text, field, number, where, first)
+            first = False
 
 
 def _open(path: Path, where: str) -> contextlib.AbstractContextManager[Any]:
@@ -85,18 +86,22 @@ def _skip_rest(f: Any) -> None:
             return
 
 
-def _field(text: str, field: str, number: int, where: str) -> str:
+def _field(text: str, field: str, number: int, where: str, first: bool) -> str:
+    """The field's text. On the first example a failure is the option's (a text file, or the
+    wrong name: a usage error naming it); later, a bad line is bad data."""
+    error = UsageError if first else AttnvizError
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError):
-        raise AttnvizError(f"line {number} of the corpus is not JSON", fix=CORPUS_FIX,
-                           where=where) from None
+        raise error(f"line {number} of the corpus is not JSON, as {option('field')} expects",
+                    fix=f"drop {option('field')} for a text file", where=where,
+                    **({"option": "field"} if first else {})) from None
     value = doc.get(field) if isinstance(doc, dict) else None
     if not isinstance(value, str):
-        raise AttnvizError(f"line {number} of the corpus has no string field "
-                           f"{printable(field, 40)!r}",
-                           fix=f"name the field that holds the text with {option('field')}",
-                           where=where)
+        raise error(f"line {number} of the corpus has no string field "
+                    f"{printable(field, 40)!r} ({option('field')})",
+                    fix=f"name the field that holds the text with {option('field')}",
+                    where=where, **({"option": "field"} if first else {}))
     return value
 
 

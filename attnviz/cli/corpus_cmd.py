@@ -17,7 +17,8 @@ from attnviz.core.request import MAX_SEED
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from attnviz.app.corpus import CorpusProgress, CorpusResult
+    from attnviz.app.corpus import CorpusProgress
+    from attnviz.compute.corpus.corpus_result import CorpusResult
 
 Corpus = Annotated[Path, typer.Argument(callback=path_arg, help=(
     "The corpus: a text file with one example per line, JSON lines (with --field), or '-' "
@@ -57,8 +58,9 @@ State = Annotated[Path | None, typer.Option("--state", callback=path_arg, help=(
 Resume = Annotated[bool, typer.Option("--resume", help=(
     "Continue an interrupted run from --state; refused, naming it, when the model, the "
     "corpus or an option changed."))]
-SaveEvery = Annotated[int, typer.Option("--save-every", callback=positive, help=(
-    "Batches between two saves of --state (saved at the end of a lookahead window)."))]
+SaveEvery = Annotated[int | None, typer.Option("--save-every", callback=positive, help=(
+    "Batches between two saves of --state (default 50; saved at the end of a lookahead "
+    "window)."))]
 
 
 def corpus(
@@ -84,7 +86,7 @@ def corpus(
     memory_budget: MemoryBudget = None,
     state: State = None,
     resume: Resume = False,
-    save_every: SaveEvery = 50,
+    save_every: SaveEvery = None,
 ) -> None:
     """Head statistics over a corpus: each head's mean with a 95% interval over examples, its
     type with its bootstrap stability, and when that type settled; streamed, resumable, and
@@ -92,6 +94,12 @@ def corpus(
     from attnviz.app.corpus import CorpusRequest, run_corpus
     from attnviz.app.heatmap_sources import parse_max_memory, parse_memory_budget
 
+    if as_json and overview is not choices.CorpusShows.LABEL:
+        from attnviz.errors import UsageError, option
+
+        raise UsageError(f"{option('overview')} chooses what the terminal grid shows, and "
+                         f"{option('json')} lists every statistic of every head",
+                         fix=f"drop {option('overview')}", option="overview")
     outputs = _check_outputs(corpus, model, out, csv, html)
     request = CorpusRequest(corpus, model, field, device, dtype, device_map,
                             parse_max_memory(max_memory), weighting, max_tokens, long,

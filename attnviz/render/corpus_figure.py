@@ -11,7 +11,7 @@ from attnviz.compute.corpus.corpus_sums import STATISTICS
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from attnviz.app.corpus import CorpusResult
+    from attnviz.compute.corpus.corpus_result import CorpusResult
 
 
 def corpus_figure(result: CorpusResult) -> Figure:

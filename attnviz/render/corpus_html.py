@@ -12,7 +12,7 @@ from attnviz.compute.corpus.corpus_sums import STATISTICS
 from attnviz.errors import printable
 
 if TYPE_CHECKING:
-    from attnviz.app.corpus import CorpusResult
+    from attnviz.compute.corpus.corpus_result import CorpusResult
 
 STYLE = """body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 nav a{margin-right:1em}section{display:none}section:target{display:block}

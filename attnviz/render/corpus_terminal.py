@@ -14,7 +14,7 @@ from attnviz.render.maps_terminal import colour_off
 from attnviz.render.overview_terminal import TYPES
 
 if TYPE_CHECKING:
-    from attnviz.app.corpus import CorpusResult
+    from attnviz.compute.corpus.corpus_result import CorpusResult
     from attnviz.compute.corpus.corpus_summary import CorpusHead
 
 UNSTABLE = 0.9  # a type given by fewer resamples than this is listed as uncertain
@@ -99,12 +99,14 @@ def print_corpus(console: Console, result: CorpusResult, statistic: str | None =
                                f"{head.stability:.0%}  ({settled})"))
         if len(uncertain) > MAX_LISTED:
             console.print(Text(f"  … {len(uncertain) - MAX_LISTED} more (--json lists all)"))
-    said = [f"{counts.used} examples used"]
-    said += [f"{n} {what}" for n, what in ((counts.truncated, "truncated"),
-                                           (counts.skipped_long, "skipped as too long"),
-                                           (counts.skipped_empty, "skipped as empty")) if n]
-    said.append(f"{counts.batches} batches")
+    said = [f"{counts.used} examples used", f"{counts.batches} batches"]
+    if counts.skipped_empty:
+        said.append(f"{counts.skipped_empty} without a token skipped")
     console.print(Text("\n" + ", ".join(said)))
+    longer = counts.truncated if result.long == "truncate" else counts.skipped_long
+    console.print(Text(f"longer than {result.max_tokens} tokens: {longer}, "
+                       f"{'truncated' if result.long == 'truncate' else 'skipped'}; bootstrap: "
+                       f"{summary.resamples} resamples, seed {result.seed}"))
     present = {head.type for head in summary.heads}
     key = ", ".join(f"{word} = {meaning}" for word, _, meaning, _ in
                     (TYPES[t] for t in TYPES if t in present)) if statistic is None else ""
