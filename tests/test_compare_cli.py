@@ -91,9 +91,9 @@ def test_csv_and_figure(cli, tmp_path):
     (["--weights", str(SAMPLES / "gpt2-tiny"), "--against", str(SAMPLES / "bert-tiny"),
       "--limit", "3"], ["--limit applies to a corpus run"]),
     (["--weights", str(SAMPLES / "gpt2-tiny"), "--against", str(SAMPLES / "bert-tiny"),
-      "--statistic", "max"], ["--statistic applies to a corpus run"]),
+      "--overview", "max"], ["--overview chooses what the corpus's grid shows"]),
     (["--weights", str(SAMPLES / "gpt2-tiny"), "--against", str(SAMPLES / "bert-tiny"),
-      "--statistic", "sharpness"], ["unknown --statistic 'sharpness'"]),
+      "--overview", "sharpness"], ["unknown --overview 'sharpness'"]),
     ([str(SAMPLES.parent / "README.md"), "--weights", str(SAMPLES / "gpt2-tiny"),
       "--against", str(SAMPLES / "bert-tiny")], ["a corpus runs through the models' own"]),
     (["--model", str(SAMPLES / "models" / "phi3-tiny-lm"), "--against",
@@ -102,6 +102,15 @@ def test_csv_and_figure(cli, tmp_path):
 def test_refusals_name_what_is_wrong(cli, args, fragments):
     result = cli("compare", *args)
     assert_clean_error(result, 2, *[f.replace("-H", "--num-heads") for f in fragments])
+
+
+def test_overview_beside_json_is_refused(cli, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat\n")
+    phi3 = SAMPLES / "models" / "phi3-tiny-lm"
+    assert_clean_error(cli("compare", corpus, "-m", phi3, "-a", phi3, "--json", "--overview",
+                           "max"), 2, "--overview chooses what the terminal grid shows",
+                       "--json holds every statistic")
 
 
 def test_seed_needs_sample(cli, tmp_path):
@@ -212,7 +221,7 @@ def test_identical_models_and_outputs(cli, tmp_path, zoo_pair):
     corpus.write_text("".join(json.dumps({"text": s}) + "\n" for s in SENTENCES))
     table, figure = tmp_path / "h.csv", tmp_path / "f.png"
     result = cli("compare", corpus, "--field", "text", "-m", a, "-a", c, "--csv", table,
-                 "--out", figure, "--statistic", "max", env={"COLUMNS": "120", "NO_COLOR": "1"})
+                 "--out", figure, "--overview", "max", env={"COLUMNS": "120", "NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     assert "no head's max_weight changed beyond its interval" in result.stdout
     assert "every attention tensor of the two models is byte-identical" in result.stdout
@@ -220,6 +229,28 @@ def test_identical_models_and_outputs(cli, tmp_path, zoo_pair):
     assert len(rows) == 8 and all(float(r["entropy_diff"]) == 0.0 for r in rows)
     assert all(r["weights_identical"] == "True" for r in rows)
     assert read_image(figure).std() > 0.01
+
+
+@pytest.mark.hf
+def test_label_grid_shows_each_models_type(cli, tmp_path, zoo_pair):
+    """--overview label: a head's type in both models (one word where they agree), as each
+    model's own corpus means name it (the JSON's type_a, type_b)."""
+    a, b, _ = zoo_pair
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES) + "\n")
+    shown = cli("compare", corpus, "-m", a, "-a", b, "--overview", "label",
+                env={"COLUMNS": "120", "NO_COLOR": "1"}).stdout.splitlines()
+    rows = json.loads(cli("compare", corpus, "-m", a, "-a", b, "--json").stdout)["corpus"]["heads"]
+    from attnviz.render.overview_terminal import TYPES
+
+    top = shown.index(next(line for line in shown if line.startswith("head types over 7")))
+    for layer in (0, 1):
+        cells = shown[top + 2 + layer].split()[1:]
+        for head, cell in enumerate(cells):
+            row = next(r for r in rows if (r["layer"], r["head"]) == (layer, head))
+            expected = TYPES[row["type_a"]][0] if row["type_a"] == row["type_b"] else \
+                f"{TYPES[row['type_a']][1]}>{TYPES[row['type_b']][1]}"
+            assert cell == expected
 
 
 @pytest.mark.hf

@@ -114,7 +114,7 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "sample": ["--sample", "1"], "seed": ["--seed", "3"], "long": ["--long", "skip"],
         "max_tokens": ["--max-tokens", "3"], "memory_budget": ["--memory-budget", "1MB"],
         "weighting": ["--weighting", "norm"], "device": ["--device", "cpu"],
-        "dtype": ["--dtype", "bfloat16"], "statistic": ["--statistic", "max"],
+        "dtype": ["--dtype", "bfloat16"], "overview": ["--overview", "max"],
         "out": ["--out", f"{OUT}/f.png"], "csv": ["--csv", f"{OUT}/h.csv"],
     },
     "corpus": {

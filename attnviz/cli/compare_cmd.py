@@ -53,9 +53,10 @@ Long = Annotated[choices.LongExamples, choice_option(choices.LongExamples, "--lo
 Weighting = Annotated[choices.Weighting, choice_option(choices.Weighting, "--weighting", help=(
     "attention: the weights α_ij; norm: the value-weighted maps ‖α_ij · W_O^h v_j‖, rows "
     "normalized."))]
-Statistic = Annotated[str, typer.Option("--statistic", "-s", help=(
-    "The statistic whose difference the terminal grid shows (--json and --csv hold them "
-    "all)."))]
+Overview = Annotated[choices.CorpusShows, choice_option(choices.CorpusShows, "--overview", help=(
+    "What each cell of the corpus's layers × heads grid shows: a statistic's difference "
+    "(against − model) ± half its 95% interval, or label (each head's type in both models). "
+    "--json and --csv hold every statistic."))]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", callback=positive, help=(
     "Longest example run, in each model's tokens (see --long)."))]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
@@ -84,7 +85,7 @@ def compare(
     weighting: Weighting = choices.Weighting.ATTENTION,
     device: Device = "auto",
     dtype: Dtype = choices.Dtype.FLOAT32,
-    statistic: Statistic = "entropy",
+    overview: Overview = choices.CorpusShows.ENTROPY,
     out: Out = None,
     as_json: Json = False,
     csv: Csv = None,
@@ -96,7 +97,7 @@ def compare(
     from attnviz.app.heatmap_sources import parse_memory_budget
     from attnviz.core.request import HeadHints
 
-    shown = _statistic(statistic, corpus is not None)
+    shown = _shown(overview, corpus is not None, as_json)
     outputs = _check_outputs(corpus, model, against, weights, out, csv)
     request = CompareRequest(
         against or "", model, weights, corpus, HeadHints(num_heads, num_kv_heads, head_dim),
@@ -123,26 +124,25 @@ def compare(
         console().print(plain(f"wrote {path}"), soft_wrap=True)
 
 
-def _statistic(name: str, corpus: bool) -> str:
-    """--statistic as the corpus sums name it (max is max_weight, as --overview says it)."""
-    from attnviz.compute.corpus.corpus_sums import STATISTICS
-    from attnviz.errors import UsageError
+def _shown(overview: choices.CorpusShows, corpus: bool, as_json: bool) -> str:
+    """What the corpus grid shows: "label", or a statistic as the corpus sums name it (max is
+    max_weight)."""
+    from attnviz.compute.overview import STATISTICS
+    from attnviz.errors import UsageError, option
 
-    aliases = {"max": "max_weight"}
-    found = aliases.get(name, name)
-    if found not in STATISTICS:
-        raise UsageError(f"unknown {_flag('statistic')} {name!r}",
-                         fix=f"use {', '.join(s for s in STATISTICS)}", option="statistic")
-    if found != "entropy" and not corpus:
-        raise UsageError("--statistic applies to a corpus run: without one only the weights "
-                         "are compared", fix="name a corpus file, or drop it", option="statistic")
-    return found
-
-
-def _flag(name: str) -> str:
-    from attnviz.cli.options import flag_of
-
-    return flag_of(name)
+    if overview is choices.CorpusShows.ENTROPY:
+        return "entropy"
+    if not corpus:
+        raise UsageError(f"{option('overview')} chooses what the corpus's grid shows: without a "
+                         "corpus only the weights are compared",
+                         fix="name a corpus file, or drop it", option="overview")
+    if as_json:
+        raise UsageError(f"{option('overview')} chooses what the terminal grid shows, and "
+                         f"{option('json')} holds every statistic",
+                         fix=f"drop {option('overview')}", option="overview")
+    if overview is choices.CorpusShows.LABEL:
+        return "label"
+    return STATISTICS[str(overview)][0]
 
 
 def _check_outputs(corpus: Path | None, model: str | None, against: str | None,

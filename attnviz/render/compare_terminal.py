@@ -128,19 +128,44 @@ def print_compare(console: Console, result: CompareResult, statistic: str = "ent
         console.print(Text(f"note: {note}"), soft_wrap=True)
 
 
+def type_rows(corpus: CorpusComparison, colour: bool) -> list[Row]:
+    """Each head's type in both models: one word when they agree, `prv>ind` when not."""
+    types = [{(h.layer, h.head): h.type for h in s.heads} for s in corpus.summaries]
+    rows: list[Row] = []
+    for info in corpus.layers:
+        cells = []
+        for h in range(info.heads):
+            a, b = (t.get((info.index, h), "") for t in types)
+            if a == b:
+                cells.append((_type(a), TYPES.get(a, ("", "", "", ""))[3] if colour else ""))
+            else:
+                cells.append((f"{_code(a)}>{_code(b)}", "bold" if colour else ""))
+        rows.append((info.label, cells))
+    return rows
+
+
 def print_corpus_difference(console: Console, corpus: CorpusComparison, statistic: str,
                             colour: bool, width: int) -> None:
+    """The corpus part: `statistic`'s difference grid, or with "label" each head's type."""
     c = corpus.counts
     d = corpus.difference
-    console.print(Text(f"{statistic}: against − model over {c.used} examples "
-                       f"({d.level:.0%} interval over examples, paired)"), soft_wrap=True)
-    for line in grid_lines(difference_rows(corpus, statistic, colour), width):
-        console.print(line, soft_wrap=True)
-    console.print(Text("cell: B − A ± half the interval; * the interval excludes 0; 0: the "
-                       "same value on every example"), soft_wrap=True)
-    console.print(Text(mean_line(corpus, statistic)), soft_wrap=True)
-    for line in changed_lines(corpus, statistic):
-        console.print(line, soft_wrap=True)
+    if statistic == "label":
+        console.print(Text(f"head types over {c.used} examples: model > against where they "
+                           "differ"), soft_wrap=True)
+        for line in grid_lines(type_rows(corpus, colour), width):
+            console.print(line, soft_wrap=True)
+        for line in changed_lines(corpus, None):
+            console.print(line, soft_wrap=True)
+    else:
+        console.print(Text(f"{statistic}: against − model over {c.used} examples "
+                           f"({d.level:.0%} interval over examples, paired)"), soft_wrap=True)
+        for line in grid_lines(difference_rows(corpus, statistic, colour), width):
+            console.print(line, soft_wrap=True)
+        console.print(Text("cell: B − A ± half the interval; * the interval excludes 0; 0: the "
+                           "same value on every example"), soft_wrap=True)
+        console.print(Text(mean_line(corpus, statistic)), soft_wrap=True)
+        for line in changed_lines(corpus, statistic):
+            console.print(line, soft_wrap=True)
     counted = f"{c.used} examples through both models in {c.batches} batches"
     if c.truncated:
         counted += f", {c.truncated} truncated"
@@ -164,8 +189,25 @@ def mean_line(corpus: CorpusComparison, statistic: str) -> str:
     return f"{statistic} averaged over heads: model {values[0]}, against {values[1]}"
 
 
-def changed_lines(corpus: CorpusComparison, statistic: str) -> list[Text]:
-    """The heads whose interval excludes 0, largest change first; then changed types."""
+def changed_lines(corpus: CorpusComparison, statistic: str | None) -> list[Text]:
+    """The heads whose interval of `statistic` excludes 0, largest change first (None: none
+    listed); then the heads whose type changed."""
+    lines = [] if statistic is None else _changed_values(corpus, statistic)
+    types = [{(h.layer, h.head): h for h in s_.heads} for s_ in corpus.summaries]
+    moved = [(key, a.type, types[1][key].type) for key, a in types[0].items()
+             if key in types[1] and a.type != types[1][key].type]
+    if moved:
+        labels = {info.index: info.label for info in corpus.layers}
+        shown = ", ".join(f"{labels.get(layer, layer)}.{head} {_type(a)} → {_type(b)}"
+                          for (layer, head), a, b in moved[:MAX_LISTED])
+        more = f" and {len(moved) - MAX_LISTED} more" if len(moved) > MAX_LISTED else ""
+        lines.append(Text(f"type changed ({len(moved)} heads): {shown}{more}"))
+    elif statistic is None:
+        lines.append(Text("no head's type changed"))
+    return lines
+
+
+def _changed_values(corpus: CorpusComparison, statistic: str) -> list[Text]:
     d = corpus.difference
     s = corpus.statistics.index(statistic)
     found = []
@@ -185,17 +227,12 @@ def changed_lines(corpus: CorpusComparison, statistic: str) -> list[Text]:
         lines.append(Text(f"changed ({len(found)} heads): {shown}{more}"))
     else:
         lines.append(Text(f"no head's {statistic} changed beyond its interval"))
-    types = [{(h.layer, h.head): h for h in s_.heads} for s_ in corpus.summaries]
-    moved = [(key, a.type, types[1][key].type) for key, a in types[0].items()
-             if key in types[1] and a.type != types[1][key].type]
-    if moved:
-        labels = {info.index: info.label for info in corpus.layers}
-        shown = ", ".join(f"{labels.get(layer, layer)}.{head} {_type(a)} → {_type(b)}"
-                          for (layer, head), a, b in moved[:MAX_LISTED])
-        more = f" and {len(moved) - MAX_LISTED} more" if len(moved) > MAX_LISTED else ""
-        lines.append(Text(f"type changed ({len(moved)} heads): {shown}{more}"))
     return lines
 
 
 def _type(name: str) -> str:
     return TYPES.get(name, (name or "?",))[0]
+
+
+def _code(name: str) -> str:
+    return TYPES.get(name, (name, (name or "?")[:3]))[1]

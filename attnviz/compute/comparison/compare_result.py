@@ -39,7 +39,7 @@ class CorpusComparison:
     summaries: tuple[CorpusSummary, CorpusSummary]
     counts: PairCounts
     world: int = 1
-    seconds: float = 0.0
+    seconds: float = 0.0  # not in --json: the same run gives the same document
 
     def head_rows(self) -> list[dict[str, Any]]:
         """One row per head: each statistic's A, B, B − A and interval."""
@@ -63,7 +63,7 @@ class CorpusComparison:
 
     def to_json(self) -> dict[str, Any]:
         return {"examples": self.counts.used, "counts": self.counts.to_json(),
-                "world_size": self.world, "seconds": round(self.seconds, 3),
+                "world_size": self.world,
                 "interval": f"{self.difference.level:.0%} ({self.difference.method})",
                 "difference": "against − model",
                 "layers": [info.to_json() for info in self.layers],
@@ -100,10 +100,12 @@ class CompareResult:
                      "weights_identical": h.identical, "weights_distance": h.distance}
                     for h in weights.values()]
         rows = []
-        # the corpus run numbers layers as the forward calls them; pair with the inventory
-        # by position where the counts agree
+        # the corpus run numbers layers as the forward calls them, the weights as the
+        # inventory lists them: paired by position only for one stack of layers (labels 0, 1,
+        # …) of the same count; an encoder-decoder's rows leave the weight columns empty
         inventory = sorted({layer for layer, _ in weights})
-        by_position = len(inventory) == len(self.corpus.layers)
+        by_position = len(inventory) == len(self.corpus.layers) and all(
+            info.label == str(i) for i, info in enumerate(self.corpus.layers))
         for row in self.corpus.head_rows():
             position = next(i for i, info in enumerate(self.corpus.layers)
                             if info.index == row["layer"])
