@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import SAMPLES
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from attnviz.compute.comparison import head_weights
@@ -231,3 +232,42 @@ def test_one_tensor_of_each_model_at_a_time(tmp_path):
                                reader("b", opened[1].store))
     assert calls[:4] == ["a:W_q", "b:W_q", "a:b_q", "a:W_k"]  # no b_q: not read from B either
     assert [c.split(":")[0] for c in calls if c.split(":")[1].startswith("W")] == ["a", "b"] * 4
+
+
+def _sample_cases() -> list[Path]:
+    from test_source_matrix import sample_cases
+
+    return sample_cases()
+
+
+@pytest.mark.parametrize("source", _sample_cases(), ids=lambda p: p.name)
+def test_every_sample_against_itself_and_a_shifted_copy(cli, source: Path, tmp_path):
+    """Every sample checkpoint the source matrix runs (`attnviz inspect` lists a layer): against
+    itself every head is byte-identical; against a copy with every float tensor shifted by
+    1e-3 (safetensors samples) none is."""
+    from helpers import torch_loads_pickles
+    from test_source_matrix import head_hint, inspected, usable
+
+    if source.suffix == ".pt" and not torch_loads_pickles():
+        pytest.skip("this torch does not open pickles (attnviz refuses them below 2.10)")
+    hints = head_hint(usable(inspected(cli, source)))
+    same = cli("compare", "--weights", source, "--against", source, "--json", *hints)
+    assert same.exit_code == 0, same.output
+    doc = json.loads(same.stdout)["weights"]
+    assert doc["all_identical"] and doc["identical_heads"] == doc["heads"] > 0
+    files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
+    if not files or files[0].suffix != ".safetensors":
+        return
+    copy = tmp_path / source.name
+    if source.is_dir():
+        shutil.copytree(source, copy)
+    for file in files:
+        target = copy if source.is_file() else copy / file.name
+        tensors = {k: v + 1e-3 if v.is_floating_point() else v
+                   for k, v in load_file(file).items()}
+        with safe_open(file, "pt") as f:  # attnviz's own metadata (num_heads) kept
+            metadata = f.metadata()
+        save_file(tensors, target, metadata=metadata)
+    moved = cli("compare", "--weights", source, "--against", copy, "--json", *hints)
+    assert moved.exit_code == 0, moved.output
+    assert json.loads(moved.stdout)["weights"]["identical_heads"] == 0
