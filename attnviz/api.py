@@ -411,7 +411,8 @@ def corpus(path: str | Path, *, model: str | Path | None = None, field: str | No
     from attnviz.core.choices import LongExamples
 
     return run_corpus(CorpusRequest(
-        _path(path, "path") or Path("-"), _str(model, "model"), _str(field, "field"),
+        _path(path, "path") or Path("-"),
+        _str(str(model) if isinstance(model, Path) else model, "model"), _str(field, "field"),
         _str(device, "device", False) or "auto", Dtype.parse(dtype, "dtype"),
         weighting=Weighting.parse(weighting, "weighting"),
         max_tokens=_int(max_tokens, "max_tokens", 1) or 1,

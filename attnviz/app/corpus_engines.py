@@ -2,7 +2,7 @@
 batch after batch. `BundledEngine` runs the bundled model (`sources.bundled.run_tiny`);
 `ModelEngine` a Hugging Face model through `sources.hf.plan_run`/`run_plan`, full maps kept
 (never streamed); both weigh the maps with `--weighting norm` as heatmap does
-(`app.weighting.weigh_run`). An engine tokenizes an example alone (`tokenize`: its length
+(`app.weighting.weigh_run`). An engine tokenizes each example alone (`tokenize`: lengths
 known before batching), runs a batch of tokenized examples (`run`), and says who it is
 (`identity`: what a resumed run must find unchanged)."""
 
@@ -19,6 +19,7 @@ from attnviz.core.request import SourceSpec
 from attnviz.errors import CheckpointError
 
 if TYPE_CHECKING:
+    from attnviz.app.corpus_input import Example
     from attnviz.compute.results import AttentionRun
 
 HEADER_BYTES = 1 << 16  # a model file's first 64 KiB (a safetensors header) name its content
@@ -39,8 +40,8 @@ class Engine(Protocol):
     layers: int  # attention calls per forward (config's count until the first run)
     heads: int  # the most heads a layer has
 
-    def tokenize(self, ordinal: int, text: str, max_tokens: int, long: LongExamples
-                 ) -> Tokenized | None: ...
+    def tokenize(self, examples: list[Example], max_tokens: int, long: LongExamples
+                 ) -> list[Tokenized | None]: ...
 
     def run(self, items: list[Tokenized]) -> AttentionRun: ...
 
@@ -81,15 +82,18 @@ class BundledEngine:
         self.layers, self.heads = len(found), max(layer.num_heads or 0 for layer in found)
         self.device, self.norm = resolve_device(device), norm
 
-    def tokenize(self, ordinal: int, text: str, max_tokens: int, long: LongExamples
-                 ) -> Tokenized | None:
+    def tokenize(self, examples: list[Example], max_tokens: int, long: LongExamples
+                 ) -> list[Tokenized | None]:
+        """Each example's words (None: no word, or too long and skipped)."""
         from attnviz.core.words import split_words
 
-        words = split_words(text)
-        kept = _fit(len(words), min(max_tokens, self.limit), long)
-        if not words or kept is None:
-            return None
-        return Tokenized(ordinal, text, kept, words[:kept], kept < len(words))
+        out: list[Tokenized | None] = []
+        for example in examples:
+            words = split_words(example.text)
+            kept = _fit(len(words), min(max_tokens, self.limit), long)
+            out.append(None if not words or kept is None else Tokenized(
+                example.ordinal, example.text, kept, words[:kept], kept < len(words)))
+        return out
 
     def run(self, items: list[Tokenized]) -> AttentionRun:
         from attnviz.compute.inputs import Batch
@@ -126,21 +130,28 @@ class ModelEngine:
         self.heads = config_count(config, HEAD_FIELDS) or 12
         self.memory_budget, self.norm, self.spec = memory_budget, norm, spec
 
-    def tokenize(self, ordinal: int, text: str, max_tokens: int, long: LongExamples
-                 ) -> Tokenized | None:
+    def tokenize(self, examples: list[Example], max_tokens: int, long: LongExamples
+                 ) -> list[Tokenized | None]:
+        """Each example through the model's own tokenizer, special tokens included (None: too
+        long and skipped); one silenced call per window (a tokenizer's warnings, and a Rust
+        panic's message, never reach the terminal)."""
         from attnviz.sources.hf import guard
 
+        with guard.silenced(stderr=True):
+            return [self._tokenize(e.ordinal, e.text, max_tokens, long) for e in examples]
+
+    def _tokenize(self, ordinal: int, text: str, max_tokens: int, long: LongExamples
+                  ) -> Tokenized | None:
         limit = min(max_tokens, self.loaded.position_limit or max_tokens)
         tokenizer = self.loaded.tokenizer
-        with guard.silenced(stderr=True):
-            row = dict(tokenizer(text, add_special_tokens=True))
-            full = len(row["input_ids"])
-            kept = _fit(full, limit, long)
-            if full == 0 or kept is None:
-                return None
-            if kept < full:  # the tokenizer cuts it, its special tokens kept
-                row = dict(tokenizer(text, add_special_tokens=True, truncation=True,
-                                     max_length=kept))
+        row = dict(tokenizer(text, add_special_tokens=True))
+        full = len(row["input_ids"])
+        kept = _fit(full, limit, long)
+        if full == 0 or kept is None:
+            return None
+        if kept < full:  # the tokenizer cuts it, its special tokens kept
+            row = dict(tokenizer(text, add_special_tokens=True, truncation=True,
+                                 max_length=kept))
         ids = row["input_ids"]
         if not ids or len(ids) > limit or not all(0 <= t < self.loaded.embedding_rows
                                                   for t in ids):

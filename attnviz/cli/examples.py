@@ -47,8 +47,8 @@ EXAMPLES = {
          "head types over 200 real sentences, with their stability"),
         ("attnviz corpus sample_weights/english.txt --sample 100 --overview previous",
          "a uniform sample: each head's previous-token mean and interval"),
-        ("attnviz corpus sample_weights/english.txt --limit 100 --csv heads.csv",
-         "one row per head, for a spreadsheet"),
+        ("attnviz corpus sample_weights/english.txt --limit 100 --out heads.png",
+         "each statistic per head with its 95% error bars"),
     ],
     "compare": [
         ("attnviz compare -w sample_weights/bert-tiny -a sample_weights/gpt2-tiny",

@@ -1,7 +1,8 @@
 """Per-example sums of a batch's maps: for each example alone, each layer's and head's sum of
 every statistic over its queries and the number of queries it averages over — what
-`compute.stats.stat_sums` (`cross_sums` for cross-attention) gives for that example by itself,
-so that padding and the batch an example shares change nothing."""
+`compute.stats.stat_sums` (`cross_sums` for cross-attention) gives for that example by itself
+(`corpus_batch_stats` computes it for the whole batch at once), so that padding and the batch
+an example shares change nothing."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attnviz.compute.corpus.corpus_batch_stats import BatchPatterns, batch_patterns, batch_sums
 from attnviz.compute.corpus.corpus_sums import STATISTICS
 from attnviz.compute.results import AttentionRun
-from attnviz.compute.stats import cross_sums, stat_sums
+from attnviz.compute.stats import cross_sums
 from attnviz.errors import UsageError, option
 
 
@@ -39,21 +41,24 @@ def example_sums(run: AttentionRun, heads: int) -> tuple[torch.Tensor, torch.Ten
     B, L, S = len(batch.tokens), len(run.layers), len(STATISTICS)
     sums = torch.zeros(B, L, heads, S, dtype=torch.float64)
     counts = torch.zeros(B, L, S, dtype=torch.float64)
-    for b in range(B):  # example outer: the sentence's pattern pairs are cached across layers
-        for i, layer in enumerate(run.layers):
-            if layer.weights is None:
-                raise UsageError("a batch's maps streamed (they exceed the memory budget)",
-                                 fix=f"raise {option('memory_budget')} or lower "
-                                 f"{option('max_tokens')}", option="memory_budget")
-            rows = layer.rows_of(batch)[b]
-            one = layer.weights[b:b + 1]  # (1, H, L, S)
-            if layer.kind == "cross":
-                found, found_counts = cross_sums(one, [rows], [layer.columns_of(batch)[b]])
-            else:
-                found, found_counts = stat_sums(one, [rows])
-            h = one.shape[1]
-            for s, name in enumerate(STATISTICS):
-                if name in found:
+    patterns: dict[tuple[str, int], BatchPatterns] = {}  # by kind and size: shared by layers
+    for i, layer in enumerate(run.layers):
+        if layer.weights is None:
+            raise UsageError("a batch's maps streamed (they exceed the memory budget)",
+                             fix=f"raise {option('memory_budget')} or lower "
+                             f"{option('max_tokens')}", option="memory_budget")
+        h = layer.weights.shape[1]
+        if layer.kind == "cross":  # rows one sequence, columns another: example by example
+            for b, (rows, cols) in enumerate(zip(layer.rows_of(batch), layer.columns_of(batch),
+                                                 strict=True)):
+                found, found_counts = cross_sums(layer.weights[b:b + 1], [rows], [cols])
+                for s, name in enumerate(STATISTICS):
                     sums[b, i, :h, s] = found[name]
                     counts[b, i, s] = found_counts[name]
+            continue
+        size = layer.weights.shape[-1]
+        if (layer.kind, size) not in patterns:
+            patterns[layer.kind, size] = batch_patterns(layer.rows_of(batch), size)
+        sums[:, i, :h] = batch_sums(layer.weights, patterns[layer.kind, size])
+        counts[:, i] = patterns[layer.kind, size].counts
     return sums, counts
