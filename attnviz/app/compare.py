@@ -216,14 +216,13 @@ class _Paired:
 
         r = self.request
         pairs: list[tuple[Tokenized, Tokenized]] = []
-        for example in todo:
-            items = [e.tokenize(example.ordinal, example.text, r.max_tokens, r.long)
-                     for e in self.engines]
-            if items[0] is None or items[1] is None:
+        tokenized = [e.tokenize(todo, r.max_tokens, r.long) for e in self.engines]
+        for a, b in zip(*tokenized, strict=True):
+            if a is None or b is None:  # empty, or too long with long=skip, in either model
                 self.counts.skipped += 1
                 continue
-            self.counts.truncated += items[0].truncated or items[1].truncated
-            pairs.append((items[0], items[1]))
+            self.counts.truncated += a.truncated or b.truncated
+            pairs.append((a, b))
         for batch in buckets(pairs, lambda p: max(p[0].length, p[1].length), self.cost,
                              self.budget, MAX_BATCH):
             self.batch(batch)
