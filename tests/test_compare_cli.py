@@ -104,6 +104,16 @@ def test_refusals_name_what_is_wrong(cli, args, fragments):
     assert_clean_error(result, 2, *[f.replace("-H", "--num-heads") for f in fragments])
 
 
+def test_outputs_never_land_in_either_model(cli, tmp_path):
+    """--csv or --out inside model B's folder (or onto its file) is refused before any work."""
+    a, b = copy_sample(tmp_path / "a"), copy_sample(tmp_path / "b")
+    for args in (["--csv", b / "h.csv"], ["--out", a / "f.png"]):
+        result = cli("compare", "-w", a, "-a", b, *args)
+        assert_clean_error(result, 1, "inside a model folder being read")
+        assert not any(p.suffix in (".csv", ".png") for p in [*a.iterdir(), *b.iterdir()])
+    assert cli("compare", "-w", a, "-a", b, "--csv", tmp_path / "h.csv").exit_code == 0
+
+
 def test_overview_beside_json_is_refused(cli, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat\n")

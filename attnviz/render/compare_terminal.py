@@ -166,7 +166,8 @@ def print_corpus_difference(console: Console, corpus: CorpusComparison, statisti
         console.print(Text(mean_line(corpus, statistic)), soft_wrap=True)
         for line in changed_lines(corpus, statistic):
             console.print(line, soft_wrap=True)
-    counted = f"{c.used} examples through both models in {c.batches} batches"
+    counted = (f"{c.used} examples through both models in {c.batches} "
+               f"batch{'es' if c.batches != 1 else ''}")
     if c.truncated:
         counted += f", {c.truncated} truncated"
     if c.skipped:
@@ -201,7 +202,7 @@ def changed_lines(corpus: CorpusComparison, statistic: str | None) -> list[Text]
         shown = ", ".join(f"{labels.get(layer, layer)}.{head} {_type(a)} → {_type(b)}"
                           for (layer, head), a, b in moved[:MAX_LISTED])
         more = f" and {len(moved) - MAX_LISTED} more" if len(moved) > MAX_LISTED else ""
-        lines.append(Text(f"type changed ({len(moved)} heads): {shown}{more}"))
+        lines.append(Text(f"type changed ({_heads(len(moved))}): {shown}{more}"))
     elif statistic is None:
         lines.append(Text("no head's type changed"))
     return lines
@@ -224,10 +225,14 @@ def _changed_values(corpus: CorpusComparison, statistic: str) -> list[Text]:
                           f"{_num(float(d.high[l, h, s]), True)}]"
                           for _, label, h, l in found[:MAX_LISTED])  # noqa: E741
         more = f" and {len(found) - MAX_LISTED} more" if len(found) > MAX_LISTED else ""
-        lines.append(Text(f"changed ({len(found)} heads): {shown}{more}"))
+        lines.append(Text(f"changed ({_heads(len(found))}): {shown}{more}"))
     else:
         lines.append(Text(f"no head's {statistic} changed beyond its interval"))
     return lines
+
+
+def _heads(count: int) -> str:
+    return f"{count} head" + ("s" if count != 1 else "")
 
 
 def _type(name: str) -> str:
