@@ -276,3 +276,22 @@ def test_api_returns_the_same_result(tmp_path, zoo_pair):
     s = result.corpus.statistics.index("entropy")
     assert float(d.diff[1, 2, s]) < 0 and float(d.diff[0, 0, s]) == 0.0
     assert [(h.layer, h.head) for h in result.weights.heads if not h.identical] == [(1, 2)]
+
+
+def test_api_weights_and_its_refusals_by_keyword(tmp_path):
+    """The API compares weights as the CLI does and refuses in its keywords' names."""
+    from attnviz.api import compare
+    from attnviz.errors import UsageError
+
+    a, b = copy_sample(tmp_path / "a"), copy_sample(tmp_path / "b", perturb=True)
+    result = compare(b, weights=a)
+    assert [(h.layer, h.head) for h in result.weights.heads if not h.identical] == [(1, 2)]
+    assert result.corpus is None and result.to_json()["weights"]["identical_heads"] == 7
+    with pytest.raises(UsageError) as refused:
+        compare(b, weights=a, limit=3)
+    assert str(refused.value).startswith("limit applies to a corpus run")
+    with pytest.raises(UsageError) as refused:
+        compare(b, weights=a, corpus=tmp_path / "c.txt")
+    assert "pass model folders with model and against" in refused.value.one_line()
+    with pytest.raises(TypeError):
+        compare(b, weights=a, limit=2.5)
