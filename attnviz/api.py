@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from matplotlib.figure import Figure
 
+    from attnviz.compute.comparison.compare_result import CompareResult
     from attnviz.compute.overview import Overview
 
 _T = TypeVar("_T")
@@ -500,3 +501,30 @@ def corpus(path: str | Path, *, model: str | Path | None = None, field: str | No
         resume=_flag(resume, "resume")))
     result.notes = [with_options(note) for note in result.notes]  # keywords, as errors say
     return result
+
+
+def compare(against: str | Path, *, model: str | Path | None = None,
+            weights: str | Path | None = None, corpus: str | Path | None = None,
+            field: str | None = None, limit: int | None = None, sample: int | None = None,
+            seed: int = 0, long: str = "truncate", max_tokens: int = 128,
+            weighting: str = "attention", device: str = "auto", dtype: str = "float32",
+            num_heads: int | None = None, num_kv_heads: int | None = None,
+            head_dim: int | None = None) -> CompareResult:
+    """Model A (`model`, a Hugging Face folder; or `weights`, a checkpoint) against model B
+    (`against`) head by head, as `attnviz compare` does: `.weights` says which heads are
+    byte-identical and how far the others moved; with `corpus` (a Hugging Face model pair),
+    `.corpus.difference` holds each head's difference per statistic (B − A) with its 95%
+    interval over examples. `to_json()` is the `--json` document, `rows()` the CSV's."""
+    from attnviz.app.compare import CompareRequest, run_compare
+    from attnviz.core.choices import LongExamples
+
+    model_a = _path(model, "model")
+    return run_compare(CompareRequest(
+        str(_path(against, "against")), None if model_a is None else str(model_a),
+        _path(weights, "weights"),
+        _path(corpus, "corpus"), _hints(num_heads, num_kv_heads, head_dim),
+        _str(field, "field"), _str(device, "device", allow_none=False) or "auto",
+        Dtype.parse(dtype, "dtype"), Weighting.parse(weighting, "weighting"),
+        _int(max_tokens, "max_tokens", 1) or 1, LongExamples.parse(long, "long"), None,
+        _int(limit, "limit", 1, True), _int(sample, "sample", 1, True),
+        _int(seed, "seed", 0, high=MAX_SEED) or 0))

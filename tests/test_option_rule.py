@@ -31,8 +31,8 @@ SENTENCES = ["the cat sat on the mat the cat sat", "a small dog ran far away"]
 MODEL_SENTENCES = ["the cat sat on the mat", "a small dog ran far away"]  # the zoo's words
 OUT = "{out}"  # replaced by the run's output folder
 # the walk's axes, not options to walk: the source, the mode and the inputs themselves
-AXES = {"sentences", "clean", "checkpoint", "weights", "model", "random", "as_json"}
-AXES = {"sentences", "checkpoint", "weights", "model", "random", "as_json", "corpus"}
+AXES = {"sentences", "clean", "checkpoint", "weights", "model", "random", "as_json", "corpus",
+        "against"}
 # what no output shows by design: they change how the run is done, never what it shows
 UNOBSERVABLE = {
     "device": "auto is the CPU on a machine without a GPU: the same device, the same maps",
@@ -154,6 +154,15 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "memory_budget": ["--memory-budget", "1MB"],
         "target": ["--target", "the cat", "--target", "a dog"],
     },
+    "compare": {
+        "num_heads": ["-H", "2"], "num_kv_heads": ["--num-kv-heads", "2"],
+        "head_dim": ["--head-dim", "8"], "field": ["--field", "text"], "limit": ["--limit", "1"],
+        "sample": ["--sample", "1"], "seed": ["--seed", "3"], "long": ["--long", "skip"],
+        "max_tokens": ["--max-tokens", "3"], "memory_budget": ["--memory-budget", "1MB"],
+        "weighting": ["--weighting", "norm"], "device": ["--device", "cpu"],
+        "dtype": ["--dtype", "bfloat16"], "overview": ["--overview", "max"],
+        "out": ["--out", f"{OUT}/f.png"], "csv": ["--csv", f"{OUT}/h.csv"],
+    },
     "corpus": {
         "field": ["--field", "text"], "limit": ["--limit", "10"], "sample": ["--sample", "10"],
         "seed": ["--seed", "3"], "long": ["--long", "skip"], "device": ["--device", "cpu"],
@@ -194,6 +203,7 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "lens": {"bundled": [*SENTENCES]},
     "patch": {"bundled": []},
     "tokens": {"bundled": [*SENTENCES]},
+    "compare": {"weights": [*WEIGHTS, "--against", str(SAMPLES / "gpt2-tiny")]},
     "corpus": {"bundled": [str(SAMPLES / "english.txt"), "--limit", "30"]},
 }
 MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM head
@@ -207,6 +217,8 @@ MODEL_SOURCES: dict[str, list[str]] = {  # {model}: the zoo's llama with its LM 
     "patch": ["--model", "{model}", "the cat sat on the mat", "-c", "the dog sat on the mat",
               "-a", "cat", "--wrong", "dog"],
     "tokens": ["--model", "{model}", *MODEL_SENTENCES],
+    # the corpus: extra.jsonl's three lines of the zoo's words (the model against itself)
+    "compare": [f"{OUT}/../extra.jsonl", "--model", "{model}", "--against", "{model}"],
     "corpus": ["--model", "{model}", str(SAMPLES / "english.txt"), "--limit", "8"],
 }
 # options a command may drop on a source: none (the walk fails on any)
@@ -245,6 +257,9 @@ class Walker:
         self.out = folder / "out"
         self.out.mkdir(parents=True, exist_ok=True)
         (folder / "extra.txt").write_text("the red barn\n")
+        # a corpus for compare: JSON lines (for --field), the last longer than 128 tokens
+        texts = ["the cat sat on the mat", "a small dog ran far away", "the cat sat " * 50]
+        (folder / "extra.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in texts))
         self.model = model
         self.runner = CliRunner()
 

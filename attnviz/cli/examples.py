@@ -78,6 +78,15 @@ EXAMPLES = {
         ("attnviz corpus sample_weights/english.txt --limit 100 --out heads.png",
          "each statistic per head with its 95% error bars"),
     ],
+    "compare": [
+        ("attnviz compare -w sample_weights/bert-tiny -a sample_weights/gpt2-tiny",
+         "two checkpoints of one head geometry, head by head"),
+        ("attnviz compare -w sample_weights/bert-tiny -a sample_weights/gpt2-tiny --json",
+         "the same as one JSON document"),
+        ("attnviz compare sample_weights/english.txt --limit 50 "
+         "-m sample_weights/models/phi3-tiny-lm -a sample_weights/models/phi3-tiny-model",
+         "50 sentences through both: the same attention weights, no head differs"),
+    ],
 }
 
 

@@ -20,6 +20,7 @@ from attnviz import __version__
 from attnviz.cli.ablate_cmd import ablate
 from attnviz.cli.attribute_cmd import attribute
 from attnviz.cli.circuits_cmd import circuits
+from attnviz.cli.compare_cmd import compare
 from attnviz.cli.compound import command_of, spell_as
 from attnviz.cli.corpus_cmd import corpus
 from attnviz.cli.examples import epilog, summary
@@ -197,7 +198,7 @@ def _main(
 
 
 for _command in (split, inspect, heatmap, generate, ablate, circuits, patch, attribute,
-                 lens, tokens, corpus):
+                 lens, tokens, corpus, compare):
     app.command(cls=PanelledCommand, help=summary(_command.__name__, _command.__doc__),
                 epilog=epilog(_command.__name__))(_command)
 

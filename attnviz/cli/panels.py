@@ -104,6 +104,16 @@ PANELS: dict[str, dict[str, str]] = {
         **{name: LIMITS for name in ("max_tokens", "memory_budget")},
         **{name: RESUME for name in ("state", "resume", "save_every")},
     },
+    "compare": {
+        "corpus": ARGUMENTS,
+        **{name: SOURCE for name in ("model", "against", "weights", "device")},
+        **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},
+        "dtype": HF_MODEL,
+        **{name: INPUT for name in ("field", "limit", "sample", "seed", "long")},
+        "weighting": MEASURES,
+        **{name: OUTPUTS for name in ("statistic", "out", "as_json", "csv")},
+        **{name: LIMITS for name in ("max_tokens", "memory_budget")},
+    },
     "inspect": {
         "checkpoint": ARGUMENTS,
         **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},

@@ -1,0 +1,179 @@
+"""`attnviz compare`: options → CompareRequest → run_compare → the terminal grids, --json, --csv,
+--out (rank 0 alone under torchrun)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from attnviz.cli.heatmap_options import Device, Dtype, MemoryBudget
+from attnviz.cli.options import (
+    HeadDim,
+    Json,
+    Model,
+    NumHeads,
+    NumKvHeads,
+    choice_option,
+    console,
+    path_arg,
+    plain,
+    positive,
+    strict_json,
+)
+from attnviz.core import choices
+from attnviz.core.request import MAX_SEED
+
+if TYPE_CHECKING:
+    from attnviz.compute.comparison.compare_result import CompareResult
+
+Corpus = Annotated[Path | None, typer.Argument(callback=path_arg, help=(
+    "A corpus to run through both models: a text file with one example per line, JSON lines "
+    "(with --field), or '-' for standard input, read as a stream. Without it only the weights "
+    "are compared."))]
+Against = Annotated[str | None, typer.Option("--against", "-a", callback=path_arg, help=(
+    "Model B, compared with model A (--model or --weights) head by head: a model folder or "
+    "cached hub id with --model, a checkpoint with --weights. Same head geometry."))]
+Weights = Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
+    "Model A as a checkpoint (.safetensors, .pt/.pth/.bin, or a folder): its weights alone "
+    "are compared (a corpus needs --model)."))]
+Field = Annotated[str | None, typer.Option("--field", help=(
+    "JSON lines: the string field that holds each example's text."))]
+Limit = Annotated[int | None, typer.Option("--limit", callback=positive, help=(
+    "Only the first N examples (of the sample, with --sample)."))]
+Sample = Annotated[int | None, typer.Option("--sample", callback=positive, help=(
+    "N examples drawn uniformly from the corpus in one pass (reservoir sampling, --seed)."))]
+Seed = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help=(
+    "Seed of --sample's draw."))]
+Long = Annotated[choices.LongExamples, choice_option(choices.LongExamples, "--long", help=(
+    "An example longer than --max-tokens: truncate it to its first --max-tokens tokens, or "
+    "skip it (both counted)."))]
+Weighting = Annotated[choices.Weighting, choice_option(choices.Weighting, "--weighting", help=(
+    "attention: the weights α_ij; norm: the value-weighted maps ‖α_ij · W_O^h v_j‖, rows "
+    "normalized."))]
+Overview = Annotated[choices.CorpusShows, choice_option(choices.CorpusShows, "--overview", help=(
+    "What each cell of the corpus's layers × heads grid shows: a statistic's difference "
+    "(against − model) ± half its 95% interval, or label (each head's type in both models). "
+    "--json and --csv hold every statistic."))]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", callback=positive, help=(
+    "Longest example run, in each model's tokens (see --long)."))]
+Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
+    "Write a figure: each head's weight distance, and with a corpus each statistic's "
+    "difference per head with its 95% interval as error bars (.png, .svg, .pdf)."))]
+Csv = Annotated[Path | None, typer.Option("--csv", callback=path_arg, help=(
+    "Write one row per head: its weight comparison and each statistic's value in both "
+    "models, difference and interval (.csv)."))]
+
+
+def compare(
+    corpus: Corpus = None,
+    model: Model = None,
+    against: Against = None,
+    weights: Weights = None,
+    num_heads: NumHeads = None,
+    num_kv_heads: NumKvHeads = None,
+    head_dim: HeadDim = None,
+    field: Field = None,
+    limit: Limit = None,
+    sample: Sample = None,
+    seed: Seed = 0,
+    long: Long = choices.LongExamples.TRUNCATE,
+    max_tokens: MaxTokens = 128,
+    memory_budget: MemoryBudget = None,
+    weighting: Weighting = choices.Weighting.ATTENTION,
+    device: Device = "auto",
+    dtype: Dtype = choices.Dtype.FLOAT32,
+    overview: Overview = choices.CorpusShows.ENTROPY,
+    out: Out = None,
+    as_json: Json = False,
+    csv: Csv = None,
+) -> None:
+    """Two models with the same head geometry, head by head: which heads' weights are
+    byte-identical and how far the others moved; with a corpus, each head's difference per
+    statistic over the same examples, with a 95% interval over examples."""
+    from attnviz.app.compare import CompareRequest, run_compare
+    from attnviz.app.heatmap_sources import parse_memory_budget
+    from attnviz.core.request import HeadHints
+
+    shown = _shown(overview, corpus is not None, as_json)
+    outputs = _check_outputs(corpus, model, against, weights, out, csv)
+    request = CompareRequest(
+        against or "", model, weights, corpus, HeadHints(num_heads, num_kv_heads, head_dim),
+        field, device, dtype, weighting, max_tokens, long, parse_memory_budget(memory_budget),
+        limit, sample, seed)
+    leader = os.environ.get("RANK", "0") in ("", "0")
+    from attnviz.cli.progress import progress
+
+    with progress(leader and not as_json and corpus is not None) as report:
+        def hook(done: int, total: int | None) -> None:
+            report(f"examples {done}" + (f"/{total}" if total else ""))
+
+        result = run_compare(request, hook)
+    if not leader:
+        return
+    _write(result, outputs)
+    if as_json:
+        typer.echo(strict_json(result.to_json()))
+    else:
+        from attnviz.render.compare_terminal import print_compare
+
+        print_compare(console(), result, shown)
+    for path in (p for p in outputs if p is not None):
+        console().print(plain(f"wrote {path}"), soft_wrap=True)
+
+
+def _shown(overview: choices.CorpusShows, corpus: bool, as_json: bool) -> str:
+    """What the corpus grid shows: "label", or a statistic as the corpus sums name it (max is
+    max_weight)."""
+    from attnviz.compute.overview import STATISTICS
+    from attnviz.errors import UsageError, option
+
+    if overview is choices.CorpusShows.ENTROPY:
+        return "entropy"
+    if not corpus:
+        raise UsageError(f"{option('overview')} chooses what the corpus's grid shows: without a "
+                         "corpus only the weights are compared",
+                         fix="name a corpus file, or drop it", option="overview")
+    if as_json:
+        raise UsageError(f"{option('overview')} chooses what the terminal grid shows, and "
+                         f"{option('json')} holds every statistic",
+                         fix=f"drop {option('overview')}", option="overview")
+    if overview is choices.CorpusShows.LABEL:
+        return "label"
+    return STATISTICS[str(overview)][0]
+
+
+def _check_outputs(corpus: Path | None, model: str | None, against: str | None,
+                   weights: Path | None, out: Path | None, csv: Path | None
+                   ) -> tuple[Path | None, Path | None]:
+    from attnviz.app.outputs import check_distinct, check_output_path, read_set
+    from attnviz.cli.paths import inputs_read
+    from attnviz.render.figure_io import FIGURE_SUFFIXES
+
+    if out is None and csv is None:
+        return None, None
+    read = inputs_read(weights, model, corpus, False)
+    if against is not None:  # model B: a checkpoint (file or folder) or a model
+        other = Path(against)
+        b = inputs_read(None, against, None, False) if model is not None else read_set(
+            [other], [other] if other.is_dir() else [])
+        read = type(read)(read.paths | b.paths, read.inodes | b.inodes, read.folders | b.folders)
+    checked = (None if out is None else check_output_path(out, FIGURE_SUFFIXES, read),
+               None if csv is None else check_output_path(csv, (".csv",), read, "csv"))
+    check_distinct(*checked)
+    return checked
+
+
+def _write(result: CompareResult, outputs: tuple[Path | None, Path | None]) -> None:
+    from attnviz.app.compare import write_csv
+
+    out, csv = outputs
+    if out is not None:
+        from attnviz.cli.paths import write_figure
+        from attnviz.render.compare_figure import compare_figure
+
+        write_figure(compare_figure(result), out)
+    if csv is not None:
+        write_csv(result.rows(), csv)
