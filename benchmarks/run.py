@@ -348,7 +348,7 @@ def long_sequence(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     words.write_text(" ".join(f"w{i}" for i in range(sizes.tokens)) + "\n")
     mha = str(workdir / "baseline_mha.py")
     heatmap = [ATTNVIZ, "heatmap", "--weights", str(layer), "--num-heads", "16", "--file",
-               str(words), "--limit", "tokens=40000"]
+               str(words), "--budget", "tokens=40000"]
     m = measure({"base": [PY, mha, str(sizes.tokens)], "ours": [*heatmap],
                  "figure": [*heatmap, "--out", str(png)]}, repeats, False)
 
@@ -392,7 +392,7 @@ def sweep(workdir: Path, sizes: Sizes, layer: Path, repeats: int) -> list[Row]:
             chunk //= 2
         m = measure({"base": [PY, mha, str(L), str(chunk)],
                      "ours": [ATTNVIZ, "heatmap", "--weights", str(layer), "--num-heads", "16",
-                              "--file", str(words), "--limit", "tokens=40000", "--no-maps"]},
+                              "--file", str(words), "--budget", "tokens=40000", "--no-maps"]},
                     1 if L >= 8192 else repeats, False)
         base = "MHA need_weights=True forward" + (
             "" if chunk == L else f", {L // chunk} query chunks of {chunk}")
@@ -465,7 +465,7 @@ def model_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         pad_token_id=1, bos_token_id=2, eos_token_id=3), words)
     long_text = workdir / "long.txt"
     long_text.write_text(" ".join(words[:sizes.tokens]) + "\n")
-    long = [ATTNVIZ, "heatmap", "--model", str(llama), "--file", str(long_text), "--limit",
+    long = [ATTNVIZ, "heatmap", "--model", str(llama), "--file", str(long_text), "--budget",
             f"tokens={sizes.tokens}", "--no-maps"]
     m = measure({"two": [*long, "--layer", "0:2"], "all": [*long, "--layer", "all"]},
                 repeats, False)
@@ -631,7 +631,7 @@ def real_size_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     text = workdir / "big.txt"
     text.write_text(" ".join(f"w{i}" for i in range(BIG_TOKENS)) + "\n")
     base = str(workdir / "baseline_forward.py")
-    ours = [ATTNVIZ, "heatmap", "--model", str(folder), "-f", str(text), "--limit",
+    ours = [ATTNVIZ, "heatmap", "--model", str(folder), "-f", str(text), "--budget",
             f"tokens={BIG_TOKENS + 10}"]
     rows = []
     for dtype, flag, letters in (("bfloat16", "auto", "ab"), ("float32", "float32", "cd")):
@@ -690,7 +690,7 @@ def long_inputs(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     words.write_text(zipf_words(L))
     png = workdir / "long.png"
     ours_cmd = [ATTNVIZ, "heatmap", "-f", str(words), "--weights", str(layer), "-H", str(LONG_H),
-                "--limit", "tokens=40000", "--out", str(png)]
+                "--budget", "tokens=40000", "--out", str(png)]
     sdpa = [PY, str(workdir / "baseline_sdpa.py"), str(layer), str(L), str(LONG_H)]
     m = measure({"base": sdpa, "ours": ours_cmd}, min(repeats, 2), False)
     peak = matmul_peak()
@@ -729,8 +729,8 @@ def export_memory(workdir: Path, sizes: Sizes, layer: Path, repeats: int) -> Row
     words.write_text(zipf_words(L, seed=1))
     tiny_words, tiny_out = workdir / "tiny_words.txt", workdir / "tiny.safetensors"
     tiny_words.write_text(zipf_words(64, seed=1))
-    args = ["heatmap", "--weights", str(layer), "-H", str(LONG_H), "--limit", "tokens=40000",
-            "--no-maps", "--no-stats", "--limit", "memory=256MB"]
+    args = ["heatmap", "--weights", str(layer), "-H", str(LONG_H), "--budget", "tokens=40000",
+            "--no-maps", "--no-stats", "--budget", "memory=256MB"]
     floor = measure({"tiny": [ATTNVIZ, *args, "-f", str(tiny_words), "--export",
                               str(tiny_out)]}, 1, False)["tiny"]
     try:

@@ -196,7 +196,7 @@ def capped(tmp_path_factory) -> tuple[Path, dict[str, dict], dict[str, str]]:
         "stride-split": ["split", "--weights", stride, "-H", "2"],
         "overlap": ["inspect", overlap, "--scan", "-H", "2"],
         "dev-zero": ["heatmap", "--random", "-f", "/dev/zero"],
-        "dev-zero-long-lines": ["heatmap", "--random", "-f", "/dev/zero", "--limit",
+        "dev-zero-long-lines": ["heatmap", "--random", "-f", "/dev/zero", "--budget",
                                 "tokens=1000000"],
     }
     script = "".join(f"out[{name!r}] = cli(*{[str(a) for a in args]!r})\n"

@@ -42,13 +42,13 @@ def test_file_dash_reads_standard_input(cli, tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["sentences"] == ["the cat sat", "a dog ran far"]
     long_line = " ".join(["w"] * 300) + "\n"
-    assert_clean_error(cli("heatmap", "-f", "-", input=long_line), 2, "more than --limit tokens")
+    assert_clean_error(cli("heatmap", "-f", "-", input=long_line), 2, "more than --budget tokens")
 
 
 @pytest.mark.parametrize("args, flag, applies", [
     (["-H", "4"], "--num-heads", ["--random"]),
     (["--spec", "d=8"], "--spec d", ["--weights", SAMPLES / "mha.safetensors"]),
-    (["--limit", "memory=1GB"], "--limit memory", ["--random"]),
+    (["--budget", "memory=1GB"], "--budget memory", ["--random"]),
 ])
 def test_flags_the_bundled_model_ignores_are_refused(cli, args, flag, applies):
     """The bundled model has its own 2 heads per layer and always runs whole: a head count or a

@@ -95,11 +95,11 @@ def test_the_panel_check_can_fail():
 
     built = typer.main.get_command(app).commands["heatmap"]  # type: ignore[attr-defined]
     table = dict(PANELS["heatmap"])
-    del table["limit"]
+    del table["budget"]
     original = PANELS["heatmap"]
     PANELS["heatmap"] = table
     try:
-        assert unplaced("heatmap", built) == ["limit"]
+        assert unplaced("heatmap", built) == ["budget"]
     finally:
         PANELS["heatmap"] = original
 

@@ -100,8 +100,8 @@ def test_library_errors_refer_to_options_neutrally():
 def test_the_cli_shows_flags_and_python_callers_keywords(cli):
     import attnviz
 
-    result = cli("heatmap", "--random", "a b c d", "--limit", "tokens=2")
-    assert result.exit_code == 2 and "more than --limit tokens 2" in result.stderr
+    result = cli("heatmap", "--random", "a b c d", "--budget", "tokens=2")
+    assert result.exit_code == 2 and "more than --budget tokens 2" in result.stderr
     with pytest.raises(UsageError) as info:
         attnviz.run_heatmap(["a b c d"], random=True, max_tokens=2)
     assert "more than max_tokens 2" in str(info.value)
@@ -172,7 +172,7 @@ def test_the_cli_shows_a_note_with_flags_and_the_api_with_keywords(cli):
     import attnviz
 
     words = " ".join(f"w{i}" for i in range(300))
-    result = cli("heatmap", "--random", words, "--limit", "tokens=400", "--limit", "memory=1MB")
+    result = cli("heatmap", "--random", words, "--budget", "tokens=400", "--budget", "memory=1MB")
     assert result.exit_code == 0, result.output
     shown = " ".join(result.stdout.split())  # the terminal folds long lines
     assert "; --export writes the full maps block by block" in shown

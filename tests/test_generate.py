@@ -212,7 +212,7 @@ def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: 
     monkeypatch.setattr("attnviz.sources.hf.generate.load_lm", never)
     folder = zoo_model("llama")  # "<s> the cat sat on the mat": 7 tokens
     result = cli("generate", "--model", folder, "the cat sat on the mat", "--max-new-tokens", "4",
-                 "--limit", "tokens=10")
+                 "--budget", "tokens=10")
     assert_clean_error(result, 2, "sentence 1 with 4 generated tokens", "11")
 
 
@@ -222,7 +222,7 @@ def test_max_tokens_counts_generated_tokens_before_loading(zoo_model: Any, cli: 
     (["--max-new-tokens", "2", "--sample", "--top-p", "1.5"], "--top-p"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--max-new-tokens", "5000"], "--max-new-tokens must be 1..4096"),  # the library's bound
-    (["--max-new-tokens", "2", "--limit", "panels=1"], "--limit panels"),
+    (["--max-new-tokens", "2", "--budget", "panels=1"], "--budget panels"),
 ])
 def test_generate_usage_errors(cli: Any, args: list[str], fragment: str) -> None:
     from helpers import assert_clean_error
@@ -603,13 +603,13 @@ def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
 
 @pytest.mark.hf
 def test_max_sentences_binds_on_a_model(cli: Any) -> None:
-    """`generate --model` used to run every sentence whatever --limit sentences= said (the
+    """`generate --model` used to run every sentence whatever --budget sentences= said (the
     option walker found it dropped); the bundled model's batch always checked it."""
     from helpers import assert_clean_error
 
     model = "sample_weights/models/phi3-tiny-lm"
     args = ("generate", "--model", model, "the cat", "a dog", "-n", "2", "--no-maps",
             "--no-stats")
-    assert_clean_error(cli(*args, "--limit", "sentences=1"), 2,
-                       "2 sentences exceed --limit sentences 1")
-    assert cli(*args, "--limit", "sentences=2").exit_code == 0  # control: within the limit
+    assert_clean_error(cli(*args, "--budget", "sentences=1"), 2,
+                       "2 sentences exceed --budget sentences 1")
+    assert cli(*args, "--budget", "sentences=2").exit_code == 0  # control: within the limit

@@ -185,7 +185,7 @@ def test_terminal_output_fits_80_columns(cli):
 
 def test_long_sentences_are_downsampled(cli):
     words = " ".join(f"w{i}" for i in range(120))
-    result = cli("heatmap", "--random", words, "--limit", "tokens=200", "--head", "0")
+    result = cli("heatmap", "--random", words, "--budget", "tokens=200", "--head", "0")
     assert result.exit_code == 0, result.output
     assert "downsampled to fit" in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
@@ -222,8 +222,8 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     (["a b", "--query", "zebra"], "token 'zebra' is not in the sentence"),
     (["a b", "--query", "5"], "query index 5 is out of range"),
     (["a b", "--query", "a@2"], "sentence 2 is out of range"),
-    (["a b c d", "--limit", "tokens=3"], "more than --limit tokens 3"),
-    (["a", "b", "--limit", "sentences=1"], "exceed --limit sentences 1"),
+    (["a b c d", "--budget", "tokens=3"], "more than --budget tokens 3"),
+    (["a", "b", "--budget", "sentences=1"], "exceed --budget sentences 1"),
     # an index no machine has: refused with or without CUDA, for the reason that applies
     (["a b", "--device", "cuda:999"], "there is no GPU 999" if torch.cuda.is_available()
      else "CUDA is not available"),
@@ -231,8 +231,8 @@ def test_checkpoint_layer_heatmap(cli, tmp_path):
     (["a b", "--spec", "positions=rope"], "unknown --spec positions"),
     (["a b", "--out", "x.gif"], "cannot tell the output format"),
     (["a b", "--export", "x.npz"], "cannot tell the output format"),
-    (["a b", "c", "--out", "m.png", "--limit", "panels=15"],
-     "16 panels, more than --limit panels"),
+    (["a b", "c", "--out", "m.png", "--budget", "panels=15"],
+     "16 panels, more than --budget panels"),
 ])
 def test_bad_input(cli, tmp_path, monkeypatch, args, fragment):
     monkeypatch.chdir(tmp_path)

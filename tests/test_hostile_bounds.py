@@ -147,10 +147,10 @@ def test_head_count_from_config_that_contradicts_the_weights_is_bad_data(cli, tm
 @pytest.mark.slow
 def test_max_sentences_is_honoured_with_model(cli, minilm):
     many = [f"sentence {i}" for i in range(70)]
-    assert_clean_error(cli("heatmap", "--model", minilm, "--limit", "sentences=3", *many[:4]), 2,
-                       "4 sentences exceed --limit sentences 3")
+    assert_clean_error(cli("heatmap", "--model", minilm, "--budget", "sentences=3", *many[:4]), 2,
+                       "4 sentences exceed --budget sentences 3")
     result = cli("heatmap", "--model", minilm, "--layer", "0", "--head", "0", "--json",
-                 "--limit", "sentences=100", *many)
+                 "--budget", "sentences=100", *many)
     assert result.exit_code == 0, result.output
     assert "exceed" not in result.output
 
@@ -256,10 +256,10 @@ def test_budget_past_available_memory_is_refused_up_front(cli, monkeypatch):
     from attnviz.app import heatmap_sources
 
     monkeypatch.setattr(heatmap_sources, "available_memory", lambda: 4 * 2**30)
-    assert_clean_error(cli("heatmap", "--random", "a b", "--limit", "memory=100GB"), 2,
-                       "more than the 4.0 GB this machine has available", "--limit memory",
+    assert_clean_error(cli("heatmap", "--random", "a b", "--budget", "memory=100GB"), 2,
+                       "more than the 4.0 GB this machine has available", "--budget memory",
                        "give at most 4096MB")
-    assert cli("heatmap", "--random", "a b", "--limit", "memory=1GB").exit_code == 0
+    assert cli("heatmap", "--random", "a b", "--budget", "memory=1GB").exit_code == 0
 
 
 def test_available_memory_reads_the_address_space_limit():
@@ -287,7 +287,7 @@ def test_allocator_failure_is_one_line_naming_the_budget(cli, monkeypatch, failu
 
     monkeypatch.setattr(heatmap_sources, "run_layer", fail, raising=False)
     result = cli("heatmap", "--random", "a b")
-    assert_clean_error(result, 1, "out of memory", "lower --limit memory")
+    assert_clean_error(result, 1, "out of memory", "lower --budget memory")
     assert "unexpected" not in result.stderr
 
 
@@ -296,7 +296,7 @@ def test_export_metadata_is_bounded(cli, tmp_path):
     header — refused before the file is written; a tenth of it is exported."""
     word = "é" * 15_000
     out = tmp_path / "m.safetensors"
-    args = ["heatmap", "--random", "--json", "--limit", "sentences=200", "--export", out]
+    args = ["heatmap", "--random", "--json", "--budget", "sentences=200", "--export", out]
     assert_clean_error(cli(*args, *[word] * 200), 2, "the export's metadata",
                        "more than 16 MB", "drop --export")
     assert list(tmp_path.iterdir()) == []
@@ -531,8 +531,8 @@ def test_sane_config_values_run(cli, zoo_model, tmp_path):
 LONG = " ".join(["cat"] * 600)
 NAN_PATHS = {
     "whole maps": ["--json", "the cat sat"],
-    "streamed": ["--json", "--limit", "tokens=4000", "--limit", "memory=1MB", LONG],
-    "exported": ["--limit", "memory=1MB", "--limit", "tokens=4000", "--export", "{out}", LONG],
+    "streamed": ["--json", "--budget", "tokens=4000", "--budget", "memory=1MB", LONG],
+    "exported": ["--budget", "memory=1MB", "--budget", "tokens=4000", "--export", "{out}", LONG],
 }
 
 

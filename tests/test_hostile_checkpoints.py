@@ -294,7 +294,7 @@ def test_unicode_sentences_and_misuse_of_every_command(cli, tmp_path, monkeypatc
     assert_clean_error(cli("inspect"), 2, "Missing argument")
     assert_clean_error(cli("inspect", tmp_path, "--layer", "0"), 1, "0 checkpoint files")
     assert_clean_error(cli("split", "-H", "nope"), 2, "--num-heads")
-    assert_clean_error(cli("heatmap", "--random", "x " * 300), 2, "--limit tokens")
+    assert_clean_error(cli("heatmap", "--random", "x " * 300), 2, "--budget tokens")
     assert_clean_error(cli("heatmap", "--random", "a", "--device", "mps"), 2, "MPS")
     assert_clean_error(cli("nosuchcommand"), 2, "No such command")
     assert list(tmp_path.iterdir()) == []

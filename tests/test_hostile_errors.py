@@ -27,20 +27,20 @@ from hostile import (
 
 
 DEBUG_CASES = [
-    ("after --", ["heatmap", "--random", "--limit", "sentences=1", "a", "--", "--debug"]),
-    ("inside a sentence", ["heatmap", "--random", "--limit", "sentences=1", "a", "x --debug"]),
-    ("after the sentences", ["heatmap", "--random", "--limit", "sentences=1", "a", "b",
+    ("after --", ["heatmap", "--random", "--budget", "sentences=1", "a", "--", "--debug"]),
+    ("inside a sentence", ["heatmap", "--random", "--budget", "sentences=1", "a", "x --debug"]),
+    ("after the sentences", ["heatmap", "--random", "--budget", "sentences=1", "a", "b",
                              "--", "--debug", "--debug"]),
 ]
 
 
 @pytest.mark.parametrize("case", DEBUG_CASES, ids=[c[0] for c in DEBUG_CASES])
 def test_debug_is_a_global_option_only(cli, case):
-    assert_error(cli(*case[1]), 2, "--limit sentences 1")
+    assert_error(cli(*case[1]), 2, "--budget sentences 1")
 
 
 def test_debug_before_the_command_shows_the_exception(cli):
-    result = cli("--debug", "heatmap", "--random", "--limit", "sentences=1", "a", "b")
+    result = cli("--debug", "heatmap", "--random", "--budget", "sentences=1", "a", "b")
     assert type(result.exception).__name__ == "UsageError"
     assert_error(cli("heatmap", "--debug", "--random", "a"), 2, "No such option: --debug")
 
@@ -95,8 +95,8 @@ USAGE_CASES = [
      "--num-heads must be a positive integer"),
     ("kv heads 0", ["heatmap", "--weights", "{mha}", "-H", "2", "--spec", "kv=0", "a"],
      "--spec kv= must be a positive integer"),
-    ("max tokens 0", ["heatmap", "--random", "a", "--limit", "tokens=0"], "--limit tokens"),
-    ("max panels -3", ["heatmap", "--random", "a", "--limit", "panels=-3"], "--limit panels"),
+    ("max tokens 0", ["heatmap", "--random", "a", "--budget", "tokens=0"], "--budget tokens"),
+    ("max panels -3", ["heatmap", "--random", "a", "--budget", "panels=-3"], "--budget panels"),
     ("5000-digit -H", ["split", "-H", "1" * 5000], "--num-heads"),
     ("over-long --model id", ["heatmap", "--model", "org/" + "m" * 5000, "a"],
      "the path given to --model is too long"),

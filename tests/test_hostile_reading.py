@@ -26,7 +26,7 @@ from hostile import (
 
 @pytest.mark.parametrize("name", ["dev-zero", "dev-zero-long-lines"])
 def test_endless_sentence_file_stops_at_the_limit_under_a_memory_cap(capped, name):
-    """/dev/zero is one endless line: refused after max(64 KiB, 64 bytes per --limit tokens)."""
+    """/dev/zero is one endless line: refused after max(64 KiB, 64 bytes per --budget tokens)."""
     limit = 65536 if name == "dev-zero" else 64_000_000
     assert_error(Result(capped[1][name]), 2, f"line 1 of the sentence file is longer than "
                  f"{limit} bytes", "/dev/zero")
@@ -63,12 +63,12 @@ class FifoWriter:
 
 
 FILE_CASES = [
-    ("too many lines", b"the cat sat\n" * 100, ["--limit", "sentences=3"],
+    ("too many lines", b"the cat sat\n" * 100, ["--budget", "sentences=3"],
      "the sentence file holds more than 3 sentences"),
-    ("too many with arguments", b"a b\n" * 10, ["--limit", "sentences=4", "x", "y"],
+    ("too many with arguments", b"a b\n" * 10, ["--budget", "sentences=4", "x", "y"],
      "holds more than 2 sentences besides the 2 given"),
-    ("a line over --limit tokens", b"a b\n" + b"w " * 50 + b"\n" + b"\xff" * 10,
-     ["--limit", "tokens=20"], "sentence 2 (line 2) has 50 tokens, more than --limit tokens 20"),
+    ("a line over --budget tokens", b"a b\n" + b"w " * 50 + b"\n" + b"\xff" * 10,
+     ["--budget", "tokens=20"], "sentence 2 (line 2) has 50 tokens, more than --budget tokens 20"),
     ("invalid UTF-8", b"fine\n\nok \xc3\x28 no\n", [],
      "line 3 of the sentence file is not UTF-8 text (byte 4 of the line)"),
     ("a NUL flood", b"\x00" * 70_000, [], "line 1 of the sentence file is longer than 65536"),

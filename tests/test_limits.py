@@ -1,5 +1,5 @@
-"""Limit errors name every limit a sentence passes, at once: --limit tokens, the bundled model's
-learned positions and --limit sentences, from the command line and from --file, before any
+"""Limit errors name every limit a sentence passes, at once: --budget tokens, the bundled model's
+learned positions and --budget sentences, from the command line and from --file, before any
 tensor is read."""
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def test_the_bundled_model_limit_comes_from_its_header():
 
 def test_a_sentence_over_both_limits_names_both_in_one_line(cli):
     result = cli("heatmap", words(300))
-    assert_clean_error(result, 2, f"sentence 1 has 300 tokens, more than --limit tokens 256 "
+    assert_clean_error(result, 2, f"sentence 1 has 300 tokens, more than --budget tokens 256 "
                        f"and the {POSITIONS} positions the bundled model knows")
-    assert f"shorten the sentence to at most {POSITIONS} tokens (raising --limit tokens cannot " \
+    assert f"shorten the sentence to at most {POSITIONS} tokens (raising --budget tokens cannot " \
         "help)" in result.stderr
 
 
@@ -42,16 +42,16 @@ def test_following_the_fix_is_enough(cli):
 
 
 def test_under_max_tokens_but_over_the_positions(cli):
-    result = cli("heatmap", words(POSITIONS + 10), "--limit", "tokens=1000")
+    result = cli("heatmap", words(POSITIONS + 10), "--budget", "tokens=1000")
     assert_clean_error(result, 2, f"sentence 1 has {POSITIONS + 10} tokens, more than the "
                        f"{POSITIONS} positions the bundled model knows")
-    assert "--limit tokens" not in result.stderr.split("—")[0]  # --limit tokens was not passed
+    assert "--budget tokens" not in result.stderr.split("—")[0]  # --budget tokens was not passed
 
 
 def test_over_max_tokens_only_says_how_far_it_can_be_raised(cli):
-    result = cli("heatmap", "a b c d", "--limit", "tokens=3")
-    assert_clean_error(result, 2, "more than --limit tokens 3")
-    assert f"raise --limit tokens (to at most {POSITIONS}: the bundled model knows no more " \
+    result = cli("heatmap", "a b c d", "--budget", "tokens=3")
+    assert_clean_error(result, 2, "more than --budget tokens 3")
+    assert f"raise --budget tokens (to at most {POSITIONS}: the bundled model knows no more " \
         "positions)" in result.stderr
 
 
@@ -60,7 +60,7 @@ def test_a_file_line_over_both_limits(cli, tmp_path):
     path.write_text(f"a b\n{words(300)}\n")
     result = cli("heatmap", "-f", path)
     assert_clean_error(result, 2, f"sentence 2 (line 2) has 300 tokens, more than "
-                       f"--limit tokens 256 and the {POSITIONS} positions the bundled model knows")
+                       f"--budget tokens 256 and the {POSITIONS} positions the bundled model knows")
 
 
 def test_count_and_length_in_one_error():
@@ -75,9 +75,9 @@ def test_count_and_length_in_one_error():
 
 
 def test_standalone_layers_have_no_position_limit(cli):
-    """Negative control: --random sets no limit of its own, so only --limit tokens is named."""
+    """Negative control: --random sets no limit of its own, so only --budget tokens is named."""
     result = cli("heatmap", "--random", words(300))
-    assert_clean_error(result, 2, "more than --limit tokens 256 (attention costs O(L²) per head)")
+    assert_clean_error(result, 2, "more than --budget tokens 256 (attention costs O(L²) per head)")
     assert "positions" not in result.stderr
     assert cli("heatmap", "--random", words(100), "--no-maps", "--no-stats").exit_code == 0
 

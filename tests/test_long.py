@@ -245,7 +245,7 @@ def test_streamed_export_equals_the_in_memory_export(cli, tmp_path, case):
     full_path, block_path = tmp_path / "full.safetensors", tmp_path / "blocks.safetensors"
     result = cli(*common, "--export", full_path)
     assert result.exit_code == 0, result.output
-    result = cli(*common, "--export", block_path, "--limit", "memory=1KB")
+    result = cli(*common, "--export", block_path, "--budget", "memory=1KB")
     assert result.exit_code != 0  # below the minimum budget
     batch = make_batch(TEXTS)
     monkeypatch_budget = pytest.MonkeyPatch()
@@ -297,15 +297,15 @@ def test_memory_budget_sizes(text, expected):
 
 @pytest.mark.parametrize("text", ["lots", "12XB", "-5MB", "1KB", "0"])
 def test_memory_budget_refuses_bad_sizes(cli, text):
-    result = cli("heatmap", "a b", "--random", "--limit", f"memory={text}")
-    assert_clean_error(result, 2, "--limit memory")
+    result = cli("heatmap", "a b", "--random", "--budget", f"memory={text}")
+    assert_clean_error(result, 2, "--budget memory")
 
 
 def test_memory_budget_decides_between_full_and_block_maps(cli):
     words = " ".join(f"w{i % 31}" for i in range(300))  # 8 heads: 2.9 MB of full maps
-    args = ["heatmap", "--random", words, "--json", "--limit", "tokens=400"]
-    small = json.loads(cli(*args, "--limit", "memory=1MB").stdout)
-    large = json.loads(cli(*args, "--limit", "memory=64MB").stdout)
+    args = ["heatmap", "--random", words, "--json", "--budget", "tokens=400"]
+    small = json.loads(cli(*args, "--budget", "memory=1MB").stdout)
+    large = json.loads(cli(*args, "--budget", "memory=64MB").stdout)
     assert small["layers"][0]["method"].startswith("explicit per head, streamed")
     assert not large["layers"][0]["method"].startswith("explicit per head, streamed")
     for a, b in zip(large["head_stats"], small["head_stats"], strict=True):

@@ -340,10 +340,10 @@ def test_model_overview_builds_no_views_unless_an_output_shows_maps(cli, zoo_mod
     folder = _long_llama(zoo_model, tmp_path).folder
     calls = count_calls(monkeypatch, streaming, "cell_sums")  # blocks reduced to cells
     words = " ".join(["the", "cat", "sat"] * 200)
-    plain = cli("heatmap", "--model", str(folder), words, "--limit", "tokens=4000", "--json")
+    plain = cli("heatmap", "--model", str(folder), words, "--budget", "tokens=4000", "--json")
     assert plain.exit_code == 0, plain.output
     assert calls == []
-    figure = cli("heatmap", "--model", str(folder), words, "--limit", "tokens=4000", "--json",
+    figure = cli("heatmap", "--model", str(folder), words, "--budget", "tokens=4000", "--json",
                  "--out", str(tmp_path / "maps.png"))
     assert figure.exit_code == 0, figure.output
     assert calls

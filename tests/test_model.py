@@ -520,7 +520,7 @@ def test_short_inputs_export_after_the_run(model, tmp_path):
 
 
 def test_memory_budget_decides_streaming_and_block_size(model):
-    """--limit memory applies to --model: under it the maps stream, in eager blocks of at most
+    """--budget memory applies to --model: under it the maps stream, in eager blocks of at most
     a quarter of it, and the streamed views equal the full maps'."""
 
     m = model("llama")

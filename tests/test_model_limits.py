@@ -1,5 +1,5 @@
 """`heatmap --model`: every limit is checked before the weights load, and one error names every
-limit a too-long input breaks (--limit tokens and the model's positions together)."""
+limit a too-long input breaks (--budget tokens and the model's positions together)."""
 
 from __future__ import annotations
 
@@ -38,24 +38,24 @@ def words(n: int) -> str:
 
 
 def test_over_both_limits_names_both_at_once(cli, no_weights):
-    result = cli("heatmap", "--model", DISTILBERT, words(100), "--limit", "tokens=80")
-    assert_clean_error(result, 2, "--limit tokens 80 and the 64 positions the model knows",
-                       "shorten it to at most 64 tokens", "raising --limit tokens cannot help")
+    result = cli("heatmap", "--model", DISTILBERT, words(100), "--budget", "tokens=80")
+    assert_clean_error(result, 2, "--budget tokens 80 and the 64 positions the model knows",
+                       "shorten it to at most 64 tokens", "raising --budget tokens cannot help")
     assert no_weights == []
 
 
 def test_over_the_model_only_names_the_model_limit(cli, no_weights):
-    result = cli("heatmap", "--model", DISTILBERT, words(100), "--limit", "tokens=500")
+    result = cli("heatmap", "--model", DISTILBERT, words(100), "--budget", "tokens=500")
     assert_clean_error(result, 2, "more than the 64 positions the model knows",
                        "shorten it to at most 64 tokens")
-    assert "--limit tokens" not in result.stderr
+    assert "--budget tokens" not in result.stderr
     assert no_weights == []
 
 
 def test_over_max_tokens_only_says_how_far_to_raise_it(cli, no_weights):
-    result = cli("heatmap", "--model", DISTILBERT, words(20), "--limit", "tokens=10")
-    assert_clean_error(result, 2, "more than --limit tokens 10",
-                       "raise --limit tokens (to at most 64: the model knows no more positions)")
+    result = cli("heatmap", "--model", DISTILBERT, words(20), "--budget", "tokens=10")
+    assert_clean_error(result, 2, "more than --budget tokens 10",
+                       "raise --budget tokens (to at most 64: the model knows no more positions)")
     assert no_weights == []
 
 
@@ -68,15 +68,15 @@ def test_target_limits_are_checked_before_loading_too(cli, no_weights):
 def test_panel_limit_is_checked_before_loading(cli, no_weights, tmp_path):
     out = tmp_path / "maps.png"
     result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--layer", "all",
-                 "--out", out, "--limit", "panels=5")
-    assert_clean_error(result, 2, "--limit panels")
+                 "--out", out, "--budget", "panels=5")
+    assert_clean_error(result, 2, "--budget panels")
     assert no_weights == [] and not out.exists()
 
 
 def test_within_every_limit_the_weights_do_load(cli, no_weights, tmp_path):
     """Negative control: the fixture does stop a run that passed every check."""
-    result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--limit", "tokens=10",
-                 "--out", tmp_path / "maps.png", "--limit", "panels=8")
+    result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--budget", "tokens=10",
+                 "--out", tmp_path / "maps.png", "--budget", "panels=8")
     assert len(no_weights) == 1
     assert result.exit_code == 1 and "the weights were loaded" in result.stderr
 
@@ -93,8 +93,8 @@ def test_the_position_limit_is_what_the_table_can_number(cli, zoo_model, kind, p
     # 'the' repeated: the tokenizer adds <s> (and </s> for RoBERTa) around the words
     specials = 2 if kind == "roberta" else 1
     too_long = " ".join(["the"] * (positions + 1 - specials))
-    result = cli("heatmap", "--model", folder, too_long, "--limit", "tokens=200")
+    result = cli("heatmap", "--model", folder, too_long, "--budget", "tokens=200")
     assert_clean_error(result, 2, f"has {positions + 1} tokens",
                        f"more than the {positions} positions the model knows")
     fits = " ".join(["the"] * (positions - specials))
-    assert cli("heatmap", "--model", folder, fits, "--limit", "tokens=200").exit_code == 0
+    assert cli("heatmap", "--model", folder, fits, "--budget", "tokens=200").exit_code == 0

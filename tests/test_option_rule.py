@@ -39,7 +39,7 @@ UNOBSERVABLE = {
     "device_map": "one CPU: accelerate places every layer on it",
     "memory_budget": "the maps are the same whatever the budget (tests/test_long.py)",
     "max_memory": "offloading changes where the weights wait, not the maps (test_model.py)",
-    "limit:memory": "the maps are the same whatever the budget (tests/test_long.py)",
+    "budget:memory": "the maps are the same whatever the budget (tests/test_long.py)",
 }
 
 # a value per option, differing from the default in effect; (command, source) may override.
@@ -63,8 +63,8 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "spec:kv": ["--spec", "kv=2"], "spec:d": ["--spec", "d=2"],
         "spec:kdim": ["--spec", "kdim=8"], "spec:vdim": ["--spec", "vdim=8"],
         "spec:seed": ["--spec", "seed=3"],
-        "limit:tokens": ["--limit", "tokens=3"], "limit:sentences": ["--limit", "sentences=1"],
-        "limit:panels": ["--limit", "panels=1"], "limit:memory": ["--limit", "memory=1MB"],
+        "budget:tokens": ["--budget", "tokens=3"], "budget:sentences": ["--budget", "sentences=1"],
+        "budget:panels": ["--budget", "panels=1"], "budget:memory": ["--budget", "memory=1MB"],
         "figure:size": ["--figure", "size=3"], "figure:dpi": ["--figure", "dpi=50"],
         "scale": ["--scale", "log"], "weighting": ["--weighting", "norm"],
     },
@@ -79,8 +79,8 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "stats": ["--no-stats"], "maps": ["--no-maps"], "overview": ["--overview", "entropy"],
         "rank": ["--rank"], "quiet": ["--quiet"], "scale": ["--scale", "log"],
         "figure:size": ["--figure", "size=3"], "figure:dpi": ["--figure", "dpi=50"],
-        "limit:tokens": ["--limit", "tokens=3"], "limit:sentences": ["--limit", "sentences=1"],
-        "limit:panels": ["--limit", "panels=1"], "limit:memory": ["--limit", "memory=1MB"],
+        "budget:tokens": ["--budget", "tokens=3"], "budget:sentences": ["--budget", "sentences=1"],
+        "budget:panels": ["--budget", "panels=1"], "budget:memory": ["--budget", "memory=1MB"],
     },
     "ablate": {
         "file": ["--file", f"{OUT}/../extra.txt"], "probe": ["--probe", "induction"],
@@ -95,8 +95,8 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "out": ["--out", f"{OUT}/f.png"], "stats": ["--no-stats"], "maps": ["--no-maps"],
         "overview": ["--overview", "entropy"], "rank": ["--rank"], "quiet": ["--quiet"],
         "figure:size": ["--figure", "size=3"], "figure:dpi": ["--figure", "dpi=50"],
-        "limit:tokens": ["--limit", "tokens=3"], "limit:sentences": ["--limit", "sentences=1"],
-        "limit:panels": ["--limit", "panels=1"], "limit:memory": ["--limit", "memory=1MB"],
+        "budget:tokens": ["--budget", "tokens=3"], "budget:sentences": ["--budget", "sentences=1"],
+        "budget:panels": ["--budget", "panels=1"], "budget:memory": ["--budget", "memory=1MB"],
     },
     "split": {
         "layer": ["--layer", "1"], "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
@@ -540,19 +540,19 @@ RENAMED = [
     ("heatmap", GQA, ["--num-kv-heads", "2"], ["--spec", "kv=2"]),
     ("heatmap", BERT, ["--head-dim", "4"], ["--spec", "d=4"]),
     ("heatmap", ["--random"], ["--positions", "sinusoidal"], ["--spec", "positions=sinusoidal"]),
-    ("heatmap", [], ["--max-tokens", "30"], ["--limit", "tokens=30"]),
-    ("heatmap", [], ["--max-sentences", "5"], ["--limit", "sentences=5"]),
-    ("heatmap", FIG, ["--max-panels", "99"], ["--limit", "panels=99"]),
-    ("heatmap", ["--random"], ["--memory-budget", "1GB"], ["--limit", "memory=1GB"]),
+    ("heatmap", [], ["--max-tokens", "30"], ["--budget", "tokens=30"]),
+    ("heatmap", [], ["--max-sentences", "5"], ["--budget", "sentences=5"]),
+    ("heatmap", FIG, ["--max-panels", "99"], ["--budget", "panels=99"]),
+    ("heatmap", ["--random"], ["--memory-budget", "1GB"], ["--budget", "memory=1GB"]),
     ("heatmap", FIG, ["--size", "3"], ["--figure", "size=3"]),
     ("heatmap", FIG, ["--dpi", "50"], ["--figure", "dpi=50"]),
     ("heatmap", [], ["--average"], ["--head", "mean"]),
     ("heatmap", ["--query", "cat"], ["--sentence", "1"], []),
     ("generate", [], ["--average"], ["--head", "mean"]),
-    ("generate", [], ["--max-tokens", "30"], ["--limit", "tokens=30"]),
+    ("generate", [], ["--max-tokens", "30"], ["--budget", "tokens=30"]),
     ("generate", FIG, ["--dpi", "50"], ["--figure", "dpi=50"]),
     ("ablate", ["--random"], ["-E", "32"], ["--spec", "E=32"]),
-    ("ablate", ["--random"], ["--memory-budget", "1GB"], ["--limit", "memory=1GB"]),
+    ("ablate", ["--random"], ["--memory-budget", "1GB"], ["--budget", "memory=1GB"]),
     ("ablate", FIG, ["--size", "3"], ["--figure", "size=3"]),
 ]
 
@@ -573,7 +573,7 @@ def test_old_spellings_still_work_as_the_new_ones(tmp_path, command, base, old, 
 
 
 def test_an_old_and_a_new_spelling_of_one_setting_are_given_twice(cli):
-    result = cli("heatmap", "the cat sat", "--max-tokens", "30", "--limit", "tokens=40")
+    result = cli("heatmap", "the cat sat", "--max-tokens", "30", "--budget", "tokens=40")
     assert result.exit_code == 2 and "given twice" in result.stderr, result.output
     result = cli("heatmap", "the cat sat", "--average", "--head", "1")
     assert result.exit_code == 2 and "exclude each other" in result.stderr, result.output
@@ -596,5 +596,5 @@ def test_renamed_options_are_hidden(cli):
     for flag in ("--embed-dim", "--kdim", "--max-tokens", "--memory-budget", "--average",
                  "--sentence ", "--dpi", "--head-dim", "--positions"):
         assert flag not in shown, flag
-    for flag in ("--spec", "--limit", "--figure", "--head"):  # control: the new spellings are
+    for flag in ("--spec", "--budget", "--figure", "--head"):  # control: the new spellings are
         assert flag in shown, flag

@@ -78,7 +78,7 @@ def test_the_cli_and_the_api_build_the_same_request(cli, captured):
     import attnviz
 
     cli("heatmap", "--random", "-H", "4", "--spec", "seed=3", "--layer", "0", "--head", "1",
-        "--query", "b", "--limit", "tokens=20", "a b c", "d e")
+        "--query", "b", "--budget", "tokens=20", "a b c", "d e")
     with pytest.raises(SystemExit):
         attnviz.run_heatmap(["a b c", "d e"], random=True, num_heads=4, seed=3, layer=0,
                             head=1, query="b", max_tokens=20)
@@ -92,7 +92,7 @@ def test_the_cli_and_the_api_build_the_same_request(cli, captured):
 
 
 def test_the_memory_budget_is_parsed_once_into_the_request(cli, captured):
-    cli("heatmap", "--random", "--limit", "memory=2MB", "a b")
+    cli("heatmap", "--random", "--budget", "memory=2MB", "a b")
     assert captured[0].limits.memory_budget == 2 * 2**20
 
 
@@ -128,11 +128,11 @@ def test_panels_the_config_does_not_count_are_counted_on_the_run(cli, monkeypatc
     monkeypatch.setattr(layers, "expected_shown", lambda *args: None)
     out = tmp_path / "maps.png"
     result = cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out,
-                 "--limit", "panels=5")  # 1 sentence × 2 layers × 4 heads = 8
-    assert_clean_error(result, 2, "8 panels, more than --limit panels 5")
+                 "--budget", "panels=5")  # 1 sentence × 2 layers × 4 heads = 8
+    assert_clean_error(result, 2, "8 panels, more than --budget panels 5")
     assert not out.exists()
     assert cli("heatmap", "--model", DISTILBERT, "the cat sat", "--out", out,
-               "--limit", "panels=8").exit_code == 0  # control: within the limit it draws
+               "--budget", "panels=8").exit_code == 0  # control: within the limit it draws
 
 
 # --- one rule for options: the table is checked on the request, whoever built it ----------
@@ -212,5 +212,5 @@ def test_the_panel_limit_is_checked_once_per_run(cli, monkeypatch, tmp_path, sou
     out = tmp_path / "f.png"
     assert cli("heatmap", *source, "a b c", "--out", out, "--no-stats").exit_code == 0
     assert len(calls) == 1
-    assert_clean_error(cli("heatmap", *source, "a b c", "--out", out, "--limit", "panels=1"), 2,
-                       "more than --limit panels 1")
+    assert_clean_error(cli("heatmap", *source, "a b c", "--out", out, "--budget", "panels=1"), 2,
+                       "more than --budget panels 1")

@@ -12,14 +12,14 @@ from typing import Annotated
 import typer
 
 from attnviz.cli.compound import (
+    BUDGET_KEYS,
+    BUDGET_RENAMED,
     FIGURE_KEYS,
     FIGURE_RENAMED,
-    LIMIT_KEYS,
-    LIMIT_RENAMED,
     SPEC_KEYS,
     SPEC_RENAMED,
+    Budget,
     Figure,
-    Limit,
     Spec,
     key_values,
     old_spellings,
@@ -66,7 +66,7 @@ Rank = Annotated[bool, typer.Option("--rank", help=(
     "of each."))]
 
 
-@old_spellings(*SPEC_RENAMED, *LIMIT_RENAMED, *FIGURE_RENAMED)
+@old_spellings(*SPEC_RENAMED, *BUDGET_RENAMED, *FIGURE_RENAMED)
 def ablate(
     sentences: Sentences = None, file: File = None, probe: Probe = None,
     weights: Weights = None, model: Model = None, random: RandomLayer = False,
@@ -76,7 +76,7 @@ def ablate(
     layer: Layer = None, head: Head = None, mode: Mode = AblationMode.ZERO,
     out: Out = None, as_json: Json = False, stats: Stats = None, maps: Maps = None,
     overview: Overview = None, rank: Rank = False, quiet: Quiet = False, figure: Figure = None,
-    limit: Limit = None,
+    budget: Budget = None,
 ) -> None:
     """Remove each shown head in turn and rerun the model's own forward: what the head costs the
     final hidden states and, with an LM head, the loss or the output distribution (KL)."""
@@ -90,4 +90,4 @@ def ablate(
                 overview=overview, rank=rank, quiet=quiet,
                 **key_values("--spec", spec, SPEC_KEYS),
                 **key_values("--figure", figure, FIGURE_KEYS),
-                **key_values("--limit", limit, LIMIT_KEYS))
+                **key_values("--budget", budget, BUDGET_KEYS))

@@ -1,4 +1,4 @@
-"""Options that hold several settings as KEY=VALUE pairs (`--spec`, `--limit`, `--figure`) or
+"""Options that hold several settings as KEY=VALUE pairs (`--spec`, `--budget`, `--figure`) or
 one of two kinds of value (`--head N|mean`, `--query TOKEN@SENTENCE`), so that `heatmap`,
 `generate` and `ablate` stay near 30 options each; how those commands spell the request's fields
 in their messages; and the old spellings each replaces, refused with one error line naming the
@@ -31,7 +31,7 @@ Spec = Annotated[list[str] | None, typer.Option("--spec", metavar="KEY=VALUE,…
     "heads, for grouped-query layers) and d (the head dimension, where H·d ≠ E), which win "
     "over config and metadata. Both: positions=sinusoidal adds position encodings to the "
     "inputs. Heads: -H."))]
-Limit = Annotated[list[str] | None, typer.Option("--limit", metavar="KEY=VALUE,…", help=(
+Budget = Annotated[list[str] | None, typer.Option("--budget", metavar="KEY=VALUE,…", help=(
     "Bounds checked before any work, as KEY=VALUE pairs joined by commas: tokens (the longest "
     "sentence, default 256; attention costs O(L²) per head), sentences (in one batch, default "
     "64), panels (in one --out figure, default 256), memory (for attention maps, e.g. 512MB "
@@ -96,9 +96,9 @@ SPEC_KEYS = {"E": Key("embed_dim", _positive("--spec", "E")),
              "kv": Key("num_kv_heads", _positive("--spec", "kv")),
              "d": Key("head_dim", _positive("--spec", "d")),
              "positions": Key("positions", _positions)}
-LIMIT_KEYS = {"tokens": Key("max_tokens", _positive("--limit", "tokens")),
-              "sentences": Key("max_sentences", _positive("--limit", "sentences")),
-              "panels": Key("max_panels", _positive("--limit", "panels")),
+BUDGET_KEYS = {"tokens": Key("max_tokens", _positive("--budget", "tokens")),
+              "sentences": Key("max_sentences", _positive("--budget", "sentences")),
+              "panels": Key("max_panels", _positive("--budget", "panels")),
               "memory": Key("memory_budget", str)}  # a size, read where the request is built
 FIGURE_KEYS = {"size": Key("size", _number("--figure", "size")),
                "dpi": Key("dpi", _positive("--figure", "dpi"))}
@@ -160,7 +160,7 @@ def query_at(text: str | None) -> dict[str, Any]:
 # request field → what `heatmap`, `ablate` (and `generate`, where it has the field) call it
 COMPOUND_FLAGS = {
     **{target.keyword: f"--spec {key}" for key, target in SPEC_KEYS.items()},
-    **{target.keyword: f"--limit {key}" for key, target in LIMIT_KEYS.items()},
+    **{target.keyword: f"--budget {key}" for key, target in BUDGET_KEYS.items()},
     **{target.keyword: f"--figure {key}" for key, target in FIGURE_KEYS.items()},
     "average": "--head mean", "sentence": "--query TOKEN@S",
 }
@@ -186,7 +186,7 @@ def command_of(argv: list[str]) -> str | None:
 
 def spell_as(command: str | None, token: Token[dict[str, str] | None] | None = None
              ) -> Token[dict[str, str] | None]:
-    """Set the running command, whose own spellings of request fields (`--limit tokens` for
+    """Set the running command, whose own spellings of request fields (`--budget tokens` for
     `max_tokens`; any other command: `--max-tokens`) `attnviz.cli.options.flag_of` reads when
     an error or a note names an option; with `token` (what an earlier call returned), restore
     what was set before it."""
@@ -219,13 +219,13 @@ class Renamed:
 
     @property
     def param(self) -> str:
-        """The new option's parameter name (`spec`, `limit`, `figure`, `head`, `query`)."""
+        """The new option's parameter name (`spec`, `budget`, `figure`, `head`, `query`)."""
         return self.now.split()[0].lstrip("-")
 
     def rewrite(self, value: object, current: Any) -> Any:
         """The new option's value with this old one folded in."""
         shown = "/".join(self.flags)
-        if self.param in ("spec", "limit", "figure"):  # a KEY=VALUE pair more
+        if self.param in ("spec", "budget", "figure"):  # a KEY=VALUE pair more
             return [*(current or []), self.now.split()[1].format(value)]
         if self.param == "head":  # --average → --head mean
             if current is not None:
@@ -252,11 +252,11 @@ SPEC_RENAMED = (
     Renamed("head_dim", ("--head-dim",), "--spec d={}"),
     Renamed("positions", ("--positions",), "--spec positions={}"),
 )
-LIMIT_RENAMED = (
-    Renamed("max_tokens", ("--max-tokens",), "--limit tokens={}"),
-    Renamed("max_sentences", ("--max-sentences",), "--limit sentences={}"),
-    Renamed("max_panels", ("--max-panels",), "--limit panels={}"),
-    Renamed("memory_budget", ("--memory-budget",), "--limit memory={}"),
+BUDGET_RENAMED = (
+    Renamed("max_tokens", ("--max-tokens",), "--budget tokens={}"),
+    Renamed("max_sentences", ("--max-sentences",), "--budget sentences={}"),
+    Renamed("max_panels", ("--max-panels",), "--budget panels={}"),
+    Renamed("memory_budget", ("--memory-budget",), "--budget memory={}"),
 )
 FIGURE_RENAMED = (
     Renamed("size", ("--size",), "--figure size={}"),
@@ -271,7 +271,7 @@ F = TypeVar("F", bound=Callable[..., None])
 
 def old_spellings(*renamed: Renamed) -> Callable[[F], F]:
     """Add each renamed option to a command as a hidden parameter (`old_<name>`) whose value is
-    folded into the new option (`--max-tokens 512` → `--limit tokens=512`); the command itself
+    folded into the new option (`--max-tokens 512` → `--budget tokens=512`); the command itself
     never sees them."""
     def decorate(command: F) -> F:
         signature = inspect.signature(command, eval_str=True)

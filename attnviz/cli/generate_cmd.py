@@ -11,13 +11,13 @@ import typer
 
 from attnviz.cli.compound import (
     AVERAGE_RENAMED,
+    BUDGET_KEYS,
+    BUDGET_RENAMED,
     FIGURE_KEYS,
     FIGURE_RENAMED,
-    LIMIT_KEYS,
-    LIMIT_RENAMED,
+    Budget,
     Figure,
     HeadOrMean,
-    Limit,
     head_or_mean,
     key_values,
     old_spellings,
@@ -48,7 +48,7 @@ DEFAULT_NEW_TOKENS = 8
 
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help=(
     "Write up to N tokens after each sentence (stops earlier at end-of-sequence); the maps show "
-    "a row per generated token. --limit tokens= counts prompt + generated tokens."))]
+    "a row per generated token. --budget tokens= counts prompt + generated tokens."))]
 Sample = Annotated[bool, typer.Option("--sample", help=(
     "Sample the next token instead of taking the most likely (greedy, the default)."))]
 Temperature = Annotated[float | None, typer.Option("--temperature", help=(
@@ -60,7 +60,7 @@ SampleSeed = Annotated[int | None, typer.Option("--seed", min=0, max=MAX_SEED, h
     "With --sample: the seed of the draw, for a reproducible sample (default 0)."))]
 
 
-@old_spellings(*LIMIT_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED)
+@old_spellings(*BUDGET_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED)
 def generate(
     sentences: Sentences = None, file: File = None, probe: Probe = None, model: Model = None,
     device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
@@ -70,7 +70,7 @@ def generate(
     out: Out = None, export: Export = None, html: Html = None, as_json: Json = False,
     stats: Stats = None, maps: Maps = None, overview: Overview = None, rank: Rank = False,
     quiet: Quiet = False, scale: Scale = choices.ColorScale.MAX, figure: Figure = None,
-    limit: Limit = None,
+    budget: Budget = None,
 ) -> None:
     """Let the bundled model, or a --model with a language-model head, write after each sentence
     and show attention over prompt + generated tokens: what each new token attends to."""
@@ -86,4 +86,4 @@ def generate(
                 as_json=as_json, stats=stats, maps=maps, overview=overview, rank=rank,
                 quiet=quiet, scale=scale, **head_or_mean(head),
                 **key_values("--figure", figure, FIGURE_KEYS),
-                **key_values("--limit", limit, LIMIT_KEYS))
+                **key_values("--budget", budget, BUDGET_KEYS))

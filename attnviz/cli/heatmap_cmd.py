@@ -11,16 +11,16 @@ import typer
 
 from attnviz.cli.compound import (
     AVERAGE_RENAMED,
+    BUDGET_KEYS,
+    BUDGET_RENAMED,
     FIGURE_KEYS,
     FIGURE_RENAMED,
-    LIMIT_KEYS,
-    LIMIT_RENAMED,
     SENTENCE_RENAMED,
     SPEC_KEYS,
     SPEC_RENAMED,
+    Budget,
     Figure,
     HeadOrMean,
-    Limit,
     QueryAt,
     Spec,
     head_or_mean,
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     from attnviz.app.heatmap import HeatmapResult
 
 
-@old_spellings(*SPEC_RENAMED, *LIMIT_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED,
+@old_spellings(*SPEC_RENAMED, *BUDGET_RENAMED, *FIGURE_RENAMED, AVERAGE_RENAMED,
                SENTENCE_RENAMED)
 def heatmap(
     sentences: Sentences = None, file: File = None, probe: Probe = None, target: Target = None,
@@ -98,7 +98,7 @@ def heatmap(
     out: Out = None, export: Export = None, html: Html = None, as_json: Json = False,
     stats: Stats = None, maps: Maps = None, overview: Overview = None, rank: Rank = False,
     quiet: Quiet = False, scale: Scale = choices.ColorScale.MAX, figure: Figure = None,
-    limit: Limit = None,
+    budget: Budget = None,
     old_generate: OldGenerate = None, old_sample: OldSample = False,
     old_temperature: OldTemperature = None, old_top_p: OldTopP = None,
     old_ablate: OldAblate = False, old_ablate_mean: OldAblateMean = False,
@@ -118,7 +118,8 @@ def heatmap(
         weighting=weighting, out=out, export=export, html=html, as_json=as_json, stats=stats,
         maps=maps, overview=overview, rank=rank, quiet=quiet, scale=scale,
         **key_values("--spec", spec, SPEC_KEYS), **head_or_mean(head), **query_at(query),
-        **key_values("--figure", figure, FIGURE_KEYS), **key_values("--limit", limit, LIMIT_KEYS))
+        **key_values("--figure", figure, FIGURE_KEYS),
+        **key_values("--budget", budget, BUDGET_KEYS))
 
 
 def run_command(

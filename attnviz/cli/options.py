@@ -99,7 +99,7 @@ FLAG_NAMES = {"generate": "--max-new-tokens", "ablate": "'attnviz ablate'"}
 def flag_of(name: str) -> str:
     """The command-line flag of a request field the library's errors refer to (`max_tokens` →
     `--max-tokens`): every option of every command is named so, unless the running command
-    spells it its own way (`heatmap`'s `--limit tokens=`, attnviz.cli.compound)."""
+    spells it its own way (`heatmap`'s `--budget tokens=`, attnviz.cli.compound)."""
     from attnviz.cli.compound import spelled
 
     return spelled(name) or FLAG_NAMES.get(name) or "--" + name.replace("_", "-")

@@ -47,7 +47,7 @@ PANELS: dict[str, dict[str, str]] = {
         "weighting": MEASURES,
         **{name: OUTPUTS for name in ("out", "export", "html", "as_json", "stats", "maps",
                                       "overview", "rank", "quiet", "scale", "figure")},
-        "limit": LIMITS,
+        "budget": LIMITS,
     },
     "generate": {
         "sentences": ARGUMENTS,
@@ -59,7 +59,7 @@ PANELS: dict[str, dict[str, str]] = {
         **{name: SELECTION for name in ("layer", "head")},
         **{name: OUTPUTS for name in ("out", "export", "html", "as_json", "stats", "maps",
                                       "overview", "rank", "quiet", "scale", "figure")},
-        "limit": LIMITS,
+        "budget": LIMITS,
     },
     "ablate": {
         "sentences": ARGUMENTS,
@@ -69,7 +69,7 @@ PANELS: dict[str, dict[str, str]] = {
         "mode": MEASURES,
         **{name: OUTPUTS for name in ("out", "as_json", "stats", "maps", "overview", "rank",
                                       "quiet", "figure")},
-        "limit": LIMITS,
+        "budget": LIMITS,
     },
     "split": {
         **_SHARED_SOURCE,

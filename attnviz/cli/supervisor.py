@@ -138,7 +138,7 @@ def _exit_like(status: int) -> None:
 
 
 def _memory_flag() -> str:
-    """The memory budget's flag in the command that ran (`--limit memory` in heatmap)."""
+    """The memory budget's flag in the command that ran (`--budget memory` in heatmap)."""
     from attnviz.cli.compound import command_of, spell_as
     from attnviz.cli.options import flag_of
 

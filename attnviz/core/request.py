@@ -7,7 +7,7 @@
     ├── selection  Selection  --layer, --head (N or mean), --query (TOKEN@SENTENCE)
     ├── measure    Measure    --weighting; attnviz ablate --mode; attnviz generate
     ├── outputs    Outputs    the files asked for (--out, --html, --export), full maps kept
-    └── limits     Limits     --limit tokens=, sentences=, panels=, memory=
+    └── limits     Limits     --budget tokens=, sentences=, panels=, memory=
 
 The CLI builds it once from its options, the Python API from its keywords, and the same object
 goes down to the use case (`attnviz.app.heatmap.run_heatmap`) and to the source that runs it
