@@ -18,13 +18,19 @@ __all__ = [
     "Heatmap",
     "Split",
     "UsageError",
+    "attribute",
     "circuits",
+    "compare",
+    "corpus",
     "find_layers",
     "inspect",
+    "lens",
     "open_checkpoint",
+    "patch",
     "run_heatmap",
     "run_model",
     "split",
+    "tokens",
 ]
 
 _ERRORS = {"AttnvizError", "CheckFailed", "CheckpointError", "UsageError"}
@@ -34,13 +40,19 @@ if TYPE_CHECKING:
         Circuits,
         Heatmap,
         Split,
+        attribute,
         circuits,
+        compare,
+        corpus,
         find_layers,
         inspect,
+        lens,
         open_checkpoint,
+        patch,
         run_heatmap,
         run_model,
         split,
+        tokens,
     )
     from attnviz.errors import AttnvizError, CheckFailed, CheckpointError, UsageError
 
