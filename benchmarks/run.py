@@ -1192,10 +1192,12 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         rollout.rollout_chain(trace.maps, L - 1, HeadReduce.MEAN, 0.5)
 
     def norms() -> None:
-        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET, (TokenMethod.NORMS,))
+        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET, (TokenMethod.NORMS,),
+                          keep=False)  # the chain alone, as `attnviz tokens` without --json
 
     def alti() -> None:
-        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET, (TokenMethod.ALTI,))
+        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET, (TokenMethod.ALTI,),
+                          keep=False)
 
     forward()  # warm-up
     t = {fn.__name__: statistics.median(timeit.repeat(fn, number=1, repeat=repeats))

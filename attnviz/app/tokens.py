@@ -148,7 +148,7 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
     if {TokenMethod.NORMS, TokenMethod.ALTI} & set(methods):
         assert trace.blocks is not None
         composed = decompose.compose(trace.blocks, position, budget_bytes(request.memory_budget),
-                                     methods)
+                                     methods, keep=request.keep_matrices)
         for m in (TokenMethod.NORMS, TokenMethod.ALTI):
             if m in methods:
                 chains[m], own[m] = composed[m]

@@ -208,12 +208,11 @@ def norm_rows(block: BlockTerms, rows: torch.Tensor, budget: int) -> torch.Tenso
     step = norm_rows_per_block(L, H, budget)
     residual = linear_part(block.residual.double(), block.post_norm)
     narrow = keys.values.float()  # the row sums for the identity check alone, in float32
-    last = last_keys(block.maps, rows) if len(rows) else rows
     out = torch.zeros(len(rows), L, dtype=torch.float64)
     for start in range(0, len(rows), step):
         chunk = rows[start:start + step]
-        r, K = len(chunk), int(last[start:start + step].max()) + 1
-        alpha = block.maps[:, chunk, :K]  # (H, r, K) float32, as the source gave it
+        r, alpha = len(chunk), _row_maps(block.maps, chunk)  # (H, r, K) float32, as given
+        K = alpha.shape[-1]
         scale = _check_and_scale(block, keys, narrow, alpha, chunk)
         if scale is None:
             coeff = list(alpha)  # float32 weights; the sums below run in float64
@@ -221,14 +220,28 @@ def norm_rows(block: BlockTerms, rows: torch.Tensor, budget: int) -> torch.Tenso
             coeff = list(alpha.double() * scale[:, None])
         if keys.shares_beta:
             coeff.append(alpha.double().mean(0))
-        here = torch.arange(start, start + r)
-        out[here, :K] = quadratic_norms(coeff, keys.grams[..., :K])
+        out[start:start + r, :K] = quadratic_norms(coeff, keys.grams[..., :K])
         # the self term j = i, which also carries the residual, built directly
         own_coeff = torch.stack([c[torch.arange(r), chunk] for c in coeff], -1).double()
         own = (own_coeff[..., None] * keys.vectors[chunk]).sum(1)
         own = own + (residual[chunk] if scale is None else residual[chunk] * scale[:, None])
-        out[here, chunk] = torch.linalg.vector_norm(own, dim=-1)
+        out[torch.arange(start, start + r), chunk] = torch.linalg.vector_norm(own, dim=-1)
     return out
+
+
+def _row_maps(maps: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+    """(H, r, K): the maps' rows `chunk` (a view when they are consecutive, as a causal
+    model's usually are), cut after the last key any of them reads: a block of rows up to i
+    of a causal model is computed over keys up to i alone, about half the work."""
+    first = int(chunk[0])
+    if torch.equal(chunk, torch.arange(first, first + len(chunk))):
+        rows = maps[:, first:first + len(chunk)]
+    else:
+        rows = maps.index_select(1, chunk)
+    K = int(chunk.max()) + 1
+    if K < maps.shape[-1] and bool(rows[..., K:].any()):
+        K = maps.shape[-1]
+    return rows[..., :K]
 
 
 def _check_and_scale(block: BlockTerms, keys: KeyGrams, narrow: torch.Tensor,
@@ -254,20 +267,14 @@ def quadratic_norms(coeff: list[torch.Tensor], grams: torch.Tensor) -> torch.Ten
     the Gram matrices G (P, P, K): Σ_p a_p (G_pp a_p + 2 Σ_{q>p} G_pq a_q), P(P + 1)/2
     multiply-adds over (r, K) arrays (the coefficients may be float32: each product is
     float64)."""
-    total = torch.zeros(coeff[0].shape, dtype=torch.float64)
+    total: torch.Tensor | None = None
     for p in range(len(coeff)):
         z = coeff[p] * grams[p, p]
         for q in range(p + 1, len(coeff)):
             z.addcmul_(coeff[q], grams[p, q], value=2.0)
-        total.addcmul_(z, coeff[p])
+        total = z.mul_(coeff[p]) if total is None else total.addcmul_(z, coeff[p])
+    assert total is not None
     return total.clamp_(min=0.0).sqrt_()
-
-
-def last_keys(maps: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """(len(rows),) the last key each of these query rows reads (its own at least): a block of
-    rows up to i of a causal model is computed over keys up to i alone, about half the work."""
-    read = torch.where(maps[:, rows].sum(0) > 0, torch.arange(maps.shape[-1]), -1).amax(-1)
-    return torch.maximum(read, rows)
 
 
 def _row_scale(y: torch.Tensor, norm: PostNorm | None) -> torch.Tensor | None:
@@ -310,16 +317,17 @@ def _float64(block: BlockTerms) -> BlockTerms:
 
 
 def _row_normalized(M: torch.Tensor) -> torch.Tensor:
-    total = M.sum(-1, keepdim=True)
-    return torch.where(total > 0, M / total.clamp(min=torch.finfo(M.dtype).tiny), 0.0)
+    """Each row over its sum; a row of zeros (M ≥ 0: its sum is 0 alone) stays 0."""
+    return M / M.sum(-1, keepdim=True).clamp(min=torch.finfo(M.dtype).tiny)
 
 
 def compose(blocks: list[BlockTerms], position: int, budget: int,
-            methods: tuple[TokenMethod, ...] = CONTRIBUTION_METHODS
+            methods: tuple[TokenMethod, ...] = CONTRIBUTION_METHODS, keep: bool = True
             ) -> dict[TokenMethod, tuple[torch.Tensor, list[torch.Tensor]]]:
     """Each asked contribution method's (chain (n + 1, L), per-layer matrices (L, L)) for one
     output position: e_p carried down, each layer's matrix built only for the rows the vector still
-    reaches (a causal model's rows ≤ p; the other rows stay 0)."""
+    reaches (a causal model's rows ≤ p; the other rows stay 0); `keep` False: no matrices,
+    the chains alone."""
     L = blocks[0].residual.shape[0]
     asked = tuple(m for m in CONTRIBUTION_METHODS if m in methods)
     chains: dict[TokenMethod, list[torch.Tensor]] = {}
@@ -337,7 +345,8 @@ def compose(blocks: list[BlockTerms], position: int, budget: int,
         for method in asked:
             v = chains[method][-1]
             chains[method].append(v[rows] @ computed[method])
-            full = torch.zeros(L, L, dtype=torch.float64)
-            full[rows] = computed[method]
-            matrices[method].append(full)
+            if keep:
+                full = torch.zeros(L, L, dtype=torch.float64)
+                full[rows] = computed[method]
+                matrices[method].append(full)
     return {m: (torch.stack(c[::-1]), matrices[m][::-1]) for m, c in chains.items()}
