@@ -1174,19 +1174,21 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     trace = token_contributions.traces(runner, [ids[0].tolist()], [["w"] * L])[0]
     assert trace.blocks is not None
     largest = {"terms": 0, "norms": 0}
-    terms, factored = decompose.terms, decompose.factored_norms
+    terms, quadratic = decompose.terms, decompose.quadratic_norms
 
     def counted_terms(block: decompose.BlockTerms, rows: torch.Tensor) -> torch.Tensor:
         out = terms(block, rows)
         largest["terms"] = max(largest["terms"], out.numel() * out.element_size())
         return out
 
-    def counted_norms(coeff: list[torch.Tensor], factors: torch.Tensor) -> torch.Tensor:
-        # the maps' float64 slice, its GEMM copy and the scaled coefficients (H arrays each),
-        # the running sums (two arrays): what decompose.norm_rows_per_block budgets for
-        one = coeff[0].numel() * coeff[0].element_size()
-        largest["norms"] = max(largest["norms"], 3 * len(coeff) * one + 2 * one)
-        return factored(coeff, factors)
+    def counted_norms(coeff: list[torch.Tensor], grams: torch.Tensor) -> torch.Tensor:
+        # per block of rows (r × K pairs): the maps' float32 slice, and in float64 the scaled
+        # coefficients (P arrays at most), the running sums, the result and its copy into
+        # the rows (three arrays): what decompose.norm_rows_per_block budgets for
+        pairs = coeff[0].numel()
+        held = pairs * (8 * (len(coeff) + 3) + 4 * len(coeff))
+        largest["norms"] = max(largest["norms"], held)
+        return quadratic(coeff, grams)
 
     def chain() -> None:
         rollout.rollout_chain(trace.maps, L - 1, HeadReduce.MEAN, 0.5)
@@ -1204,11 +1206,11 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
          for fn in (forward, chain, norms)}
     t["alti"] = timeit.timeit(alti, number=1)  # informational: one run is enough
     decompose.terms = counted_terms  # type: ignore[assignment]
-    decompose.factored_norms = counted_norms  # type: ignore[assignment]
+    decompose.quadratic_norms = counted_norms  # type: ignore[assignment]
     try:
         decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET)  # both methods
     finally:
-        decompose.terms, decompose.factored_norms = terms, factored  # type: ignore[assignment]
+        decompose.terms, decompose.quadratic_norms = terms, quadratic  # type: ignore[assignment]
     what = f"{L} tokens, {layers} layers, E={LONG_MODEL['hidden_size']}"
     base = f"{t['forward']:.2f} s"
     rows = []
