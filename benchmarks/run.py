@@ -1186,7 +1186,7 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         # coefficients (P arrays at most), the running sums, the result and its copy into
         # the rows (three arrays): what decompose.norm_rows_per_block budgets for
         pairs = coeff[0].numel()
-        held = pairs * (8 * (len(coeff) + 3) + 4 * len(coeff))
+        held = pairs * (8 * (len(coeff) + 3) + 4 * len(coeff))  # P = H, or H + 1 with β
         largest["norms"] = max(largest["norms"], held)
         return quadratic(coeff, grams)
 

@@ -193,10 +193,10 @@ def key_grams(block: BlockTerms) -> KeyGrams:
 
 
 def norm_rows_per_block(length: int, heads: int, budget: int) -> int:
-    """Query rows whose working set fits the budget (float64 per row and key: the scaled
-    coefficients, their mean, two running sums; the maps' float32 slice), at most
-    NORM_ROWS_MAX."""
-    per_row = max(1, length) * (8 * (heads + 3) + 4 * heads)
+    """Query rows whose working set fits the budget (per row and key, float64: the scaled
+    coefficients (H + 1 with a post-LN's β), the running sums, the result and its copy into
+    the rows; float32: the maps' slice), at most NORM_ROWS_MAX."""
+    per_row = max(1, length) * (8 * (heads + 4) + 4 * heads)
     return max(1, min(length, NORM_ROWS_MAX, budget // per_row))
 
 
