@@ -584,3 +584,21 @@ def test_compose_runs_only_the_asked_methods(trace):
     assert torch.equal(alone[TokenMethod.NORMS][0], both[TokenMethod.NORMS][0])
     # negative control: the other method's chain differs
     assert not torch.allclose(alone[TokenMethod.NORMS][0], both[TokenMethod.ALTI][0], atol=1e-3)
+
+
+def test_gram_norms_take_float64_maps_and_a_tight_identity_tolerance(trace):
+    """A source handing float64 maps, or a check tighter than float32's rounding, gets its
+    row sums in float64: the norms are unchanged and the true block still passes."""
+    from dataclasses import replace
+
+    block = trace.blocks[1]
+    rows = torch.arange(len(trace.tokens))
+    want = decompose.norm_rows(block, rows, 1 << 20)
+    exact = decompose.terms(block, rows).sum(1)  # the output as a float64 source would give it
+    wide = replace(block, maps=block.maps.double(), identity_rtol=1e-9, output=exact)
+    assert torch.allclose(decompose.norm_rows(wide, rows, 1 << 20), want, rtol=1e-12)
+    # negative control: that tolerance refuses the float32 output the model itself gave
+    from attnviz.errors import CheckFailed
+
+    with pytest.raises(CheckFailed):
+        decompose.norm_rows(replace(block, identity_rtol=1e-12), rows, 1 << 20)

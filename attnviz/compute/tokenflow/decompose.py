@@ -109,7 +109,7 @@ def contribution_rows(block: BlockTerms, rows: torch.Tensor, budget: int,
                       methods: tuple[TokenMethod, ...] = CONTRIBUTION_METHODS
                       ) -> dict[TokenMethod, torch.Tensor]:
     """Each asked method's contribution matrix rows (len(rows), L), rows normalized: the norms
-    from per-key factors (no term is formed), ALTI from the terms themselves."""
+    from per-key Gram matrices (no term is formed), ALTI from the terms themselves."""
     out = {}
     if TokenMethod.NORMS in methods:
         out[TokenMethod.NORMS] = _row_normalized(norm_rows(block, rows, budget))
@@ -207,7 +207,9 @@ def norm_rows(block: BlockTerms, rows: torch.Tensor, budget: int) -> torch.Tenso
     H, L, _ = block.maps.shape
     step = norm_rows_per_block(L, H, budget)
     residual = linear_part(block.residual.double(), block.post_norm)
-    narrow = keys.values.float()  # the row sums for the identity check alone, in float32
+    # without a norm the row sums serve the identity check alone: float32 is exact enough for
+    # a tolerance of 1e-5 or more (float32's rounding over L·H terms stays near 1e-6)
+    narrow = keys.values.float() if block.identity_rtol >= 1e-5 else keys.values
     out = torch.zeros(len(rows), L, dtype=torch.float64)
     for start in range(0, len(rows), step):
         chunk = rows[start:start + step]
@@ -248,12 +250,14 @@ def _check_and_scale(block: BlockTerms, keys: KeyGrams, narrow: torch.Tensor,
                      alpha: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor | None:
     """The rows' sums y_i = Σ_h α^h_i· U'^h + r_i against the block's own output, and the
     post-norm's scale s_i they fix (None without a norm). With a norm the sums run in float64
-    (s_i scales the norms); without one they serve the identity check alone, in float32."""
+    (s_i scales the norms); without one they serve the identity check alone (`narrow`: the
+    values in float32 where the check's tolerance allows)."""
     K = alpha.shape[-1]
     norm = block.post_norm
     if norm is None:
         if block.output is not None:
-            y = torch.bmm(alpha, narrow[:, :K]).sum(0).double() + block.residual[chunk].double()
+            y = torch.bmm(alpha.to(narrow.dtype), narrow[:, :K]).sum(0).double()
+            y = y + block.residual[chunk].double()
             check_identity(block, chunk, y)
         return None
     y = torch.bmm(alpha.double(), keys.values[:, :K]).sum(0) + block.residual[chunk].double()
