@@ -1201,10 +1201,19 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET, (TokenMethod.ALTI,),
                           keep=False)
 
-    forward()  # warm-up
-    t = {fn.__name__: statistics.median(timeit.repeat(fn, number=1, repeat=repeats))
-         for fn in (forward, chain, norms)}
-    t["alti"] = timeit.timeit(alti, number=1)  # informational: one run is enough
+    # One intra-op thread for the forward and the methods alike: on a shared 2-core machine
+    # two threads' many small operations are scheduled unevenly, and the ratio would measure
+    # that rather than the work; at least 5 runs each (they are short), the median.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        forward()  # warm-up
+        t = {fn.__name__: statistics.median(timeit.repeat(fn, number=1,
+                                                          repeat=max(5, repeats)))
+             for fn in (forward, chain, norms)}
+        t["alti"] = timeit.timeit(alti, number=1)  # informational: one run is enough
+    finally:
+        torch.set_num_threads(threads)
     decompose.terms = counted_terms  # type: ignore[assignment]
     decompose.quadratic_norms = counted_norms  # type: ignore[assignment]
     try:
@@ -1217,15 +1226,15 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     for name, label, limited, note in (
             ("chain", "12a tokens: rollout chain for one position", True, ""),
             ("norms", "12b tokens: norms (--method norms) composed for one position", True,
-             "‖T_ij‖ from per-key triangular factors of the heads' vectors (their Gram "
-             "matrices): O(L²·H²) per layer, no term formed"),
+             "‖T_ij‖² = a_ijᵀ G_j a_ij from per-key Gram matrices of the heads' vectors: "
+             "O(L²·H²) per layer, no term formed"),
             ("alti", "12d tokens: ALTI (--method alti) composed for one position", False,
              "informational, no limit: ALTI needs ‖y_i − T_ij‖₁ for every pair, which no Gram "
              "matrix gives: L²·E element-wise work per layer")):
         ratio = t[name] / t["forward"]
-        rows.append(Row(f"{label} ({what})", "in-process, from one captured trace",
-                        f"{t[name]:.2f} s", "the model's forward with output_attentions", base,
-                        ratio, "≤ 1.3" if limited else "–", ratio <= 1.3 or not limited, note))
+        rows.append(Row(f"{label} ({what})", "in-process, one thread, from one captured trace",
+                        f"{t[name]:.2f} s", "the model's forward with output_attentions, one "
+                        "thread", base, ratio, "≤ 1.3" if limited else "–", ratio <= 1.3 or not limited, note))
     held = max(3 * largest["terms"], largest["norms"])  # ALTI: the terms, y − T and |·|
     rows.insert(2, Row(f"12c tokens: contributions' memory ({what})",
                        "largest working set of a block of rows (norms: the coefficients; "

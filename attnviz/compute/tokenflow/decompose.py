@@ -156,7 +156,7 @@ def alti_rows(block: BlockTerms, rows: torch.Tensor, budget: int) -> torch.Tenso
 # in float64 (a tiny negative square, rounding, is clamped to 0); the diagonal (j = i, which
 # also carries the residual) is built directly: L vectors.
 
-NORM_ROWS_MAX = 64  # rows per block: the working arrays (rows × L) stay small and are reused
+NORM_ROWS_MAX = 256  # rows per block: fewer, larger array operations, each still small
 
 
 @dataclass(frozen=True)
