@@ -1234,7 +1234,8 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         ratio = t[name] / t["forward"]
         rows.append(Row(f"{label} ({what})", "in-process, one thread, from one captured trace",
                         f"{t[name]:.2f} s", "the model's forward with output_attentions, one "
-                        "thread", base, ratio, "≤ 1.3" if limited else "–", ratio <= 1.3 or not limited, note))
+                        "thread", base, ratio, "≤ 1.3" if limited else "–",
+                        ratio <= 1.3 or not limited, note))
     held = max(3 * largest["terms"], largest["norms"])  # ALTI: the terms, y − T and |·|
     rows.insert(2, Row(f"12c tokens: contributions' memory ({what})",
                        "largest working set of a block of rows (norms: the coefficients; "
