@@ -1142,13 +1142,15 @@ TOKENS_BUDGET = 64 * 2**20
 
 def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     """In-process: the model's own forward with output_attentions (the baseline) against
-    rollout's chain and the composed contributions (norms and ALTI) for the last position,
-    computed from one captured trace; the largest block of terms against --memory-budget."""
+    rollout's chain and the composed norm-based contributions (the contributions target) for
+    the last position, computed from one captured trace, with no leave-one-out and no flow;
+    ALTI's cost reported beside them, with no limit; the largest working set of either against
+    --memory-budget."""
     import torch
     import transformers
 
     from attnviz.compute.tokenflow import decompose, rollout
-    from attnviz.core.choices import HeadReduce
+    from attnviz.core.choices import HeadReduce, TokenMethod
     from attnviz.sources.hf import token_contributions
 
     L, layers = TOKENS_SIZES["quick" if sizes == QUICK else "full"]
@@ -1171,46 +1173,75 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         token_contributions.BLOCKS["llama"], "benchmark", True)
     trace = token_contributions.traces(runner, [ids[0].tolist()], [["w"] * L])[0]
     assert trace.blocks is not None
-    largest = [0]
-    terms = decompose.terms
+    largest = {"terms": 0, "norms": 0}
+    terms, quadratic = decompose.terms, decompose.quadratic_norms
 
-    def counted(block: decompose.BlockTerms, rows: torch.Tensor) -> torch.Tensor:
+    def counted_terms(block: decompose.BlockTerms, rows: torch.Tensor) -> torch.Tensor:
         out = terms(block, rows)
-        largest[0] = max(largest[0], out.numel() * out.element_size())
+        largest["terms"] = max(largest["terms"], out.numel() * out.element_size())
         return out
+
+    def counted_norms(coeff: list[torch.Tensor], grams: torch.Tensor) -> torch.Tensor:
+        # per block of rows (r × K pairs): the maps' float32 slice, and in float64 the scaled
+        # coefficients (P arrays at most), the running sums, the result and its copy into
+        # the rows (three arrays): what decompose.norm_rows_per_block budgets for
+        pairs = coeff[0].numel()
+        held = pairs * (8 * (len(coeff) + 3) + 4 * len(coeff))  # P = H, or H + 1 with β
+        largest["norms"] = max(largest["norms"], held)
+        return quadratic(coeff, grams)
 
     def chain() -> None:
         rollout.rollout_chain(trace.maps, L - 1, HeadReduce.MEAN, 0.5)
 
-    def contributions() -> None:
-        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET)
+    def norms() -> None:
+        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET, (TokenMethod.NORMS,),
+                          keep=False)  # the chain alone, as `attnviz tokens` without --json
 
-    forward()  # warm-up
-    t = {fn.__name__: statistics.median(timeit.repeat(fn, number=1, repeat=repeats))
-         for fn in (forward, chain, contributions)}
-    decompose.terms = counted  # type: ignore[assignment]
+    def alti() -> None:
+        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET, (TokenMethod.ALTI,),
+                          keep=False)
+
+    # One intra-op thread for the forward and the methods alike: on a shared 2-core machine
+    # two threads' many small operations are scheduled unevenly, and the ratio would measure
+    # that rather than the work; at least 5 runs each (they are short), the median.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        contributions()
+        forward()  # warm-up
+        t = {fn.__name__: statistics.median(timeit.repeat(fn, number=1,
+                                                          repeat=max(5, repeats)))
+             for fn in (forward, chain, norms)}
+        t["alti"] = timeit.timeit(alti, number=1)  # informational: one run is enough
     finally:
-        decompose.terms = terms  # type: ignore[assignment]
+        torch.set_num_threads(threads)
+    decompose.terms = counted_terms  # type: ignore[assignment]
+    decompose.quadratic_norms = counted_norms  # type: ignore[assignment]
+    try:
+        decompose.compose(trace.blocks or [], L - 1, TOKENS_BUDGET)  # both methods
+    finally:
+        decompose.terms, decompose.quadratic_norms = terms, quadratic  # type: ignore[assignment]
     what = f"{L} tokens, {layers} layers, E={LONG_MODEL['hidden_size']}"
     base = f"{t['forward']:.2f} s"
     rows = []
-    for name, label in (("chain", "rollout chain for one position"),
-                        ("contributions", "norms + ALTI composed for one position")):
+    for name, label, limited, note in (
+            ("chain", "12a tokens: rollout chain for one position", True, ""),
+            ("norms", "12b tokens: norms (--method norms) composed for one position", True,
+             "‖T_ij‖² = a_ijᵀ G_j a_ij from per-key Gram matrices of the heads' vectors: "
+             "O(L²·H²) per layer, no term formed"),
+            ("alti", "12d tokens: ALTI (--method alti) composed for one position", False,
+             "informational, no limit: ALTI needs ‖y_i − T_ij‖₁ for every pair, which no Gram "
+             "matrix gives: L²·E element-wise work per layer")):
         ratio = t[name] / t["forward"]
-        note = "" if name == "chain" else (
-            "exact ALTI needs ‖y_i − T_ij‖₁ for every pair: L²·E element-wise work per layer "
-            "(the forward's L²·E runs as matrix products)")
-        rows.append(Row(f"11{'ab'[len(rows)]} tokens: {label} ({what})",
-                        "in-process, from one captured trace", f"{t[name]:.2f} s",
-                        "the model's forward with output_attentions", base, ratio, "≤ 1.3",
-                        ratio <= 1.3, note))
-    held = 3 * largest[0]  # the terms, y − T and |·|: three blocks of that size at most
-    rows.append(Row(f"12c tokens: contributions' memory ({what})", "largest block of terms × 3",
-                    f"{held / 2**20:.0f} MB", "--memory-budget",
-                    f"{TOKENS_BUDGET / 2**20:.0f} MB", held / TOKENS_BUDGET,
-                    "≤ 1", held <= TOKENS_BUDGET, "blocks of query rows sized by the budget"))
+        rows.append(Row(f"{label} ({what})", "in-process, one thread, from one captured trace",
+                        f"{t[name]:.2f} s", "the model's forward with output_attentions, one "
+                        "thread", base, ratio, "≤ 1.3" if limited else "–",
+                        ratio <= 1.3 or not limited, note))
+    held = max(3 * largest["terms"], largest["norms"])  # ALTI: the terms, y − T and |·|
+    rows.insert(2, Row(f"12c tokens: contributions' memory ({what})",
+                       "largest working set of a block of rows (norms: the coefficients; "
+                       "ALTI: the terms × 3)", f"{held / 2**20:.0f} MB", "--memory-budget",
+                       f"{TOKENS_BUDGET / 2**20:.0f} MB", held / TOKENS_BUDGET, "≤ 1",
+                       held <= TOKENS_BUDGET, "blocks of query rows sized by the budget"))
     return rows
 CORPUS_FORWARD = """\
 # The baseline of target 11: bare batched sdpa forwards of the model over the same examples,
@@ -1380,8 +1411,8 @@ def main() -> int:
                                   "10c real-size model time, fp32", "10d … memory, fp32")),
              (patch_targets, ("11a patch time", "11b patch memory", "11c path patching time",
                               "11d attribution time")),
-             (tokens_targets, ("12a tokens rollout time", "12b tokens contributions time",
-                               "12c tokens contributions memory")),
+             (tokens_targets, ("12a tokens rollout time", "12b tokens norms time",
+                               "12c tokens contributions memory", "12d tokens ALTI time")),
              (corpus_targets, ("13a corpus time", "13b corpus memory", "13c two ranks")))
     try:
         for name, text in SCRIPTS.items():

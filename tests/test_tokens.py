@@ -490,3 +490,115 @@ def test_rollout_alone_without_matrices_takes_the_row_vector_path(monkeypatch):
                           kept.sentences[0].chains[TokenMethod.ROLLOUT], atol=1e-12)
     run_tokens(TokensRequest([REPEATED], methods=only, check=False))
     assert calls  # the control: the matrix path does call it
+
+
+# ---- norms from per-key Gram matrices ---------------------------------------------------------
+
+def elementwise_norms(block, rows):
+    """The reference: every term T_ij formed (decompose.terms, E-wide) and its 2-norm taken."""
+    return torch.linalg.vector_norm(decompose.terms(block, rows), dim=-1)
+
+
+def relative_error(got, want):
+    """Largest error per element, relative to the row's largest norm (a key the row cannot
+    see is 0 in both)."""
+    scale = want.abs().amax(-1, keepdim=True).clamp(min=1e-300)
+    return float(((got - want).abs() / scale).max())
+
+
+def synthetic_blocks():
+    """Post-LN (with and without β), RMSNorm and no norm; causal and not; biases on."""
+    torch.manual_seed(3)
+    H, L, E = 3, 9, 8
+    norms = {"none": None, "layer norm": decompose.PostNorm(torch.randn(E), torch.randn(E), 1e-5),
+             "layer norm, no bias": decompose.PostNorm(torch.randn(E), None, 1e-5),
+             "rms": decompose.PostNorm(torch.randn(E), None, 1e-6, rms=True)}
+    for causal in (False, True):
+        scores = torch.randn(H, L, L)
+        if causal:
+            scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+        for name, norm in norms.items():
+            yield f"{name}, causal={causal}", decompose.BlockTerms(
+                torch.softmax(scores, -1), torch.randn(H, L, E), torch.randn(L, E),
+                torch.randn(E), norm)
+
+
+def test_gram_norms_equal_the_elementwise_norms(trace):
+    L = len(trace.tokens)
+    blocks = [(f"bundled layer {i}", b) for i, b in enumerate(trace.blocks)]
+    for name, block in [*blocks, *synthetic_blocks()]:
+        n = block.maps.shape[-1]
+        for rows, budget in ((torch.arange(n), 1 << 20), (torch.arange(n), 1),
+                             (torch.tensor([n - 1, 0, n // 2]), 1 << 20)):
+            want = elementwise_norms(block, rows)
+            got = decompose.norm_rows(block, rows, budget)
+            assert relative_error(got, want) <= RTOL, name
+    # the rows as the command shows them (normalized) agree too
+    rows = torch.arange(L)
+    shown = decompose.contribution_rows(trace.blocks[0], rows, 1 << 20, (TokenMethod.NORMS,))
+    want = elementwise_norms(trace.blocks[0], rows)
+    assert torch.allclose(shown[TokenMethod.NORMS], want / want.sum(-1, keepdim=True),
+                          atol=1e-9)
+    assert set(shown) == {TokenMethod.NORMS}  # ALTI's terms are not built when not asked
+
+
+def test_gram_norms_need_the_cross_terms(trace, monkeypatch):
+    """Negative control: Gram matrices cut to their diagonal (Σ_p a_p² ‖w_p‖², the heads taken
+    as orthogonal) are caught by the same comparison."""
+    real = decompose.key_grams
+
+    def diagonal(block):
+        keys = real(block)
+        eye = torch.eye(keys.grams.shape[0], dtype=torch.bool)[..., None]
+        return decompose.KeyGrams(keys.vectors, torch.where(eye, keys.grams, 0.0),
+                                  keys.values, keys.shares_beta)
+
+    monkeypatch.setattr(decompose, "key_grams", diagonal)
+    for name, block in [("bundled", trace.blocks[1]), *synthetic_blocks()]:
+        rows = torch.arange(block.maps.shape[-1])
+        assert relative_error(decompose.norm_rows(block, rows, 1 << 20),
+                              elementwise_norms(block, rows)) > 1e-3, name
+
+
+@pytest.mark.parametrize("method", [TokenMethod.NORMS, TokenMethod.ALTI])
+def test_each_method_checks_the_identity(trace, method):
+    """Both paths refuse a block whose terms do not add up to its own output (here the output
+    the source read, 1% off); the true output passes."""
+    from dataclasses import replace
+
+    from attnviz.errors import CheckFailed
+
+    block = trace.blocks[1]
+    rows = torch.arange(len(trace.tokens))
+    assert decompose.contribution_rows(block, rows, 1 << 20, (method,))
+    wrong = replace(block, output=block.output * 1.01)
+    with pytest.raises(CheckFailed, match="do not add up"):
+        decompose.contribution_rows(wrong, rows, 1 << 20, (method,))
+
+
+def test_compose_runs_only_the_asked_methods(trace):
+    p = len(trace.tokens) - 1
+    both = decompose.compose(trace.blocks, p, 1 << 20)
+    alone = decompose.compose(trace.blocks, p, 1 << 20, (TokenMethod.NORMS,), keep=False)
+    assert set(alone) == {TokenMethod.NORMS} and alone[TokenMethod.NORMS][1] == []
+    assert torch.equal(alone[TokenMethod.NORMS][0], both[TokenMethod.NORMS][0])
+    # negative control: the other method's chain differs
+    assert not torch.allclose(alone[TokenMethod.NORMS][0], both[TokenMethod.ALTI][0], atol=1e-3)
+
+
+def test_gram_norms_take_float64_maps_and_a_tight_identity_tolerance(trace):
+    """A source handing float64 maps, or a check tighter than float32's rounding, gets its
+    row sums in float64: the norms are unchanged and the true block still passes."""
+    from dataclasses import replace
+
+    block = trace.blocks[1]
+    rows = torch.arange(len(trace.tokens))
+    want = decompose.norm_rows(block, rows, 1 << 20)
+    exact = decompose.terms(block, rows).sum(1)  # the output as a float64 source would give it
+    wide = replace(block, maps=block.maps.double(), identity_rtol=1e-9, output=exact)
+    assert torch.allclose(decompose.norm_rows(wide, rows, 1 << 20), want, rtol=1e-12)
+    # negative control: that tolerance refuses the float32 output the model itself gave
+    from attnviz.errors import CheckFailed
+
+    with pytest.raises(CheckFailed):
+        decompose.norm_rows(replace(block, identity_rtol=1e-12), rows, 1 << 20)

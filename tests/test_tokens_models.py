@@ -102,6 +102,35 @@ def test_terms_add_up_to_each_blocks_own_output(folders, kind):
             assert float((wrong - want).norm() / want.norm()) > 1e-3
 
 
+@pytest.mark.parametrize("kind", [*LM_KINDS, *ENCODER_KINDS, "minilm"])
+def test_gram_norms_equal_the_elementwise_norms(folders, kind, monkeypatch):
+    """--method norms from per-key Gram matrices against every term formed and its norm taken
+    (≤ 1e-5 of each row's largest norm), on each family's own blocks (post-LN BERT, RoBERTa,
+    BART and MiniLM included); negative control: the Gram matrices cut to their diagonal."""
+    from test_tokens import elementwise_norms, relative_error
+
+    runner, tokenizer = _runner(folders[kind])
+    rows = _rows(tokenizer, SENTENCES[:1])
+    trace = tc.traces(runner, rows, [["x"] * len(r) for r in rows])[0]
+    assert trace.blocks is not None
+    everything = torch.arange(len(trace.tokens))
+    for block in trace.blocks:
+        want = elementwise_norms(block, everything)
+        assert relative_error(decompose.norm_rows(block, everything, 1 << 20), want) <= RTOL
+    real = decompose.key_grams
+
+    def diagonal(block):
+        keys = real(block)
+        eye = torch.eye(keys.grams.shape[0], dtype=torch.bool)[..., None]
+        return decompose.KeyGrams(keys.vectors, torch.where(eye, keys.grams, 0.0),
+                                  keys.values, keys.shares_beta)
+
+    monkeypatch.setattr(decompose, "key_grams", diagonal)
+    block = trace.blocks[-1]
+    assert relative_error(decompose.norm_rows(block, everything, 1 << 20),
+                          elementwise_norms(block, everything)) > 1e-3
+
+
 @pytest.mark.parametrize("kind", ["llama", "bert"])
 def test_padded_batches_give_each_sentence_its_own_result(folders, kind):
     runner, tokenizer = _runner(folders[kind])
@@ -204,19 +233,25 @@ def test_encoder_decoder_runs_its_encoder(folders):
     assert result.sentences[0].position == 0 and not result.causal
 
 
-def test_a_family_described_wrongly_is_refused(folders, monkeypatch):
+@pytest.mark.parametrize("methods", [None, ("norms",), ("alti",)])
+def test_a_family_described_wrongly_is_refused(folders, monkeypatch, methods):
     """The run-time identity check: a block row with the wrong output projection (the value's
-    own projection in its place) is refused instead of shown; the true row passes."""
+    own projection in its place) is refused instead of shown, whichever contribution method
+    runs (norms from Gram matrices, ALTI from the terms); the true row passes."""
     from dataclasses import replace
 
+    from attnviz.core.choices import TokenMethod
     from attnviz.errors import CheckFailed
 
+    asked = None if methods is None else tuple(TokenMethod(m) for m in methods)
     right = tc.BLOCKS["bert"]
     monkeypatch.setitem(tc.BLOCKS, "bert", replace(right, out="attention.self.value"))
     with pytest.raises(CheckFailed, match="do not add up"):
-        run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+        run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), methods=asked,
+                                 check=False))
     monkeypatch.setitem(tc.BLOCKS, "bert", right)
-    assert run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), check=False))
+    assert run_tokens(TokensRequest(SENTENCES[:1], model=str(folders["bert"]), methods=asked,
+                                    check=False))
 
 
 def test_causality_is_read_from_the_maps(folders):

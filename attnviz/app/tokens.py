@@ -147,7 +147,8 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
         chains[TokenMethod.FLOW] = torch.cat([flow[None], between, chain[-1:]])
     if {TokenMethod.NORMS, TokenMethod.ALTI} & set(methods):
         assert trace.blocks is not None
-        composed = decompose.compose(trace.blocks, position, budget_bytes(request.memory_budget))
+        composed = decompose.compose(trace.blocks, position, budget_bytes(request.memory_budget),
+                                     methods, keep=request.keep_matrices)
         for m in (TokenMethod.NORMS, TokenMethod.ALTI):
             if m in methods:
                 chains[m], own[m] = composed[m]

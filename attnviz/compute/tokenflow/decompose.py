@@ -105,15 +105,28 @@ def rows_per_block(length: int, width: int, budget: int) -> int:
     return max(1, min(length, budget // per_row))
 
 
-def contribution_rows(block: BlockTerms, rows: torch.Tensor, budget: int
+def contribution_rows(block: BlockTerms, rows: torch.Tensor, budget: int,
+                      methods: tuple[TokenMethod, ...] = CONTRIBUTION_METHODS
                       ) -> dict[TokenMethod, torch.Tensor]:
-    """Each method's contribution matrix rows (len(rows), L), rows normalized; the terms are
-    built a block of rows at a time within `budget` bytes, over the keys those rows can see
-    (a causal model's block of rows up to i sees keys up to i: about half the work)."""
+    """Each asked method's contribution matrix rows (len(rows), L), rows normalized: the norms
+    from per-key Gram matrices (no term is formed), ALTI from the terms themselves."""
+    out = {}
+    if TokenMethod.NORMS in methods:
+        out[TokenMethod.NORMS] = _row_normalized(norm_rows(block, rows, budget))
+    if TokenMethod.ALTI in methods:
+        out[TokenMethod.ALTI] = _row_normalized(alti_rows(block, rows, budget))
+    return out
+
+
+def alti_rows(block: BlockTerms, rows: torch.Tensor, budget: int) -> torch.Tensor:
+    """(len(rows), L) float64: max(0, ‖y_i‖₁ − ‖y_i − T_ij‖₁), not normalized. An L1 distance
+    has no Gram form, so the terms are built, a block of rows at a time within `budget` bytes,
+    over the keys those rows can see (a causal model's block of rows up to i sees keys up to
+    i: about half the work): O(L²·E) element-wise per layer."""
     L, E = block.residual.shape
     step = rows_per_block(L, E, budget)
     wide = _float64(block)  # converted once, not per block of rows
-    out: dict[TokenMethod, list[torch.Tensor]] = {m: [] for m in CONTRIBUTION_METHODS}
+    parts = []
     for start in range(0, len(rows), step):
         chunk = rows[start:start + step]
         seen = wide.maps[:, chunk].sum(0) > 0  # (r, L)
@@ -122,15 +135,170 @@ def contribution_rows(block: BlockTerms, rows: torch.Tensor, budget: int
         T = terms(_keys(wide, K), chunk)  # (r, K, E)
         y = T.sum(1, keepdim=True)  # (r, 1, E)
         check_identity(block, chunk, y[:, 0])
-        norms = torch.zeros(len(chunk), L, dtype=T.dtype)
-        norms[:, :K] = torch.linalg.vector_norm(T, dim=-1)
-        out[TokenMethod.NORMS].append(norms)
         distance = torch.cdist(y, T, p=1)[:, 0]  # (r, K) ‖y_i − T_ij‖₁, fused
         alti = torch.zeros(len(chunk), L, dtype=T.dtype)
         alti[:, :K] = (y[:, 0].abs().sum(-1, keepdim=True) - distance).clamp(min=0)
         # a key the query cannot see has T_ij = 0, so exactly 0 (cdist's rounding aside)
-        out[TokenMethod.ALTI].append(torch.where(seen, alti, 0.0))
-    return {m: _row_normalized(torch.cat(parts)) for m, parts in out.items()}
+        parts.append(torch.where(seen, alti, 0.0))
+    return torch.cat(parts)
+
+
+# ---- norms through per-key Gram matrices ------------------------------------------------------
+#
+# Off the diagonal (j ≠ i) the term is T_ij = Σ_p a_ij,p w_j,p: per key j a few vectors w_j,p,
+# the same for every query row, weighted by coefficients a_ij,p made of attention weights:
+#   w_j,h = N(U^h_j + b_O / H)   a_ij,h = s_i α^h_ij   (ᾱ_ij b_O = Σ_h α^h_ij b_O / H)
+#   w_j,H = β                    a_ij,H = ᾱ_ij          (a post-LN's bias, shared like b_O)
+# with N the norm's linear part (γ ⊙ centring; γ for RMSNorm; the identity without a norm) and
+# s_i the scale the whole row's sum fixes (1 without a norm). So ‖T_ij‖² = a_ijᵀ G_j a_ij with
+# G_j = W_j W_jᵀ the (P, P) Gram matrix of key j's vectors: per layer O(L·P²·E) for the Gram
+# matrices and O(L²·P²) for the norms, where the terms take O(L²·E) element-wise. The sums run
+# in float64 (a tiny negative square, rounding, is clamped to 0); the diagonal (j = i, which
+# also carries the residual) is built directly: L vectors.
+
+NORM_ROWS_MAX = 256  # rows per block: fewer, larger array operations, each still small
+
+
+@dataclass(frozen=True)
+class KeyGrams:
+    """One block's per-key vectors and their Gram matrices (float64)."""
+
+    vectors: torch.Tensor  # (L, P, E) w_j,p
+    grams: torch.Tensor  # (P, P, L) G_j[p, q], keys last (broadcast along a row's keys)
+    values: torch.Tensor  # (H, L, E) U^h_j + b_O / H before the norm: the row sums y_i
+    shares_beta: bool  # whether p = H is the post-LN bias β (coefficient ᾱ_ij, unscaled)
+
+
+def linear_part(x: torch.Tensor, norm: PostNorm | None) -> torch.Tensor:
+    """N(x): the post-norm without its per-row scale and its bias (x itself without one)."""
+    if norm is None:
+        return x
+    if not norm.rms:
+        x = x - x.mean(-1, keepdim=True)
+    return norm.weight.double() * x
+
+
+def key_grams(block: BlockTerms) -> KeyGrams:
+    H = block.maps.shape[0]
+    values = block.values.double()
+    if block.out_bias is not None:
+        values = values + block.out_bias.double() / H
+    norm = block.post_norm
+    vectors = linear_part(values, norm).transpose(0, 1)  # (L, H, E)
+    beta = None if norm is None or norm.rms or norm.bias is None else norm.bias.double()
+    if beta is not None:
+        vectors = torch.cat([vectors, beta.expand(vectors.shape[0], 1, -1)], 1)
+    grams = (vectors @ vectors.transpose(1, 2)).permute(1, 2, 0).contiguous()
+    return KeyGrams(vectors, grams, values, beta is not None)
+
+
+def norm_rows_per_block(length: int, heads: int, budget: int) -> int:
+    """Query rows whose working set fits the budget (per row and key, float64: the scaled
+    coefficients (H + 1 with a post-LN's β), the running sums, the result and its copy into
+    the rows; float32: the maps' slice), at most NORM_ROWS_MAX."""
+    per_row = max(1, length) * (8 * (heads + 4) + 4 * heads)
+    return max(1, min(length, NORM_ROWS_MAX, budget // per_row))
+
+
+def norm_rows(block: BlockTerms, rows: torch.Tensor, budget: int) -> torch.Tensor:
+    """(len(rows), L) float64: ‖T_ij‖₂ for the query rows `rows` (not normalized), from the
+    per-key Gram matrices, a block of rows at a time within `budget` bytes."""
+    keys = key_grams(block)
+    H, L, _ = block.maps.shape
+    step = norm_rows_per_block(L, H, budget)
+    residual = linear_part(block.residual.double(), block.post_norm)
+    # without a norm the row sums serve the identity check alone: float32 is exact enough for
+    # a tolerance of 1e-5 or more (float32's rounding over L·H terms stays near 1e-6)
+    narrow = keys.values.float() if block.identity_rtol >= 1e-5 else keys.values
+    out = torch.zeros(len(rows), L, dtype=torch.float64)
+    for start in range(0, len(rows), step):
+        chunk = rows[start:start + step]
+        r, alpha = len(chunk), _row_maps(block.maps, chunk)  # (H, r, K) float32, as given
+        K = alpha.shape[-1]
+        scale = _check_and_scale(block, keys, narrow, alpha, chunk)
+        if scale is None:
+            coeff = list(alpha)  # float32 weights; the sums below run in float64
+        else:
+            coeff = list(alpha.double() * scale[:, None])
+        if keys.shares_beta:
+            coeff.append(alpha.double().mean(0))
+        out[start:start + r, :K] = quadratic_norms(coeff, keys.grams[..., :K])
+        # the self term j = i, which also carries the residual, built directly
+        own_coeff = torch.stack([c[torch.arange(r), chunk] for c in coeff], -1).double()
+        own = (own_coeff[..., None] * keys.vectors[chunk]).sum(1)
+        own = own + (residual[chunk] if scale is None else residual[chunk] * scale[:, None])
+        out[torch.arange(start, start + r), chunk] = torch.linalg.vector_norm(own, dim=-1)
+    return out
+
+
+def _row_maps(maps: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+    """(H, r, K): the maps' rows `chunk` (a view when they are consecutive, as a causal
+    model's usually are), cut after the last key any of them reads: a block of rows up to i
+    of a causal model is computed over keys up to i alone, about half the work."""
+    first = int(chunk[0])
+    if torch.equal(chunk, torch.arange(first, first + len(chunk))):
+        rows = maps[:, first:first + len(chunk)]
+    else:
+        rows = maps.index_select(1, chunk)
+    K = int(chunk.max()) + 1
+    if K < maps.shape[-1] and bool(rows[..., K:].any()):
+        K = maps.shape[-1]
+    return rows[..., :K]
+
+
+def _check_and_scale(block: BlockTerms, keys: KeyGrams, narrow: torch.Tensor,
+                     alpha: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor | None:
+    """The rows' sums y_i = Σ_h α^h_i· U'^h + r_i against the block's own output, and the
+    post-norm's scale s_i they fix (None without a norm). With a norm the sums run in float64
+    (s_i scales the norms); without one they serve the identity check alone (`narrow`: the
+    values in float32 where the check's tolerance allows)."""
+    K = alpha.shape[-1]
+    norm = block.post_norm
+    if norm is None:
+        if block.output is not None:
+            y = torch.bmm(alpha.to(narrow.dtype), narrow[:, :K]).sum(0).double()
+            y = y + block.residual[chunk].double()
+            check_identity(block, chunk, y)
+        return None
+    y = torch.bmm(alpha.double(), keys.values[:, :K]).sum(0) + block.residual[chunk].double()
+    scale = _row_scale(y, norm)
+    check_identity(block, chunk, _normed_sum(y, scale, alpha.double().mean(0).sum(-1), norm))
+    return scale
+
+
+def quadratic_norms(coeff: list[torch.Tensor], grams: torch.Tensor) -> torch.Tensor:
+    """(r, K) float64: sqrt(a_ijᵀ G_j a_ij) for the P coefficient arrays a_·,·,p (r, K) and
+    the Gram matrices G (P, P, K): Σ_p a_p (G_pp a_p + 2 Σ_{q>p} G_pq a_q), P(P + 1)/2
+    multiply-adds over (r, K) arrays (the coefficients may be float32: each product is
+    float64)."""
+    total: torch.Tensor | None = None
+    for p in range(len(coeff)):
+        z = coeff[p] * grams[p, p]
+        for q in range(p + 1, len(coeff)):
+            z.addcmul_(coeff[q], grams[p, q], value=2.0)
+        total = z.mul_(coeff[p]) if total is None else total.addcmul_(z, coeff[p])
+    assert total is not None
+    return total.clamp_(min=0.0).sqrt_()
+
+
+def _row_scale(y: torch.Tensor, norm: PostNorm | None) -> torch.Tensor | None:
+    """s_i (r,): the post-norm's scale, fixed by each row's whole pre-norm sum y_i."""
+    if norm is None:
+        return None
+    if norm.rms:
+        return (y.pow(2).mean(-1) + norm.eps).rsqrt()
+    return (y.var(-1, unbiased=False) + norm.eps).rsqrt()
+
+
+def _normed_sum(y: torch.Tensor, scale: torch.Tensor | None, share: torch.Tensor,
+                norm: PostNorm | None) -> torch.Tensor:
+    """Σ_j T_ij after the norm: s_i N(y_i) + (Σ_j ᾱ_ij) β."""
+    if norm is None or scale is None:
+        return y
+    out = linear_part(y, norm) * scale[:, None]
+    if norm.bias is not None and not norm.rms:
+        out = out + share[:, None] * norm.bias.double()
+    return out
 
 
 def _keys(block: BlockTerms, keys: int) -> BlockTerms:
@@ -153,32 +321,36 @@ def _float64(block: BlockTerms) -> BlockTerms:
 
 
 def _row_normalized(M: torch.Tensor) -> torch.Tensor:
-    total = M.sum(-1, keepdim=True)
-    return torch.where(total > 0, M / total.clamp(min=torch.finfo(M.dtype).tiny), 0.0)
+    """Each row over its sum; a row of zeros (M ≥ 0: its sum is 0 alone) stays 0."""
+    return M / M.sum(-1, keepdim=True).clamp(min=torch.finfo(M.dtype).tiny)
 
 
-def compose(blocks: list[BlockTerms], position: int, budget: int
+def compose(blocks: list[BlockTerms], position: int, budget: int,
+            methods: tuple[TokenMethod, ...] = CONTRIBUTION_METHODS, keep: bool = True
             ) -> dict[TokenMethod, tuple[torch.Tensor, list[torch.Tensor]]]:
-    """Each contribution method's (chain (n + 1, L), per-layer matrices (L, L)) for one output
-    position: e_p carried down, each layer's matrix built only for the rows the vector still
-    reaches (a causal model's rows ≤ p; the other rows stay 0)."""
+    """Each asked contribution method's (chain (n + 1, L), per-layer matrices (L, L)) for one
+    output position: e_p carried down, each layer's matrix built only for the rows the vector still
+    reaches (a causal model's rows ≤ p; the other rows stay 0); `keep` False: no matrices,
+    the chains alone."""
     L = blocks[0].residual.shape[0]
+    asked = tuple(m for m in CONTRIBUTION_METHODS if m in methods)
     chains: dict[TokenMethod, list[torch.Tensor]] = {}
-    matrices: dict[TokenMethod, list[torch.Tensor]] = {m: [] for m in CONTRIBUTION_METHODS}
-    for method in CONTRIBUTION_METHODS:
+    matrices: dict[TokenMethod, list[torch.Tensor]] = {m: [] for m in asked}
+    for method in asked:
         v = torch.zeros(L, dtype=torch.float64)
         v[position] = 1.0
         chains[method] = [v]
     for block in reversed(blocks):
         reached = torch.zeros(L, dtype=torch.bool)
-        for method in CONTRIBUTION_METHODS:
+        for method in asked:
             reached |= chains[method][-1] != 0
         rows = reached.nonzero().flatten()
-        computed = contribution_rows(block, rows, budget)
-        for method in CONTRIBUTION_METHODS:
+        computed = contribution_rows(block, rows, budget, asked)
+        for method in asked:
             v = chains[method][-1]
             chains[method].append(v[rows] @ computed[method])
-            full = torch.zeros(L, L, dtype=torch.float64)
-            full[rows] = computed[method]
-            matrices[method].append(full)
+            if keep:
+                full = torch.zeros(L, L, dtype=torch.float64)
+                full[rows] = computed[method]
+                matrices[method].append(full)
     return {m: (torch.stack(c[::-1]), matrices[m][::-1]) for m, c in chains.items()}

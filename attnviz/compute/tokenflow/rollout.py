@@ -57,28 +57,47 @@ def rollout(maps: list[torch.Tensor], position: int, how: HeadReduce,
     return carry_down(matrices, position), matrices
 
 
+ROLLOUT_BLOCK_BYTES = 1 << 22  # the float64 copy of a block of rows of the maps (4 MB)
+
+
 def rollout_chain(maps: list[torch.Tensor], position: int, how: HeadReduce,
                   residual_weight: float) -> torch.Tensor:
     """(n + 1, L): the same chain as `rollout`, without forming any L × L matrix for the mean:
     v Ã = w·v + (1 − w)·(1/H) Σ_h v A_h when every row of the maps sums to 1 (a query with no
     key left, whose row is 0, is normalized as `mixed` does); max and min form their reduced
-    map once. O(layers · H · L²) multiply-adds, the cost of reading the maps once."""
+    map once (exact in the maps' own dtype). O(layers · H · L²) multiply-adds, the cost of
+    reading the maps once: only the rows the vector reaches (a causal model's top layer: the
+    output's row alone), in float64 a block of rows at a time."""
     L = maps[0].shape[-1] if maps else position + 1
     v = torch.zeros(L, dtype=torch.float64)
     v[position] = 1.0
     rows = [v]
     w = residual_weight
     for A in reversed(maps):
-        A = A.double()
         if how is HeadReduce.MEAN:
-            reduced_rows = A.sum(-1).mean(0)  # (L,) each row's sum (1, or 0 for an empty row)
-            scale = w + (1.0 - w) * reduced_rows
-            u = torch.where(scale > 0, v / scale.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
-            v = w * u + (1.0 - w) * torch.einsum("i,hij->j", u, A) / A.shape[0]
+            v = _mean_step(A, v, w)
         else:
-            R = reduce_heads(A, how)
+            R = reduce_heads(A, how).double()
             scale = w + (1.0 - w) * R.sum(-1)
             u = torch.where(scale > 0, v / scale.clamp(min=torch.finfo(v.dtype).tiny), 0.0)
             v = w * u + (1.0 - w) * (u @ R)
         rows.append(v)
     return torch.stack(rows[::-1])
+
+
+def _mean_step(A: torch.Tensor, v: torch.Tensor, w: float) -> torch.Tensor:
+    """v Ã for the heads' mean, over the rows where v is not 0."""
+    H, L, _ = A.shape
+    reached = v.nonzero().flatten()
+    step = max(1, ROLLOUT_BLOCK_BYTES // (8 * H * L))
+    u = torch.zeros_like(v)
+    mixed_in = torch.zeros_like(v)
+    for start in range(0, len(reached), step):
+        chunk = reached[start:start + step]
+        block = A.index_select(1, chunk).double()  # (H, r, L)
+        scale = w + (1.0 - w) * block.sum(-1).mean(0)  # each row's sum (1, or 0 if empty)
+        part = torch.where(scale > 0, v[chunk] / scale.clamp(min=torch.finfo(v.dtype).tiny),
+                           0.0)
+        u[chunk] = part
+        mixed_in += torch.einsum("i,hij->j", part, block)
+    return w * u + (1.0 - w) * mixed_in / H
