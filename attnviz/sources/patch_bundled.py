@@ -70,6 +70,8 @@ class BundledPatchModel:
         limit = bundled.token_limit(store).tokens
         self.tokenizer = WordTokenizer(vocab, limit)
         self.notes: list[str] = []
+        self.layer_labels = [f"L{i}" for i in range(self.n_layers)]
+        self.shares_prefix = True
 
     def row_bytes(self, length: int) -> int:
         E = self.param["embed.weight"].shape[1]

@@ -114,7 +114,8 @@ class Engine:
 
     def shares(self, copies: list[Copy]) -> int | None:
         """The layer the copies can share the run up to (see `_forward`), or None."""
-        if self.batch.pairs != 1 or "resid" not in self.model.sites:
+        if self.batch.pairs != 1 or "resid" not in self.model.sites \
+                or not self.model.shares_prefix:
             return None
         first = min((patch.layer for copy in copies for patch in copy), default=0)
         return first if first > 0 else None
