@@ -379,3 +379,15 @@ def test_encoder_decoder_cli(cli, seq2seq):
     refused = cli(*args)  # no --target
     assert refused.exit_code == 2 and "--target" in refused.output
     assert cli(*args, "--target", "the", "--per-position").exit_code == 2
+
+
+def test_prompts_past_the_models_positions_are_refused(cli, lm):
+    model = lm("gpt2")  # 64 learned positions
+    long = " ".join(["the cat sat on the mat"] * 12)
+    args = ["patch", long, "-c", long.replace("cat", "dog", 1), "-a", "cat", "--wrong", "dog",
+            "--model", model.name]
+    refused = cli(*args)
+    assert refused.exit_code == 2 and "more than the model's 64 positions" in refused.output
+    short = ["patch", "the cat sat", "-c", "the dog sat", "-a", "cat", "--wrong", "dog",
+             "--model", model.name, "--json"]
+    assert cli(*short).exit_code == 0  # control

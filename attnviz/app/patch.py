@@ -60,6 +60,10 @@ def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: N
     tokenized = [tokenize_pair(p, model.tokenizer, request.metric, n + 1)
                  for n, p in enumerate(pairs)]
     batch = pair_batch(tokenized, request.metric)
+    limit = getattr(model, "position_limit", None)
+    if limit is not None and batch.length > limit:
+        raise UsageError(f"a pair runs {batch.length} tokens, more than the model's {limit} "
+                         "positions", fix="shorten the prompts (or the continuation)")
     _check_sites(request, model)
     receivers = _receivers(request.receivers or "logits", model)
     engine = Engine(model, batch, request.memory_budget or DEFAULT_BUDGET)

@@ -315,6 +315,7 @@ def load_patch_model(opened: OpenedModel, device: torch.device, dtype: str = "fl
         decoder = [int(start)] + list(opened.tokenizer(target, add_special_tokens=False)
                                       ["input_ids"])
     patched = HFPatchModel(model, opened.tokenizer, where, opened.store, decoder)
+    patched.position_limit = opened.position_limit
     if decoder is not None:
         names = opened.tokenizer.convert_ids_to_tokens(decoder)
         patched.notes.append("encoder-decoder: the pair's prompts are the encoder's input; the "
