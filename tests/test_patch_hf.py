@@ -180,7 +180,7 @@ def test_grouped_kv_patch_equals_a_hook_on_k_proj(lm, kind):
 
 def hand_path(model, tp, base_ids, other_ids, sender, receiver):
     """Wang et al.'s two passes with plain hooks on o_proj (and q_proj for a q receiver)."""
-    d, H = model.head_dim, model.n_heads
+    d = model.head_dim
     base, other = {}, {}
     own_metric(model, base_ids, tp, [(o_proj(model, i), record_input(base, i), True)
                                      for i in range(model.n_layers)])
@@ -210,7 +210,6 @@ def hand_path(model, tp, base_ids, other_ids, sender, receiver):
         output = output.clone()
         output[..., head * d:(head + 1) * d] = seen["q"][..., head * d:(head + 1) * d]
         return output
-    del H
     return own_metric(model, base_ids, tp, [(q_proj, patch, False)])
 
 
@@ -234,7 +233,7 @@ def test_path_patching_equals_hand_written_two_passes(lm, kind, receiver):
     assert max(values) - min(values) > 1e-5
 
 
-def test_cli_runs_every_site_and_refuses_encoder_decoders(cli, lm, tmp_path):
+def test_cli_runs_every_site_and_asks_an_encoder_decoder_for_its_target(cli, lm, tmp_path):
     from zoo import build_lm
 
     model = lm("llama")

@@ -85,6 +85,16 @@ PANELS: dict[str, dict[str, str]] = {
         "composition": MEASURES,
         **{name: OUTPUTS for name in ("out", "as_json")},
     },
+    "patch": {
+        "clean": ARGUMENTS,
+        **{name: INPUT for name in ("corrupt", "answer", "wrong", "pairs", "target")},
+        **{name: SOURCE for name in ("model", "device")},
+        "dtype": HF_MODEL,
+        **{name: MEASURES for name in ("metric", "direction", "site", "per_position",
+                                       "receivers", "receiver_input")},
+        **{name: OUTPUTS for name in ("out", "export", "html", "as_json")},
+        "memory_budget": LIMITS,
+    },
     "inspect": {
         "checkpoint": ARGUMENTS,
         **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},
