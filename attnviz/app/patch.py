@@ -69,11 +69,12 @@ def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: N
     engine = Engine(model, batch, request.memory_budget or DEFAULT_BUDGET)
     report("running the clean and the corrupted prompts")
     runs = baseline_runs(engine, _recorded(request, model), EXPLAINED[request.metric])
-    same = len(set(batch.lengths)) == 1 and not _two_stacks(model)
+    equal = len(set(batch.lengths)) == 1
+    same = equal and not _two_stacks(model)
     positions = _position_labels(tokenized[0].clean_names, tokenized[0].corrupt_names,
                                  batch.length)
     notes = list(model.notes)
-    if not same:
+    if not equal:
         notes.append("the pairs differ in length: per-position grids (and the residual "
                      "stream, which over every position is the whole run) are left out")
     grids: list[EffectGrid] = []
