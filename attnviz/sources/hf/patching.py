@@ -182,7 +182,10 @@ class HFPatchModel:
         E = int(getattr(config, "hidden_size", 0) or self.n_heads * self.head_dim)
         size = torch.finfo(next(self.model.parameters()).dtype).bits // 8
         inter = int(getattr(config, "intermediate_size", 4 * E) or 4 * E)
-        return size * length * (8 * E + 2 * inter + 3 * self.n_heads * length) + 8 * 4096
+        # the eager attention's scores, weights and their float32 softmax (≈ 6 tensors of
+        # H·L per token), the MLP's activations (≈ 4 of its width) and the stream's own
+        # (≈ 16 of E), as measured against the allocator's peak (benchmarks/run.py step 11)
+        return size * length * (16 * E + 4 * inter + 6 * self.n_heads * length) + 8 * 4096
 
     def _run(self, ids: torch.Tensor, real: torch.Tensor, session: _Session,
              keep: torch.Tensor | None = None) -> Any:
