@@ -389,10 +389,11 @@ def patch(clean: str | None = None, *, corrupt: str | None = None, answer: str |
                                                                                "residual"),
           per_position: bool | None = None, receivers: str | None = None,
           receiver_input: str | None = None, device: str = "auto", dtype: str = "float32",
-          memory_budget: int | None = None) -> PatchResult:
+          memory_budget: int | None = None, target: str | None = None) -> PatchResult:
     """Activation patching (`attnviz patch`): a clean prompt, its `corrupt` twin, the
     `answer` (and `wrong` one, for the logit difference), or many `pairs` from a TSV / JSON-lines
-    file; nothing given: the bundled model's built-in induction pair. Returns the baselines and
+    file; nothing given: the bundled model's built-in induction pair; an encoder-decoder `model`
+    takes the decoder's prefix as `target`. Returns the baselines and
     one grid of effects per sweep (`grids`; `to_json()` is the `--json` document)."""
     from attnviz.app.patch import PatchRequest, run_patch
     from attnviz.core.choices import PatchDirection, PatchMetric, PatchSite
@@ -408,7 +409,7 @@ def patch(clean: str | None = None, *, corrupt: str | None = None, answer: str |
         _str(receivers, "receivers"),
         None if receiver_input is None else PatchSite.parse(receiver_input, "receiver_input"),
         _str(device, "device", False) or "auto", Dtype.parse(dtype, "dtype"),
-        _int(memory_budget, "memory_budget", 1, True))
+        _int(memory_budget, "memory_budget", 1, True), _str(target, "target"))
     if not request.directions or not request.sites:
         raise UsageError(f"{option('directions')} and {option('sites')} need a value each",
                          fix="leave them at their defaults")

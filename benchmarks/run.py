@@ -1066,7 +1066,8 @@ def patch_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_embd=width, n_layer=PATCH_LAYERS, n_head=PATCH_HEADS,
-                                     n_positions=1024, vocab_size=len(words) + 4)
+                                     n_positions=1024, vocab_size=len(words) + 4,
+                                     bos_token_id=2, eos_token_id=3)  # the tokenizer's <s> </s>
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
     write_model_tokenizer(folder, words)
     (workdir / "patch_loop.py").write_text(PATCH_LOOP)

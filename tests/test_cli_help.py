@@ -11,7 +11,8 @@ from helpers import ROOT, needs_safe_pickles
 from attnviz.cli.examples import EXAMPLES
 from attnviz.load.pickles import PICKLE_SUFFIXES
 
-COMMANDS = ["split", "inspect", "heatmap", "generate", "ablate", "circuits", "tokens"]
+COMMANDS = ["split", "inspect", "heatmap", "generate", "ablate", "circuits", "patch",
+            "attribute", "lens", "tokens", "corpus", "compare"]
 
 
 def _example(example: str):
@@ -122,7 +123,7 @@ def test_attnviz_help_lists_the_verbs(cli):
     listed = [line.split()[1] for line in text.splitlines()
               if line.startswith("│ ") and len(line.split()) > 1 and line.split()[1] in COMMANDS]
     assert listed == COMMANDS  # in this order; the control: a name no command has is absent
-    assert "patch" not in listed
+    assert "trace" not in listed and "flow" not in listed
 
 
 # options the generation and scorecard commands declare for themselves: what they mean there

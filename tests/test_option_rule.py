@@ -140,7 +140,7 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "receiver_input": ["--receiver-input", "k"], "device": ["--device", "cpu"],
         "dtype": ["--dtype", "bfloat16"], "memory_budget": ["--memory-budget", "1MB"],
         "out": ["--out", f"{OUT}/f.png"], "export": ["--export", f"{OUT}/x.json"],
-        "html": ["--html", f"{OUT}/p.html"],
+        "html": ["--html", f"{OUT}/p.html"], "target": ["--target", "the"],
     },
     "tokens": {
         "file": ["--file", f"{OUT}/../extra.txt"], "position": ["--position", "0"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -443,3 +444,27 @@ def test_out_figure_export_and_terminal(cli, tmp_path):
             assert abs(heads["mean"][i][j] - statistics.mean(per)) < 1e-9
             assert abs(heads["spread"][i][j] - statistics.stdev(per)) < 1e-9
     assert any("differ in length" in note for note in two["notes"])
+
+
+def test_pair_files_are_read_safely(tmp_path):
+    import os
+
+    from attnviz.compute.patching.pairs import MAX_LINE_BYTES, read_pairs
+
+    with pytest.raises(UsageError, match="longer than"):
+        read_pairs(Path("/dev/zero"))  # stops at its first over-long line
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="holds no pair"):
+        read_pairs(fifo)  # no writer: empty, not a hang
+    with pytest.raises(UsageError, match="is a folder"):
+        read_pairs(tmp_path)
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"a\tb\tc\n\xff\n")
+    with pytest.raises(UsageError, match="line 2 is not UTF-8"):
+        read_pairs(bad)
+    good = tmp_path / "good.tsv"
+    good.write_text("a b\tc b\tx\ty\n" + "x" * 10 + "\n" * 3)
+    with pytest.raises(UsageError, match="line 2 has 1 tab-separated"):
+        read_pairs(good)  # control: a readable file reaches the parser
+    assert MAX_LINE_BYTES == 1 << 16

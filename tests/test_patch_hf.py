@@ -180,7 +180,7 @@ def test_grouped_kv_patch_equals_a_hook_on_k_proj(lm, kind):
 
 def hand_path(model, tp, base_ids, other_ids, sender, receiver):
     """Wang et al.'s two passes with plain hooks on o_proj (and q_proj for a q receiver)."""
-    d, H = model.head_dim, model.n_heads
+    d = model.head_dim
     base, other = {}, {}
     own_metric(model, base_ids, tp, [(o_proj(model, i), record_input(base, i), True)
                                      for i in range(model.n_layers)])
@@ -210,7 +210,6 @@ def hand_path(model, tp, base_ids, other_ids, sender, receiver):
         output = output.clone()
         output[..., head * d:(head + 1) * d] = seen["q"][..., head * d:(head + 1) * d]
         return output
-    del H
     return own_metric(model, base_ids, tp, [(q_proj, patch, False)])
 
 
@@ -234,7 +233,7 @@ def test_path_patching_equals_hand_written_two_passes(lm, kind, receiver):
     assert max(values) - min(values) > 1e-5
 
 
-def test_cli_runs_every_site_and_refuses_encoder_decoders(cli, lm, tmp_path):
+def test_cli_runs_every_site_and_asks_an_encoder_decoder_for_its_target(cli, lm, tmp_path):
     from zoo import build_lm
 
     model = lm("llama")
@@ -308,3 +307,86 @@ def test_sites_outside_the_interface_are_refused(cli, lm):
     refused = cli(*args, "--site", "q")
     assert refused.exit_code == 2 and "--site q is not reachable" in refused.output
     assert cli(*args, "--site", "heads", "--json").exit_code == 0  # control
+
+
+@pytest.fixture(scope="module")
+def seq2seq(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from zoo import build_lm
+
+    from attnviz.sources.hf.patching import open_patch_model
+
+    built = {}
+
+    def get(kind):
+        if kind not in built:
+            folder = build_lm(kind, tmp_path_factory.mktemp(kind))
+            built[kind] = open_patch_model(str(folder), target="the")
+        return built[kind]
+    return get
+
+
+def own_seq2seq(model, ids, tp, hooks=()):
+    handles = [module.register_forward_pre_hook(fn) for module, fn in hooks]
+    try:
+        with torch.no_grad():
+            logits = model.model(input_ids=torch.tensor([ids]), use_cache=False,
+                                 decoder_input_ids=torch.tensor([model.target])).logits[0, -1]
+    finally:
+        for h in handles:
+            h.remove()
+    return float(logits[tp.answer[0]].double() - logits[tp.wrong].double())
+
+
+@pytest.mark.parametrize("kind, cross", [("t5", "decoder.block.0.layer.1.EncDecAttention.o"),
+                                         ("bart", "model.decoder.layers.0.encoder_attn.out_proj")])
+def test_encoder_decoder_on_the_decoder_side(seq2seq, kind, cross):
+    """The prompts are the encoder's input, the answer follows --target: the baselines are the
+    model's own, every head patched restores the clean run, and a cross-attention head's patch
+    equals a hand-written pre-hook on its own output projection."""
+    model = seq2seq(kind)
+    assert model.layer_labels == ["enc 0", "enc 1", "dec 0", "cross 0", "dec 1", "cross 1"]
+    engine, (tp,) = engine_for(model, PAIRS[:1])
+    runs = baseline_runs(engine, {"z"}, "")
+    assert abs(runs.baselines.clean[0] - own_seq2seq(model, tp.clean, tp)) < 1e-4
+    assert abs(runs.baselines.corrupt[0] - own_seq2seq(model, tp.corrupt, tp)) < 1e-4
+    every = tuple(Patch("z", layer) for layer in range(model.n_layers))
+    scores, _ = engine.patched(True, [every, (), (Patch("z", 3, 1),)], {"source": runs.clean})
+    assert abs(float(scores[0, 0]) - runs.baselines.clean[0]) < 1e-5
+    assert abs(float(scores[1, 0]) - runs.baselines.corrupt[0]) < 1e-5
+    module = dict(model.model.named_modules())[cross]
+    clean, d = {}, model.head_dim
+    own_seq2seq(model, tp.clean, tp, [(module, record_input(clean, "x"))])
+
+    def patch(module, args):
+        x = args[0].clone()
+        x[..., d:2 * d] = clean["x"][..., d:2 * d]
+        return (x, *args[1:])
+    expected = own_seq2seq(model, tp.corrupt, tp, [(module, patch)])
+    assert abs(float(scores[2, 0]) - expected) < 1e-5
+    assert abs(expected - runs.baselines.corrupt[0]) > 1e-6  # control: the patch matters
+
+
+def test_encoder_decoder_cli(cli, seq2seq):
+    model = seq2seq("t5")
+    args = ["patch", "the cat sat on the mat", "-c", "the dog sat on the mat", "-a", "cat",
+            "--wrong", "dog", "--model", model.name]
+    doc = json.loads(cli(*args, "--target", "the", "--json", "--site",
+                         "heads,path,attribution").output)
+    assert doc["grids"][0]["rows"][3] == "cross 0"
+    assert {g["site"] for g in doc["grids"]} == {"heads", "path", "attribution-heads"}
+    refused = cli(*args)  # no --target
+    assert refused.exit_code == 2 and "--target" in refused.output
+    assert cli(*args, "--target", "the", "--per-position").exit_code == 2
+
+
+def test_prompts_past_the_models_positions_are_refused(cli, lm):
+    model = lm("gpt2")  # 64 learned positions
+    long = " ".join(["the cat sat on the mat"] * 12)
+    args = ["patch", long, "-c", long.replace("cat", "dog", 1), "-a", "cat", "--wrong", "dog",
+            "--model", model.name]
+    refused = cli(*args)
+    assert refused.exit_code == 2 and "more than the model's 64 positions" in refused.output
+    short = ["patch", "the cat sat", "-c", "the dog sat", "-a", "cat", "--wrong", "dog",
+             "--model", model.name, "--json"]
+    assert cli(*short).exit_code == 0  # control

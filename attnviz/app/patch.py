@@ -42,6 +42,7 @@ class PatchRequest:
     device: str = "auto"
     dtype: Dtype = Dtype.FLOAT32
     memory_budget: int | None = None  # bytes of activations per forward (default 256 MiB)
+    target: str | None = None  # an encoder-decoder's decoder prefix; the answer follows it
 
 
 def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: None
@@ -54,20 +55,26 @@ def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: N
     from attnviz.compute.patching.sweeps import baseline_runs
 
     model = _open(request)
+    request = _for_decoder_side(request, model)
     pairs, built_in = _pairs(request, model)
     tokenized = [tokenize_pair(p, model.tokenizer, request.metric, n + 1)
                  for n, p in enumerate(pairs)]
     batch = pair_batch(tokenized, request.metric)
+    limit = getattr(model, "position_limit", None)
+    if limit is not None and batch.length > limit:
+        raise UsageError(f"a pair runs {batch.length} tokens, more than the model's {limit} "
+                         "positions", fix="shorten the prompts (or the continuation)")
     _check_sites(request, model)
     receivers = _receivers(request.receivers or "logits", model)
     engine = Engine(model, batch, request.memory_budget or DEFAULT_BUDGET)
     report("running the clean and the corrupted prompts")
     runs = baseline_runs(engine, _recorded(request, model), EXPLAINED[request.metric])
-    same = len(set(batch.lengths)) == 1
+    equal = len(set(batch.lengths)) == 1
+    same = equal and not _two_stacks(model)
     positions = _position_labels(tokenized[0].clean_names, tokenized[0].corrupt_names,
                                  batch.length)
     notes = list(model.notes)
-    if not same:
+    if not equal:
         notes.append("the pairs differ in length: per-position grids (and the residual "
                      "stream, which over every position is the whole run) are left out")
     grids: list[EffectGrid] = []
@@ -129,9 +136,34 @@ def _sweeps(plan: _Plan, runs: object, direction: PatchDirection) -> list[Effect
                                            str(request.receiver_input or PatchSite.Q), report))
     if PatchSite.ATTRIBUTION in wanted:
         report("attribution patching: one forward and backward")
-        found = sweeps.attribution_grids(runs, direction, positions, exact)
-        grids += [g for g in found if same or g.site == "attribution-heads"]
+        grids += sweeps.attribution_grids(runs, direction, positions if same else [], exact)
     return grids
+
+
+def _two_stacks(model: PatchModel) -> bool:
+    return bool(getattr(model, "target", None) is not None)
+
+
+def _for_decoder_side(request: PatchRequest, model: PatchModel) -> PatchRequest:
+    """An encoder-decoder patches heads over all positions (its stacks run over different
+    tokens): the default sites become heads alone; per-position grids and the loss over a
+    continuation are refused."""
+    import dataclasses
+
+    if not _two_stacks(model):
+        return request
+    if request.per_position:
+        raise UsageError(f"{option('per_position')} has no single set of positions in an "
+                         "encoder-decoder (its encoder and decoder run over different tokens)",
+                         fix=f"drop {option('per_position')}", option="per_position")
+    if request.metric is PatchMetric.LOSS:
+        raise UsageError(f"{option('metric')} loss scores a continuation of the prompt; an "
+                         "encoder-decoder's answer follows its decoder prefix",
+                         fix=f"use {option('metric')} logit-diff or logprob, and put the "
+                         f"continuation's start in {option('target')}", option="metric")
+    if request.sites is DEFAULT_SITES:
+        return dataclasses.replace(request, sites=(PatchSite.HEADS,))
+    return request
 
 
 def _open(request: PatchRequest) -> PatchModel:
@@ -143,17 +175,20 @@ def _open(request: PatchRequest) -> PatchModel:
     if request.model is None:
         from attnviz.sources.patch_bundled import BundledPatchModel
 
-        for name in ("dtype",):
-            if getattr(request, name) is not Dtype.FLOAT32:
-                raise UsageError(f"{option(name)} applies to {option('model')} only",
-                                 fix=f"drop {option(name)}", option=name)
+        if request.dtype is not Dtype.FLOAT32:
+            raise UsageError(f"{option('dtype')} applies to {option('model')} only",
+                             fix=f"drop {option('dtype')}", option="dtype")
+        if request.target is not None:
+            raise UsageError(f"{option('target')} is an encoder-decoder model's decoder "
+                             "prefix", fix=f"drop {option('target')}", option="target")
         opened = open_source(SourceSpec())
         return BundledPatchModel(opened.store, resolve_device(request.device))
     from attnviz.sources.hf.patching import load_patch_model
 
     spec = SourceSpec(model=request.model, device=request.device, dtype=request.dtype)
     device = resolve_device(request.device)
-    return load_patch_model(open_model_source(spec), device, str(request.dtype))
+    return load_patch_model(open_model_source(spec), device, str(request.dtype),
+                            request.target)
 
 
 def _pairs(request: PatchRequest, model: PatchModel) -> tuple[list[PromptPair], bool]:

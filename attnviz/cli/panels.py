@@ -114,6 +114,16 @@ PANELS: dict[str, dict[str, str]] = {
         **{name: OUTPUTS for name in ("statistic", "out", "as_json", "csv")},
         **{name: LIMITS for name in ("max_tokens", "memory_budget")},
     },
+    "patch": {
+        "clean": ARGUMENTS,
+        **{name: INPUT for name in ("corrupt", "answer", "wrong", "pairs", "target")},
+        **{name: SOURCE for name in ("model", "device")},
+        "dtype": HF_MODEL,
+        **{name: MEASURES for name in ("metric", "direction", "site", "per_position",
+                                       "receivers", "receiver_input")},
+        **{name: OUTPUTS for name in ("out", "export", "html", "as_json")},
+        "memory_budget": LIMITS,
+    },
     "inspect": {
         "checkpoint": ARGUMENTS,
         **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},

@@ -43,6 +43,9 @@ Receivers = Annotated[str | None, typer.Option("--receivers", help=(
     "--receiver-input the senders reach."))]
 ReceiverInput = Annotated[PatchSite | None, choice_option(PatchSite, "--receiver-input", help=(
     "--site path with receiver heads: their q (default), k or v."))]
+Target = Annotated[str | None, typer.Option("--target", "-t", help=(
+    "An encoder-decoder --model: the decoder's prefix (may be ''); the prompts are the "
+    "encoder's input and the answer follows the prefix."))]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure of every grid (.png, .svg, .pdf)."))]
 Export = Annotated[Path | None, typer.Option("--export", callback=path_arg, help=(
@@ -57,7 +60,7 @@ def patch(
     pairs: Pairs = None, model: Model = None, metric: Metric = PatchMetric.LOGIT_DIFF,
     direction: Direction = "denoising", site: Site = None, per_position: PerPosition = None,
     receivers: Receivers = None, receiver_input: ReceiverInput = None,
-    device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
+    target: Target = None, device: Device = "auto", dtype: Dtype = choices.Dtype.FLOAT32,
     memory_budget: MemoryBudget = None, out: Out = None, export: Export = None,
     html: Html = None, as_json: Json = False,
 ) -> None:
@@ -76,7 +79,7 @@ def patch(
     request = PatchRequest(clean, corrupt, answer, wrong, pairs, model, metric,
                            parse_directions(direction), parse_sites(site), per_position,
                            receivers, receiver_input, device, dtype,
-                           parse_memory_budget(memory_budget))
+                           parse_memory_budget(memory_budget), target)
     result = run_patch(request)
     if out_path is not None:
         from attnviz.cli.paths import write_figure

@@ -69,7 +69,10 @@ class BundledPatchModel:
         self.head_dim = first.head_dim or self.param["embed.weight"].shape[1] // self.n_heads
         limit = bundled.token_limit(store).tokens
         self.tokenizer = WordTokenizer(vocab, limit)
+        self.position_limit = limit  # learned positions: a continuation counts too
         self.notes: list[str] = []
+        self.layer_labels = [f"L{i}" for i in range(self.n_layers)]
+        self.shares_prefix = True
 
     def row_bytes(self, length: int) -> int:
         E = self.param["embed.weight"].shape[1]

@@ -114,7 +114,8 @@ class Engine:
 
     def shares(self, copies: list[Copy]) -> int | None:
         """The layer the copies can share the run up to (see `_forward`), or None."""
-        if self.batch.pairs != 1 or "resid" not in self.model.sites:
+        if self.batch.pairs != 1 or "resid" not in self.model.sites \
+                or not self.model.shares_prefix:
             return None
         first = min((patch.layer for copy in copies for patch in copy), default=0)
         return first if first > 0 else None
@@ -136,15 +137,16 @@ class Engine:
                 record: set[Key] | frozenset[Key] = frozenset()) -> tuple[torch.Tensor, Cache]:
         """(C, P) scores of one forward of C = len(copies) patched copies of the clean (or
         corrupted) run, and the activations at the `record` sites after patching (C·P rows)."""
-        C, P, L = len(copies), self.batch.pairs, self.batch.length
-        plan = _plan(copies, L, self.model.n_heads, self.model.n_kv_heads)
+        C, P = len(copies), self.batch.pairs
+        plan = _plan(copies)
         recorded: Cache = {}
 
         def hook(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
             edits = plan.get((site, layer))
             if edits:
                 view = x.reshape(C, P, *x.shape[1:])
-                for source, mask in edits:
+                for source, entries in edits:
+                    mask = _mask(site, entries, C, x.shape[1:])
                     given = caches[source][(site, layer)].to(x.device, x.dtype)
                     given = given.reshape(C, P, *x.shape[1:]) if given.shape[0] == C * P \
                         else given[None]
@@ -210,33 +212,39 @@ def by_first_layer(copies: list[Copy]) -> list[list[Copy]]:
     return groups
 
 
-def _plan(copies: list[Copy], L: int, H: int, Hkv: int
-          ) -> dict[Key, list[tuple[str, torch.Tensor]]]:
-    """Per site, the (source, mask) edits in SOURCES order; masks: resid (C, L), pattern
-    (C, H, L) over query rows, q/z (C, L, H), k/v (C, L, Hkv)."""
-    C = len(copies)
-    masks: dict[tuple[Key, str], torch.Tensor] = {}
+Entry = tuple[int, int | None, int | None]  # (copy, unit, position)
+
+
+def _plan(copies: list[Copy]) -> dict[Key, list[tuple[str, list[Entry]]]]:
+    """Per site, its edits in SOURCES order: (source, the copies' (copy, unit, position))."""
+    found: dict[tuple[Key, str], list[Entry]] = {}
     for c, copy in enumerate(copies):
         for patch in copy:
-            key = ((patch.site, patch.layer), patch.source)
-            if key not in masks:
-                shape = {"resid": (C, L), "pattern": (C, H, L), "k": (C, L, Hkv),
-                         "v": (C, L, Hkv)}.get(patch.site, (C, L, H))
-                masks[key] = torch.zeros(shape, dtype=torch.bool)
-            at = slice(None) if patch.position is None else patch.position
-            unit = slice(None) if patch.unit is None else patch.unit
-            if patch.site == "resid":
-                masks[key][c, at] = True
-            elif patch.site == "pattern":
-                masks[key][c, unit, at] = True
-            else:
-                masks[key][c, at, unit] = True
-    plan: dict[Key, list[tuple[str, torch.Tensor]]] = {}
+            found.setdefault(((patch.site, patch.layer), patch.source), []).append(
+                (c, patch.unit, patch.position))
+    plan: dict[Key, list[tuple[str, list[Entry]]]] = {}
     for source in SOURCES:
-        for (site_key, s), mask in masks.items():
+        for (key, s), entries in found.items():
             if s == source:
-                plan.setdefault(site_key, []).append((source, mask))
+                plan.setdefault(key, []).append((source, entries))
     return plan
+
+
+def _mask(site: str, entries: list[Entry], C: int, shape: torch.Size) -> torch.Tensor:
+    """The copies' bool mask for an activation of one row's `shape` (its length read from the
+    activation itself: a decoder's or a cross-attention's may differ from the prompt's):
+    resid (C, L), pattern (C, H, L) over query rows, q/z (C, L, H), k/v (C, S, Hkv)."""
+    mask = torch.zeros(C, *shape[:1 if site == "resid" else 2], dtype=torch.bool)
+    for c, unit, position in entries:
+        at = slice(None) if position is None else position
+        u = slice(None) if unit is None else unit
+        if site == "resid":
+            mask[c, at] = True
+        elif site == "pattern":
+            mask[c, u, at] = True
+        else:
+            mask[c, at, u] = True
+    return mask
 
 
 def _broadcast(site: str, mask: torch.Tensor) -> torch.Tensor:

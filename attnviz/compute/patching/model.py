@@ -36,6 +36,10 @@ class PatchModel(Protocol):
     n_kv_heads: int
     device: torch.device
     notes: list[str]
+    layer_labels: list[str]  # each layer's row label: L0, L1, … (enc 0, dec 0, cross 0, …)
+    # one stream of layers, so copies may be made where the residual stream enters a layer
+    # (an encoder-decoder's cross-attention reads the encoder's one-row output: not there)
+    shares_prefix: bool
 
     @property
     def sites(self) -> tuple[str, ...]:

@@ -142,24 +142,36 @@ def _checked(pair: PromptPair, number: int, where: str) -> PromptPair:
 
 
 def read_pairs(path: Path) -> list[PromptPair]:
-    """Pairs from a TSV or JSON-lines file (UTF-8), each line at most 64 KiB."""
+    """Pairs from a TSV or JSON-lines file (UTF-8), a line at a time: each line at most 64 KiB,
+    the file at most MAX_PAIRS lines of pairs (`/dev/zero` stops at its first line; a FIFO
+    without a writer reads as empty instead of blocking)."""
+    import os
+    import stat
+
     where = printable_path(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_PAIRS * MAX_LINE_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise UsageError(f"cannot read the pair file: {exc.strerror}", fix=PAIRS_FIX,
                          where=where) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError("the pair file is not UTF-8 text", fix=PAIRS_FIX, where=where) from None
-    lines = text.splitlines()
-    long = next((i for i, line in enumerate(lines, 1)
-                 if len(line.encode("utf-8")) > MAX_LINE_BYTES), None)
-    if long is not None:
-        raise UsageError(f"line {long} is longer than {MAX_LINE_BYTES} bytes", fix=PAIRS_FIX,
-                         where=where)
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError("the pair file is a folder", fix=PAIRS_FIX, where=where)
+    os.set_blocking(fd, True)
+    lines: list[str] = []
+    with os.fdopen(fd, "rb") as f:
+        while len(lines) <= 2 * MAX_PAIRS:  # blank lines and a header count too
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(f"line {len(lines) + 1} is longer than {MAX_LINE_BYTES} bytes",
+                                 fix=PAIRS_FIX, where=where)
+            try:
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise UsageError(f"line {len(lines) + 1} is not UTF-8 text", fix=PAIRS_FIX,
+                                 where=where) from None
     return parse_pairs(lines, where)
 
 

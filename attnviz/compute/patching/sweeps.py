@@ -52,6 +52,11 @@ class Runs:
     def kv_heads(self) -> int:
         return self.engine.model.n_kv_heads
 
+    @property
+    def labels(self) -> list[str]:
+        """Each layer's row label: L0, L1, … (an encoder-decoder: enc 0, dec 0, cross 0, …)."""
+        return self.engine.model.layer_labels
+
 
 def baseline_runs(engine: Engine, sites: set[str], explained: str) -> Runs:
     """Both runs, recording `sites`."""
@@ -99,7 +104,7 @@ def head_sweep(runs: Runs, direction: PatchDirection, site: str, report: Report
     prefix = "KV" if site in ("k", "v") else "H"
     grid = _grid(runs, scores, ("heads" if site == "z" else site, direction,
                                 f"{name}, each patched at every position"),
-                 [f"L{i}" for i in range(runs.layers)], [f"{prefix}{u}" for u in range(U)])
+                 runs.labels[:runs.layers], [f"{prefix}{u}" for u in range(U)])
     grid.col_notes.extend(col_notes)
     return grid
 
@@ -110,12 +115,12 @@ def position_sweep(runs: Runs, direction: PatchDirection, site: str, positions: 
     corrupt, _, other = runs.sides(direction)
     L = runs.engine.batch.length
     if site == "resid":
-        rows = [f"L{i}" for i in range(runs.layers)]
+        rows = runs.labels[:runs.layers]
         copies: list[Copy] = [(Patch("resid", layer, None, p),) for layer in range(runs.layers)
                               for p in range(L)]
         title = "the residual stream entering each layer, patched at each position"
     else:
-        rows = [f"L{i}H{h}" for i in range(runs.layers) for h in range(runs.heads)]
+        rows = [f"{runs.labels[i]}H{h}" for i in range(runs.layers) for h in range(runs.heads)]
         copies = [(Patch(site, layer, h, p),) for layer in range(runs.layers)
                   for h in range(runs.heads) for p in range(L)]
         title = "each head's output, patched at each position"
@@ -165,7 +170,7 @@ def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int,
                      "and norms (every other head frozen)")
     grid = _grid(runs, scores, ("path", direction,
                                 f"exact path patching, each sender head → {target}"),
-                 [f"L{i}" for i in range(last)], [f"H{h}" for h in range(runs.heads)])
+                 runs.labels[:last], [f"H{h}" for h in range(runs.heads)])
     grid.notes.extend(notes)
     return grid
 
@@ -179,12 +184,13 @@ def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str
     corrupt, _, other = runs.sides(direction)
     sites = {"z"} | ({"resid"} if "resid" in engine.model.sites else set())
     scores, acts, grads = engine.gradients(corrupt, sites)
-    L, H, layers = engine.batch.length, runs.heads, runs.layers
-    # (P, L, H) first-order change of each pair's metric per head and position
-    per_head = torch.stack([((other[("z", i)] - acts[("z", i)]) * grads[("z", i)]).sum(-1)
-                            for i in range(layers)], 1).double().cpu()  # (P, layers, L, H)
-    base = scores.double()[:, None, None, None]
-    results = []
+    H, layers = runs.heads, runs.layers
+    # per layer, (P, L, H): the first-order change of each pair's metric per head and position
+    # (a layer's length is its own: an encoder-decoder's decoder runs over the target)
+    per_head = [((other[("z", i)] - acts[("z", i)]) * grads[("z", i)]).sum(-1).double().cpu()
+                for i in range(layers)]
+    base = scores.double()
+    results: list[EffectGrid] = []
 
     def add(site: str, title: str, estimate: torch.Tensor, rows: list[str],
             cols: list[str]) -> None:
@@ -196,18 +202,20 @@ def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str
             grid.notes.append(f"Pearson r with exact patching: {correlation(a, b):.3f} over "
                               f"{len(a)} cells")
         results.append(grid)
-    whole = (base[..., 0] + per_head.sum(2)).reshape(-1, layers * H).T  # (layers·H, P)
-    add("attribution-heads", "attribution patching (first order): head outputs", whole,
-        [f"L{i}" for i in range(layers)], [f"H{h}" for h in range(H)])
-    at = (base + per_head).permute(1, 3, 2, 0).reshape(layers * H * L, -1)  # (layers·H·L, P)
+    whole = torch.stack([base[:, None] + t.sum(1) for t in per_head], 1)  # (P, layers, H)
+    add("attribution-heads", "attribution patching (first order): head outputs",
+        whole.reshape(-1, layers * H).T, runs.labels[:layers], [f"H{h}" for h in range(H)])
+    if not positions:
+        return results
+    L = len(positions)
+    at = (base[:, None, None, None] + torch.stack(per_head, 1))  # (P, layers, L, H)
     add("attribution-head-positions", "attribution patching (first order): each head at each "
-        "position", at, [f"L{i}H{h}" for i in range(layers) for h in range(H)],
-        positions)
+        "position", at.permute(1, 3, 2, 0).reshape(layers * H * L, -1),
+        [f"{runs.labels[i]}H{h}" for i in range(layers) for h in range(H)], positions)
     if "resid" in sites:
         resid = torch.stack([((other[("resid", i)] - acts[("resid", i)])
                               * grads[("resid", i)]).sum(-1) for i in range(layers)], 1)
-        est = (scores.double()[:, None, None] + resid.double().cpu()).reshape(-1, layers * L).T
+        est = (base[:, None, None] + resid.double().cpu()).reshape(-1, layers * L).T
         add("attribution-residual", "attribution patching (first order): the residual stream "
-            "per layer and position", est, [f"L{i}" for i in range(layers)],
-            positions)
+            "per layer and position", est, runs.labels[:layers], positions)
     return results

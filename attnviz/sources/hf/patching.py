@@ -28,7 +28,7 @@ import torch
 
 from attnviz.compute.device import resolve_device
 from attnviz.compute.patching.model import Hook
-from attnviz.errors import CheckpointError, UsageError, printable
+from attnviz.errors import CheckpointError, UsageError, option, printable
 from attnviz.load.paths import library_path
 from attnviz.recognize import find_layers
 from attnviz.sources.hf import capture, guard
@@ -47,6 +47,7 @@ class _Session:
     hook: Hook | None
     calls: dict[str, int] = field(default_factory=lambda: {"attention": 0, "z": 0, "resid": 0})
     modules: list[Any] = field(default_factory=list)  # attention modules, in call order
+    names: list[str] = field(default_factory=list)  # W_O modules' names, in call order
 
     def next(self, what: str) -> int:
         number = self.calls[what]
@@ -114,8 +115,11 @@ class HFTokenizer:
 class HFPatchModel:
     """A causal LM, hooked for patching."""
 
-    def __init__(self, model: Any, tokenizer: Any, name: str, store: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, name: str, store: Any,
+                 target: list[int] | None = None) -> None:
         self.model, self.name = model, name
+        self.target = target  # an encoder-decoder's decoder input ids (start token first)
+        self.shares_prefix = target is None
         self.tokenizer = HFTokenizer(tokenizer)
         self.device = next(model.parameters()).device
         self.notes: list[str] = []
@@ -132,9 +136,12 @@ class HFPatchModel:
             raise CheckpointError("the model's layers have different head counts, which "
                                   "patching's grids do not hold", where=printable(name))
         self.o_modules = []
+        self._o_names: dict[int, str] = {}
         for layer in layers:
             pname, _ = parameter_of(model, layer.o_weight.key)
-            self.o_modules.append(module_of(model, pname)[1])
+            oname, module = module_of(model, pname)
+            self.o_modules.append(module)
+            self._o_names[id(module)] = oname
         self.blocks = _blocks(model, self.o_modules)
         self.interface = capture.uses_interface(model)
         if self.interface:
@@ -145,6 +152,7 @@ class HFPatchModel:
             self.sites = ("resid", "z") if self.blocks else ("z",)
             self.notes.append("the model's attention does not go through transformers' "
                               "attention interface: q, k, v and pattern cannot be patched")
+        self.layer_labels: list[str] = []
         self.n_layers = self._count_layers()
         self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
@@ -154,6 +162,8 @@ class HFPatchModel:
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         self._run(ids, torch.ones_like(ids, dtype=torch.bool), session)
         n = session.calls["z"]
+        self.layer_labels = _labels(session.names) if self.target is not None \
+            else [f"L{i}" for i in range(n)]
         if self.interface and session.calls["attention"] != n:
             raise CheckpointError(f"the model ran its attention {session.calls['attention']} "
                                   f"times and its output projections {n} times in one forward: "
@@ -162,8 +172,9 @@ class HFPatchModel:
         if self.blocks and session.calls["resid"] != n:
             self.blocks = []
             self.sites = tuple(s for s in self.sites if s != "resid")
-            self.notes.append("the model's blocks do not run once per layer: the residual "
-                              "stream cannot be patched")
+            self.notes.append("the model's blocks do not run once per attention layer (an "
+                              "encoder-decoder's decoder block holds two): the residual stream "
+                              "is not patched")
         return n
 
     def row_bytes(self, length: int) -> int:
@@ -171,7 +182,10 @@ class HFPatchModel:
         E = int(getattr(config, "hidden_size", 0) or self.n_heads * self.head_dim)
         size = torch.finfo(next(self.model.parameters()).dtype).bits // 8
         inter = int(getattr(config, "intermediate_size", 4 * E) or 4 * E)
-        return size * length * (8 * E + 2 * inter + 3 * self.n_heads * length) + 8 * 4096
+        # the eager attention's scores, weights and their float32 softmax (≈ 6 tensors of
+        # H·L per token), the MLP's activations (≈ 4 of its width) and the stream's own
+        # (≈ 16 of E), as measured against the allocator's peak (benchmarks/run.py step 11)
+        return size * length * (16 * E + 4 * inter + 6 * self.n_heads * length) + 8 * 4096
 
     def _run(self, ids: torch.Tensor, real: torch.Tensor, session: _Session,
              keep: torch.Tensor | None = None) -> Any:
@@ -179,6 +193,7 @@ class HFPatchModel:
 
         def on_z(module: Any, args: tuple) -> tuple | None:
             layer = session.next("z")
+            session.names.append(self._o_names.get(id(module), ""))
             if session.hook is None or not args:
                 return None
             x = args[0]
@@ -206,6 +221,9 @@ class HFPatchModel:
             handles.append(module.register_forward_pre_hook(on_block, with_kwargs=True))
         feed: dict[str, Any] = {"input_ids": ids, "attention_mask": real.long(),
                                 "use_cache": False}
+        if self.target is not None:
+            feed["decoder_input_ids"] = torch.tensor([self.target], device=ids.device
+                                                     ).repeat(ids.shape[0], 1)
         if keep is not None and self._keep:
             feed["logits_to_keep"] = keep
         token = ACTIVE.set(session)
@@ -220,6 +238,8 @@ class HFPatchModel:
     def forward(self, ids: torch.Tensor, real: torch.Tensor, read: torch.Tensor,
                 hook: Hook | None) -> torch.Tensor:
         """(N, K, V) logits at `read` (N, K), the model's own (softcapping and all)."""
+        if self.target is not None:  # the answer follows the decoder prefix
+            read = torch.full_like(read, len(self.target) - 1)
         wanted = torch.unique(read)  # sorted; the model computes logits at these only
         session = _Session(hook)
         logits = self._run(ids, real, session, wanted if self._keep else None).logits
@@ -229,6 +249,20 @@ class HFPatchModel:
             raise CheckpointError(f"the model ran {session.calls['z']} output projections, "
                                   f"{self.n_layers} before", where=printable(self.name))
         return logits.gather(1, read[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def _labels(names: list[str]) -> list[str]:
+    """An encoder-decoder's layers by their W_O's name, numbered per stack: enc 0, dec 0,
+    cross 0, … (cross-attention: a name with 'EncDec', 'encoder_attn' or 'cross')."""
+    counts: dict[str, int] = {}
+    labels = []
+    for name in names:
+        low = name.lower()
+        kind = "cross" if any(k in low for k in ("encdec", "encoder_attn", "cross")) \
+            else "enc" if "encoder" in low else "dec"
+        labels.append(f"{kind} {counts.get(kind, 0)}")
+        counts[kind] = counts.get(kind, 0) + 1
+    return labels
 
 
 def _blocks(model: Any, o_modules: list[Any]) -> list[Any]:
@@ -248,18 +282,23 @@ def _blocks(model: Any, o_modules: list[Any]) -> list[Any]:
     return blocks
 
 
-def load_patch_model(opened: OpenedModel, device: torch.device, dtype: str = "float32"
-                     ) -> HFPatchModel:
-    """A --model folder opened by the registry, loaded with its causal LM head, hooked."""
+def load_patch_model(opened: OpenedModel, device: torch.device, dtype: str = "float32",
+                     target: str | None = None) -> HFPatchModel:
+    """A --model folder opened by the registry, loaded with its language-model head (causal,
+    or an encoder-decoder's, on the decoder side after `target`), hooked."""
     arch, kind = lm_class(opened.config)
     where = printable(str(opened.folder))
-    if kind == "seq2seq":
-        raise UsageError("attnviz patch does not patch encoder-decoder models yet",
-                         fix="use a decoder-only model (…ForCausalLM)", where=where)
-    if arch is None or kind != "causal":
+    if arch is None or kind not in ("causal", "seq2seq"):
         raise UsageError("patching scores next-token logits, and config.json's architectures "
-                         "name no causal language-model head (…ForCausalLM, …LMHeadModel)",
-                         fix="use a decoder-only language model", where=where)
+                         "name no language-model head (…ForCausalLM, …LMHeadModel, "
+                         "…ForConditionalGeneration)", fix="use a language model", where=where)
+    if kind == "seq2seq" and target is None:
+        raise UsageError("an encoder-decoder's answer follows a decoder prefix",
+                         fix=f"add {option('target')} TEXT (may be empty: '')", where=where,
+                         option="target")
+    if kind == "causal" and target is not None:
+        raise UsageError(f"{option('target')} is an encoder-decoder model's decoder prefix",
+                         fix=f"drop {option('target')}", option="target")
     import transformers
 
     with guard.silenced(stderr=True), \
@@ -271,12 +310,24 @@ def load_patch_model(opened: OpenedModel, device: torch.device, dtype: str = "fl
         raise CheckpointError("the folder lacks the LM head's weights", where=where,
                               fix=f"pass a folder with the whole {arch}")
     model = model.eval().requires_grad_(False).to(device)
-    patched = HFPatchModel(model, opened.tokenizer, where, opened.store)
-    if opened.position_limit is not None:
-        patched.position_limit = opened.position_limit
+    decoder = None
+    if target is not None:
+        start = getattr(opened.config, "decoder_start_token_id", None)
+        if start is None:
+            raise CheckpointError("config.json names no decoder_start_token_id", where=where)
+        decoder = [int(start)] + list(opened.tokenizer(target, add_special_tokens=False)
+                                      ["input_ids"])
+    patched = HFPatchModel(model, opened.tokenizer, where, opened.store, decoder)
+    patched.position_limit = opened.position_limit
+    if decoder is not None:
+        names = opened.tokenizer.convert_ids_to_tokens(decoder)
+        patched.notes.append("encoder-decoder: the pair's prompts are the encoder's input; the "
+                             "decoder reads " + " ".join(printable(str(n), 24) for n in names)
+                             + " and the answer is scored after its last token")
     return patched
 
 
-def open_patch_model(spec: str, device: str = "cpu", dtype: str = "float32") -> HFPatchModel:
+def open_patch_model(spec: str, device: str = "cpu", dtype: str = "float32",
+                     target: str | None = None) -> HFPatchModel:
     """A model folder (or cached hub id), ready to patch (tests, the API)."""
-    return load_patch_model(open_model(spec), resolve_device(device), dtype)
+    return load_patch_model(open_model(spec), resolve_device(device), dtype, target)
