@@ -54,11 +54,13 @@ class CorpusResult:
         return self._summary
 
     def to_json(self) -> dict[str, Any]:
+        """The --json document. It holds no wall time: the same corpus, model and options give
+        the same document (a resumed run's and an uninterrupted one's compare equal)."""
         summary = self.summary
         return {"source": self.source, "corpus": self.corpus, "weighting": self.weighting,
                 "examples": summary.examples, "tokens": summary.tokens,
                 "counts": self.counts.to_json(), "world_size": self.world,
-                "seconds": round(self.seconds, 3), "resumed_from": self.resumed_from,
+                "resumed_from": self.resumed_from,
                 "resamples": summary.resamples, "seed": self.seed,
                 "long": self.long, "max_tokens": self.max_tokens,
                 "interval": "95% (per-example variance)",
