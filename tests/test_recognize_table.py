@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute import positions
-from attnviz.compute.forward import load_weights
+from attnviz.compute.forward_pass import positions
+from attnviz.compute.forward_pass.forward import load_weights
 from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError
 from attnviz.load.store import DictStore
