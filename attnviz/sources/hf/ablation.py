@@ -378,18 +378,19 @@ class _Runner:
 
     def chunks(self, heads: list[tuple[int, str, int]], per: int
                ) -> Iterator[tuple[list[tuple[int, str, int]], Skip | None]]:
-        """`heads` in forwards of at most `per` copies, each with the blocks it may skip: a
-        chunk keeps to one stack of blocks, and skips those below its lowest head's."""
+        """`heads` in forwards of at most `per` copies, each with the blocks it may skip: where
+        a head's block can be skipped to, its chunk keeps to that block (skipping those below),
+        else chunks run whole forwards."""
         chunk: list[tuple[int, str, int]] = []
-        stack: object = None
+        key: object = None
         for head in heads:
             where = self._where(head[0])
-            here = None if where is None else where[0]
-            if chunk and (len(chunk) == per or here is not stack):
+            here = None if where is None else (id(where[0]), where[1])
+            if chunk and (len(chunk) == per or here != key):
                 yield chunk, self._skip(chunk)
                 chunk = []
             chunk.append(head)
-            stack = here
+            key = here
         if chunk:
             yield chunk, self._skip(chunk)
 
