@@ -172,7 +172,8 @@ def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, in
                     index, label, head, hidden_change(base_hidden, hidden[part], real),
                     difference(loss, base_loss), difference(repeat, base_repeat)))
     loss_kind = CAUSAL_LOSS if forward.lm else None
-    return AblationReport(mode, loss_kind, effects, base_loss, base_repeat, per,
+    return AblationReport(mode, loss_kind, effects, base_loss, base_repeat,
+                          min(per, max(1, len(heads))),
                           undefined=undefined_measures(loss_kind, base_loss, base_repeat))
 
 

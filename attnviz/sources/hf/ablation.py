@@ -229,21 +229,21 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
 def _effects(run: _Runner, heads: list[tuple[int, str, int]], mode: str, budget: int | None,
              report: Callable[[str], None], scored: _Scored
              ) -> tuple[list[HeadEffect], _Scored, int]:
-    """Every head's effect, `scored` filled with the unablated run, and the copies per
-    forward: as many as `budget` holds at the unablated run's measured cost per copy."""
+    """Every head's effect, `scored` filled with the unablated run, and the most copies one
+    forward ran: as many as `budget` holds at the unablated run's measured cost per copy."""
     report("running the model unablated")
     means: dict[int, torch.Tensor] = {}
     hidden, logits, cost = run.unablated(means)
     scored.set_base(hidden, logits)
     per = copies_per_forward(cost, budget, run.on_cpu(), MAX_COPIES)
     effects: list[HeadEffect] = []
-    done = 0
+    most = 1
     for chunk, skip in run.chunks(heads, per):
-        report(f"ablating heads {done + 1}-{done + len(chunk)} of {len(heads)}")
+        report(f"ablating heads {len(effects) + 1}-{len(effects) + len(chunk)} of {len(heads)}")
         hidden, logits = run.ablated(chunk, mode, means, skip=skip)
         effects += scored.effects(chunk, hidden, logits)
-        done += len(chunk)
-    return effects, scored, per
+        most = max(most, len(chunk))
+    return effects, scored, most
 
 
 @dataclass
