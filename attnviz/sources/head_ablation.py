@@ -37,7 +37,12 @@ from attnviz.core.words import hashed_ids
 from attnviz.load.store import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
-from attnviz.sources.copy_budget import CopyCost, copies_per_forward, tensor_bytes
+from attnviz.sources.copy_budget import (
+    CopyCost,
+    copies_per_forward,
+    release_freed_memory,
+    tensor_bytes,
+)
 
 # An edit of the W_O input of layer i: edit(i, ctx (N, L, W)) changes ctx in place.
 Edit = Callable[[int, torch.Tensor], None]
@@ -140,6 +145,7 @@ def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, in
     """The scorecard of `heads` (layer index, label, layer, head) of a bundled-model or
     standalone run; copies per forward within `memory_budget` (None: the default)."""
     assert run.store is not None
+    release_freed_memory()  # the attention run's, before the copies take more
     forward: TinyForward | LayerForward = TinyForward(run.store, run, device) \
         if bundled.is_tiny_model(run.store) else LayerForward(run, device)
     real = forward.real

@@ -48,7 +48,13 @@ from attnviz.compute.ablation_measures import (
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, option, printable
 from attnviz.load.paths import library_path
-from attnviz.sources.copy_budget import CopyCost, CostMeter, copies_per_forward, tensor_bytes
+from attnviz.sources.copy_budget import (
+    CopyCost,
+    CostMeter,
+    copies_per_forward,
+    release_freed_memory,
+    tensor_bytes,
+)
 from attnviz.sources.hf import guard
 from attnviz.sources.hf.ablation_prefix import Prefix, Skip
 from attnviz.sources.hf.layers import ModelLayer, Plan
@@ -197,6 +203,7 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
                  heads: list[tuple[int, str, int]], mode: str,
                  report: Callable[[str], None]) -> AblationReport:
     """The scorecard of `heads` (call index, label, head) of the shown layers."""
+    release_freed_memory()  # the heatmap run's, before the LM head and the copies take more
     model, kind, notes, offload = _load_lm(loaded)
     try:
         runner = plan.prepared.runner if kind is None else model
@@ -236,6 +243,7 @@ def _effects(run: _Runner, heads: list[tuple[int, str, int]], mode: str, budget:
     hidden, logits, cost = run.unablated(means)
     scored.set_base(hidden, logits)
     per = copies_per_forward(cost, budget, run.on_cpu(), MAX_COPIES)
+    run.prove(hidden, logits, min(2, per))
     effects: list[HeadEffect] = []
     most = 1
     for chunk, skip in run.chunks(heads, per):
@@ -359,7 +367,7 @@ class _Runner:
                   ) -> tuple[torch.Tensor, torch.Tensor | None, CopyCost]:
         """The unablated forward, alone: (final hidden states, logits, what a copy costs);
         `means` filled (each shown call's mean W_O input over its stream's real tokens), each
-        block's output recorded and the prefix confirmed where a prefix is given."""
+        block's output recorded where a prefix is given (`prove` it before use)."""
         def record(site: _Site, x: torch.Tensor) -> torch.Tensor:
             _check_positions(site, x)
             means[site.index] = x[site.real.to(x.device)].mean(0)
@@ -370,11 +378,15 @@ class _Runner:
             outputs = self._call(1, record)
         cost = CopyCost(tensor_bytes(outputs), meter.largest)
         hidden, logits = _final_hidden(outputs).cpu(), _logits(outputs)
-        del outputs
-        if self.prefix is not None:
-            self.prefix.confirm(lambda skip: self._forward(2, lambda s, x: x, skip),
-                                hidden, logits)
         return hidden, logits, cost
+
+    def prove(self, hidden: torch.Tensor, logits: torch.Tensor | None, copies: int) -> None:
+        """Keep the prefix only where skipping reproduces the unablated run on `copies` copies
+        (two where the forwards stack copies: a block output's batch dimension is then
+        checked too; one where they do not, so the proof costs no more memory than they)."""
+        if self.prefix is not None:
+            self.prefix.confirm(lambda skip: self._forward(copies, lambda s, x: x, skip),
+                                hidden, logits)
 
     def chunks(self, heads: list[tuple[int, str, int]], per: int
                ) -> Iterator[tuple[list[tuple[int, str, int]], Skip | None]]:

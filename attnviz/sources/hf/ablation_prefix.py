@@ -8,9 +8,10 @@ Only where that is exact: every block of the stack runs once per forward, in ord
 the unablated run); each site's output projection runs once per forward; the blocks' outputs
 are tensors (batch first), tuples or None; no block is placed by accelerate (offloaded or
 spread over devices: its hooks move tensors). A stack passing those checks is then proved on two
-copies: with every block but the last replaced, the forward must reproduce the unablated run's
-output (`Prefix.confirm`); one that does not (a block keeping state between calls, an output
-whose first dimension is not the batch) is never skipped.
+copies (one where the forwards run one copy each): with every block but the last replaced, the
+forward must reproduce the unablated run's output (`Prefix.confirm`); one that does not (a block
+keeping state between calls, an output whose first dimension is not the batch) is never
+skipped.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class Prefix:
     def confirm(self, forward: Callable[[Skip], tuple[torch.Tensor, torch.Tensor | None]],
                 hidden: torch.Tensor, logits: torch.Tensor | None) -> None:
         """Mark unusable each stack whose replaced blocks do not reproduce the unablated
-        output: `forward(skip)` runs two copies with every block but the last replaced."""
+        output: `forward(skip)` runs copies with every block but the last replaced."""
         for stack in self.stacks.values():
             if not stack.usable or len(stack.blocks) < 2:
                 stack.usable = False
