@@ -141,13 +141,16 @@ def repeat_targets(ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def next_token_losses(logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor
-                      ) -> tuple[float | None, float | None]:
+def next_token_losses(logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
+                      repeats: torch.Tensor | None = None) -> tuple[float | None, float | None]:
     """(mean next-token cross-entropy over real positions t whose t+1 is real, the same over
     `repeat_targets`), in float64; None where no position qualifies (NO_NEXT_TOKEN,
-    NO_REPEAT); logits (B, L, V), ids and real (B, L); real tokens contiguous."""
+    NO_REPEAT); logits (B, L, V), ids and real (B, L); real tokens contiguous. `repeats`:
+    repeat_targets(ids, real), given where many copies share the ids (a Python loop)."""
     predicts = (real[:, :-1] & real[:, 1:]).cpu()  # (B, L-1)
-    repeats = repeat_targets(ids.cpu(), real.cpu())[:, :-1] & predicts
+    if repeats is None:
+        repeats = repeat_targets(ids.cpu(), real.cpu())
+    repeats = repeats[:, :-1] & predicts
     if not bool(predicts.any()):
         return None, None
     losses = torch.nn.functional.cross_entropy(

@@ -27,6 +27,7 @@ from attnviz.compute.ablation_measures import (
     difference,
     hidden_change,
     next_token_losses,
+    repeat_targets,
     undefined_measures,
 )
 from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
@@ -158,8 +159,9 @@ def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, in
         base_hidden, base_logits = forward(1, record)
         ids = forward.ids if isinstance(forward, TinyForward) else None
         base_loss = base_repeat = None
+        repeats = None if ids is None else repeat_targets(ids, real)  # once, for every copy
         if base_logits is not None and ids is not None:
-            base_loss, base_repeat = next_token_losses(base_logits, ids, real)
+            base_loss, base_repeat = next_token_losses(base_logits, ids, real, repeats)
         per = copies_per_forward(_cost(forward, base_hidden, base_logits), memory_budget,
                                  device.type == "cpu", MAX_COPIES)
         effects: list[HeadEffect] = []
@@ -173,7 +175,7 @@ def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, in
                 part = slice(c * B, (c + 1) * B)
                 loss = repeat = None
                 if logits is not None and ids is not None and base_loss is not None:
-                    loss, repeat = next_token_losses(logits[part], ids, real)
+                    loss, repeat = next_token_losses(logits[part], ids, real, repeats)
                 effects.append(HeadEffect(
                     index, label, head, hidden_change(base_hidden, hidden[part], real),
                     difference(loss, base_loss), difference(repeat, base_repeat)))

@@ -43,6 +43,7 @@ from attnviz.compute.ablation_measures import (
     hidden_change,
     kl_divergence,
     next_token_losses,
+    repeat_targets,
     undefined_measures,
 )
 from attnviz.core.layer import AttentionLayer
@@ -265,12 +266,14 @@ class _Scored:
     base_logits: torch.Tensor | None = None
     base_loss: float | None = None
     base_repeat: float | None = None
+    repeats: torch.Tensor | None = None  # repeat_targets of the ids, computed once
 
     def set_base(self, hidden: torch.Tensor, logits: torch.Tensor | None) -> None:
         self.base_hidden, self.base_logits = hidden, logits
         if self.kind == "causal" and logits is not None and self.ids is not None:
-            self.base_loss, self.base_repeat = next_token_losses(logits, self.ids.cpu(),
-                                                                 self.real)
+            self.repeats = repeat_targets(self.ids.cpu(), self.real.cpu())
+            self.base_loss, self.base_repeat = next_token_losses(
+                logits, self.ids.cpu(), self.real, self.repeats)
 
     def effects(self, chunk: list[tuple[int, str, int]], hidden: torch.Tensor,
                 logits: torch.Tensor | None) -> list[HeadEffect]:
@@ -282,7 +285,8 @@ class _Scored:
             loss = repeat = None
             if self.kind == "causal" and logits is not None and self.base_loss is not None \
                     and ids is not None:
-                loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real)
+                loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real,
+                                                     self.repeats)
                 loss, repeat = difference(loss_c, self.base_loss), \
                     difference(repeat_c, self.base_repeat)
             elif self.kind in ("masked", "seq2seq") and logits is not None \
