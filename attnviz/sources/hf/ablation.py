@@ -213,12 +213,11 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
             runner, kind = model.get_encoder(), None
             notes.append(f"encoder-decoder model without {option('target')}: its encoder's "
                          "hidden states only")
-        sites, expected = _sites(model if runner is not plan.prepared.runner else loaded.model,
-                                 loaded, plan, shown)
+        owner = model if runner is not plan.prepared.runner else loaded.model  # names sites
+        sites, expected = _sites(owner, loaded, plan, shown)
         real = _real(plan, decoder and kind != "masked")  # the measured output's tokens
         run = _Runner(runner, plan.prepared.feed, sites, expected)
-        run.prefix = Prefix(model if runner is not plan.prepared.runner else loaded.model,
-                            {site.index: site.name for site in sites},
+        run.prefix = Prefix(owner, {site.index: site.name for site in sites},
                             {site.index: expected[id(site.module)] == 1 for site in sites})
         ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
         with torch.no_grad(), guard.silenced():
