@@ -485,11 +485,81 @@ def model_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
 
 
 HEAD_LAYERS, HEAD_HEADS, HEAD_TOKENS = 6, 12, 32  # target 8: a 6 × 12 model, one sentence
+# Target 8a (issue 33, item 9): the scorecard of all 72 heads of a 6 × 12 GPT-2 LM (width 384;
+# --quick 192) against the way users do it today, one hooked forward per head (TransformerLens's
+# run_with_hooks way), at each length: time ≤ 0.8× the loop's, peak ≤ the loop's + the budget.
+ABLATE_TOKENS, QUICK_ABLATE_TOKENS = (16, 256, 1024), (16, 128)
+ABLATE_TIME_LIMIT, ABLATE_BUDGET_MB = 0.8, 256  # the default --memory-budget, stated
+ABLATE_SAME = 1e-6  # every number of attnviz's scorecard against the loop's
+ABLATE_LOOP = """\
+import json, sys, time
+import torch
+import transformers
+folder, text, out = sys.argv[1], sys.argv[2], sys.argv[3]
+transformers.utils.logging.disable_progress_bar()
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+model = transformers.AutoModelForCausalLM.from_pretrained(
+    folder, attn_implementation="eager", local_files_only=True).eval()
+ids = tokenizer(open(text).read().strip(), return_tensors="pt")["input_ids"]  # (1, L)
+d = model.config.n_embd // model.config.n_head
+seen, repeats = set(), []  # position t whose next token occurred at some j <= t
+for t in range(ids.shape[1] - 1):
+    seen.add(int(ids[0, t]))
+    repeats.append(int(ids[0, t + 1]) in seen)
+repeats = torch.tensor(repeats)
+
+
+def measures(out):  # (final hidden (L, E), next-token losses (L-1,)), float64
+    losses = torch.nn.functional.cross_entropy(out.logits[0, :-1].double(), ids[0, 1:],
+                                               reduction="none")
+    return out.hidden_states[-1][0].double(), losses
+
+
+start = time.perf_counter()
+with torch.no_grad():
+    base_h, base_loss = measures(model(ids, output_hidden_states=True, use_cache=False))
+    effects = []
+    for layer, block in enumerate(model.transformer.h):
+        for head in range(model.config.n_head):
+            def zero(module, args, head=head):  # this head's columns of c_proj's input
+                x = args[0].clone()
+                x[..., head * d:(head + 1) * d] = 0
+                return (x,)
+            handle = block.attn.c_proj.register_forward_pre_hook(zero)
+            h, loss = measures(model(ids, output_hidden_states=True, use_cache=False))
+            handle.remove()
+            change = ((h - base_h).norm(dim=-1) / base_h.norm(dim=-1)).mean()
+            effects.append([layer, head, float(change), float(loss.mean() - base_loss.mean()),
+                            float(loss[repeats].mean() - base_loss[repeats].mean())])
+seconds = time.perf_counter() - start
+json.dump({"seconds": seconds, "effects": effects}, open(out, "w"))
+"""
+ABLATE_OURS = """\
+import json, os, sys, time
+import attnviz.app.ablate as ablate
+from attnviz.cli.main import main
+original = ablate.ablate_hf
+
+
+def timed(*args, **kwargs):  # the scorecard's own time: the LM head's load, every forward
+    start = time.perf_counter()
+    report = original(*args, **kwargs)
+    json.dump({"seconds": time.perf_counter() - start, "copies": report.copies_per_forward},
+              open(os.environ["SCORECARD_TIMING"], "w"))
+    return report
+
+
+ablate.ablate_hf = timed
+sys.argv = ["attnviz", *sys.argv[1:]]
+main()
+"""
 
 
 def head_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
-    """Target 8 (issue 21): the causal scorecard of all 72 heads against one bare batched
-    forward of 73 copies of the sentence; value-weighted maps against attention maps."""
+    """Target 8a (issue 33): the causal scorecard of all 72 heads against a loop of one hooked
+    forward per head, at each length; 8b (issue 21): value-weighted maps against attention
+    maps."""
+    rows = ablate_targets(workdir, sizes, repeats)
     import transformers
 
     words = [f"w{i}" for i in range(HEAD_TOKENS)]
@@ -499,33 +569,104 @@ def head_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         hidden_size=width, num_hidden_layers=HEAD_LAYERS, num_attention_heads=HEAD_HEADS,
         intermediate_size=4 * width, vocab_size=len(words) + 4, pad_token_id=1), words)
     text.write_text(" ".join(words) + "\n")  # a WordLevel tokenizer: one token per word
-    heads = HEAD_LAYERS * HEAD_HEADS
     heatmap = [ATTNVIZ, "heatmap", "--model", str(folder), "--file", str(text), "--no-maps",
                "--device", "cpu"]
-    m = measure({"copies": [PY, str(workdir / "baseline_copies.py"), str(folder), str(text),
-                            str(heads + 1)],
-                 "ablate": [ATTNVIZ, "ablate", *heatmap[2:], "--json"],
-                 "attention": heatmap, "norm": [*heatmap, "--weighting", "norm"]},
-                repeats, True)
-
-    def scored(run: Run) -> tuple[bool, str]:
-        try:
-            count = len(json.loads(run.stdout)["ablation"])
-        except (ValueError, KeyError):
-            count = 0
-        return count == heads, f"{count} heads scored"
+    m = measure({"attention": heatmap, "norm": [*heatmap, "--weighting", "norm"]}, repeats, True)
 
     def weighted(run: Run) -> tuple[bool, str]:
         ok = "weighting norm" in run.stdout
         return ok, "" if ok else "the run does not say it is value-weighted"
 
     what = f"{HEAD_LAYERS}×{HEAD_HEADS} BERT, E={width}, {HEAD_TOKENS} tokens"
-    return [compare(f"8a --ablate, all {heads} heads of a {what}", m["ablate"],
-                    "`ablate --model DIR`", m["copies"],
-                    f"load + one forward of {heads + 1} copies", "s", 1.5, scored),
-            compare(f"8b --weighting norm, {what}", m["norm"],
-                    "`heatmap --model DIR --weighting norm`", m["attention"],
-                    "the same run with attention", "s", 1.3, weighted)]
+    return rows + [compare(f"8b --weighting norm, {what}", m["norm"],
+                           "`heatmap --model DIR --weighting norm`", m["attention"],
+                           "the same run with attention", "s", 1.3, weighted)]
+
+
+def ablate_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
+    """8a: per length, the scorecard's time (in process: `ablate_hf`, from the LM head's load
+    to the last measure) against the loop's (every forward and measure, its model loaded),
+    and each whole process's peak RSS; the numbers must equal the loop's."""
+    import torch
+    import transformers
+
+    quick = sizes is not FULL
+    lengths, width = (QUICK_ABLATE_TOKENS, 192) if quick else (ABLATE_TOKENS, 384)
+    loop, ours = workdir / "baseline_ablate_loop.py", workdir / "ablate_timed.py"
+    loop.write_text(ABLATE_LOOP)
+    ours.write_text(ABLATE_OURS)
+    words = [f"w{i}" for i in range(max(lengths))]
+    folder = workdir / "gpt2-6x12"
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=width, n_layer=HEAD_LAYERS, n_head=HEAD_HEADS, vocab_size=len(words) + 4,
+        n_positions=max(lengths), bos_token_id=2, eos_token_id=3, pad_token_id=1)
+    ).save_pretrained(folder)
+    write_model_tokenizer(folder, words)
+    rows = []
+    for n in lengths:
+        text = workdir / f"ablate{n}.txt"
+        half = words[:n // 2]  # said twice: the repeat loss is defined
+        text.write_text(" ".join((half + half + words[:n])[:n]) + "\n")
+        timing = workdir / f"ablate{n}.json"
+        runs = timed_runs({"loop": [PY, str(loop), str(folder), str(text), str(timing)],
+                           "ours": ["env", f"SCORECARD_TIMING={timing}", PY, str(ours),
+                                    "ablate", "--model", str(folder), "--file", str(text),
+                                    "--layer", "all", "--json", "--device", "cpu",
+                                    "--max-tokens", str(n + 8), "--memory-budget",
+                                    f"{ABLATE_BUDGET_MB}MB"]}, timing, repeats)
+        rows += ablate_rows(n, width, runs)
+    return rows
+
+
+def timed_runs(commands: dict[str, list[str]], timing: Path, repeats: int
+               ) -> dict[str, list[tuple[float, float, dict]]]:
+    """Each command `repeats` times, interleaved: (its own timed section's seconds, peak RSS
+    in MB, what it wrote to `timing`, with the JSON it printed as "stdout")."""
+    samples: dict[str, list[tuple[float, float, dict]]] = {name: [] for name in commands}
+    for _ in range(repeats):
+        for name, cmd in commands.items():
+            _, peak, stdout = run_once(cmd)
+            written = json.loads(timing.read_text())
+            timing.unlink()
+            written["stdout"] = stdout
+            samples[name].append((written["seconds"], peak, written))
+    return samples
+
+
+def ablate_rows(n: int, width: int, runs: dict[str, list[tuple[float, float, dict]]]
+                ) -> list[Row]:
+    """8a's time and memory rows at one length, with the numbers checked against the loop's."""
+    def median(name: str, k: int) -> float:
+        return statistics.median(sample[k] for sample in runs[name])
+
+    loop, ours = runs["loop"][-1][2], runs["ours"][-1][2]
+    theirs = json.loads(ours["stdout"])["ablation"]
+    worst, paired = 0.0, len(theirs) == len(loop["effects"]) == HEAD_LAYERS * HEAD_HEADS
+    for mine, base in zip(theirs, loop["effects"], strict=False):
+        paired &= [mine["layer"], mine["head"]] == base[:2]
+        for key, value in zip(("hidden_change", "loss_change", "repeat_loss_change"), base[2:],
+                              strict=True):
+            worst = max(worst, abs((mine[key] if mine[key] is not None else math.inf) - value))
+    same = paired and worst <= ABLATE_SAME
+    what = f"{HEAD_LAYERS}×{HEAD_HEADS} GPT-2 LM, E={width}, {n} tokens"
+    seconds, base_seconds = median("ours", 0), median("loop", 0)
+    peak, base_peak = median("ours", 1), median("loop", 1)
+    note = (f"{ours['copies']} copies per forward; " +
+            (f"every number equals the loop's (max Δ {worst:.1e} ≤ {ABLATE_SAME:.0e})" if same
+             else f"NUMBERS DIFFER from the loop's (max Δ {worst:.1e}; paired {paired})"))
+    time_ok = seconds <= ABLATE_TIME_LIMIT * base_seconds and same
+    memory_ok = peak <= base_peak + ABLATE_BUDGET_MB
+    return [Row(f"8a --ablate time, all 72 heads of a {what}",
+                "`ablate --model DIR --layer all --json`, the scorecard in process",
+                f"{seconds:.2f} s", "one hooked forward per head (run_with_hooks' way)",
+                f"{base_seconds:.2f} s", seconds / base_seconds, f"≤ {ABLATE_TIME_LIMIT}",
+                time_ok, note),
+            Row(f"8a --ablate memory, {what}", "`ablate` peak RSS", f"{peak:.0f} MB",
+                "the loop's peak RSS", f"{base_peak:.0f} MB", peak / base_peak,
+                f"+ ≤ {ABLATE_BUDGET_MB} MB", memory_ok,
+                f"{peak - base_peak:+.0f} MB over the loop's (budget {ABLATE_BUDGET_MB} MB)")]
 
 
 # Target 9 (issue 22): `--generate 64` on a 12-layer LLaMA with its LM head (no end-of-sequence
@@ -1407,7 +1548,7 @@ def main() -> int:
              (long_inputs, ("6a long-context memory", "6b long-context time",
                             "6c long --export memory", "6d long-input figure")),
              (circuits_targets, ("7a circuits time", "7b circuits memory")),
-             (head_targets, ("8a --ablate time", "8b --weighting norm time")),
+             (head_targets, ("8a --ablate time and memory", "8b --weighting norm time")),
              (generate_targets, ("9a --generate, all layers", "9b --generate, one layer")),
              (real_size_targets, ("10a real-size model time, bf16", "10b … memory, bf16",
                                   "10c real-size model time, fp32", "10d … memory, fp32")),

@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 
 
 def ablate_standalone(run: AttentionRun, mode: str, head: int | None,
-                      report: Callable[[str], None]) -> AblationReport:
-    """The bundled model's or a standalone layer's scorecard of the run's shown heads."""
+                      report: Callable[[str], None],
+                      memory_budget: int | None = None) -> AblationReport:
+    """The bundled model's or a standalone layer's scorecard of the run's shown heads, as many
+    copies per forward as `memory_budget` holds (None: the default)."""
     import torch
 
     from attnviz.sources.head_ablation import ablate_run
@@ -30,12 +32,13 @@ def ablate_standalone(run: AttentionRun, mode: str, head: int | None,
                              fix=f"drop {option('ablate')}")
         heads += [(captured.index, captured.display_label, captured.layer, h)
                   for h in range(captured.heads) if head is None or h == head]
-    return ablate_run(run, heads, mode, torch.device(run.device), report)
+    return ablate_run(run, heads, mode, torch.device(run.device), report, memory_budget)
 
 
 def ablate_hf(loaded: LoadedModel, plan: Plan, run: AttentionRun, mode: str, head: int | None,
               report: Callable[[str], None]) -> AblationReport:
-    """A Hugging Face model's scorecard of the run's shown heads."""
+    """A Hugging Face model's scorecard of the run's shown heads (copies per forward within
+    the plan's memory budget)."""
     from attnviz.sources.hf.ablation import ablate_model
 
     shown = plan.shown if plan.shown is not None else []

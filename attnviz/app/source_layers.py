@@ -79,7 +79,8 @@ class _OnBatch:
             from attnviz.app.ablate import ablate_standalone
 
             ablation = ablate_standalone(attention_run, request.measure.ablate,
-                                         request.selection.head, report)
+                                         request.selection.head, report,
+                                         request.limits.memory_budget)
         return Ran(attention_run, ablation)
 
     def compute(self, request: HeatmapRequest, plan: LayerPlan) -> AttentionRun:

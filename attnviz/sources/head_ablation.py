@@ -1,11 +1,14 @@
 """The causal head scorecard for attnviz's own forwards: the bundled model and a standalone layer.
 
-Each removed head gets its own copy of the batch (heads stacked along the batch dimension: one
-forward for many heads); in its copy the head's slice of the input to W_O (its o_cols) is zeroed,
-or replaced by that slice's mean over the batch's real tokens (`mean`). The forward is the one
-`attnviz.sources.bundled.run_tiny` runs (embeddings + positions, pre-LayerNorm attention blocks,
-then the final LayerNorm and the unembedding the bundled model was trained with); a standalone
-layer is its own model: its output is the hidden state, and there is no LM head.
+Each removed head gets its own copy of the batch (heads stacked along the batch dimension, as many
+per forward as the memory budget holds at the unablated run's cost per copy:
+attnviz.sources.copy_budget); in its copy the head's slice of the input to W_O (its o_cols) is
+zeroed, or replaced by that slice's mean over the batch's real tokens (`mean`). The forward is the
+one `attnviz.sources.bundled.run_tiny` runs (embeddings + positions, pre-LayerNorm attention
+blocks, then the final LayerNorm and the unembedding the bundled model was trained with); a
+standalone layer is its own model: its output is the hidden state, and there is no LM head. The
+bundled model's copies start at their lowest head's layer from the unablated run's hidden states
+there (the layers below compute the same thing in every copy).
 Hugging Face models take `attnviz.sources.hf.ablation` (the model's own forward, hooked).
 """
 
@@ -32,6 +35,7 @@ from attnviz.compute.measures.ablation_measures import (
     difference,
     hidden_change,
     next_token_losses,
+    repeat_targets,
     undefined_measures,
 )
 from attnviz.core.layer import AttentionLayer
@@ -39,11 +43,16 @@ from attnviz.core.words import hashed_ids
 from attnviz.load.store import TensorStore
 from attnviz.recognize.base import metadata_int
 from attnviz.sources import bundled
+from attnviz.sources.copy_budget import (
+    CopyCost,
+    copies_per_forward,
+    release_freed_memory,
+    tensor_bytes,
+)
 
 # An edit of the W_O input of layer i: edit(i, ctx (N, L, W)) changes ctx in place.
 Edit = Callable[[int, torch.Tensor], None]
-MAX_COPIES = 128  # most copies of the batch in one forward pass
-COPY_BUDGET_BYTES = 256 * 2**20  # … and at most about this much of hidden states at once
+MAX_COPIES = 128  # most copies of the batch in one forward pass (copy_budget.MAX_COPIES)
 
 
 def context(layer: AttentionLayer, weights: LayerWeights, query: torch.Tensor,
@@ -72,16 +81,28 @@ class TinyForward:
         self.param = {name: store.read(name).float().to(device) for name in store.keys()
                       if not name.startswith("layers.") or ".ln." in name}
         self.lm = "unembed.weight" in self.param and "ln_f.weight" in self.param
+        self.inputs: list[torch.Tensor] = []  # each layer's input in the unablated run (B, L, E)
 
-    def __call__(self, copies: int, edit: Edit) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(final hidden states (copies·B, L, E), logits or None) with `edit` at every W_O."""
+    def __call__(self, copies: int, edit: Edit, start: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final hidden states (copies·B, L, E), logits or None) with `edit` at every W_O from
+        layer `start` on (the layers below: the unablated run's, which the first call, the
+        unablated run, records)."""
         ids = self.ids.repeat(copies, 1).to(self.device)
         L = ids.shape[1]
         p = self.param
-        x = p["embed.weight"][ids] + p["pos_embed.weight"][:L][None]  # (N, L, E)
+        if start == 0:
+            x = p["embed.weight"][ids] + p["pos_embed.weight"][:L][None]  # (N, L, E)
+        else:
+            x = self.inputs[start].repeat(copies, 1, 1)  # (N, L, E)
         pad = (~self.real).repeat(copies, 1).to(self.device)
         mask = merged_mask(pad, kernel.causal_mask(L, device=self.device), False)
+        record = not self.inputs  # the first call: the unablated run
         for i, (layer, weights) in enumerate(zip(self.layers, self.weights, strict=True)):
+            if i < start:
+                continue
+            if record:
+                self.inputs.append(x)
             h = F.layer_norm(x, (x.shape[-1],), p[f"layers.{i}.ln.weight"],
                              p[f"layers.{i}.ln.bias"], eps=1e-5)
             ctx = context(layer, weights, h, h, h, mask)
@@ -110,7 +131,9 @@ class LayerForward:
         self.causal, self.index, self.device = run.causal, captured.index, device
         self.lm = False
 
-    def __call__(self, copies: int, edit: Edit) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(self, copies: int, edit: Edit, start: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the layer's output (copies·B, L, E), None) with `edit` at its W_O."""
         L = self.x.shape[1]
         pad = (~self.real).repeat(copies, 1).to(self.device)
         causal = kernel.causal_mask(L, device=self.device) if self.causal else None
@@ -123,10 +146,12 @@ class LayerForward:
 
 
 def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, int]], mode: str,
-               device: torch.device, report: Callable[[str], None]) -> AblationReport:
+               device: torch.device, report: Callable[[str], None],
+               memory_budget: int | None = None) -> AblationReport:
     """The scorecard of `heads` (layer index, label, layer, head) of a bundled-model or
-    standalone run."""
+    standalone run; copies per forward within `memory_budget` (None: the default)."""
     assert run.store is not None
+    release_freed_memory()  # the attention run's, before the copies take more
     forward: TinyForward | LayerForward = TinyForward(run.store, run, device) \
         if bundled.is_tiny_model(run.store) else LayerForward(run, device)
     real = forward.real
@@ -139,26 +164,41 @@ def ablate_run(run: AttentionRun, heads: list[tuple[int, str, AttentionLayer, in
         base_hidden, base_logits = forward(1, record)
         ids = forward.ids if isinstance(forward, TinyForward) else None
         base_loss = base_repeat = None
+        repeats = None if ids is None else repeat_targets(ids, real)  # once, for every copy
         if base_logits is not None and ids is not None:
-            base_loss, base_repeat = next_token_losses(base_logits, ids, real)
-        B, L, E = base_hidden.shape
-        per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES // max(1, B * L * E * 4 * 4)))
+            base_loss, base_repeat = next_token_losses(base_logits, ids, real, repeats)
+        per = copies_per_forward(_cost(forward, base_hidden, base_logits), memory_budget,
+                                 device.type == "cpu", MAX_COPIES)
         effects: list[HeadEffect] = []
+        B = base_hidden.shape[0]
         for start in range(0, len(heads), per):
             chunk = heads[start:start + per]
             report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
-            hidden, logits = forward(len(chunk), _editor(chunk, B, mode, means))
+            first = min(index for index, *_ in chunk) if isinstance(forward, TinyForward) else 0
+            hidden, logits = forward(len(chunk), _editor(chunk, B, mode, means), first)
             for c, (index, label, _, head) in enumerate(chunk):
                 part = slice(c * B, (c + 1) * B)
                 loss = repeat = None
                 if logits is not None and ids is not None and base_loss is not None:
-                    loss, repeat = next_token_losses(logits[part], ids, real)
+                    loss, repeat = next_token_losses(logits[part], ids, real, repeats)
                 effects.append(HeadEffect(
                     index, label, head, hidden_change(base_hidden, hidden[part], real),
                     difference(loss, base_loss), difference(repeat, base_repeat)))
     loss_kind = CAUSAL_LOSS if forward.lm else None
-    return AblationReport(mode, loss_kind, effects, base_loss, base_repeat, per,
+    return AblationReport(mode, loss_kind, effects, base_loss, base_repeat,
+                          min(per, max(1, len(heads))),
                           undefined=undefined_measures(loss_kind, base_loss, base_repeat))
+
+
+def _cost(forward: TinyForward | LayerForward, hidden: torch.Tensor,
+          logits: torch.Tensor | None) -> CopyCost:
+    """One copy's cost: its outputs and each layer's input, kept; the largest temporary one
+    head's scores (B, L, L) or a layer's W_O input (B, L, W)."""
+    B, L, E = hidden.shape
+    layers = forward.layers if isinstance(forward, TinyForward) else [forward.layer]
+    width = max(layer.o_weight.shape[1] for layer in layers)
+    kept = tensor_bytes((hidden, logits)) + len(layers) * B * L * E * 4
+    return CopyCost(kept, max(B * L * (L + 1), B * L * width) * 4)
 
 
 def _editor(chunk: list[tuple[int, str, AttentionLayer, int]], B: int, mode: str,

@@ -3,7 +3,8 @@ Better than One?"): the measures of a causal head scorecard, and its result.
 
 A head is removed by zeroing its slice of the input to W_O (`zero`), or by replacing that slice
 with its mean over the batch's real tokens (`mean`), in one copy of the batch; the model's own
-forward then runs on every copy at once (heads stacked along the batch dimension). Measures,
+forward then runs on the copies, stacked along the batch dimension as many at once as the memory
+budget holds (attnviz.sources.copy_budget). Measures,
 all over real tokens only:
 
 - hidden_change: mean over tokens of ‖h′_t − h_t‖ / ‖h_t‖, h the model's final hidden states;
@@ -67,7 +68,7 @@ class AblationReport:
     effects: list[HeadEffect]
     base_loss: float | None = None  # causal LM: the mean next-token loss with every head
     base_repeat_loss: float | None = None
-    copies_per_forward: int = 1  # heads stacked along the batch in one forward pass
+    copies_per_forward: int = 1  # the most heads stacked along the batch in one forward
     notes: list[str] = field(default_factory=list)
     # measure field ("loss_change", "repeat_loss_change") → why this input leaves it undefined
     undefined: dict[str, str] = field(default_factory=dict)
@@ -140,13 +141,16 @@ def repeat_targets(ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def next_token_losses(logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor
-                      ) -> tuple[float | None, float | None]:
+def next_token_losses(logits: torch.Tensor, ids: torch.Tensor, real: torch.Tensor,
+                      repeats: torch.Tensor | None = None) -> tuple[float | None, float | None]:
     """(mean next-token cross-entropy over real positions t whose t+1 is real, the same over
     `repeat_targets`), in float64; None where no position qualifies (NO_NEXT_TOKEN,
-    NO_REPEAT); logits (B, L, V), ids and real (B, L); real tokens contiguous."""
+    NO_REPEAT); logits (B, L, V), ids and real (B, L); real tokens contiguous. `repeats`:
+    repeat_targets(ids, real), given where many copies share the ids (a Python loop)."""
     predicts = (real[:, :-1] & real[:, 1:]).cpu()  # (B, L-1)
-    repeats = repeat_targets(ids.cpu(), real.cpu())[:, :-1] & predicts
+    if repeats is None:
+        repeats = repeat_targets(ids.cpu(), real.cpu())
+    repeats = repeats[:, :-1] & predicts
     if not bool(predicts.any()):
         return None, None
     losses = torch.nn.functional.cross_entropy(

@@ -6,7 +6,10 @@ The model is loaded again with its LM head where config.json's `architectures` n
 states only). A forward pre-hook on each shown layer's output projection (the module holding
 attnviz's W_O, wherever the packing stores it: Linear or GPT-2's Conv1D) removes one head per copy
 of the batch: its input columns o_cols(h) zeroed, or set to their mean over the real tokens of the
-unablated run. Heads are stacked along the batch dimension, many per forward pass.
+unablated run. The unablated run goes first, alone: it measures what one copy costs, and the
+ablated copies are stacked along the batch dimension as many per forward as `--memory-budget`
+holds (attnviz.sources.copy_budget). Where exact, a copy reruns only the blocks from its head's
+layer on, the blocks below returning the unablated run's outputs (sources/hf/ablation_prefix).
 
 Interventions edit CALLS, not modules: a module can run more than once per forward (ALBERT runs
 one shared attention module for every layer), so each hook counts its module's calls within a
@@ -24,7 +27,8 @@ The LM-head model is loaded with the same placement as the first load (--max-mem
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,18 +43,26 @@ from attnviz.compute.measures.ablation_measures import (
     hidden_change,
     kl_divergence,
     next_token_losses,
+    repeat_targets,
     undefined_measures,
 )
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, option, printable
 from attnviz.load.paths import library_path
+from attnviz.sources.copy_budget import (
+    CopyCost,
+    CostMeter,
+    copies_per_forward,
+    release_freed_memory,
+    tensor_bytes,
+)
 from attnviz.sources.hf import guard
+from attnviz.sources.hf.ablation_prefix import Prefix, Skip
 from attnviz.sources.hf.layers import ModelLayer, Plan
 from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, dtype_keyword, input_device
 from attnviz.sources.hf.value_states import recognized_layers
 
-COPY_BUDGET_BYTES = 256 * 2**20  # hidden states of the stacked copies, roughly
-MAX_COPIES = 128
+MAX_COPIES = 128  # most copies of the batch in one forward (copy_budget.MAX_COPIES)
 LM_SUFFIXES = {"ForCausalLM": "causal", "LMHeadModel": "causal", "ForMaskedLM": "masked",
                "ForConditionalGeneration": "seq2seq"}
 
@@ -192,6 +204,7 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
                  heads: list[tuple[int, str, int]], mode: str,
                  report: Callable[[str], None]) -> AblationReport:
     """The scorecard of `heads` (call index, label, head) of the shown layers."""
+    release_freed_memory()  # the heatmap run's, before the LM head and the copies take more
     model, kind, notes, offload = _load_lm(loaded)
     try:
         runner = plan.prepared.runner if kind is None else model
@@ -200,17 +213,16 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
             runner, kind = model.get_encoder(), None
             notes.append(f"encoder-decoder model without {option('target')}: its encoder's "
                          "hidden states only")
-        sites, expected = _sites(model if runner is not plan.prepared.runner else loaded.model,
-                                 loaded, plan, shown)
+        owner = model if runner is not plan.prepared.runner else loaded.model  # names sites
+        sites, expected = _sites(owner, loaded, plan, shown)
         real = _real(plan, decoder and kind != "masked")  # the measured output's tokens
         run = _Runner(runner, plan.prepared.feed, sites, expected)
+        run.prefix = Prefix(owner, {site.index: site.name for site in sites},
+                            {site.index: expected[id(site.module)] == 1 for site in sites})
         ids = plan.prepared.feed.get("decoder_input_ids" if decoder else "input_ids")
-        width = max(site.layer.embed_dim or 1 for site in sites)
-        per = max(1, min(MAX_COPIES, COPY_BUDGET_BYTES
-                         // max(1, real.shape[0] * real.shape[1] * width * 4 * 8)))
         with torch.no_grad(), guard.silenced():
-            effects, scored = _effects(run, heads, mode, per, report,
-                                       _Scored(kind, real, ids))
+            effects, scored, per = _effects(run, heads, mode, plan.how.memory_budget, report,
+                                            _Scored(kind, real, ids))
     finally:
         del model  # before its offload folder goes
         if offload is not None:
@@ -221,26 +233,25 @@ def ablate_model(loaded: LoadedModel, plan: Plan, shown: list[ModelLayer],
                                                     scored.base_repeat))
 
 
-def _effects(run: _Runner, heads: list[tuple[int, str, int]], mode: str, per: int,
+def _effects(run: _Runner, heads: list[tuple[int, str, int]], mode: str, budget: int | None,
              report: Callable[[str], None], scored: _Scored
-             ) -> tuple[list[HeadEffect], _Scored]:
-    """Every head's effect, `per` copies a forward; `scored` filled with the unablated run."""
-    B = scored.real.shape[0]
-    # the unablated run is copy 0 of the first forward: the means of `mean` come from it,
-    # call by call, before the same call's ablated copies need them
-    first = heads[:per - 1]
-    report(f"ablating heads 1-{len(first)} of {len(heads)}" if first else
-           "running the model unablated")
+             ) -> tuple[list[HeadEffect], _Scored, int]:
+    """Every head's effect, `scored` filled with the unablated run, and the most copies one
+    forward ran: as many as `budget` holds at the unablated run's measured cost per copy."""
+    report("running the model unablated")
     means: dict[int, torch.Tensor] = {}
-    hidden, logits = run.ablated(first, mode, means, with_base=True)
-    scored.set_base(hidden[:B], None if logits is None else logits[:B])
-    effects = scored.effects(first, hidden[B:], None if logits is None else logits[B:])
-    for start in range(len(first), len(heads), per):
-        chunk = heads[start:start + per]
-        report(f"ablating heads {start + 1}-{start + len(chunk)} of {len(heads)}")
-        hidden, logits = run.ablated(chunk, mode, means)
+    hidden, logits, cost = run.unablated(means)
+    scored.set_base(hidden, logits)
+    per = copies_per_forward(cost, budget, run.on_cpu(), MAX_COPIES)
+    run.prove(hidden, logits, min(2, per))
+    effects: list[HeadEffect] = []
+    most = 1
+    for chunk, skip in run.chunks(heads, per):
+        report(f"ablating heads {len(effects) + 1}-{len(effects) + len(chunk)} of {len(heads)}")
+        hidden, logits = run.ablated(chunk, mode, means, skip=skip)
         effects += scored.effects(chunk, hidden, logits)
-    return effects, scored
+        most = max(most, len(chunk))
+    return effects, scored, most
 
 
 @dataclass
@@ -254,12 +265,14 @@ class _Scored:
     base_logits: torch.Tensor | None = None
     base_loss: float | None = None
     base_repeat: float | None = None
+    repeats: torch.Tensor | None = None  # repeat_targets of the ids, computed once
 
     def set_base(self, hidden: torch.Tensor, logits: torch.Tensor | None) -> None:
         self.base_hidden, self.base_logits = hidden, logits
         if self.kind == "causal" and logits is not None and self.ids is not None:
-            self.base_loss, self.base_repeat = next_token_losses(logits, self.ids.cpu(),
-                                                                 self.real)
+            self.repeats = repeat_targets(self.ids.cpu(), self.real.cpu())
+            self.base_loss, self.base_repeat = next_token_losses(
+                logits, self.ids.cpu(), self.real, self.repeats)
 
     def effects(self, chunk: list[tuple[int, str, int]], hidden: torch.Tensor,
                 logits: torch.Tensor | None) -> list[HeadEffect]:
@@ -271,7 +284,8 @@ class _Scored:
             loss = repeat = None
             if self.kind == "causal" and logits is not None and self.base_loss is not None \
                     and ids is not None:
-                loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real)
+                loss_c, repeat_c = next_token_losses(logits[part], ids.cpu(), real,
+                                                     self.repeats)
                 loss, repeat = difference(loss_c, self.base_loss), \
                     difference(repeat_c, self.base_repeat)
             elif self.kind in ("masked", "seq2seq") and logits is not None \
@@ -286,16 +300,23 @@ class _Scored:
 class _Runner:
     """The model's forward on copies of the feed, with W_O-input edits by pre-hooks that count
     their module's calls: each edit reaches one call (one layer), never every call of a shared
-    module."""
+    module. With a `prefix`, a forward may skip the blocks below its edits."""
 
     def __init__(self, model: Any, feed: dict[str, torch.Tensor], sites: list[_Site],
                  expected: dict[int, int]) -> None:
         self.model, self.feed, self.sites, self.expected = model, feed, sites, expected
         self.at = {(id(site.module), site.call): site for site in sites}
         self.modules = {id(site.module): site.module for site in sites}
+        self.prefix: Prefix | None = None
+        self.batch = next(v for v in feed.values() if isinstance(v, torch.Tensor)).shape[0]
 
-    def _forward(self, copies: int, edit: Callable[[_Site, torch.Tensor], torch.Tensor]
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def on_cpu(self) -> bool:
+        parameter = next(self.model.parameters(), None)
+        return parameter is None or parameter.device.type == "cpu"
+
+    def _call(self, copies: int, edit: Callable[[_Site, torch.Tensor], torch.Tensor],
+              skip: Skip | None = None) -> Any:
+        """The model's own outputs on `copies` copies of the feed."""
         calls: Counter[int] = Counter()
         handles = []
         for key, module in self.modules.items():
@@ -309,42 +330,108 @@ class _Runner:
             handles.append(module.register_forward_pre_hook(hook))
         feed = {name: value.repeat(copies, *[1] * (value.ndim - 1))
                 if isinstance(value, torch.Tensor) else value for name, value in self.feed.items()}
+        skipping = self.prefix.skipping(skip, copies, self.batch) if self.prefix is not None \
+            else nullcontext()
         try:
-            outputs = self.model(**feed, output_hidden_states=True, use_cache=False) \
-                if _accepts_cache(self.model) else self.model(**feed, output_hidden_states=True)
+            with skipping:
+                outputs = self.model(**feed, output_hidden_states=True, use_cache=False) \
+                    if _accepts_cache(self.model) else \
+                    self.model(**feed, output_hidden_states=True)
         finally:
             for handle in handles:
                 handle.remove()
-        self._check_calls(calls)
+        self._check_calls(calls, skip)
+        return outputs
+
+    def _forward(self, copies: int, edit: Callable[[_Site, torch.Tensor], torch.Tensor],
+                 skip: Skip | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final hidden states, logits or None) of `copies` copies, on the CPU."""
+        outputs = self._call(copies, edit, skip)
         return _final_hidden(outputs).cpu(), _logits(outputs)
 
-    def _check_calls(self, calls: Counter[int]) -> None:
+    def _check_calls(self, calls: Counter[int], skip: Skip | None = None) -> None:
         """Refuse a W_O module that ran other than once per call of its attention module: its
-        calls could not be matched to layers."""
+        calls could not be matched to layers (a skipped block's do not run)."""
         for site in self.sites:
             key = id(site.module)
-            if calls[key] != self.expected[key]:
+            expected = self.expected[key]
+            if skip is not None and self.prefix is not None:
+                where = self.prefix.where.get(site.index)
+                if where is not None and where[0] is skip.stack and where[1] < skip.below:
+                    expected = 0
+            if calls[key] != expected:
                 raise CheckpointError(
                     f"the output projection {printable(site.name)!r} of layer "
                     f"{printable(site.display)!r} ran {calls[key]} times in one forward pass, "
-                    f"its attention module {self.expected[key]}: attnviz cannot tell which "
+                    f"its attention module {expected}: attnviz cannot tell which "
                     "call is which layer", fix=f"drop {option('ablate')}")
+
+    def unablated(self, means: dict[int, torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, CopyCost]:
+        """The unablated forward, alone: (final hidden states, logits, what a copy costs);
+        `means` filled (each shown call's mean W_O input over its stream's real tokens), each
+        block's output recorded where a prefix is given (`prove` it before use)."""
+        def record(site: _Site, x: torch.Tensor) -> torch.Tensor:
+            _check_positions(site, x)
+            means[site.index] = x[site.real.to(x.device)].mean(0)
+            return x
+        meter = CostMeter()
+        recording = self.prefix.recording() if self.prefix is not None else nullcontext()
+        with meter.measuring(), recording:
+            outputs = self._call(1, record)
+        cost = CopyCost(tensor_bytes(outputs), meter.largest)
+        hidden, logits = _final_hidden(outputs).cpu(), _logits(outputs)
+        return hidden, logits, cost
+
+    def prove(self, hidden: torch.Tensor, logits: torch.Tensor | None, copies: int) -> None:
+        """Keep the prefix only where skipping reproduces the unablated run on `copies` copies
+        (two where the forwards stack copies: a block output's batch dimension is then
+        checked too; one where they do not, so the proof costs no more memory than they)."""
+        if self.prefix is not None:
+            self.prefix.confirm(lambda skip: self._forward(copies, lambda s, x: x, skip),
+                                hidden, logits)
+
+    def chunks(self, heads: list[tuple[int, str, int]], per: int
+               ) -> Iterator[tuple[list[tuple[int, str, int]], Skip | None]]:
+        """`heads` in forwards of at most `per` copies, each with the blocks it may skip: where
+        a head's block can be skipped to, its chunk keeps to that block (skipping those below),
+        else chunks run whole forwards."""
+        chunk: list[tuple[int, str, int]] = []
+        key: object = None
+        for head in heads:
+            where = self._where(head[0])
+            here = None if where is None else (id(where[0]), where[1])
+            if chunk and (len(chunk) == per or here != key):
+                yield chunk, self._skip(chunk)
+                chunk = []
+            chunk.append(head)
+            key = here
+        if chunk:
+            yield chunk, self._skip(chunk)
+
+    def _where(self, index: int) -> tuple[Any, int] | None:
+        return None if self.prefix is None else self.prefix.position(index)
+
+    def _skip(self, chunk: list[tuple[int, str, int]]) -> Skip | None:
+        wheres = [self._where(index) for index, _, _ in chunk]
+        if any(where is None for where in wheres):
+            return None
+        below = min(where[1] for where in wheres if where is not None)
+        first = wheres[0]
+        return Skip(first[0], below) if first is not None and below > 0 else None
 
     def ablated(self, chunk: list[tuple[int, str, int]], mode: str,
                 means: dict[int, torch.Tensor], with_base: bool = False,
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                skip: Skip | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward of a copy per head of `chunk`, each with its head removed, after an
         unablated copy 0 `with_base`, which fills `means` (each shown call's mean W_O input
-        over its stream's real tokens) as the forward reaches each call."""
-        B = next(iter(self.feed.values())).shape[0]
+        over its stream's real tokens) as the forward reaches each call; `skip`: the blocks
+        below the chunk's return the unablated run's outputs (`unablated` recorded them)."""
+        B = self.batch
         offset = B if with_base else 0
 
         def edit(site: _Site, x: torch.Tensor) -> torch.Tensor:
-            if x.shape[1] != site.real.shape[1]:
-                raise CheckpointError(
-                    f"the W_O input of layer {printable(site.display)!r} has "
-                    f"{x.shape[1]} positions, its stream {site.real.shape[1]}",
-                    fix=f"drop {option('ablate')}; report this model to attnviz")
+            _check_positions(site, x)
             if with_base:
                 means[site.index] = x[:B][site.real.to(x.device)].mean(0)
             x = x.clone()
@@ -355,7 +442,15 @@ class _Runner:
                 rows = slice(offset + c * B, offset + (c + 1) * B)
                 x[rows, ..., cols] = 0.0 if mode == "zero" else means[site.index][cols]
             return x
-        return self._forward(len(chunk) + int(with_base), edit)
+        return self._forward(len(chunk) + int(with_base), edit, skip)
+
+
+def _check_positions(site: _Site, x: torch.Tensor) -> None:
+    if x.shape[1] != site.real.shape[1]:
+        raise CheckpointError(
+            f"the W_O input of layer {printable(site.display)!r} has "
+            f"{x.shape[1]} positions, its stream {site.real.shape[1]}",
+            fix=f"drop {option('ablate')}; report this model to attnviz")
 
 
 def _accepts_cache(model: Any) -> bool:
