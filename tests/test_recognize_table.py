@@ -117,8 +117,8 @@ def test_a_new_model_type_is_one_row(monkeypatch) -> None:
 
 
 def test_one_model_type_table_for_recognize_and_positions() -> None:
-    """compute/forward_pass/positions keeps no list of its own: what it recomputes is the table's verify rows,
-    its sliding-window rules are the table's."""
+    """compute/forward_pass/positions keeps no list of its own: what it recomputes is the table's
+    verify rows, its sliding-window rules are the table's."""
     assert positions.SCHEMES == {kind: "rope" if row.positions == "rope" else "none"
                                  for kind, row in table.MODEL_TYPES.items() if row.verify}
     assert set(positions.SCHEMES) == {"bert", "gpt2", "bart", "llama", "mistral", "qwen2",
