@@ -91,7 +91,9 @@ def batch_sums(weights: torch.Tensor, patterns: BatchPatterns) -> torch.Tensor:
     # of five; they differ only on subnormal weights (< 2⁻¹²⁶), by less than 2⁻¹²²
     put("entropy", torch.special.entr(a).sum(-1))
     put("max_weight", a.amax(-1))
-    put("distance", torch.einsum("bhij,ij->bhi", a, _distances(L)))
+    # a product and a row sum: about 3x faster on a CPU than einsum, which permutes the maps
+    # to batch over queries
+    put("distance", (a * _distances(L)).sum(-1))
     put("self", a.diagonal(0, 2, 3))
     put("previous", a.diagonal(-1, 2, 3))
     put("next", a.diagonal(1, 2, 3))
