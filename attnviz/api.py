@@ -23,10 +23,10 @@ from attnviz.app.heatmap import HeatmapResult
 from attnviz.app.heatmap import run_heatmap as _run_heatmap
 from attnviz.app.inspect_checkpoint import InspectRequest, InspectResult, inspect_checkpoint
 from attnviz.app.split import SplitRequest, SplitResult, run_split
-from attnviz.compute.circuits_result import CircuitsResult
 from attnviz.compute.logit.attribute_result import AttributeResult
 from attnviz.compute.logit.lens_result import LensResult
 from attnviz.compute.patching.result import PatchResult
+from attnviz.compute.qkov.circuits_result import CircuitsResult
 from attnviz.compute.tokenflow.token_result import TokensResult
 from attnviz.core.choices import AblationMode, ColorScale, Dtype, OverviewShows, Weighting
 from attnviz.core.request import (
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from attnviz.compute.comparison.compare_result import CompareResult
-    from attnviz.compute.overview import Overview
+    from attnviz.compute.measures.overview import Overview
 
 _T = TypeVar("_T")
 

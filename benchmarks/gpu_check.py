@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from attnviz.compute.attention import layer_attention
-from attnviz.compute.forward import load_weights
-from attnviz.compute.inputs import Batch
-from attnviz.compute.layer_stream import LayerRun, stream_layer
+from attnviz.compute.forward_pass.attention import layer_attention
+from attnviz.compute.forward_pass.forward import load_weights
+from attnviz.compute.forward_pass.inputs import Batch
+from attnviz.compute.forward_pass.layer_stream import LayerRun, stream_layer
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import HeadHints
 from attnviz.core.tensor_ref import TensorRef

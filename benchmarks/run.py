@@ -920,9 +920,10 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
     import numpy as np
 
     from attnviz.app import heatmap as heatmap_mod
-    from attnviz.compute import maps, streaming, views
-    from attnviz.compute.inputs import make_batch
-    from attnviz.compute.stats import head_stats
+    from attnviz.compute.display import maps, views
+    from attnviz.compute.forward_pass import streaming
+    from attnviz.compute.forward_pass.inputs import make_batch
+    from attnviz.compute.measures.stats import head_stats
     from attnviz.core import memory
     from attnviz.core.request import HeadHints
     from attnviz.render.figure import heatmap_figure
@@ -971,7 +972,7 @@ def figures(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnviz.compute.views import MapView
+    from attnviz.compute.display.views import MapView
     from attnviz.render.figure import heatmap_figure
     from attnviz.render.figure_io import save_figure
 

@@ -35,7 +35,7 @@ def _tiny_model():
 
 
 def _ids(sentences):
-    from attnviz.compute.inputs import make_batch
+    from attnviz.compute.forward_pass.inputs import make_batch
     from attnviz.core.words import hashed_ids
 
     return [hashed_ids(tokens, 1024) for tokens in make_batch(sentences, 256, 64, None).tokens]

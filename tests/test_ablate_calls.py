@@ -270,7 +270,7 @@ def test_kl_is_float64_from_float32_logits():
     """Float32 logits far from zero, nearly equal: the KL of the float32 values, computed in
     float64, against a by-hand float64 reference; float32 arithmetic (the old computation)
     misses it by far more than the tolerance."""
-    from attnviz.compute.ablation_measures import kl_divergence
+    from attnviz.compute.measures.ablation_measures import kl_divergence
 
     rng = random.Random(0)
     base = torch.tensor([[[800.0 + rng.gauss(0, 2) for _ in range(50)] for _ in range(3)]])
@@ -286,7 +286,7 @@ def test_kl_is_float64_from_float32_logits():
 
 
 def test_losses_are_float64_and_undefined_without_a_next_token():
-    from attnviz.compute.ablation_measures import next_token_losses
+    from attnviz.compute.measures.ablation_measures import next_token_losses
 
     torch.manual_seed(0)
     logits = (torch.randn(2, 4, 30) + 500).float()
@@ -305,7 +305,7 @@ def test_losses_are_float64_and_undefined_without_a_next_token():
 # --- one-token sentences: undefined, shown so, never ranked ---------------------------------------
 
 def test_one_token_sentences_leave_the_loss_change_undefined(cli):
-    from attnviz.compute.ablation_measures import NO_NEXT_TOKEN
+    from attnviz.compute.measures.ablation_measures import NO_NEXT_TOKEN
 
     result = cli("ablate", "hello", "world", "zero", "--mode", "zero", "--no-maps", "--rank",
                  "--overview", "ablation", "--json")
@@ -348,7 +348,7 @@ def test_one_token_sentences_leave_the_loss_change_undefined(cli):
 
 def test_a_report_never_ranks_undefined_entries():
     from attnviz.app.ablation_view import causal_ranking
-    from attnviz.compute.ablation_measures import AblationReport, HeadEffect
+    from attnviz.compute.measures.ablation_measures import AblationReport, HeadEffect
 
     effects = [HeadEffect(0, "0", 0, 0.1, float("nan")), HeadEffect(0, "0", 1, 0.3, 0.5),
                HeadEffect(1, "1", 0, 0.2, None), HeadEffect(1, "1", 1, 0.4, 0.2)]
@@ -468,7 +468,7 @@ def test_hf_causal_lm_one_token_sentences_are_undefined(tmp_path):
     from zoo import build_lm
 
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
-    from attnviz.compute.ablation_measures import NO_NEXT_TOKEN
+    from attnviz.compute.measures.ablation_measures import NO_NEXT_TOKEN
 
     folder = build_lm("gpt2", tmp_path / "gpt2", "GPT2LMHeadModel")
 
@@ -491,8 +491,8 @@ def test_hf_causal_lm_one_token_sentences_are_undefined(tmp_path):
 def test_rank_heads_never_ranks_a_nan_statistic():
     """A NaN statistic (undefined) is left out of its type's ranking, not sorted by index; the
     control: the same head with a number is ranked."""
-    from attnviz.compute.ranking import rank_heads
-    from attnviz.compute.stats import HeadStats
+    from attnviz.compute.measures.ranking import rank_heads
+    from attnviz.compute.measures.stats import HeadStats
 
     def stats(head, previous):
         return HeadStats(0, head, 1.0, 0.5, 1.0, 0.1, previous, 0.2, None, None)

@@ -251,7 +251,8 @@ MIRRORS = {
     "attnviz.sources.hf.capture_eager.attention_function",
     "attnviz.sources.hf.capture_eager.generic_eager",
     # torch's MultiheadAttention.forward: (query, key, value, key_padding_mask, attn_mask)
-    "attnviz.compute.forward.per_head_forward", "attnviz.compute.forward.reshaped_forward",
+    "attnviz.compute.forward_pass.forward.per_head_forward",
+    "attnviz.compute.forward_pass.forward.reshaped_forward",
 }
 
 
@@ -369,7 +370,8 @@ def test_the_one_home_checks_can_fail():
     assert borrowed_names(importer, homes) == ["attnviz.recognize.base.HeadHints"]
 
 
-# One module per concept per layer is fine across top packages (compute/split.py computes the
+# One module per concept per layer is fine across top packages (compute/splitting/split.py computes
+# the
 # split, app/split.py is its use case); inside one top package two modules of one name are two
 # places a reader must tell apart (sources/layers.py beside sources/hf/layers.py, until #32).
 SAME_NAME_ALLOWED: set[tuple[str, str]] = set()
@@ -401,6 +403,7 @@ def test_no_two_modules_of_one_name_in_one_top_package():
 def test_the_same_name_check_can_fail():
     """Negative control: sources/layers.py beside sources/hf/layers.py is caught; one name in
     two top packages, and package __init__ files, are not."""
-    modules = ["attnviz.sources.layers", "attnviz.sources.hf.layers", "attnviz.compute.split",
+    modules = ["attnviz.sources.layers", "attnviz.sources.hf.layers",
+               "attnviz.compute.splitting.split",
                "attnviz.app.split", "attnviz.sources.__init__", "attnviz.sources.hf.__init__"]
     assert same_named_modules(modules) == [("sources", "layers")]

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from attnviz.compute.inputs import make_batch
-from attnviz.compute.stats import head_stats
+from attnviz.compute.forward_pass.inputs import make_batch
+from attnviz.compute.measures.stats import head_stats
 from attnviz.sources.bundled import open_bundled, run_tiny
 
 INDUCTION_THRESHOLD = 0.6

@@ -15,11 +15,11 @@ from helpers import assert_clean_error
 import attnviz
 from attnviz.cli.main import app
 from attnviz.cli.options import flag_of
-from attnviz.compute.ablation_measures import MODES
-from attnviz.compute.inputs import POSITION_SCHEMES
-from attnviz.compute.overview import CHOICES, LABEL, OFF, STATISTICS
-from attnviz.compute.scale import SCALES
-from attnviz.compute.value_norms import WEIGHTINGS
+from attnviz.compute.display.scale import SCALES
+from attnviz.compute.forward_pass.inputs import POSITION_SCHEMES
+from attnviz.compute.measures.ablation_measures import MODES
+from attnviz.compute.measures.overview import CHOICES, LABEL, OFF, STATISTICS
+from attnviz.compute.measures.value_norms import WEIGHTINGS
 from attnviz.core import choices
 from attnviz.core.choices import (
     AblationMode,

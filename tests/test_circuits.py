@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnviz.app.circuits import CircuitsRequest, run_circuits
-from attnviz.compute.circuits import EFFECTIVE_SHARE, RANK_RTOL
+from attnviz.compute.qkov.circuits import EFFECTIVE_SHARE, RANK_RTOL
 from attnviz.core.request import HeadHints, RandomSpec
 
 RTOL = 1e-4
@@ -184,7 +184,7 @@ def test_bundled_induction_heads_k_compose(bundled_doc):
 def test_baseline_is_computed():
     """The baseline is the mean score of seeded random factor pairs: recomputed densely from
     the same draws, and different for another seed."""
-    from attnviz.compute.circuits import random_score
+    from attnviz.compute.qkov.circuits import random_score
 
     for kind in ("Q", "K", "V"):
         ours = random_score(kind, ((12, 12), 3), ((12, 12), 4), draws=3, seed=7)
@@ -481,7 +481,7 @@ def test_large_factors_float32_gram_refined():
     and ranks at RANK_RTOL as the float64 SVD of the factor gives them, for a full-rank head,
     one with a spectrum falling to 1e-3 and a rank-deficient one; the unrefined float32 Gram
     (the negative control) counts spurious singular values into the deficient head's rank."""
-    from attnviz.compute import circuits
+    from attnviz.compute.qkov import circuits
 
     E, d = 4096, 32
     assert E * d > circuits.EXACT_FACTOR_NUMEL
@@ -509,7 +509,7 @@ def test_cholesky_roots_serve_only_well_conditioned_heads():
     factor (proven by the factorization of G − REFINE_SHARE ‖G‖_F I): same singular values as
     the float64 SVD of the factor. A head with an eigenvalue below that share (the control)
     is left to the refined eigendecomposition, where its small singular values are exact."""
-    from attnviz.compute import circuits_factors as factors
+    from attnviz.compute.qkov import circuits_factors as factors
 
     E, d = 4096, 32
     gen = torch.Generator().manual_seed(6)
@@ -559,7 +559,7 @@ def test_large_bf16_checkpoint_matches_dense(tmp_path, monkeypatch):
     multiplication, float32 Grams and copying blocks, Cholesky roots, two layers computed at
     once on two threads, then composition from the kept weights: every number equals the
     dense float64 computation, in layer order; without γ (the control) they do not."""
-    from attnviz.compute import circuits_factors
+    from attnviz.compute.qkov import circuits_factors
 
     E, H, Hkv, d = 96, 4, 2, 32
     monkeypatch.setattr(circuits_factors, "EXACT_FACTOR_NUMEL", E * d - 1)

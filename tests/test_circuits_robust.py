@@ -40,7 +40,7 @@ def llama_reference(w, H=4, Hkv=2, d=32, layers=2):
 def float32_path(monkeypatch):
     """Every factor and product through the float32 path large models take (a 4096-wide
     layer's), lowered here so that a small model takes it."""
-    from attnviz.compute import circuits_factors
+    from attnviz.compute.qkov import circuits_factors
 
     monkeypatch.setattr(circuits_factors, "EXACT_FACTOR_NUMEL", 0)
     monkeypatch.setattr(circuits_factors, "EXACT_GRAM_NUMEL", 0)
@@ -79,7 +79,7 @@ def test_unnormalized_float32_gram_loses_tiny_weights():
     """The negative control for the scale fix: the float32 Gram of weights at 1e-26, taken as
     stored (unit 1, the old path), underflows to zero (rank 0, norm 0); the same weights in
     their power-of-two unit give the float64 SVD's full rank and singular values."""
-    from attnviz.compute import circuits, circuits_factors
+    from attnviz.compute.qkov import circuits, circuits_factors
 
     gen = torch.Generator().manual_seed(7)
     W = (torch.randn(2 * 32, 4096, generator=gen, dtype=torch.float64) * 1e-26).float()
@@ -201,8 +201,8 @@ def test_only_different_widths_skip_composition(tmp_path, cli):
 def test_compose_heads_of_different_sizes():
     """Same width (24), different head sizes (2 heads of 12, 3 of 8): composition's cross
     blocks are (d_later × d_earlier), and the scores equal the dense ones."""
-    from attnviz.compute.circuits import compose, layer_circuits
-    from attnviz.compute.circuits_factors import StoredWeight
+    from attnviz.compute.qkov.circuits import compose, layer_circuits
+    from attnviz.compute.qkov.circuits_factors import StoredWeight
 
     gen = torch.Generator().manual_seed(9)
     layers = []
@@ -357,8 +357,8 @@ def test_float64_weights_past_float32s_range(float32_path, scale):
     """float64 weights at 1e±100, which float32 cannot hold at all (they became 0 or inf on
     conversion), through the float32 path in their unit: the dense float64 computation's
     ranks, norms (~1e±200) and singular values; a γ of 1e-30 folded in as well."""
-    from attnviz.compute.circuits import layer_circuits
-    from attnviz.compute.circuits_factors import StoredWeight
+    from attnviz.compute.qkov.circuits import layer_circuits
+    from attnviz.compute.qkov.circuits_factors import StoredWeight
 
     gen = torch.Generator().manual_seed(11)
     W = {n: torch.randn(64, 64, generator=gen, dtype=torch.float64) * scale for n in "qkvo"}
@@ -386,7 +386,7 @@ def test_float64_weights_past_float32s_range(float32_path, scale):
 def test_column_peaks_read_in_blocks():
     """max |W| per column over several blocks of rows equals torch's over the whole tensor; a
     NaN in the last block is not lost (the finiteness check relies on it)."""
-    from attnviz.compute.circuits_factors import PEAK_ROWS, column_peaks
+    from attnviz.compute.qkov.circuits_factors import PEAK_ROWS, column_peaks
 
     W = torch.randn(2 * PEAK_ROWS + 100, 8, dtype=torch.bfloat16)
     assert torch.equal(column_peaks(W), W.abs().amax(dim=0).double())

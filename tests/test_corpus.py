@@ -16,8 +16,8 @@ from helpers import ROOT
 from attnviz.api import run_heatmap
 from attnviz.app.corpus import CorpusRequest, run_corpus
 from attnviz.compute.corpus.corpus_sums import STATISTICS, band_edges
-from attnviz.compute.overview import head_type
-from attnviz.compute.stats import HeadStats
+from attnviz.compute.measures.overview import head_type
+from attnviz.compute.measures.stats import HeadStats
 from attnviz.core.choices import Weighting
 from attnviz.core.words import split_words
 

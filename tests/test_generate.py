@@ -272,7 +272,7 @@ def _reference_tiny() -> Any:
 def _bundled_run(sentences: list[str], n: int, **spec: Any) -> tuple[Any, Any]:
     import torch
 
-    from attnviz.compute.inputs import make_batch
+    from attnviz.compute.forward_pass.inputs import make_batch
     from attnviz.core.request import GenerateSpec
     from attnviz.sources import bundled
     from attnviz.sources.bundled_generate import continue_text
@@ -530,7 +530,7 @@ def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
     from safetensors import safe_open
 
     from attnviz.app.heatmap import run_heatmap
-    from attnviz.compute.maps import select_maps
+    from attnviz.compute.display.maps import select_maps
     from attnviz.core.request import GenerateSpec, HeatmapRequest
 
     folder = str(lm_folder(kind))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnviz.compute.stats import MIN_LABEL_QUERIES, head_stats, is_punctuation
+from attnviz.compute.measures.stats import MIN_LABEL_QUERIES, head_stats, is_punctuation
 
 TOKENS = [["the", "cat", ",", "sat", ".", "Ġon", "▁;", "mat", "...", "end"],
           ["a", "b", "c", "d", "e", "f"]]
@@ -59,8 +59,8 @@ def test_punctuation_tokens():
 
 
 def test_streamed_statistics_equal_whole_map_statistics():
-    """The block-by-block path (attnviz.compute.row_stats) adds up to head_stats."""
-    from attnviz.compute.streaming import MapReducer
+    """The block-by-block path (attnviz.compute.measures.row_stats) adds up to head_stats."""
+    from attnviz.compute.forward_pass.streaming import MapReducer
 
     maps = _maps(1)
     reducer = MapReducer(0, TOKENS)
@@ -110,7 +110,7 @@ def test_one_repeated_word_does_not_make_an_induction_head():
 def test_rank_footer_only_when_a_dash_is_shown():
     from rich.console import Console
 
-    from attnviz.compute.ranking import HeadRanking, RankedHead
+    from attnviz.compute.measures.ranking import HeadRanking, RankedHead
     from attnviz.render.ranking_terminal import print_ranking
 
     def printed(rankings):

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from helpers import SAMPLES, assert_clean_error, colored_runs, needs_safe_pickles, read_image
 from safetensors import safe_open
 
-from attnviz.compute.attention import layer_attention
-from attnviz.compute.forward import load_weights
-from attnviz.compute.inputs import hashed_vector, make_batch
-from attnviz.compute.stats import head_stats
+from attnviz.compute.forward_pass.attention import layer_attention
+from attnviz.compute.forward_pass.forward import load_weights
+from attnviz.compute.forward_pass.inputs import hashed_vector, make_batch
+from attnviz.compute.measures.stats import head_stats
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import TensorRef
@@ -284,7 +284,7 @@ def test_streamed_long_inputs_equal_full_maps(cli, tmp_path, monkeypatch):
     """Streaming (one head at a time, display-sized maps) must show what the full maps show."""
     import json as json_mod
 
-    from attnviz.compute import streaming
+    from attnviz.compute.forward_pass import streaming
 
     words = " ".join(f"w{i % 37}" for i in range(90))
     args = ["heatmap", "--random", "-H", "4", words, "a b a b", "--json", "--causal"]
@@ -336,8 +336,8 @@ def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
     """A short sentence's view (no downsampling needed) must own its values: a view into the
     head's (B, L, S) map would keep every head's full map in memory."""
     from attnviz.app import heatmap as heatmap_mod
-    from attnviz.compute import streaming
-    from attnviz.compute.inputs import make_batch
+    from attnviz.compute.forward_pass import streaming
+    from attnviz.compute.forward_pass.inputs import make_batch
     from attnviz.core.request import RandomSpec
 
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)
@@ -357,7 +357,7 @@ def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
     import numpy as np
 
     from attnviz.app import heatmap as heatmap_mod
-    from attnviz.compute.inputs import make_batch
+    from attnviz.compute.forward_pass.inputs import make_batch
     from attnviz.core.request import RandomSpec
 
     batch = make_batch(["the cat sat on the mat the cat sat", "a dog ran", "x y x y x"])
@@ -389,7 +389,7 @@ def test_figure_downsamples_maps_larger_than_their_panel():
     (nearest-neighbour resampling by matplotlib would instead drop most cells)."""
     import numpy as np
 
-    from attnviz.compute.views import MapView
+    from attnviz.compute.display.views import MapView
     from attnviz.render.figure import heatmap_figure, panel_inches
     from attnviz.render.figure_io import FIGURE_DPI
 
@@ -410,7 +410,7 @@ def test_figure_downsamples_maps_larger_than_their_panel():
 def test_downsampling_keeps_rows_summing_to_one():
     import numpy as np
 
-    from attnviz.compute.views import MapView, downsample
+    from attnviz.compute.display.views import MapView, downsample
 
     values = np.random.default_rng(0).random((100, 100)).astype(np.float32)
     values /= values.sum(1, keepdims=True)

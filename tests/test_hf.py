@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from helpers import assert_clean_error, minilm_folder  # noqa: E402
 from zoo import SENTENCES, load_tokenizer  # noqa: E402
 
-from attnviz.compute import positions  # noqa: E402
+from attnviz.compute.forward_pass import positions  # noqa: E402
 from attnviz.core import memory  # noqa: E402
 from attnviz.errors import CheckpointError, UsageError  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
@@ -152,7 +152,7 @@ def test_recompute_proof_says_where_it_does_not_apply(loaded):
 def test_query_on_a_bfloat16_model_uses_its_tolerance(zoo_model):
     """A half-precision model's own maps are rounded: the float32 recomputation is checked
     against them to the dtype's tolerance, not float32's."""
-    from attnviz.compute.breakdown import query_breakdown
+    from attnviz.compute.measures.breakdown import query_breakdown
 
     folder = zoo_model("llama")
     model = load_model(str(folder), dtype="bfloat16", tokenizer=load_tokenizer(folder))

@@ -277,7 +277,7 @@ def test_available_memory_reads_the_address_space_limit():
     "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
     "you tried to allocate 80000000000 bytes.")])
 def test_allocator_failure_is_one_line_naming_the_budget(cli, monkeypatch, failure):
-    from attnviz.compute import attention
+    from attnviz.compute.forward_pass import attention
 
     def fail(*args, **kwargs):
         raise failure

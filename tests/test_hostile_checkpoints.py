@@ -202,7 +202,7 @@ def _open_and_recognize(path: Path) -> None:
         for key in store.keys()[:4]:
             store.read(key)
         for layer in inventory.layers:
-            from attnviz.compute.forward import load_weights
+            from attnviz.compute.forward_pass.forward import load_weights
 
             load_weights(layer, store)
     except AttnvizError as exc:

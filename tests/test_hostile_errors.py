@@ -63,7 +63,7 @@ def test_strict_json_replaces_non_finite_values():
 def test_json_output_is_strict_when_a_statistic_is_not_finite(cli, monkeypatch):
     import dataclasses
 
-    from attnviz.compute import stats
+    from attnviz.compute.measures import stats
 
     real = stats.head_stats
 

@@ -17,8 +17,8 @@ from browser import Browser, find_chromium
 
 from attnviz.app.heatmap import HeatmapRequest, run_on_batch
 from attnviz.cli.paths import write_page
-from attnviz.compute.inputs import Batch
-from attnviz.compute.stats import head_stats
+from attnviz.compute.forward_pass.inputs import Batch
+from attnviz.compute.measures.stats import head_stats
 from attnviz.core.request import RandomSpec
 from attnviz.errors import printable
 from attnviz.render import html as page_html

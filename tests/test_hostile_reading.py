@@ -141,7 +141,7 @@ def test_embedding_rows_are_read_for_the_tokens_used(cli, tmp_path, monkeypatch)
 def test_vocabulary_files_have_size_caps(cli, tmp_path):
     import os
 
-    from attnviz.compute import inputs
+    from attnviz.compute.forward_pass import inputs
 
     folder = vocab_folder(tmp_path)
     vocab = folder / "vocab.txt"

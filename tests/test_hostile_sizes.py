@@ -145,7 +145,7 @@ def test_forty_thousand_heads_cost_linear_time(cli, tmp_path):
     """No O(H²) step: slicing 40,000 heads and their per-head norms take seconds."""
     import time
 
-    from attnviz.compute.split import split_projections
+    from attnviz.compute.splitting.split import split_projections
     from attnviz.core.request import SourceSpec
     from attnviz.recognize import find_layers
     from attnviz.sources.registry import open_source
@@ -199,7 +199,8 @@ def test_per_stage_head_counts_do_not_break_inspect(cli, tmp_path):
 
 
 def test_streamed_runs_keep_display_maps_of_the_first_heads_only(cli, monkeypatch):
-    from attnviz.compute import maps, streaming
+    from attnviz.compute.display import maps
+    from attnviz.compute.forward_pass import streaming
 
     monkeypatch.setattr(memory, "MAP_BUDGET_BYTES", 0)  # stream every run
     monkeypatch.setattr(streaming, "MAX_VIEW_HEADS", 2)

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from attnviz.app.heatmap import HeatmapRequest, run_on_batch
 from attnviz.cli.paths import write_page
-from attnviz.compute.breakdown import query_breakdown
-from attnviz.compute.inputs import Batch, make_batch
-from attnviz.compute.stats import head_stats
+from attnviz.compute.forward_pass.inputs import Batch, make_batch
+from attnviz.compute.measures.breakdown import query_breakdown
+from attnviz.compute.measures.stats import head_stats
 from attnviz.core.request import RandomSpec
 from attnviz.errors import OutputError
 from attnviz.render.html import notebook_html, render_html

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from attnviz.compute.forward import LayerWeights, load_weights, read_ref
-from attnviz.compute.split import make_report
+from attnviz.compute.forward_pass.forward import LayerWeights, load_weights, read_ref
+from attnviz.compute.splitting.split import make_report
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError, UsageError

@@ -9,7 +9,7 @@ from helpers import assert_clean_error
 
 from attnviz.app.sentence_file import read_sentences
 from attnviz.cli.main import flag_of
-from attnviz.compute.inputs import TokenLimit, length_problem, make_batch
+from attnviz.compute.forward_pass.inputs import TokenLimit, length_problem, make_batch
 from attnviz.errors import UsageError, with_options
 from attnviz.sources import bundled
 

@@ -12,10 +12,11 @@ from helpers import SAMPLES, assert_clean_error
 from safetensors import safe_open
 
 from attnviz.app import heatmap as heatmap_mod
-from attnviz.compute import maps, streaming, views
-from attnviz.compute.forward import load_weights, per_head_forward
-from attnviz.compute.inputs import make_batch
-from attnviz.compute.stats import head_stats
+from attnviz.compute.display import maps, views
+from attnviz.compute.forward_pass import streaming
+from attnviz.compute.forward_pass.forward import load_weights, per_head_forward
+from attnviz.compute.forward_pass.inputs import make_batch
+from attnviz.compute.measures.stats import head_stats
 from attnviz.core import memory
 from attnviz.core.request import RandomSpec
 
@@ -87,7 +88,7 @@ def _mismatch(full, streamed_views, streamed_stats, cells: int) -> tuple[float, 
 @pytest.mark.parametrize(("rows", "cells", "common"), [(3, 4, 16), (8, 512, 3), (23, 6, 16)])
 @pytest.mark.parametrize("case", list(CASES))
 def test_block_maps_equal_full_maps(monkeypatch, case, rows, cells, common):
-    from attnviz.compute import row_stats
+    from attnviz.compute.measures import row_stats
 
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", cells)
     monkeypatch.setattr(row_stats, "FREQUENT_MIN", common)
@@ -163,7 +164,7 @@ def test_reducer_measures_weight_after_each_query(rows):
     and right of it (blocks cut to the keys they see, or given every key); MapReducer says a
     causal map sees no later key, and one tiny weight above the diagonal (the control) is
     seen."""
-    from attnviz.compute.row_stats import ROW_TERMS, row_terms, sentence_patterns
+    from attnviz.compute.measures.row_stats import ROW_TERMS, row_terms, sentence_patterns
 
     tokens = [f"t{i % 4}" for i in range(9)]
     maps = _causal_maps(3, 9)
@@ -189,7 +190,7 @@ def test_xlogx_rows_equals_xlogy():
     """The entropy's Σ a ln a per row equals torch.special.xlogy's on weights with exact zeros
     and subnormals, to float32 rounding (float64 reference); a negative weight gives NaN. The
     control: the logarithm of max(a, 1e-3) is caught by the same tolerance."""
-    from attnviz.compute.stats import xlogx_rows
+    from attnviz.compute.measures.stats import xlogx_rows
 
     maps = _causal_maps(4, 50, seed=1)
     maps[0, 10, :3] = torch.tensor([1e-40, 1e-44, 0.0])  # subnormal weights, then an exact 0
@@ -318,7 +319,7 @@ def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypat
     """Earlier copies left of a block are summed by the block's matmul for common tokens,
     gathered pair by pair for the others, or masked densely when those pairs are many: all
     three give the full maps' statistics."""
-    from attnviz.compute import row_stats
+    from attnviz.compute.measures import row_stats
 
     text = " ".join(["x"] * 20 + [f"w{i % 3}" for i in range(30)] + [f"v{i % 9}" for i in
                                                                      range(40)])
@@ -344,7 +345,7 @@ def test_4096_tokens_block_maps_equal_full_maps():
     from 256-row blocks equal the full maps'; statistics equal a float64 computation from the
     full maps (closer than head_stats' own float32 sums of 16M products per head, ~3e-5 apart
     in distance, more under other thread counts)."""
-    from attnviz.compute.stats import pattern_pairs
+    from attnviz.compute.measures.stats import pattern_pairs
 
     words = " ".join(f"w{(i * 7919) % 1009}" for i in range(4096))
     batch = make_batch([words], max_tokens=5000)

@@ -14,8 +14,8 @@ from helpers import count_calls
 from test_long import CASES, TEXTS, _mismatch
 
 from attnviz.app import heatmap as heatmap_mod
-from attnviz.compute import layer_stream, streaming
-from attnviz.compute.inputs import make_batch
+from attnviz.compute.forward_pass import layer_stream, streaming
+from attnviz.compute.forward_pass.inputs import make_batch
 from attnviz.core import memory
 
 CPU = torch.device("cpu")
@@ -140,8 +140,8 @@ def test_the_note_names_the_heads_per_block(cli, monkeypatch):
 def test_cell_sums_on_host_and_device_paths_equal_a_direct_sum(n, row_start, r, keys, extra):
     """A block of 3 heads reduced to display cells by the host (numpy) and the device (torch
     index_add_, here run on the CPU) paths equals a direct sum over each cell's entries."""
-    from attnviz.compute import cells
-    from attnviz.compute.views import display_grid
+    from attnviz.compute.display import cells
+    from attnviz.compute.display.views import display_grid
 
     torch.manual_seed(0)
     grid = display_grid(n, n + extra, 6, 5)

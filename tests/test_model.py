@@ -22,7 +22,7 @@ from support_record import record  # noqa: E402
 from zoo import FALLBACK, SENTENCES, TEXT, ZOO, load_tokenizer  # noqa: E402
 
 from attnviz.app import heatmap as app  # noqa: E402
-from attnviz.compute.breakdown import query_breakdown  # noqa: E402
+from attnviz.compute.measures.breakdown import query_breakdown  # noqa: E402
 from attnviz.core import memory  # noqa: E402
 from attnviz.errors import UsageError, with_options  # noqa: E402
 from attnviz.recognize import find_layers  # noqa: E402
@@ -253,7 +253,9 @@ def test_split_proof_passes(model, kind):
                                             for c in result.failures])
         assert len(result.checks) == layer.num_heads + 2 * layer.num_kv_heads
         assert not result.untestable  # the zoo's attention is sharp: every head shows
-    from attnviz.compute.positions import SCHEMES  # families whose positions attnviz recomputes
+    from attnviz.compute.forward_pass.positions import (
+        SCHEMES,  # families whose positions attnviz recomputes
+    )
 
     record(kind, verify="split" + (" + recompute" if m.loaded.config.model_type in SCHEMES
                                       else ""))
@@ -319,7 +321,7 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
     """Past the budget, each layer's maps are reduced block by block: the same views,
     statistics and --query row as the full maps, and only the last layer's inputs are kept."""
 
-    from attnviz.compute.stats import head_stats
+    from attnviz.compute.measures.stats import head_stats
 
     m = model(kind)
     full = run(m, SENTENCES)

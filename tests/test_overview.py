@@ -12,8 +12,8 @@ from helpers import ROOT, assert_clean_error
 from rich.console import Console
 
 from attnviz.cli.heatmap_options import overview_default
-from attnviz.compute.overview import build_overview, head_type
-from attnviz.compute.stats import HeadStats
+from attnviz.compute.measures.overview import build_overview, head_type
+from attnviz.compute.measures.stats import HeadStats
 from attnviz.render.overview_terminal import overview_lines, print_overview
 
 SAMPLE_MARIAN = ROOT / "sample_weights" / "models" / "marian-tiny-model"

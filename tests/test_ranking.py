@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import assert_clean_error
 
-from attnviz.compute.ranking import HEAD_TYPES, rank_heads
-from attnviz.compute.stats import SPECIAL_RE, head_stats
+from attnviz.compute.measures.ranking import HEAD_TYPES, rank_heads
+from attnviz.compute.measures.stats import SPECIAL_RE, head_stats
 from attnviz.core.probe import induction_probe
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute import positions
-from attnviz.compute.forward import load_weights
+from attnviz.compute.forward_pass import positions
+from attnviz.compute.forward_pass.forward import load_weights
 from attnviz.core.request import HeadHints
 from attnviz.errors import LayoutError
 from attnviz.load.store import DictStore
@@ -117,8 +117,8 @@ def test_a_new_model_type_is_one_row(monkeypatch) -> None:
 
 
 def test_one_model_type_table_for_recognize_and_positions() -> None:
-    """compute/positions keeps no list of its own: what it recomputes is the table's verify rows,
-    its sliding-window rules are the table's."""
+    """compute/forward_pass/positions keeps no list of its own: what it recomputes is the table's
+    verify rows, its sliding-window rules are the table's."""
     assert positions.SCHEMES == {kind: "rope" if row.positions == "rope" else "none"
                                  for kind, row in table.MODEL_TYPES.items() if row.verify}
     assert set(positions.SCHEMES) == {"bert", "gpt2", "bart", "llama", "mistral", "qwen2",

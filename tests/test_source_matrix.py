@@ -203,7 +203,7 @@ def test_ctrl_heatmap_maps_equal_ctrls_own_attention(zoo_model) -> None:
     import transformers
 
     from attnviz.app.heatmap import HeatmapRequest, run_heatmap
-    from attnviz.compute.inputs import input_vectors, make_batch
+    from attnviz.compute.forward_pass.inputs import input_vectors, make_batch
     from attnviz.load.checkpoint import open_checkpoint
 
     folder = zoo_model("ctrl")

@@ -9,8 +9,13 @@ import pytest
 import torch
 from helpers import needs_safe_pickles
 
-from attnviz.compute.forward import load_weights, per_head_forward, reshaped_forward
-from attnviz.compute.split import PROOF_TOLERANCE, make_report, prove_split, split_projections
+from attnviz.compute.forward_pass.forward import load_weights, per_head_forward, reshaped_forward
+from attnviz.compute.splitting.split import (
+    PROOF_TOLERANCE,
+    make_report,
+    prove_split,
+    split_projections,
+)
 from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.load.store import DictStore
 from attnviz.recognize import find_layers

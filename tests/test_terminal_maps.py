@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from attnviz.compute.scale import Scale, map_scale
-from attnviz.compute.views import MapView
+from attnviz.compute.display.scale import Scale, map_scale
+from attnviz.compute.display.views import MapView
 from attnviz.render import maps_terminal
 from attnviz.render.split_terminal import band_view
 
@@ -91,7 +91,7 @@ def test_colour_cells_are_full_brightness(monkeypatch):
     assert cells and not any(_dim(params) for params in cells)
     assert "░" not in buffer.getvalue()  # colour carries the weight
     # the split command's band picture, likewise
-    from attnviz.compute.split_views import BandLine, BandPicture
+    from attnviz.compute.splitting.split_views import BandLine, BandPicture
 
     picture = BandPicture([BandLine(0, (0, 1), (0, 2), [0.2, 1.0]),
                            BandLine(1, (1, 2), (2, 4), [0.9, 0.5])], [(0, 1), (1, 2)], 1.0)
@@ -179,7 +179,7 @@ def test_statistics_table_fits_80_columns_and_never_cuts(cli):
 
 
 def test_statistics_numbers_are_never_truncated_even_when_narrow():
-    from attnviz.compute.stats import HeadStats
+    from attnviz.compute.measures.stats import HeadStats
 
     stats = [HeadStats(11, 15, 5.5512, 0.01, 4095.0, 0.0, 0.01, 0.02, None, 0.75, next=0.125,
                        punctuation=0.5)]

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from attnviz.app.tokens import TokensRequest, output_position, run_tokens
-from attnviz.compute.forward import build_torch_mha, load_weights
+from attnviz.compute.forward_pass.forward import build_torch_mha, load_weights
 from attnviz.compute.tokenflow import decompose, faithfulness, maxflow, rollout
 from attnviz.core.choices import Erase, HeadReduce, TokenMethod
 from attnviz.errors import UsageError
@@ -144,7 +144,7 @@ def test_maps_equal_torch_multihead_attention(model, trace):
 
 
 def _batch(sentences):
-    from attnviz.compute.inputs import make_batch
+    from attnviz.compute.forward_pass.inputs import make_batch
 
     return make_batch(sentences)
 

@@ -1,5 +1,5 @@
 """`attnviz ablate` (the API's `ablate=`): the causal head scorecard of a heatmap run — which
-shown heads matter to the output (attnviz.compute.ablation_measures says what is measured),
+shown heads matter to the output (attnviz.compute.measures.ablation_measures says what is measured),
 beside the pattern statistics."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from attnviz.compute.ablation_measures import AblationReport
+from attnviz.compute.measures.ablation_measures import AblationReport
 from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.results import AttentionRun
     from attnviz.sources.hf.layers import Plan
     from attnviz.sources.hf.load import LoadedModel
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from attnviz.compute.ablation_measures import MEANINGS, AblationReport, defined
-from attnviz.compute.overview import Overview, build_overview
-from attnviz.compute.ranking import HeadRanking, RankedHead
-from attnviz.compute.stats import HeadStats
+from attnviz.compute.measures.ablation_measures import MEANINGS, AblationReport, defined
+from attnviz.compute.measures.overview import Overview, build_overview
+from attnviz.compute.measures.ranking import HeadRanking, RankedHead
+from attnviz.compute.measures.stats import HeadStats
 from attnviz.errors import UsageError, option
 
 

@@ -1,6 +1,6 @@
 """`attnviz circuits`: every head's QK and OV circuit, and Q-, K-, V-composition between the
 heads of different layers, from the bundled model (default), a checkpoint, a Hugging Face folder
-or a random nn.MultiheadAttention. Request in, result out; the math is compute/circuits.py."""
+or a random nn.MultiheadAttention. Request in, result out; the math is compute/qkov/circuits.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnviz.app.circuits_source import ChosenLayer, NormScale, norm_scale
-from attnviz.compute.circuits_result import (  # noqa: F401 - the use case's result
+from attnviz.compute.qkov.circuits_result import (  # noqa: F401 - the use case's result
     CONVENTIONS,
     COPYING_LINE,
     CircuitsResult,
@@ -24,7 +24,7 @@ from attnviz.errors import CheckpointError, option, quoted
 if TYPE_CHECKING:
     import torch
 
-    from attnviz.compute.circuits import LayerFactors
+    from attnviz.compute.qkov.circuits import LayerFactors
     from attnviz.load.store import TensorStore
 
 # composition keeps every chosen layer's weights (float32): on by default up to this many bytes
@@ -47,7 +47,7 @@ def run_circuits(request: CircuitsRequest) -> CircuitsResult:
     """Circuits of the chosen layers (one at a time, each weight read once) and, where on,
     composition between every later and earlier layer of a stack."""
     from attnviz.app.circuits_source import check_heads, choose, open_source
-    from attnviz.compute.device import resolve_device
+    from attnviz.compute.forward_pass.device import resolve_device
 
     device = resolve_device(request.device)
     layers, store, _ = open_source(request.weights, request.model, request.random,
@@ -82,7 +82,7 @@ def _each_layer(store: TensorStore, chosen: list[ChosenLayer], device: torch.dev
     import os
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from attnviz.compute.circuits_factors import op_threads
+    from attnviz.compute.qkov.circuits_factors import op_threads
 
     def one(c: ChosenLayer) -> tuple[LayerCircuits, LayerFactors]:
         return _one_layer(store, c, norm_scale(store, c.layer), device, keep)
@@ -119,9 +119,9 @@ def _composition_wanted(asked: bool | None, chosen: list[ChosenLayer]) -> tuple[
 def _one_layer(store: TensorStore, c: ChosenLayer, gamma: NormScale | None,
                device: torch.device, keep: bool) -> tuple[LayerCircuits, LayerFactors]:
 
-    from attnviz.compute.circuits import layer_circuits
-    from attnviz.compute.circuits_factors import StoredWeight
-    from attnviz.compute.forward import read_ref
+    from attnviz.compute.forward_pass.forward import read_ref
+    from attnviz.compute.qkov.circuits import layer_circuits
+    from attnviz.compute.qkov.circuits_factors import StoredWeight
 
     layer = c.layer
     scale = None
@@ -161,7 +161,7 @@ def finite(tensor: torch.Tensor, key: str, role: str, c: ChosenLayer,
 
     import torch
 
-    from attnviz.compute.circuits_factors import StoredWeight, peak
+    from attnviz.compute.qkov.circuits_factors import StoredWeight, peak
 
     if not math.isfinite(peak(StoredWeight(tensor))):  # a pass without a full-size copy
         values = tensor.float()  # only here, to count (float8 has no isnan kernel on a CPU)
@@ -182,7 +182,7 @@ def _compose_all(chosen: list[ChosenLayer], factors: list[LayerFactors],
     self-attention, Q only for cross-attention (its keys and values read the encoder). A kind
     whose later layer reads vectors of another width than the earlier one writes (Swin's
     stages, a kdim ≠ E) is left out, with one note per pair of widths."""
-    from attnviz.compute.circuits import KINDS, composable, compose, not_composable
+    from attnviz.compute.qkov.circuits import KINDS, composable, compose, not_composable
 
     grids = []
     apart: dict[str, dict[str, list[str]]] = {}  # why → {"layer 1 on layer 0": kinds}

@@ -264,7 +264,7 @@ class _Loop:
                              fix="report this model to attnviz")
         sums, counts = example_sums(run, self.sums.shape[2])
         if not bool(torch.isfinite(sums).all()):  # NaN/Inf maps: named, never averaged
-            from attnviz.compute.attention import check_finite_maps
+            from attnviz.compute.forward_pass.attention import check_finite_maps
 
             check_finite_maps(run)
             raise CheckFailed("a batch's head statistics came out non-finite",

@@ -20,7 +20,7 @@ from attnviz.errors import CheckpointError
 
 if TYPE_CHECKING:
     from attnviz.app.corpus_input import Example
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.results import AttentionRun
 
 HEADER_BYTES = 1 << 16  # a model file's first 64 KiB (a safetensors header) name its content
 
@@ -72,7 +72,7 @@ class BundledEngine:
     """The bundled 2-layer model, whole, with its own hashed-word tokens."""
 
     def __init__(self, device: str, norm: bool) -> None:
-        from attnviz.compute.device import resolve_device
+        from attnviz.compute.forward_pass.device import resolve_device
         from attnviz.sources.bundled import tiny_layers, token_limit
         from attnviz.sources.registry import open_source
 
@@ -96,7 +96,7 @@ class BundledEngine:
         return out
 
     def run(self, items: list[Tokenized]) -> AttentionRun:
-        from attnviz.compute.inputs import Batch
+        from attnviz.compute.forward_pass.inputs import Batch
         from attnviz.sources.bundled import run_tiny
 
         run = run_tiny(self.store, Batch([i.text for i in items], [i.payload for i in items]),

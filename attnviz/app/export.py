@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from attnviz.compute.inputs import Batch
+from attnviz.compute.forward_pass.inputs import Batch
 from attnviz.errors import option
 
 if TYPE_CHECKING:
     import torch
     from typing_extensions import Buffer
 
-    from attnviz.compute.results import AttentionRun, LayerAttention
+    from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
     from attnviz.core.layer import AttentionLayer
     from attnviz.sources.hf.layers import Plan
     from attnviz.sources.hf.load import LoadedModel
@@ -51,7 +51,7 @@ def export(run: AttentionRun, path: Path, extra_metadata: dict[str, str] | None 
     from safetensors.torch import save_file
 
     from attnviz.app.outputs import atomic_output, check_free_space
-    from attnviz.compute.inputs import padding_mask
+    from attnviz.compute.forward_pass.inputs import padding_mask
 
     if run.exported == path:  # a streamed run wrote the file as it went
         return
@@ -74,7 +74,7 @@ def export(run: AttentionRun, path: Path, extra_metadata: dict[str, str] | None 
         tensors[maps_key] = cast("torch.Tensor", attention).float().contiguous()
         if captured.value_norms is not None and attention is not None \
                 and captured.attention_weights is not None:
-            from attnviz.compute.value_norms import norm_maps
+            from attnviz.compute.measures.value_norms import norm_maps
 
             # --weighting norm: the raw α_ij · ‖W_O^h v_j‖ beside the attention maps
             tensors[norm_key(maps_key)] = norm_maps(attention, captured.value_norms).float() \
@@ -146,7 +146,7 @@ class StreamedExport:
 
         import torch
 
-        from attnviz.compute.inputs import padding_mask
+        from attnviz.compute.forward_pass.inputs import padding_mask
 
         B, L = len(self.batch.tokens), self.batch.max_len
         mask = (~padding_mask(self.batch)).to(torch.int64).contiguous()
@@ -301,7 +301,7 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, path: Path,
     import torch
 
     from attnviz.app.outputs import atomic_output, check_free_space
-    from attnviz.compute.inputs import padding_mask
+    from attnviz.compute.forward_pass.inputs import padding_mask
     from attnviz.sources.hf.layers import cols_tokens, rows_tokens
     from attnviz.sources.hf.load import PATHS
     from attnviz.sources.hf.run import DESCRIBED_INPUTS, memory_plan, run_plan

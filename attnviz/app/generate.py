@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from attnviz.compute.inputs import TokenLimit, length_problem
+from attnviz.compute.forward_pass.inputs import TokenLimit, length_problem
 from attnviz.core.request import GenerateSpec, HeatmapRequest
 from attnviz.errors import UsageError, option
 from attnviz.sources.generate_spec import Focus, Generation
 
 if TYPE_CHECKING:
-    from attnviz.compute.ranking import HeadRanking
-    from attnviz.compute.results import AttentionRun, LayerAttention
+    from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
+    from attnviz.compute.measures.ranking import HeadRanking
 
 TOP_K = 3  # tokens listed per generated token
 
@@ -114,8 +114,8 @@ def _run_bundled(job: HeatmapRequest, spec: GenerateSpec,
                  sentences_for: Callable[[TokenLimit | None], list[str]],
                  report: Callable[[str], None]) -> tuple[AttentionRun, Generation]:
     from attnviz.app.heatmap_sources import check_panels
-    from attnviz.compute.device import resolve_device
-    from attnviz.compute.inputs import make_batch
+    from attnviz.compute.forward_pass.device import resolve_device
+    from attnviz.compute.forward_pass.inputs import make_batch
     from attnviz.core.selection import parse_layers
     from attnviz.sources import bundled
     from attnviz.sources.bundled_generate import continue_text

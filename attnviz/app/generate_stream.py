@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from attnviz.errors import CheckpointError, printable
 
 if TYPE_CHECKING:
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.results import AttentionRun
     from attnviz.core.request import GenerateSpec, HeatmapRequest
     from attnviz.sources.generate_spec import Generation
     from attnviz.sources.hf.load import LoadedModel

@@ -29,13 +29,13 @@ from attnviz.errors import (
 )
 
 if TYPE_CHECKING:
-    from attnviz.compute.ablation_measures import AblationReport
-    from attnviz.compute.breakdown import QueryBreakdown
-    from attnviz.compute.overview import Overview
-    from attnviz.compute.ranking import HeadRanking
-    from attnviz.compute.results import AttentionRun
-    from attnviz.compute.stats import HeadStats
-    from attnviz.compute.views import MapView
+    from attnviz.compute.display.views import MapView
+    from attnviz.compute.forward_pass.results import AttentionRun
+    from attnviz.compute.measures.ablation_measures import AblationReport
+    from attnviz.compute.measures.breakdown import QueryBreakdown
+    from attnviz.compute.measures.overview import Overview
+    from attnviz.compute.measures.ranking import HeadRanking
+    from attnviz.compute.measures.stats import HeadStats
     from attnviz.core.request import GenerateSpec
     from attnviz.sources.generate_spec import Focus, Generation
 
@@ -79,7 +79,7 @@ class HeatmapResult:
 
     def overview(self, shows: str = "label") -> Overview:
         """A row per layer, a cell per head (its type, or `shows`)."""
-        from attnviz.compute.overview import build_overview
+        from attnviz.compute.measures.overview import build_overview
 
         if shows == "ablation":
             from attnviz.app.ablation_view import ablation_overview
@@ -89,7 +89,7 @@ class HeatmapResult:
 
     def ranking(self, top: int = 3) -> list[HeadRanking]:
         """A HeadRanking per head type: the `top` heads of each."""
-        from attnviz.compute.ranking import rank_heads
+        from attnviz.compute.measures.ranking import rank_heads
 
         rankings = rank_heads(self.head_stats, top)
         if self.ablation is not None:
@@ -157,7 +157,8 @@ def run_heatmap(request: HeatmapRequest, progress: Callable[[str], None] | None 
 def naming_weights(request: HeatmapRequest) -> Iterator[None]:
     """A --model's maps that come out non-finite name the attention tensor that holds NaN or
     Inf, when one does (a checkpoint layer's weights were refused by name before its forward:
-    compute.forward.load_weights). The model's attention tensors are scanned only then, one in
+    compute.forward_pass.forward.load_weights). The model's attention tensors are scanned only
+    then, one in
     memory at a time, as `attnviz inspect --scan` does."""
     try:
         yield
@@ -226,10 +227,11 @@ def summarize(attention_run: AttentionRun, selection: Selection, weighting: str 
               views: bool = True) -> HeatmapResult:
     """Statistics, the selected maps (views: False, none) and the --query breakdown of a
     finished run (of its value-weighted maps with weighting "norm")."""
-    from attnviz.compute import maps, stats
-    from attnviz.compute.attention import check_finite_maps
-    from attnviz.compute.breakdown import query_breakdown
-    from attnviz.compute.inputs import find_query
+    from attnviz.compute.display import maps
+    from attnviz.compute.forward_pass.attention import check_finite_maps
+    from attnviz.compute.forward_pass.inputs import find_query
+    from attnviz.compute.measures import stats
+    from attnviz.compute.measures.breakdown import query_breakdown
 
     head, average, query = selection.head, selection.average, selection.query
     sentence_index = selection.sentence - 1

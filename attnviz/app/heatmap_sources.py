@@ -17,9 +17,9 @@ from attnviz.core.request import HeatmapRequest
 from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
-    from attnviz.compute.ablation_measures import AblationReport
-    from attnviz.compute.inputs import TokenLimit
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.inputs import TokenLimit
+    from attnviz.compute.forward_pass.results import AttentionRun
+    from attnviz.compute.measures.ablation_measures import AblationReport
     from attnviz.load.store import TensorStore
 
 State = TypeVar("State")

@@ -196,7 +196,7 @@ def _torch_norms(store: TensorStore, ref: TensorRef, spans: list[tuple[int, int]
                  by_columns: bool) -> tuple[list[float], int]:
     import torch
 
-    from attnviz.compute.forward import read_ref
+    from attnviz.compute.forward_pass.forward import read_ref
 
     tensor = read_ref(store, ref).double()
     bad = int((~torch.isfinite(tensor)).sum().item())

@@ -38,7 +38,7 @@ class LogitSource(Protocol):
 
 def open_logit_source(model: str | None, device: str, dtype: Dtype) -> LogitSource:
     """The bundled model (model None) or the --model folder's causal LM, loaded."""
-    from attnviz.compute.device import resolve_device
+    from attnviz.compute.forward_pass.device import resolve_device
     from attnviz.core.request import SourceSpec
     from attnviz.sources.registry import open_model_source, open_source
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.results import AttentionRun
 
 GENERIC_NAMES = ("model", "models", "checkpoint", "checkpoints", "weights", "final")
 GENERIC_FILES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")

@@ -168,7 +168,7 @@ def _for_decoder_side(request: PatchRequest, model: PatchModel) -> PatchRequest:
 
 def _open(request: PatchRequest) -> PatchModel:
     """The model, through the source registry."""
-    from attnviz.compute.device import resolve_device
+    from attnviz.compute.forward_pass.device import resolve_device
     from attnviz.core.request import SourceSpec
     from attnviz.sources.registry import open_model_source, open_source
 

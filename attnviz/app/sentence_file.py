@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from attnviz.compute.inputs import TokenLimit, length_problem
+from attnviz.compute.forward_pass.inputs import TokenLimit, length_problem
 from attnviz.core.request import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
 from attnviz.core.words import split_words
 from attnviz.errors import AttnvizError, UsageError, option, printable_path

@@ -19,14 +19,14 @@ from attnviz.app.heatmap_sources import (
     source_limit,
 )
 from attnviz.app.standalone import head_hint_warnings, renumber, synthetic_note
-from attnviz.compute.inputs import Batch
+from attnviz.compute.forward_pass.inputs import Batch
 from attnviz.core.request import HeatmapRequest
 from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:
     import torch
 
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.results import AttentionRun
     from attnviz.core.layer import AttentionLayer
     from attnviz.load.store import TensorStore
     from attnviz.sources.registry import OpenedSource
@@ -57,7 +57,7 @@ class _OnBatch:
     def check(self, request: HeatmapRequest) -> Checked[LayerPlan]:
         opened = self.open(request)
         limit = None if opened is None else source_limit(opened.store, request.source.weights)
-        from attnviz.compute.inputs import make_batch
+        from attnviz.compute.forward_pass.inputs import make_batch
 
         batch = make_batch(request_sentences(request, limit), request.limits.max_tokens,
                            request.limits.max_sentences, limit)
@@ -90,8 +90,8 @@ class _OnBatch:
 def _common(request: HeatmapRequest, batch: Batch) -> tuple[torch.device, tuple[int, int] | None]:
     """The --query row (resolved before any work: a typo costs nothing) and the device,
     checked (the positions scheme is a Positions member, parsed where the request is built)."""
-    from attnviz.compute.device import resolve_device
-    from attnviz.compute.inputs import find_query
+    from attnviz.compute.forward_pass.device import resolve_device
+    from attnviz.compute.forward_pass.inputs import find_query
 
     query_row = None
     if request.selection.query is not None:
@@ -196,8 +196,8 @@ def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLay
     --export of long inputs written block by block as the maps stream (the file is complete,
     and moved into place, only when the run succeeds)."""
     from attnviz.app.outputs import atomic_output
-    from attnviz.compute.attention import run_layer
-    from attnviz.compute.layer_stream import LayerRun, plan_for
+    from attnviz.compute.forward_pass.attention import run_layer
+    from attnviz.compute.forward_pass.layer_stream import LayerRun, plan_for
 
     batch, export = plan.batch, request.outputs.export
     run = LayerRun(plan.device, causal, request.source.positions, request.limits.memory_budget,

@@ -12,9 +12,9 @@ from attnviz.core.request import HeadHints, RandomSpec
 from attnviz.errors import CheckFailed, UsageError, option
 
 if TYPE_CHECKING:
-    from attnviz.compute.forward import LayerWeights
-    from attnviz.compute.split import SplitReport
-    from attnviz.compute.split_views import BandPicture, MatrixPanel
+    from attnviz.compute.forward_pass.forward import LayerWeights
+    from attnviz.compute.splitting.split import SplitReport
+    from attnviz.compute.splitting.split_views import BandPicture, MatrixPanel
     from attnviz.core.layer import AttentionLayer
     from attnviz.sources.hf.split_proof_result import ProofResult
     from attnviz.sources.hf.verify import VerifyResult
@@ -78,17 +78,17 @@ class SplitResult:
         return self.failure is None
 
     def band_picture(self, max_cols: int) -> BandPicture:
-        from attnviz.compute.split_views import band_picture
+        from attnviz.compute.splitting.split_views import band_picture
 
         return band_picture(self.layer, self.layer_weights.W_q, max_cols=max_cols)
 
     def explanation(self) -> list[str]:
-        from attnviz.compute.split_views import explanation
+        from attnviz.compute.splitting.split_views import explanation
 
         return explanation(self.layer)
 
     def matrix_panels(self) -> list[MatrixPanel]:
-        from attnviz.compute.split_views import matrix_panels
+        from attnviz.compute.splitting.split_views import matrix_panels
 
         return matrix_panels(self.layer, self.layer_weights)
 
@@ -130,7 +130,7 @@ def _non_finite_model(source: str) -> CheckFailed:
 
 def run_split(request: SplitRequest) -> SplitResult:
     """The split, its proof and (with verify) the model's own check, for one layer."""
-    from attnviz.compute.split import make_report
+    from attnviz.compute.splitting.split import make_report
 
     if request.verify and request.model is None:
         raise UsageError(f"{option('verify')} needs {option('model')}",

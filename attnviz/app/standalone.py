@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from attnviz.core.request import HeadHints
 
 if TYPE_CHECKING:
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.results import AttentionRun
     from attnviz.core.layer import AttentionLayer
     from attnviz.load.store import TensorStore
 

@@ -213,8 +213,8 @@ def _finish(request: TokensRequest, traced: _Traced,
 
 
 def _run_bundled(request: TokensRequest) -> TokensResult:
-    from attnviz.compute.device import resolve_device
-    from attnviz.compute.inputs import make_batch
+    from attnviz.compute.forward_pass.device import resolve_device
+    from attnviz.compute.forward_pass.inputs import make_batch
     from attnviz.core.request import SourceSpec
     from attnviz.sources import bundled, tokens_bundled
     from attnviz.sources.registry import open_source

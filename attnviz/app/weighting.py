@@ -1,12 +1,13 @@
 """--weighting norm for any run: each layer's maps become the normalized rows of α_ij ·
-‖W_O^h v_j‖ (attnviz.compute.value_norms); the attention maps stay beside them for --export."""
+‖W_O^h v_j‖ (attnviz.compute.measures.value_norms); the attention maps stay beside them for
+--export."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from attnviz.compute.results import AttentionRun, ValueWeighting
-from attnviz.compute.value_norms import norm_maps, normalized_rows
+from attnviz.compute.forward_pass.results import AttentionRun, ValueWeighting
+from attnviz.compute.measures.value_norms import norm_maps, normalized_rows
 from attnviz.errors import CheckpointError, UsageError, option
 
 NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what head h writes from "
@@ -17,8 +18,8 @@ NOTE = ("weighting norm: each cell is ‖α_ij · W_O^h (W_V x_j + b_V)‖, what
 
 def weigh_run(run: AttentionRun) -> None:
     """Replace every layer's maps by its value-weighted maps (in place)."""
-    from attnviz.compute.forward import load_weights
-    from attnviz.compute.value_norms import key_norms
+    from attnviz.compute.forward_pass.forward import load_weights
+    from attnviz.compute.measures.value_norms import key_norms
 
     for i, captured in enumerate(run.layers):
         if captured.weights is None:

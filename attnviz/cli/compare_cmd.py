@@ -127,7 +127,7 @@ def compare(
 def _shown(overview: choices.CorpusShows, corpus: bool, as_json: bool) -> str:
     """What the corpus grid shows: "label", or a statistic as the corpus sums name it (max is
     max_weight)."""
-    from attnviz.compute.overview import STATISTICS
+    from attnviz.compute.measures.overview import STATISTICS
     from attnviz.errors import UsageError, option
 
     if overview is choices.CorpusShows.ENTROPY:

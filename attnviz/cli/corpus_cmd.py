@@ -128,7 +128,7 @@ def corpus(
 
 
 def _statistic(shows: choices.CorpusShows) -> str:
-    from attnviz.compute.overview import STATISTICS
+    from attnviz.compute.measures.overview import STATISTICS
 
     return STATISTICS[str(shows)][0]
 

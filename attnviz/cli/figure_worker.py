@@ -4,7 +4,7 @@ matplotlib's import costs about half a second of one core. In the run's own proc
 after torch's import or competes with the run's threads, and a thread cannot overlap it with
 torch's import (both hold the GIL). A process forked at the start imports it on the other
 core while the run imports torch, then waits: the run sends the finished display views (plain
-numpy and text, `attnviz.compute.views`, no torch) over a pipe, and the worker draws the
+numpy and text, `attnviz.compute.display.views`, no torch) over a pipe, and the worker draws the
 figure into a temporary file the run made with `app.outputs`' one atomic writer; the run moves
 it into place. The worker dies with the run (PR_SET_PDEATHSIG) and the run stops it on any
 signal it handles, so no orphan ever writes after the run was killed. The worker is an
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from attnviz.compute.views import MapView
+    from attnviz.compute.display.views import MapView
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def overview_default(shows: OverviewShows | None, model: bool, layer: str | None
     --head or --maps), whose full maps would run to hundreds of lines, gets the overview in
     their place (the head types unless --overview names a statistic; off: the maps as before);
     any other run gets it beside them when --overview asks. A default of the terminal's, so it
-    is decided here, not where the overview is computed (attnviz.compute.overview)."""
+    is decided here, not where the overview is computed (attnviz.compute.measures.overview)."""
     if shows == OverviewShows.OFF:
         return None, False
     compact = model and layer is None and head is None and not average and maps is not True

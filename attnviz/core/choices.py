@@ -82,7 +82,7 @@ class Dtype(Choice):
 
 class OverviewShows(Choice):
     """--overview: what a cell of the layers × heads grid shows: the head's type (label), one
-    statistic (attnviz.compute.overview.STATISTICS, which a test keeps equal to these), the
+    statistic (attnviz.compute.measures.overview.STATISTICS, which a test keeps equal to these), the
     causal scorecard's effect (attnviz ablate), or nothing (off)."""
 
     LABEL = "label"

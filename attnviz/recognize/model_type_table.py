@@ -3,7 +3,8 @@
 One row per model_type: the config.json keys of its head counts, where positions enter attention,
 which layers mask causally, how q·kᵀ is scaled, whether a sliding window applies, how a tensor
 that fuses q, k and v lays out its rows, and whether `split --verify` can recompute it. Both the
-recognizers (`attnviz.recognize`) and the position code (`attnviz.compute.positions`) read it;
+recognizers (`attnviz.recognize`) and the position code (`attnviz.compute.forward_pass.positions`)
+read it;
 nothing else keeps a list of model types. The rules that read it against a config.json are in
 `attnviz.recognize.model_types`. A naming convention (which tensor is W_q) is not a
 model-type fact: those rows live in `attnviz.recognize.conventions`.

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attnviz.compute.ablation_measures import CAUSAL_LOSS, AblationReport
-from attnviz.compute.stats import HeadStats
+from attnviz.compute.measures.ablation_measures import CAUSAL_LOSS, AblationReport
+from attnviz.compute.measures.stats import HeadStats
 from attnviz.render.figure_io import isolated, label, new_figure
 
 if TYPE_CHECKING:

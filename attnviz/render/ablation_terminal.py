@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.compute.ablation_measures import CAUSAL_LOSS, AblationReport
-from attnviz.compute.stats import HeadStats
+from attnviz.compute.measures.ablation_measures import CAUSAL_LOSS, AblationReport
+from attnviz.compute.measures.stats import HeadStats
 from attnviz.errors import with_options
 from attnviz.render.maps_terminal import colour_off, ramp
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.compute.circuits_result import CircuitsResult
+from attnviz.compute.qkov.circuits_result import CircuitsResult
 from attnviz.errors import elide_at_boundaries
 from attnviz.render.figure_io import isolated, label, new_figure
 

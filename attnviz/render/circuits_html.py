@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from attnviz.compute.circuits_result import COPYING_LINE, CircuitsResult
+from attnviz.compute.qkov.circuits_result import COPYING_LINE, CircuitsResult
 from attnviz.errors import printable
 
 

@@ -8,7 +8,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.compute.circuits_result import (
+from attnviz.compute.qkov.circuits_result import (
     CONVENTIONS,
     COPYING_LINE,
     CircuitsResult,
@@ -32,7 +32,7 @@ def header(result: CircuitsResult, width: int | None = None) -> RenderableType:
     """The header; with `width` (the console's), the source on one line: a long path loses
     whole middle components (`/work/…/attnviz/data/induction.safetensors`), never part of a
     name, where the terminal would have wrapped it mid-name (--json has it exact)."""
-    from attnviz.compute.circuits import EFFECTIVE_SHARE, RANK_RTOL
+    from attnviz.compute.qkov.circuits import EFFECTIVE_SHARE, RANK_RTOL
 
     source = printable(result.source, None)
     if width is not None:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from matplotlib.image import AxesImage
     from numpy.typing import NDArray
 
-    from attnviz.compute.scale import Scale
-    from attnviz.compute.views import MapView
+    from attnviz.compute.display.scale import Scale
+    from attnviz.compute.display.views import MapView
 
 # Heatmap figures. Sizes in inches; text at TEXT_PT or more, so labels read at 100 % zoom.
 TEXT_PT = 8  # tick labels, panel titles
@@ -97,7 +97,7 @@ def heatmap_figure(views: list[MapView], title: str, scale: str = "max", size: f
     import matplotlib
     from matplotlib.colors import LogNorm, Normalize
 
-    from attnviz.compute.scale import map_scale
+    from attnviz.compute.display.scale import map_scale
 
     grid = Grid.lay_out(views, title, size, dpi or FIGURE_DPI)
     shown = map_scale(scale, [v.values for v in grid.views])
@@ -166,7 +166,7 @@ class Grid:
     def lay_out(views: list[MapView], title: str, size: float | None, dpi: int) -> Grid:
         import textwrap
 
-        from attnviz.compute.views import downsample
+        from attnviz.compute.display.views import downsample
 
         side = panel_inches(views, size)
         rows_keys = list(dict.fromkeys((v.sentence, v.layer) for v in views))

@@ -13,8 +13,8 @@ from attnviz.render.figure_io import label as safe
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from attnviz.compute.results import AttentionRun
-    from attnviz.compute.views import MapView
+    from attnviz.compute.display.views import MapView
+    from attnviz.compute.forward_pass.results import AttentionRun
     from attnviz.sources.generate_spec import Generation
 
 BOUNDARY_COLOR = "#ff2d2d"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from attnviz.compute.value_norms import NORM_LEGEND
+from attnviz.compute.measures.value_norms import NORM_LEGEND
 from attnviz.errors import keyword, with_options
 
 if TYPE_CHECKING:

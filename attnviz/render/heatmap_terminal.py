@@ -15,7 +15,7 @@ from attnviz.render.safe import safe_text
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from attnviz.compute.results import AttentionRun
+    from attnviz.compute.forward_pass.results import AttentionRun
 
 MAX_LISTED_TOKENS = 48  # tokens listed per sentence above an overview
 
@@ -58,7 +58,7 @@ def print_heatmap(out: Console, result: Drawn, shown: TerminalView,
                   show: Callable[[str], str] = keyword) -> None:
     """Header lines, the overview, terminal maps, the statistics table and the --query
     breakdown; `show` names an option in the run's notes (the CLI: as its flag)."""
-    from attnviz.compute.views import downsample
+    from attnviz.compute.display.views import downsample
     from attnviz.render.maps_terminal import print_maps, print_stats
     from attnviz.render.query_terminal import print_query
 

@@ -2,7 +2,8 @@
 
 Maps: one entry per (sentence, layer) holding every head, over each sentence's real tokens only
 (padding cut away; a bias_k key, if any, is the last column). A map larger than `max_cells` per
-side is downsampled as the figures do (`attnviz.compute.views.downsample`: key blocks summed, query
+side is downsampled as the figures do (`attnviz.compute.display.views.downsample`: key blocks
+summed, query
 blocks averaged, so each row still sums to 1) and its rows and columns carry the token spans they
 cover.
 
@@ -36,18 +37,18 @@ from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any, SupportsFloat, cast
 
 # attnviz internals used here (the only ones): display views of a run
-from attnviz.compute.maps import select_maps
-from attnviz.compute.views import downsample
+from attnviz.compute.display.maps import select_maps
+from attnviz.compute.display.views import downsample
 from attnviz.render.html_codes import LEVELS, MASKED, b64, dequantize, quantize
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from attnviz.compute.breakdown import QueryBreakdown
-    from attnviz.compute.results import AttentionRun
-    from attnviz.compute.stats import HeadStats
-    from attnviz.compute.views import MapView
+    from attnviz.compute.display.views import MapView
+    from attnviz.compute.forward_pass.results import AttentionRun
+    from attnviz.compute.measures.breakdown import QueryBreakdown
+    from attnviz.compute.measures.stats import HeadStats
     from attnviz.sources.generate_spec import Generation
 
 FORMAT = "attnviz-html/1"

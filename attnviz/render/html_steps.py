@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from attnviz.render.html_codes import b64, quantize
 
 if TYPE_CHECKING:
-    from attnviz.compute.results import AttentionRun, LayerAttention
+    from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
     from attnviz.sources.generate_spec import Generation
 
 STEP_CELLS = 8_000_000  # weights kept for the step view at most (one byte each in the page)

@@ -15,15 +15,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.compute.scale import DEFAULT_SCALE, Scale, map_scale
-from attnviz.compute.views import MapView
+from attnviz.compute.display.scale import DEFAULT_SCALE, Scale, map_scale
+from attnviz.compute.display.views import MapView
 from attnviz.errors import printable
 from attnviz.render.elide import MAX_MAP_PANELS, MAX_TABLE_ROWS, elided, gap_note
 
 # Re-exported: cli/heatmap_cmd.py prints the --query breakdown through this module.
 
 if TYPE_CHECKING:
-    from attnviz.compute.stats import HeadStats
+    from attnviz.compute.measures.stats import HeadStats
 
 # viridis anchors: 0 → dark purple, 1 → yellow
 _RAMP = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
@@ -233,7 +233,7 @@ STATS_COLUMNS = ("layer", "head", "ent", "max", "dist", "first", "prev", "next",
 
 
 def stats_table(stats: list[HeadStats]) -> Table:
-    """Per-head statistics with labels (see attnviz.compute.stats for the definitions).
+    """Per-head statistics with labels (see attnviz.compute.measures.stats for the definitions).
 
     Fits 80 columns: short headers, one space between columns; numbers are never cut (each
     numeric column is as wide as its widest number), only a label could be."""

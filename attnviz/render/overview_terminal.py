@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
-from attnviz.compute.stats import LABEL_THRESHOLD, MIN_LABEL_QUERIES
+from attnviz.compute.measures.stats import LABEL_THRESHOLD, MIN_LABEL_QUERIES
 from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.maps_terminal import colour_off, ramp
 
 if TYPE_CHECKING:
-    from attnviz.compute.overview import Overview, OverviewCell
+    from attnviz.compute.measures.overview import Overview, OverviewCell
 
 # type → (word, 3-letter code, what it means, colour)
 TYPES: dict[str, tuple[str, str, str, str]] = {

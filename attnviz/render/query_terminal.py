@@ -11,7 +11,7 @@ from rich.text import Text
 from attnviz.errors import printable
 
 if TYPE_CHECKING:
-    from attnviz.compute.breakdown import QueryBreakdown
+    from attnviz.compute.measures.breakdown import QueryBreakdown
 
 
 def _vector(values: list[float], shown: int = 4) -> str:

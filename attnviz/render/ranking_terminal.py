@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.compute.ranking import HeadRanking
+from attnviz.compute.measures.ranking import HeadRanking
 
 
 def ranking_table(rankings: list[HeadRanking]) -> Table:

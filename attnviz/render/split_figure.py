@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.compute.split_views import MatrixPanel
+from attnviz.compute.splitting.split_views import MatrixPanel
 from attnviz.errors import elide_at_boundaries
 from attnviz.render.figure_io import isolated, label, new_figure
 

@@ -9,8 +9,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnviz.compute.split import ProjectionSplit, Proof, SplitReport
-from attnviz.compute.split_views import BandPicture
+from attnviz.compute.splitting.split import ProjectionSplit, Proof, SplitReport
+from attnviz.compute.splitting.split_views import BandPicture
 from attnviz.errors import elide_at_boundaries, printable
 from attnviz.render.elide import MAX_TABLE_ROWS, elided, gap_note
 from attnviz.render.safe import safe_text

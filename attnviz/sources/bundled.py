@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute.attention import layer_attention
-from attnviz.compute.forward import load_weights
-from attnviz.compute.inputs import Batch, TokenLimit, length_problem, padding_mask
-from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.compute.forward_pass.attention import layer_attention
+from attnviz.compute.forward_pass.forward import load_weights
+from attnviz.compute.forward_pass.inputs import Batch, TokenLimit, length_problem, padding_mask
+from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import HeadHints
 from attnviz.core.words import hashed_ids

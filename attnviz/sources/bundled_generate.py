@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute.attention import layer_attention
-from attnviz.compute.forward import load_weights
-from attnviz.compute.inputs import Batch, length_problem
-from attnviz.compute.results import AttentionRun, LayerAttention
+from attnviz.compute.forward_pass.attention import layer_attention
+from attnviz.compute.forward_pass.forward import load_weights
+from attnviz.compute.forward_pass.inputs import Batch, length_problem
+from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
 from attnviz.core.request import GenerateSpec
 from attnviz.core.words import hashed_ids
 from attnviz.errors import CheckpointError, UsageError
@@ -125,7 +125,7 @@ class _Model:
     def run(self, batch: Batch, ids: list[list[int]], layer_indices: list[int] | None
             ) -> AttentionRun:
         """One forward over each sentence's prompt + generated ids, right-padded."""
-        from attnviz.compute.inputs import padding_mask
+        from attnviz.compute.forward_pass.inputs import padding_mask
 
         padded = torch.zeros(len(ids), batch.max_len, dtype=torch.long)
         for b, row in enumerate(ids):

@@ -19,8 +19,16 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute import kernel
-from attnviz.compute.ablation_measures import (
+from attnviz.compute.forward_pass import kernel
+from attnviz.compute.forward_pass.forward import (
+    LayerWeights,
+    head_attention,
+    load_weights,
+    merged_mask,
+)
+from attnviz.compute.forward_pass.inputs import padding_mask
+from attnviz.compute.forward_pass.results import AttentionRun
+from attnviz.compute.measures.ablation_measures import (
     CAUSAL_LOSS,
     AblationReport,
     HeadEffect,
@@ -30,9 +38,6 @@ from attnviz.compute.ablation_measures import (
     repeat_targets,
     undefined_measures,
 )
-from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
-from attnviz.compute.inputs import padding_mask
-from attnviz.compute.results import AttentionRun
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.words import hashed_ids
 from attnviz.load.store import TensorStore

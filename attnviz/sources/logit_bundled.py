@@ -12,9 +12,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute import kernel
-from attnviz.compute.attention import layer_attention
-from attnviz.compute.forward import LayerWeights, head_attention, load_weights, merged_mask
+from attnviz.compute.forward_pass import kernel
+from attnviz.compute.forward_pass.attention import layer_attention
+from attnviz.compute.forward_pass.forward import (
+    LayerWeights,
+    head_attention,
+    load_weights,
+    merged_mask,
+)
 from attnviz.compute.logit.frozen_norm import NormParams, fit_norm
 from attnviz.compute.logit.logit_run import LensRows, LogitRun, LogitTransform, Prompts
 from attnviz.compute.logit.residual_parts_data import ResidualParts, check_parts

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute.forward import load_weights
+from attnviz.compute.forward_pass.forward import load_weights
 from attnviz.compute.patching.pairs import PromptPair
 from attnviz.core.words import hashed_ids, split_words
 from attnviz.errors import CheckpointError, UsageError

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute.forward import LayerWeights, load_weights
+from attnviz.compute.forward_pass.forward import LayerWeights, load_weights
 from attnviz.compute.tokenflow.decompose import BlockTerms
 from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
 from attnviz.core.layer import AttentionLayer

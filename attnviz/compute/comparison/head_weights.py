@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.forward import read_ref, refuse_non_finite
+from attnviz.compute.forward_pass.forward import read_ref, refuse_non_finite
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import UsageError, option, quoted
 from attnviz.load.store import TensorStore

@@ -1,5 +1,6 @@
 """Head statistics over a corpus, streamed: per-example sums of every statistic
-`attnviz.compute.stats` takes (`corpus_examples`), added into float64 accumulators that merge by
+`attnviz.compute.measures.stats` takes (`corpus_examples`), added into float64 accumulators that
+merge by
 addition (`corpus_sums.CorpusSums`: one process, many batches, many ranks, a resumed run), and
 the summary they give (`corpus_summary`: each head's mean with a 95 % interval over examples,
 its type, the type's bootstrap stability and how many examples it took to settle).

@@ -1,4 +1,5 @@
-"""Each example's sums of every statistic of `compute.stats.stat_sums`, for a whole padded batch
+"""Each example's sums of every statistic of `compute.measures.stats.stat_sums`, for a whole padded
+batch
 at once: the per-sentence pattern pairs become (B, L, L) key masks, and every sum one masked
 reduction over (B, H, L, L), so the cost is a few passes over the maps instead of a Python loop
 per example, layer and pattern. What stat_sums sums over pairs (q, k), this sums over the
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from attnviz.compute.corpus.corpus_sums import STATISTICS
-from attnviz.compute.stats import SPECIAL_RE, is_punctuation
+from attnviz.compute.measures.stats import SPECIAL_RE, is_punctuation
 
 INDEX = {name: i for i, name in enumerate(STATISTICS)}
 

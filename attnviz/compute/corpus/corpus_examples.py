@@ -1,6 +1,7 @@
 """Per-example sums of a batch's maps: for each example alone, each layer's and head's sum of
 every statistic over its queries and the number of queries it averages over — what
-`compute.stats.stat_sums` (`cross_sums` for cross-attention) gives for that example by itself
+`compute.measures.stats.stat_sums` (`cross_sums` for cross-attention) gives for that example by
+itself
 (`corpus_batch_stats` computes it for the whole batch at once), so that padding and the batch
 an example shares change nothing."""
 
@@ -12,8 +13,8 @@ import torch
 
 from attnviz.compute.corpus.corpus_batch_stats import BatchPatterns, batch_patterns, batch_sums
 from attnviz.compute.corpus.corpus_sums import STATISTICS
-from attnviz.compute.results import AttentionRun
-from attnviz.compute.stats import cross_sums
+from attnviz.compute.forward_pass.results import AttentionRun
+from attnviz.compute.measures.stats import cross_sums
 from attnviz.errors import UsageError, option
 
 

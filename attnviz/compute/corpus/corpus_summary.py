@@ -8,7 +8,7 @@ delta method for a ratio): se² = n / (n - 1) · Σ (s_i - R c_i)² / (Σ c_i)²
 have the statistic, and Σ (s_i - R c_i)² = Σ s² - 2R Σ sc + R² Σ c². The interval is
 R ± 1.96 se (normal; with n < 2 there is none).
 
-A head's type is `compute.overview.head_type` of the means (the same rule as heatmap's
+A head's type is `compute.measures.overview.head_type` of the means (the same rule as heatmap's
 overview). Its stability is the share of the R Poisson-bootstrap resamples whose means give the
 same type; the settle curve is the type after the first k examples at each band edge, and a
 head settled at the first edge after which it never changed."""
@@ -23,8 +23,8 @@ import torch
 
 from attnviz.compute.corpus.corpus_examples import LayerInfo
 from attnviz.compute.corpus.corpus_sums import STATISTICS, CorpusSums, band_edges
-from attnviz.compute.overview import head_type
-from attnviz.compute.stats import PATTERNS, HeadStats
+from attnviz.compute.measures.overview import head_type
+from attnviz.compute.measures.stats import PATTERNS, HeadStats
 
 Z95 = 1.959963984540054  # the normal's 97.5 % quantile
 
@@ -50,7 +50,7 @@ class CorpusHead:
     label: str  # the layer as the run labels it
     head: int
     statistics: dict[str, Interval]  # by STATISTICS name
-    type: str  # compute.overview's head type
+    type: str  # compute.measures.overview's head type
     stability: float  # share of bootstrap resamples giving `type`
     settled_at: int | None  # examples after which the type never changed (None: not yet)
     curve: tuple[str, ...]  # the type after each of `CorpusSummary.checkpoints` examples

@@ -1,7 +1,8 @@
 """`CorpusSums`: the float64 accumulators of a corpus run (see the package docstring). Every
 field is a tensor that merges by addition, so partial sums of batches, ranks (all-reduce) and a
 resumed run's state add up to the same totals. Axes: R resamples, K bands, L layers, H heads
-(the most any layer has), S statistics (STATISTICS, the keys of `compute.stats.stat_sums`)."""
+(the most any layer has), S statistics (STATISTICS, the keys of
+`compute.measures.stats.stat_sums`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from attnviz.compute.stats import PATTERNS
+from attnviz.compute.measures.stats import PATTERNS
 
 STATISTICS = ("entropy", "max_weight", "distance", *PATTERNS, "special")
 DEFAULT_RESAMPLES = 200

@@ -10,13 +10,15 @@ probe), so any model transformers loads without remote code works, recognized by
 inspect` or not.
 
 Sequences are re-aligned so each sentence's real tokens sit at positions 0..n-1 (right padding),
-as the renderers and `attnviz.compute.stats` assume. Encoder-decoder models run their encoder
+as the renderers and `attnviz.compute.measures.stats` assume. Encoder-decoder models run their
+encoder
 alone, or, given a target per sentence, the decoder too: decoder self-attention (target × target)
 and cross-attention (target × source).
 
 `verify_layer` (the recompute proof) recomputes one layer's weights from its captured input with
 attnviz's own AttentionLayer slices, read from the checkpoint files, and positions recomputed
-from config.json by `attnviz.compute.positions` (never taken from the model); the split proof,
+from config.json by `attnviz.compute.forward_pass.positions` (never taken from the model); the
+split proof,
 which needs no per-family math, is `attnviz.sources.hf.split_proof`.
 transformers is imported lazily: the core install works without it.
 

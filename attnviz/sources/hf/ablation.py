@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.ablation_measures import (
+from attnviz.compute.measures.ablation_measures import (
     CAUSAL_LOSS,
     KL,
     AblationReport,

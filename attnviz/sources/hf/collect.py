@@ -22,7 +22,7 @@ from attnviz.sources.hf.layers import (
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-    from attnviz.compute.streaming import MapReducer
+    from attnviz.compute.forward_pass.streaming import MapReducer
 
 # --- the run -----------------------------------------------------------------------------------
 

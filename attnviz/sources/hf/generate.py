@@ -89,7 +89,7 @@ def load_lm(opened: OpenedModel, device: str = "cpu", dtype: str = "float32") ->
     check_load_options(device, dtype, None)
     import transformers
 
-    from attnviz.compute.device import resolve_device
+    from attnviz.compute.forward_pass.device import resolve_device
 
     folder, where = opened.folder, printable_path(opened.folder)
     auto: Any = transformers.AutoModelForSeq2SeqLM if opened.encoder_decoder \

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from attnviz.compute.inputs import Batch
-from attnviz.compute.results import AttentionRun, LayerAttention, ModelCall
+from attnviz.compute.forward_pass.inputs import Batch
+from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention, ModelCall
 from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources.generate_spec import Generation

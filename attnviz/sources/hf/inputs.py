@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.inputs import Batch, TokenLimit, length_problem
+from attnviz.compute.forward_pass.inputs import Batch, TokenLimit, length_problem
 from attnviz.core.request import DEFAULT_MAX_TOKENS
 from attnviz.errors import (
     CheckpointError,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.device import resolve_device
+from attnviz.compute.forward_pass.device import resolve_device
 from attnviz.errors import (
     CheckpointError,
     ConfigError,

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.device import resolve_device
+from attnviz.compute.forward_pass.device import resolve_device
 from attnviz.compute.patching.model import Hook
 from attnviz.errors import CheckpointError, UsageError, option, printable
 from attnviz.load.paths import library_path

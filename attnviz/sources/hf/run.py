@@ -8,8 +8,13 @@ from typing import Any, cast
 
 import torch
 
-from attnviz.compute.inputs import find_query
-from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention, ModelCall
+from attnviz.compute.forward_pass.inputs import find_query
+from attnviz.compute.forward_pass.results import (
+    AttentionRun,
+    CapturedScores,
+    LayerAttention,
+    ModelCall,
+)
 from attnviz.core import memory
 from attnviz.errors import (
     CheckpointError,
@@ -53,7 +58,8 @@ def run_plan(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
     With how.allow_stream, when the memory plan streams the source layers shown (`memory_plan`:
     their full maps exceed the budget, or have more than 512 keys and the run does not read
     them whole, as how.values does), each is reduced block by block to display views and statistics
-    (`attnviz.compute.streaming.MapReducer`) and dropped, keeping only the last layer's inputs
+    (`attnviz.compute.forward_pass.streaming.MapReducer`) and dropped, keeping only the last
+    layer's inputs
     and, for query = (sentence, token spec), that query's row of every head of the last layer.
     Decoder and cross-attention maps (rows are target tokens) are always kept whole.
     With query, the last layer's query, key and mask are kept for the breakdown.
@@ -115,7 +121,7 @@ DESCRIBED_INPUTS = ("the model's own hidden states entering each attention modul
 def _setup(plan: Plan, how: ModelRun) -> _Setup:
     """Which calls to show, whether they stream, and the --query row when the layers are known
     (resolved before the model runs: a typo costs nothing)."""
-    from attnviz.compute import streaming
+    from attnviz.compute.forward_pass import streaming
 
     shown, batch, query = plan.shown, plan.prepared.batch, how.query
     planned = memory_plan(plan, how.memory_budget, keep=how.values)
@@ -201,7 +207,7 @@ def _layer_result(ran: _Ran, layer: ModelLayer, call: capture.CapturedLayer,
     """One shown layer's LayerAttention: its full maps, or its streamed reduction."""
     from dataclasses import replace
 
-    from attnviz.compute import streaming
+    from attnviz.compute.forward_pass import streaming
 
     loaded, plan, collector, setup, inputs = (ran.loaded, ran.plan, ran.collector, ran.setup,
                                               ran.inputs)
@@ -229,7 +235,7 @@ def _layer_result(ran: _Ran, layer: ModelLayer, call: capture.CapturedLayer,
 
 
 def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
-    from attnviz.compute import streaming
+    from attnviz.compute.forward_pass import streaming
 
     notes = []
     if streamed:

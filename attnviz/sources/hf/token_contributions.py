@@ -108,7 +108,7 @@ class ModelRunner:
 def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
     import transformers
 
-    from attnviz.compute.device import resolve_device
+    from attnviz.compute.forward_pass.device import resolve_device
     from attnviz.sources.hf.ablation import lm_class
 
     if opened.tower is not None:

@@ -1,7 +1,7 @@
 """--weighting norm on a Hugging Face model: the per-head value states its own attention call
 received (captured through the attention interface, before repeat_kv) and the W_O columns
 attnviz recognizes for that layer give each key's ‖W_O[:, cols(h)] v_j^{g(h)}‖
-(attnviz.compute.value_norms), realigned like the maps to each sentence's real keys."""
+(attnviz.compute.measures.value_norms), realigned like the maps to each sentence's real keys."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import torch
 
-from attnviz.compute.forward import read_ref
-from attnviz.compute.results import LayerAttention, ValueWeighting
-from attnviz.compute.value_norms import state_norms
+from attnviz.compute.forward_pass.forward import read_ref
+from attnviz.compute.forward_pass.results import LayerAttention, ValueWeighting
+from attnviz.compute.measures.value_norms import state_norms
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckpointError, UsageError, option, printable
 from attnviz.sources.hf import capture

@@ -83,7 +83,7 @@ class VerifyResult:
 
 def recompute_supported(loaded: LoadedModel, call: ModelLayer) -> str | None:
     """Why the recompute proof cannot run on this layer, or None when it can."""
-    from attnviz.compute.positions import SCHEMES
+    from attnviz.compute.forward_pass.positions import SCHEMES
     from attnviz.load.config import model_type
 
     kind = model_type(loaded.store.config)
@@ -103,8 +103,8 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     `described` replaces attnviz's own description in the recomputation (tests use it to prove a
     wrong slicing fails); `plan` reuses a plan (its tokens and numbered layers).
     """
-    from attnviz.compute.forward import load_weights
-    from attnviz.compute.positions import positions_for, recompute_weights
+    from attnviz.compute.forward_pass.forward import load_weights
+    from attnviz.compute.forward_pass.positions import positions_for, recompute_weights
 
     plan = plan or plan_run(loaded, RunInputs(sentences, max_tokens=max_tokens), None,
                             ModelRun(need_layers=True))

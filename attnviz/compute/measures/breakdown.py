@@ -10,11 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.compute import kernel
-from attnviz.compute.forward import load_weights, per_head_forward
-from attnviz.compute.inputs import Batch
-from attnviz.compute.positions import SCHEMES, Positions, positions_for, recompute_heads
-from attnviz.compute.results import AttentionRun, CapturedScores, LayerAttention
+from attnviz.compute.forward_pass import kernel
+from attnviz.compute.forward_pass.forward import load_weights, per_head_forward
+from attnviz.compute.forward_pass.inputs import Batch
+from attnviz.compute.forward_pass.positions import (
+    SCHEMES,
+    Positions,
+    positions_for,
+    recompute_heads,
+)
+from attnviz.compute.forward_pass.results import AttentionRun, CapturedScores, LayerAttention
 from attnviz.errors import CheckFailed, UsageError, option
 from attnviz.load.config import model_type
 

@@ -147,7 +147,7 @@ def prove_split(layer: AttentionLayer, weights: Any, seed: int = 0, batch: int =
     """Run the layer on a seeded random batch twice, by the reference and head by head."""
     import torch
 
-    from attnviz.compute import forward
+    from attnviz.compute.forward_pass import forward
 
     gen = torch.Generator().manual_seed(seed)
     device, dtype = weights.W_q.device, weights.W_q.dtype
@@ -189,7 +189,7 @@ def prove_split(layer: AttentionLayer, weights: Any, seed: int = 0, batch: int =
 
 def make_report(layer: AttentionLayer, store: Any, seed: int = 0) -> tuple[SplitReport, Any]:
     """Slices, weights and the numerical proof for one layer."""
-    from attnviz.compute.forward import load_weights
+    from attnviz.compute.forward_pass.forward import load_weights
 
     if not layer.heads_known:
         raise UsageError(f"the number of heads of layer {layer.name or '(top level)'!r} is "

@@ -1,12 +1,12 @@
 """Display-ready attention maps of a run: real tokens only, the selected heads (display views
-and their downsampling: `attnviz.compute.views`)."""
+and their downsampling: `attnviz.compute.display.views`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from attnviz.compute.results import AttentionRun, LayerAttention
-from attnviz.compute.views import MapView
+from attnviz.compute.display.views import MapView
+from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
 from attnviz.errors import UsageError, option
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute import kernel
-from attnviz.compute.forward import LayerWeights, load_weights
-from attnviz.compute.inputs import Batch
-from attnviz.compute.results import LayerAttention
-from attnviz.compute.streaming import MapReducer
+from attnviz.compute.forward_pass import kernel
+from attnviz.compute.forward_pass.forward import LayerWeights, load_weights
+from attnviz.compute.forward_pass.inputs import Batch
+from attnviz.compute.forward_pass.results import LayerAttention
+from attnviz.compute.forward_pass.streaming import MapReducer
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import merge_ranges
@@ -30,7 +30,7 @@ class LayerRun:
 
     device: torch.device
     causal: bool = False
-    positions: str = "none"  # the inputs' position scheme (attnviz.compute.inputs)
+    positions: str = "none"  # the inputs' position scheme (attnviz.compute.forward_pass.inputs)
     budget: int | None = None  # bytes the maps may take (None: the default budget)
     allow_stream: bool = True  # False: maps whole whatever their size (the API's choice)
     keep: bool = False  # the caller reads the full maps: hold them whole when they fit

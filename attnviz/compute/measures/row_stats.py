@@ -5,7 +5,7 @@
 computed block by block never exists whole. Each term reads the block a fixed number of times
 and never builds an n × n array: distances through one skinny matmul, patterns by gathering
 their (query, key) pairs, generated block by block from the sentence's sorted tokens. The sums
-and the means they add up to live in `attnviz.compute.stats`.
+and the means they add up to live in `attnviz.compute.measures.stats`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnviz.compute.stats import PATTERNS, SPECIAL_RE, is_punctuation, xlogx_rows
+from attnviz.compute.measures.stats import PATTERNS, SPECIAL_RE, is_punctuation, xlogx_rows
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

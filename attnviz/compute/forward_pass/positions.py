@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from attnviz.compute import kernel
-from attnviz.compute.forward import LayerWeights
+from attnviz.compute.forward_pass import kernel
+from attnviz.compute.forward_pass.forward import LayerWeights
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import LayoutError, UsageError, printable
 from attnviz.load.config import model_type, number

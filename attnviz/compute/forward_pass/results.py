@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnviz.compute.inputs import Batch
-from attnviz.compute.views import MapView
+from attnviz.compute.display.views import MapView
+from attnviz.compute.forward_pass.inputs import Batch
 from attnviz.core.layer import AttentionLayer
 from attnviz.load.store import TensorStore
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from attnviz.compute.stats import HeadStats
+    from attnviz.compute.measures.stats import HeadStats
 
 SDPA_TOLERANCE = 1e-4  # explicit per-head output vs F.scaled_dot_product_attention, relative
 
@@ -43,7 +43,8 @@ class CapturedScores:
 
 @dataclass(frozen=True)
 class StreamedMaps:
-    """What a streamed layer keeps instead of its full maps (attnviz.compute.streaming): display
+    """What a streamed layer keeps instead of its full maps
+    (attnviz.compute.forward_pass.streaming): display
     views, summable statistics and, for --query, that query's row of every head."""
 
     views: list[MapView]
@@ -71,7 +72,8 @@ class ModelCall:
 
 @dataclass(frozen=True)
 class ValueWeighting:
-    """--weighting norm (attnviz.compute.value_norms): per key ‖W_O^h v_j‖, and the attention
+    """--weighting norm (attnviz.compute.measures.value_norms): per key ‖W_O^h v_j‖, and the
+    attention
     maps themselves once `LayerAttention.weights` holds the normalized value-weighted maps."""
 
     value_norms: torch.Tensor  # (B, H, S)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnviz.compute.circuits_factors import (  # noqa: F401 - re-exported
+from attnviz.compute.qkov.circuits_factors import (  # noqa: F401 - re-exported
     EXACT_FACTOR_NUMEL,
     EXACT_GRAM_NUMEL,
     REFINE_SHARE,

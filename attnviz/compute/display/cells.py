@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnviz.compute.views import DisplayGrid
+from attnviz.compute.display.views import DisplayGrid
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,5 +1,6 @@
 """The layers × heads overview of a run: for each head its type — the pattern it follows, named
-as `compute.ranking` names head types — or one of its statistics, from the head statistics the
+as `compute.measures.ranking` names head types — or one of its statistics, from the head statistics
+the
 run computed (no second forward pass).
 
 A head's type: the pattern `HeadStats.label` names (previous, first, last, self, duplicate,
@@ -16,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attnviz.compute.ranking import HEAD_TYPES
+from attnviz.compute.measures.ranking import HEAD_TYPES
 from attnviz.core.choices import OverviewShows
 
 if TYPE_CHECKING:  # stats imports torch: not needed to name its type
-    from attnviz.compute.stats import HeadStats
+    from attnviz.compute.measures.stats import HeadStats
 
 BROAD = "broad"
 OTHER = "other"
@@ -51,7 +52,7 @@ assert set(CHOICES) == {LABEL, *STATISTICS, OFF}, "OverviewShows and STATISTICS 
 @dataclass(frozen=True)
 class OverviewCell:
     head: int
-    type: str  # a compute.ranking type name, "broad" or "other"
+    type: str  # a compute.measures.ranking type name, "broad" or "other"
     statistic: str  # the HeadStats field `score` is: the type's own (max_weight for "other")
     score: float | None
     value: float | None = None  # the statistic the overview shows, when it shows one
@@ -84,7 +85,7 @@ class Overview:
         return STATISTICS[self.shows][1] if self.shows in STATISTICS else "head type"
 
     def to_json(self) -> dict[str, Any]:
-        from attnviz.compute.stats import LABEL_THRESHOLD
+        from attnviz.compute.measures.stats import LABEL_THRESHOLD
 
         return {"shows": self.shows, "statistic": self.statistic, "meaning": self.meaning,
                 "threshold": LABEL_THRESHOLD,
@@ -96,7 +97,7 @@ class Overview:
 
 def head_type(stats: HeadStats) -> tuple[str, str, float | None]:
     """(type, the HeadStats field behind it, its value) of one head (see the module doc)."""
-    from attnviz.compute.stats import LABEL_THRESHOLD
+    from attnviz.compute.measures.stats import LABEL_THRESHOLD
 
     if stats.label:
         field = HEAD_TYPES[stats.label][0]

@@ -11,7 +11,8 @@ Time: the same O(H · B · L · S · d) work as the full maps, through matmuls i
 buffers and in-place elementwise passes.
 
 `MapReducer.add_rows` takes blocks of query rows from any producer: the kernel's block form for
-standalone layers (`attnviz.compute.layer_stream`), and (through `add`, whole maps) Hugging Face
+standalone layers (`attnviz.compute.forward_pass.layer_stream`), and (through `add`, whole maps)
+Hugging Face
 models' own eager maps (`attnviz.sources.hf`).
 """
 
@@ -24,10 +25,11 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from attnviz.compute.cells import BlockSpan, ColumnPlans, cell_sums
-from attnviz.compute.maps import MAX_VIEW_HEADS
-from attnviz.compute.results import LayerAttention, StreamedMaps
-from attnviz.compute.row_stats import (
+from attnviz.compute.display.cells import BlockSpan, ColumnPlans, cell_sums
+from attnviz.compute.display.maps import MAX_VIEW_HEADS
+from attnviz.compute.display.views import DisplayGrid, MapView, display_grid, grid_view
+from attnviz.compute.forward_pass.results import LayerAttention, StreamedMaps
+from attnviz.compute.measures.row_stats import (
     NOT_STATISTICS,
     ROW_TERMS,
     SentencePatterns,
@@ -35,8 +37,7 @@ from attnviz.compute.row_stats import (
     sentence_patterns,
     zeros,
 )
-from attnviz.compute.stats import StatSums, add_sums, finish_stats
-from attnviz.compute.views import DisplayGrid, MapView, display_grid, grid_view
+from attnviz.compute.measures.stats import StatSums, add_sums, finish_stats
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, option

@@ -2,7 +2,7 @@
 otherwise, and the per-head recomputation from weight slices that `split` uses as its proof.
 
 Shapes: x (B, L, E) query input, key/value inputs (B, S, kdim|vdim); masks follow
-`attnviz.compute.kernel`'s convention (bool, True = masked); maps are (B, H, L, S).
+`attnviz.compute.forward_pass.kernel`'s convention (bool, True = masked); maps are (B, H, L, S).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute import kernel
+from attnviz.compute.forward_pass import kernel
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.tensor_ref import TensorRef
 from attnviz.errors import CheckpointError, option, quoted

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnviz.compute.forward import LayerWeights
+from attnviz.compute.forward_pass.forward import LayerWeights
 from attnviz.core.choices import Weighting
 from attnviz.core.layer import AttentionLayer
 

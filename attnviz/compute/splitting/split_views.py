@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
     from numpy.typing import NDArray
 
-    from attnviz.compute.forward import LayerWeights
+    from attnviz.compute.forward_pass.forward import LayerWeights
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The d × d roots of each head's E × d factors, read in chunks of heads (compute/circuits.py).
+"""The d × d roots of each head's E × d factors, read in chunks of heads (compute/qkov/circuits.py).
 
 A head's every circuit number depends on its factor F (E × d) only through FᵀF, so each factor
 is replaced by a d × d T with TᵀT = FᵀF. The weights are read a few heads at a time: each

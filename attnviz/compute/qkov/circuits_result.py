@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attnviz.compute.circuits import HeadCircuit
+    from attnviz.compute.qkov.circuits import HeadCircuit
 
 CONVENTIONS = ("weights as stored (out × in); W_QK = W_Qᵀ W_K (score x_iᵀ W_QK x_j), "
                "W_OV = W_O[:, head] W_V (what the head writes from x_j); grouped-query heads use "
@@ -68,7 +68,7 @@ class CircuitsResult:
         return None if best is None else best[1]
 
     def to_json(self) -> dict[str, Any]:
-        from attnviz.compute.circuits import EFFECTIVE_SHARE, RANK_RTOL
+        from attnviz.compute.qkov.circuits import EFFECTIVE_SHARE, RANK_RTOL
 
         heads = [{"layer": layer.index, "name": layer.name, "label": layer.label,
                   "head": c.head, "kv_head": c.kv_head, "qk": c.qk.to_json(),

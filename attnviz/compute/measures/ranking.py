@@ -1,5 +1,6 @@
 """A ranking of a model's heads by type: for each known pattern, the heads that show it most
-(as TransformerLens's `detect_head` scores heads), from the statistics of `attnviz.compute.stats`.
+(as TransformerLens's `detect_head` scores heads), from the statistics of
+`attnviz.compute.measures.stats`.
 
 Scores are the statistics themselves (mean weight on the pattern's tokens per query, or entropy
 in nats for broad heads), so a ranking reads like the statistics table, sorted.
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # stats imports torch; the CLI reads HEAD_TYPES before torch's import
-    from attnviz.compute.stats import HeadStats
+    from attnviz.compute.measures.stats import HeadStats
 
 # type name → (statistic, what a high score means)
 HEAD_TYPES: dict[str, tuple[str, str]] = {

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import torch
 
-from attnviz.compute import kernel, layer_stream, streaming
-from attnviz.compute.forward import (
+from attnviz.compute.forward_pass import kernel, layer_stream, streaming
+from attnviz.compute.forward_pass.forward import (
     LayerWeights,
     build_torch_mha,
     load_weights,
@@ -19,8 +19,8 @@ from attnviz.compute.forward import (
     reshaped_forward,
     torch_mha_expressible,
 )
-from attnviz.compute.inputs import Batch, input_vectors, padding_mask
-from attnviz.compute.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
+from attnviz.compute.forward_pass.inputs import Batch, input_vectors, padding_mask
+from attnviz.compute.forward_pass.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, option
 from attnviz.load.store import TensorStore
@@ -60,7 +60,7 @@ def run_layer(layer: AttentionLayer, weights_store: TensorStore, batch: Batch,
     memory budget, or larger than a display and not kept: `run.keep` holds them whole whenever
     they fit), keeping the (sentence, query) row of every head for --query and handing every
     full row to `sink`, which --export writes as it comes. inputs_store: the checkpoint whose
-    embeddings make the inputs, if any (attnviz.compute.inputs)."""
+    embeddings make the inputs, if any (attnviz.compute.forward_pass.inputs)."""
     device, causal = run.device, run.causal
     x, described = input_vectors(batch, layer.embed_dim, inputs_store, run.positions)
     # Self-attention over the same sentence; kdim/vdim ≠ E layers get vectors of their width.

@@ -1,0 +1,1 @@
+"""What is shown: display views and maps, terminal cells, colour scales."""

@@ -1,0 +1,1 @@
+"""QK and OV circuits: factors, composition, the result."""

@@ -1,0 +1,1 @@
+"""How heads split the projections, and the split proof's views."""
