@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from browser import Browser, find_chromium
 from helpers import SAMPLES, assert_clean_error
 from test_compare_cli import SENTENCES, copy_sample, zoo_pair  # noqa: F401 (a fixture)
 
@@ -166,3 +167,27 @@ def test_corpus_page_equals_json_per_statistic(cli, tmp_path, zoo_pair):  # noqa
     swapped = text.replace(f"data-diff='{row['entropy_diff']!r}'",
                            f"data-diff='{other['entropy_diff']!r}'", 1)
     assert swapped != text and "entropy (1, 2) diff" in mismatches(swapped, doc)
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed")
+def test_page_renders_in_chromium_without_errors_or_requests(cli, tmp_path):
+    a, b = copy_sample(tmp_path / HOSTILE), copy_sample(tmp_path / "b", perturb=True)
+    page = tmp_path / "p.html"
+    assert cli("compare", "-w", a, "-a", b, "--html", page).exit_code == 0
+    (tmp_path / "profile").mkdir()
+    with Browser(find_chromium() or "", tmp_path / "profile") as browser:
+        shown = browser.open(page.as_uri())
+        # the weights tab is shown by default, with one visible cell per head
+        assert shown.evaluate("getComputedStyle(document.getElementById('weights')).display") \
+            == "block"
+        assert shown.evaluate("[...document.querySelectorAll('#weights td[data-head]')]"
+                              ".filter(td => td.offsetWidth > 0).length") == 8
+        assert shown.evaluate("document.title").startswith(str(a))  # escaped, read back whole
+        assert shown.errors() == []
+        assert all(u.startswith("file://") for u in shown.requests()), shown.requests()
+        # negative control: a page with a script error is caught by the same check
+        broken = tmp_path / "broken.html"
+        broken.write_text(page.read_text(encoding="utf-8").replace(
+            "</body>", "<script>undefinedFunction()</script></body>"), encoding="utf-8")
+        other = browser.open(broken.as_uri())
+        assert other.errors() != []
