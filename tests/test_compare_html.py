@@ -167,6 +167,15 @@ def test_corpus_page_equals_json_per_statistic(cli, tmp_path, zoo_pair):  # noqa
     swapped = text.replace(f"data-diff='{row['entropy_diff']!r}'",
                            f"data-diff='{other['entropy_diff']!r}'", 1)
     assert swapped != text and "entropy (1, 2) diff" in mismatches(swapped, doc)
+    if find_chromium() is not None:  # the tabs switch by link alone: no script
+        (tmp_path / "profile").mkdir()
+        with Browser(find_chromium() or "", tmp_path / "profile") as browser:
+            shown = browser.open(page.as_uri() + "#s-entropy")
+            display = "id => getComputedStyle(document.getElementById(id)).display"
+            assert shown.evaluate(f"({display})('s-entropy')") == "block"
+            assert shown.evaluate(f"({display})('weights')") == "none"
+            assert shown.evaluate(f"({display})('s-max_weight')") == "none"
+            assert shown.errors() == []
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed")
