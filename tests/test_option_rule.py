@@ -162,6 +162,7 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "weighting": ["--weighting", "norm"], "device": ["--device", "cpu"],
         "dtype": ["--dtype", "bfloat16"], "overview": ["--overview", "max"],
         "out": ["--out", f"{OUT}/f.png"], "csv": ["--csv", f"{OUT}/h.csv"],
+        "html": ["--html", f"{OUT}/p.html"],
     },
     "corpus": {
         "field": ["--field", "text"], "limit": ["--limit", "10"], "sample": ["--sample", "10"],

@@ -1,5 +1,5 @@
 """`attnviz compare`: options → CompareRequest → run_compare → the terminal grids, --json, --csv,
---out (rank 0 alone under torchrun)."""
+--out, --html (rank 0 alone under torchrun)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help
 Csv = Annotated[Path | None, typer.Option("--csv", callback=path_arg, help=(
     "Write one row per head: its weight comparison and each statistic's value in both "
     "models, difference and interval (.csv)."))]
+Html = Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
+    "Write an offline page: the weights' layers × heads grid, and with a corpus a tab per "
+    "statistic of each head's difference with its 95% interval (.html)."))]
 
 
 def compare(
@@ -89,6 +92,7 @@ def compare(
     out: Out = None,
     as_json: Json = False,
     csv: Csv = None,
+    html: Html = None,
 ) -> None:
     """Two models with the same head geometry, head by head: which heads' weights are
     byte-identical and how far the others moved; with a corpus, each head's difference per
@@ -98,7 +102,7 @@ def compare(
     from attnviz.core.request import HeadHints
 
     shown = _shown(overview, corpus is not None, as_json)
-    outputs = _check_outputs(corpus, model, against, weights, out, csv)
+    outputs = _check_outputs(corpus, model, against, weights, out, csv, html)
     request = CompareRequest(
         against or "", model, weights, corpus, HeadHints(num_heads, num_kv_heads, head_dim),
         field, device, dtype, weighting, max_tokens, long, parse_memory_budget(memory_budget),
@@ -113,7 +117,7 @@ def compare(
         result = run_compare(request, hook)
     if not leader:
         return
-    _write(result, outputs)
+    _write(result, outputs, corpus)
     if as_json:
         typer.echo(strict_json(result.to_json()))
     else:
@@ -146,14 +150,14 @@ def _shown(overview: choices.CorpusShows, corpus: bool, as_json: bool) -> str:
 
 
 def _check_outputs(corpus: Path | None, model: str | None, against: str | None,
-                   weights: Path | None, out: Path | None, csv: Path | None
-                   ) -> tuple[Path | None, Path | None]:
+                   weights: Path | None, out: Path | None, csv: Path | None,
+                   html: Path | None) -> tuple[Path | None, Path | None, Path | None]:
     from attnviz.app.outputs import check_distinct, check_output_path, read_set
     from attnviz.cli.paths import inputs_read
     from attnviz.render.figure_io import FIGURE_SUFFIXES
 
-    if out is None and csv is None:
-        return None, None
+    if out is None and csv is None and html is None:
+        return None, None, None
     read = inputs_read(weights, model, corpus, False)
     if against is not None:  # model B: a checkpoint (file or folder) or a model
         other = Path(against)
@@ -161,15 +165,18 @@ def _check_outputs(corpus: Path | None, model: str | None, against: str | None,
             [other], [other] if other.is_dir() else [])
         read = type(read)(read.paths | b.paths, read.inodes | b.inodes, read.folders | b.folders)
     checked = (None if out is None else check_output_path(out, FIGURE_SUFFIXES, read),
-               None if csv is None else check_output_path(csv, (".csv",), read, "csv"))
+               None if csv is None else check_output_path(csv, (".csv",), read, "csv"),
+               None if html is None else check_output_path(html, (".html", ".htm"), read,
+                                                           "html"))
     check_distinct(*checked)
     return checked
 
 
-def _write(result: CompareResult, outputs: tuple[Path | None, Path | None]) -> None:
+def _write(result: CompareResult, outputs: tuple[Path | None, Path | None, Path | None],
+           corpus: Path | None) -> None:
     from attnviz.app.compare import write_csv
 
-    out, csv = outputs
+    out, csv, html = outputs
     if out is not None:
         from attnviz.cli.paths import write_figure
         from attnviz.render.compare_figure import compare_figure
@@ -177,3 +184,9 @@ def _write(result: CompareResult, outputs: tuple[Path | None, Path | None]) -> N
         write_figure(compare_figure(result), out)
     if csv is not None:
         write_csv(result.rows(), csv)
+    if html is not None:
+        from attnviz.cli.paths import write_page
+        from attnviz.render.compare_html import compare_page
+
+        name = None if corpus is None else "standard input" if str(corpus) == "-" else str(corpus)
+        write_page(compare_page(result, name), html)

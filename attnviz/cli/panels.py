@@ -111,7 +111,7 @@ PANELS: dict[str, dict[str, str]] = {
         "dtype": HF_MODEL,
         **{name: INPUT for name in ("field", "limit", "sample", "seed", "long")},
         "weighting": MEASURES,
-        **{name: OUTPUTS for name in ("overview", "out", "as_json", "csv")},
+        **{name: OUTPUTS for name in ("overview", "out", "as_json", "csv", "html")},
         **{name: LIMITS for name in ("max_tokens", "memory_budget")},
     },
     "attribute": {
