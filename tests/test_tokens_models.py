@@ -102,6 +102,96 @@ def test_terms_add_up_to_each_blocks_own_output(folders, kind):
             assert float((wrong - want).norm() / want.norm()) > 1e-3
 
 
+# families added by issue #34, each with its language-model head; parallel blocks (attention
+# and MLP on the same normed input) are checked as the layer's own output minus its MLP's
+# output, a sequential one (BLOOM) at the input of the norm after its attention
+PARALLEL_MLP = {"gpt_neox": "mlp", "gptj": "mlp", "phi": "mlp", "cohere": "mlp",
+                "falcon": "mlp"}
+NEW_KINDS = (*PARALLEL_MLP, "bloom")
+
+
+@pytest.fixture(scope="module")
+def new_folders(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import zoo
+
+    return {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(kind)) for kind in NEW_KINDS}
+
+
+def layer_minus_mlp(runner, kind, ids, mask):
+    """Each layer's output minus its MLP's output, both through hooks written here: x + attn
+    for a parallel block, whatever attnviz reads."""
+    layers = runner.runner.get_submodule(runner.block.layers)
+    outs, mlps = [], []
+
+    def keep(store):
+        def hook(module, args, output):
+            # a copy: Falcon adds the attention output into its MLP's output in place
+            store.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+        return hook
+
+    handles = []
+    for layer in layers:
+        handles.append(layer.register_forward_hook(keep(outs)))
+        handles.append(layer.get_submodule(PARALLEL_MLP[kind]).register_forward_hook(keep(mlps)))
+    try:
+        with torch.no_grad():
+            runner.runner(input_ids=ids, attention_mask=mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return [o - m for o, m in zip(outs, mlps, strict=True)]
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind):
+    """Σ_j T_ij equals the block's own output (≤ 1e-5 relative) for the families of issue #34,
+    with the value states cut out of fused projections (GPT-NeoX, Falcon, BLOOM). Negative
+    controls: the residual left out of the terms; the row with its residual dropped (parallel)
+    or counted twice (BLOOM) is refused by the run-time check."""
+    from dataclasses import replace
+
+    runner, tokenizer = _runner(new_folders[kind])
+    assert runner.block is tc.BLOCKS[kind]
+    rows = _rows(tokenizer, SENTENCES)
+    traces = tc.traces(runner, rows, [["x"] * len(r) for r in rows])
+    ids, mask = tc.padded_batch(runner, rows)
+    if kind in PARALLEL_MLP:
+        expected = layer_minus_mlp(runner, kind, ids, mask)
+    else:
+        OWN_OUTPUT[kind] = ("post_attention_layernorm", True)
+        expected = own_outputs(runner, kind, ids, mask)
+    for b, trace in enumerate(traces):
+        n = len(trace.tokens)
+        assert trace.blocks is not None and len(trace.blocks) == len(expected)
+        for block, own in zip(trace.blocks, expected, strict=True):
+            want = own[b, :n].double()
+            got = decompose.terms(block, torch.arange(n)).sum(1)
+            assert float((got - want).norm() / want.norm()) <= RTOL
+            bare = decompose.BlockTerms(block.maps, block.values, torch.zeros_like(
+                block.residual), block.out_bias, block.post_norm)
+            wrong = decompose.terms(bare, torch.arange(n)).sum(1)
+            assert float((wrong - want).norm() / want.norm()) > 1e-3
+    # negative control on the row itself: the run-time check refuses a wrong description
+    from attnviz.errors import CheckFailed
+
+    right = tc.BLOCKS[kind]
+    runner.block = replace(right, plus_residual=not right.plus_residual)  # residual lost/doubled
+    with pytest.raises(CheckFailed, match="do not add up"):
+        for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
+            decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_new_families_on_the_command(new_folders, kind):
+    """norms and ALTI run (no note about a missing decomposition) and each row sums to 1."""
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(new_folders[kind]),
+                                      check=False))
+    assert not any("no decomposition" in note for note in result.notes)
+    doc_methods = {str(m) for m in result.methods}
+    assert {"norms", "alti"} <= doc_methods, doc_methods
+
+
 @pytest.mark.parametrize("kind", [*LM_KINDS, *ENCODER_KINDS, "minilm"])
 def test_gram_norms_equal_the_elementwise_norms(folders, kind, monkeypatch):
     """--method norms from per-key Gram matrices against every term formed and its norm taken

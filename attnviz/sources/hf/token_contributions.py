@@ -41,6 +41,14 @@ class Block:
     read_input: bool  # True: the input of `read` (a pre-LN model's next norm); else its output
     residual: str = ""  # the module whose input is the block's residual ("": the layer)
     value_third: bool = False  # a fused [q; k; v] projection: the value is its last third
+    # a fused projection laid out per key-value group as [q per head of the group; k; v], each
+    # head_dim wide (GPT-NeoX, BLOOM: one query head per group, [q; k; v] per head; Falcon's
+    # grouped and multi-query layouts): the value is each group's last slice
+    value_grouped: bool = False
+    # parallel blocks (GPT-J, Phi, Cohere, GPT-NeoX, Falcon): `read` is the attention
+    # sublayer's output, and the block's output is it plus the residual (the MLP, which reads
+    # the same normed input, writes outside the block as in every family)
+    plus_residual: bool = False
     conv1d: bool = False  # W_O stored (in, out) (GPT-2's Conv1D)
     post_norm: str | None = None  # post-LN: the norm after the residual sum
     rms: bool = False
@@ -57,6 +65,9 @@ _BERT = Block("encoder.layer", "attention.self.value", "attention.output.dense",
               "attention.output", False, post_norm="attention.output.LayerNorm")
 _BART = Block("layers", "self_attn.v_proj", "self_attn.out_proj", "self_attn_layer_norm",
               False, post_norm="self_attn_layer_norm")
+# parallel attention + MLP: x + attn(norm(x)) + mlp(norm(x)); the block is x + attn(norm(x))
+_PARALLEL = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "self_attn", False,
+                  plus_residual=True)
 # model_type → its block; every row is checked at run time (Σ_j T_ij = the block's output)
 BLOCKS: dict[str, Block] = {
     **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
@@ -77,6 +88,19 @@ BLOCKS: dict[str, Block] = {
     **dict.fromkeys(("bart", "marian", "plbart"), _BART),
     **dict.fromkeys(("mbart", "pegasus", "m2m_100", "blenderbot", "biogpt", "xglm"),
                     _FAIRSEQ_PRE),
+    # use_parallel_residual or not, the block's output is x + attn(norm(x))
+    "gpt_neox": Block("layers", "attention.query_key_value", "attention.dense", "attention",
+                      False, value_grouped=True, plus_residual=True),
+    "gptj": Block("h", "attn.v_proj", "attn.out_proj", "attn", False, plus_residual=True),
+    "phi": Block("layers", "self_attn.v_proj", "self_attn.dense", "self_attn", False,
+                 plus_residual=True),
+    "cohere": _PARALLEL,
+    # parallel (new_decoder_architecture, parallel_attn) or sequential: x + attn(norm(x))
+    "falcon": Block("h", "self_attention.query_key_value", "self_attention.dense",
+                    "self_attention", False, value_grouped=True, plus_residual=True),
+    # its attention module adds the residual itself; read before the norm after it
+    "bloom": Block("h", "self_attention.query_key_value", "self_attention.dense",
+                   "post_attention_layernorm", True, value_grouped=True),
 }
 
 
@@ -198,6 +222,22 @@ class _Hooks:
         return hook
 
 
+def _value_states(block: Block | None, v: torch.Tensor, H: int, d: int) -> torch.Tensor:
+    """(n, H_kv·d): the value states out of the captured projection output (n, width)."""
+    if block is not None and block.value_third:  # GPT-2's [q; k; v]
+        return v[:, 2 * v.shape[-1] // 3:]
+    if block is not None and block.value_grouped:
+        # width = (H + 2·H_kv)·d: each of H_kv groups holds H / H_kv query heads, a key, a value
+        groups = (v.shape[-1] // d - H) // 2
+        n = v.shape[0]
+        if groups < 1 or H % groups or v.shape[-1] != (H + 2 * groups) * d:
+            raise CheckpointError(f"the fused projection's width {v.shape[-1]} does not fit "
+                                  f"{H} heads of {d}", fix=f"choose rollout or flow with "
+                                  f"{option('method')}")
+        return v.reshape(n, groups, H // groups + 2, d)[:, :, -1].reshape(n, groups * d)
+    return v
+
+
 def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """W_O (E, H·d) and b_O of one layer, in (out, in) orientation."""
     assert runner.block is not None
@@ -258,16 +298,16 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
                                   f"{option('method')}", where=printable(runner.source))
         W_o, b_o = _out_weight(runner, layer)
         H = maps[i].shape[0]
-        v = values[b, :n].float().cpu()  # (n, H_kv·d) or GPT-2's (n, 3E)
-        if runner.block is not None and runner.block.value_third:
-            v = v[:, 2 * v.shape[-1] // 3:]
         d = W_o.shape[1] // H
+        v = _value_states(runner.block, values[b, :n].float().cpu(), H, d)
         H_kv = v.shape[-1] // d
         group = H // H_kv
         per_head = v.view(n, H_kv, d).transpose(0, 1)  # (H_kv, n, d)
         U = torch.stack([per_head[h // group] @ W_o[:, h * d:(h + 1) * d].T.cpu()
                          for h in range(H)])  # (H, n, E)
         own = output[b, :n].float().cpu()
+        if runner.block is not None and runner.block.plus_residual:
+            own = own + residual[b, :n].float().cpu()
         rtol = TOLERANCE.get(str(output.dtype).removeprefix("torch."), 1e-4)
         blocks.append(BlockTerms(maps[i], U, residual[b, :n].float().cpu(),
                                  None if b_o is None else b_o.cpu(),
