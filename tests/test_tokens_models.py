@@ -107,7 +107,11 @@ def test_terms_add_up_to_each_blocks_own_output(folders, kind):
 # output, a sequential one (BLOOM) at the input of the norm after its attention
 PARALLEL_MLP = {"gpt_neox": "mlp", "gptj": "mlp", "phi": "mlp", "cohere": "mlp",
                 "falcon": "mlp"}
-NEW_KINDS = (*PARALLEL_MLP, "bloom")
+# the sequential ones, read through a hook here at the input of the module after the block
+# (Gemma 2/3 and OLMo-2: a norm on the attention output, then the residual)
+SEQUENTIAL_READ = {"bloom": "post_attention_layernorm", "gemma2": "pre_feedforward_layernorm",
+                   "gemma3": "pre_feedforward_layernorm", "olmo2": "mlp"}
+NEW_KINDS = (*PARALLEL_MLP, *SEQUENTIAL_READ)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +163,7 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind):
     if kind in PARALLEL_MLP:
         expected = layer_minus_mlp(runner, kind, ids, mask)
     else:
-        OWN_OUTPUT[kind] = ("post_attention_layernorm", True)
+        OWN_OUTPUT[kind] = (SEQUENTIAL_READ[kind], True)
         expected = own_outputs(runner, kind, ids, mask)
     for b, trace in enumerate(traces):
         n = len(trace.tokens)
@@ -168,10 +172,13 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind):
             want = own[b, :n].double()
             got = decompose.terms(block, torch.arange(n)).sum(1)
             assert float((got - want).norm() / want.norm()) <= RTOL
-            bare = decompose.BlockTerms(block.maps, block.values, torch.zeros_like(
-                block.residual), block.out_bias, block.post_norm)
+            bare = replace(block, residual=torch.zeros_like(block.residual))
             wrong = decompose.terms(bare, torch.arange(n)).sum(1)
             assert float((wrong - want).norm() / want.norm()) > 1e-3
+            if block.out_norm is not None:  # the norm on the attention output left out
+                unnormed = replace(block, out_norm=None)
+                wrong = decompose.terms(unnormed, torch.arange(n)).sum(1)
+                assert float((wrong - want).norm() / want.norm()) > 1e-3
     # negative control on the row itself: the run-time check refuses a wrong description
     from attnviz.errors import CheckFailed
 
@@ -180,6 +187,36 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind):
     with pytest.raises(CheckFailed, match="do not add up"):
         for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
             decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
+
+
+@pytest.mark.parametrize("kind", ["gpt_neox", "falcon", "gemma2", "olmo2"])
+def test_new_families_gram_norms_and_alti_equal_the_terms(new_folders, kind):
+    """--method norms (per-key Gram matrices, the norm on the attention output folded into the
+    coefficients) against every term formed and its norm taken, and ALTI against the formula
+    on the formed terms (≤ 1e-5); negative control: Gemma's (1 + w) weight read as w."""
+    from dataclasses import replace
+
+    from test_tokens import elementwise_norms, relative_error
+
+    runner, tokenizer = _runner(new_folders[kind])
+    rows = _rows(tokenizer, SENTENCES[:1])
+    trace = tc.traces(runner, rows, [["x"] * len(r) for r in rows])[0]
+    assert trace.blocks is not None
+    everything = torch.arange(len(trace.tokens))
+    for block in trace.blocks:
+        want = elementwise_norms(block, everything)
+        assert relative_error(decompose.norm_rows(block, everything, 1 << 20), want) <= RTOL
+        T = decompose.terms(block, everything)
+        y = T.sum(1, keepdim=True)
+        alti = (y.abs().sum(-1) - (y - T).abs().sum(-1)).clamp(min=0)
+        assert relative_error(decompose.alti_rows(block, everything, 1 << 20), alti) <= RTOL
+    if kind == "gemma2":
+        from attnviz.errors import CheckFailed
+
+        runner.block = replace(tc.BLOCKS[kind], norm_offset=0.0)
+        block = tc.traces(runner, rows, [["x"] * len(rows[0])])[0].blocks[0]
+        with pytest.raises(CheckFailed, match="do not add up"):
+            decompose.norm_rows(block, everything, 1 << 20)
 
 
 @pytest.mark.parametrize("kind", NEW_KINDS)

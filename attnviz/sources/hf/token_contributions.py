@@ -17,7 +17,7 @@ residual), the value states, and the block's output, which the tests compare wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -51,7 +51,10 @@ class Block:
     plus_residual: bool = False
     conv1d: bool = False  # W_O stored (in, out) (GPT-2's Conv1D)
     post_norm: str | None = None  # post-LN: the norm after the residual sum
-    rms: bool = False
+    # a norm on the attention sublayer's output, before the residual (Gemma 2/3, OLMo-2)
+    out_norm: str | None = None
+    rms: bool = False  # the norm (post_norm or out_norm) is an RMSNorm
+    norm_offset: float = 0.0  # the norm multiplies by offset + weight (Gemma's 1 + w)
 
 
 # pre-LN decoders: x + attn(norm(x)), read at the input of the norm before the MLP
@@ -68,6 +71,10 @@ _BART = Block("layers", "self_attn.v_proj", "self_attn.out_proj", "self_attn_lay
 # parallel attention + MLP: x + attn(norm(x)) + mlp(norm(x)); the block is x + attn(norm(x))
 _PARALLEL = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "self_attn", False,
                   plus_residual=True)
+# x + N(attn(·)): a norm on the attention output, before the residual
+_OUT_NORMED = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
+                    False, plus_residual=True, out_norm="post_attention_layernorm", rms=True)
+_GEMMA2 = replace(_OUT_NORMED, norm_offset=1.0)
 # model_type → its block; every row is checked at run time (Σ_j T_ij = the block's output)
 BLOCKS: dict[str, Block] = {
     **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
@@ -101,6 +108,9 @@ BLOCKS: dict[str, Block] = {
     # its attention module adds the residual itself; read before the norm after it
     "bloom": Block("h", "self_attention.query_key_value", "self_attention.dense",
                    "post_attention_layernorm", True, value_grouped=True),
+    # gemma3_text: Gemma 3's text-only models (the multimodal ones are refused as towers)
+    **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), _GEMMA2),
+    "olmo2": _OUT_NORMED,
 }
 
 
@@ -222,11 +232,11 @@ class _Hooks:
         return hook
 
 
-def _value_states(block: Block | None, v: torch.Tensor, H: int, d: int) -> torch.Tensor:
+def _value_states(block: Block, v: torch.Tensor, H: int, d: int) -> torch.Tensor:
     """(n, H_kv·d): the value states out of the captured projection output (n, width)."""
-    if block is not None and block.value_third:  # GPT-2's [q; k; v]
+    if block.value_third:  # GPT-2's [q; k; v]
         return v[:, 2 * v.shape[-1] // 3:]
-    if block is not None and block.value_grouped:
+    if block.value_grouped:
         # width = (H + 2·H_kv)·d: each of H_kv groups holds H / H_kv query heads, a key, a value
         groups = (v.shape[-1] // d - H) // 2
         n = v.shape[0]
@@ -249,15 +259,16 @@ def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Te
     return weight, None if bias is None else bias.detach().float()
 
 
-def _post_norm(runner: ModelRunner, layer: Any) -> PostNorm | None:
+def _norm(runner: ModelRunner, layer: Any, path: str | None) -> PostNorm | None:
+    """The norm at `path` under the layer, frozen (None where the row names none)."""
     block = runner.block
-    if block is None or block.post_norm is None:
+    if block is None or path is None:
         return None
-    norm = _module(layer, block.post_norm)
+    norm = _module(layer, path)
     bias = getattr(norm, "bias", None)
     eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-12
-    return PostNorm(norm.weight.detach().float(), None if bias is None else bias.detach().float(),
-                    float(eps), block.rms)
+    return PostNorm(norm.weight.detach().float() + block.norm_offset,
+                    None if bias is None else bias.detach().float(), float(eps), block.rms)
 
 
 def traces(runner: ModelRunner, rows: list[list[int]], tokens: list[list[str]]
@@ -289,6 +300,8 @@ def traces(runner: ModelRunner, rows: list[list[int]], tokens: list[list[str]]
 
 def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int, n: int
             ) -> tuple[list[BlockTerms], list[torch.Tensor]]:
+    block = runner.block
+    assert block is not None
     blocks, outputs = [], []
     for i, layer in enumerate(hooks.layers):
         residual, values, output = hooks.residual[i], hooks.values[i], hooks.outputs[i]
@@ -299,19 +312,20 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
         W_o, b_o = _out_weight(runner, layer)
         H = maps[i].shape[0]
         d = W_o.shape[1] // H
-        v = _value_states(runner.block, values[b, :n].float().cpu(), H, d)
+        v = _value_states(block, values[b, :n].float().cpu(), H, d)
         H_kv = v.shape[-1] // d
         group = H // H_kv
         per_head = v.view(n, H_kv, d).transpose(0, 1)  # (H_kv, n, d)
         U = torch.stack([per_head[h // group] @ W_o[:, h * d:(h + 1) * d].T.cpu()
                          for h in range(H)])  # (H, n, E)
         own = output[b, :n].float().cpu()
-        if runner.block is not None and runner.block.plus_residual:
+        if block.plus_residual:
             own = own + residual[b, :n].float().cpu()
         rtol = TOLERANCE.get(str(output.dtype).removeprefix("torch."), 1e-4)
         blocks.append(BlockTerms(maps[i], U, residual[b, :n].float().cpu(),
                                  None if b_o is None else b_o.cpu(),
-                                 _post_norm(runner, layer), own, rtol))
+                                 _norm(runner, layer, block.post_norm), own, rtol,
+                                 _norm(runner, layer, block.out_norm)))
         outputs.append(own)
     return blocks, outputs
 
