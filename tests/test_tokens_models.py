@@ -3,7 +3,10 @@ the t5 and bart encoders) and the real all-MiniLM-L6-v2: each attention block's 
 add up to the block's own output, read here through hooks written for each family (≤ 1e-5
 relative); padded batches give each sentence's own result; leave-one-out equals running the
 erased input alone through the model; rollout stays lower-triangular on causal models and flow
-equals an independent max flow. Each check has a negative control."""
+equals an independent max flow. The families of issue #34 (GPT-NeoX, GPT-J, Phi, Cohere, Falcon,
+BLOOM, Gemma 2/3, OLMo-2, and config variants of Falcon, GPT-NeoX and BLOOM) are checked the
+same way against the layer's output minus its MLP's (parallel blocks) or the input of the module
+after the block. Each check has a negative control."""
 
 from __future__ import annotations
 
@@ -56,9 +59,10 @@ def _rows(tokenizer, sentences):
     return [list(tokenizer(s)["input_ids"]) for s in sentences]
 
 
-def own_outputs(runner, kind, ids, mask):
-    """Each layer's block output through a hook written here (not the module under test)."""
-    path, is_input = OWN_OUTPUT.get(kind, ("attention.output", False))
+def own_outputs(runner, kind, ids, mask, where=None):
+    """Each layer's block output through a hook written here (not the module under test);
+    `where`: (module, is_input) in place of OWN_OUTPUT's row."""
+    path, is_input = where or OWN_OUTPUT.get(kind, ("attention.output", False))
     layers = runner.runner.get_submodule(runner.block.layers)
     seen = []
 
@@ -148,11 +152,13 @@ def layer_minus_mlp(runner, kind, ids, mask):
 
 
 @pytest.mark.parametrize("kind", NEW_KINDS)
-def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind):
+def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind, monkeypatch):
     """Σ_j T_ij equals the block's own output (≤ 1e-5 relative) for the families of issue #34,
     with the value states cut out of fused projections (GPT-NeoX, Falcon, BLOOM). Negative
-    controls: the residual left out of the terms; the row with its residual dropped (parallel)
-    or counted twice (BLOOM) is refused by the run-time check."""
+    controls: the residual (and Gemma's / OLMo-2's norm on the attention output) left out of the
+    terms; the fused projections cut one slice off (each head's or group's key read as its
+    value) and the row with its residual dropped (parallel) or counted twice (sequential) are
+    refused by the run-time check."""
     from dataclasses import replace
 
     runner, tokenizer = _runner(new_folders[kind])
@@ -163,8 +169,7 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind):
     if kind in PARALLEL_MLP:
         expected = layer_minus_mlp(runner, kind, ids, mask)
     else:
-        OWN_OUTPUT[kind] = (SEQUENTIAL_READ[kind], True)
-        expected = own_outputs(runner, kind, ids, mask)
+        expected = own_outputs(runner, kind, ids, mask, (SEQUENTIAL_READ[kind], True))
     for b, trace in enumerate(traces):
         n = len(trace.tokens)
         assert trace.blocks is not None and len(trace.blocks) == len(expected)
@@ -182,11 +187,74 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind):
     # negative control on the row itself: the run-time check refuses a wrong description
     from attnviz.errors import CheckFailed
 
+    if right_grouped := tc.BLOCKS[kind].value_grouped:  # each group's key slice, not its value
+        real = tc._value_states
+
+        def keys_slice(block, v, H, d):
+            shifted = torch.roll(v.view(v.shape[0], -1, d), 1, dims=1).reshape(v.shape)
+            return real(block, shifted, H, d)
+
+        monkeypatch.setattr(tc, "_value_states", keys_slice)
+        with pytest.raises(CheckFailed, match="do not add up"):
+            for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
+                decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
+        monkeypatch.setattr(tc, "_value_states", real)
+    assert right_grouped == (kind in ("gpt_neox", "falcon", "bloom"))
+
     right = tc.BLOCKS[kind]
     runner.block = replace(right, plus_residual=not right.plus_residual)  # residual lost/doubled
     with pytest.raises(CheckFailed, match="do not add up"):
         for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
             decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
+
+
+# config variants of the same model types: Falcon-7B's multi-query parallel block, Falcon-RW's
+# sequential one with [q; k; v] per head, GPT-NeoX without the parallel residual; BLOOM whose
+# residual is the normed input is refused (its row assumes the layer's input)
+VARIANTS = [("falcon", {"new_decoder_architecture": False, "multi_query": True,
+                        "parallel_attn": True}, True),
+            ("falcon", {"new_decoder_architecture": False, "multi_query": False,
+                        "parallel_attn": False, "num_kv_heads": 4}, True),
+            ("gpt_neox", {"use_parallel_residual": False}, True),
+            ("bloom", {"apply_residual_connection_post_layernorm": True}, False)]
+
+
+@pytest.mark.parametrize("kind, changes, holds", VARIANTS)
+def test_config_variants_of_the_new_families(tmp_path, kind, changes, holds):
+    import transformers
+    import zoo
+
+    from attnviz.errors import CheckFailed
+
+    row = zoo.row_of(kind)
+    config = row.config()
+    for key, value in changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    zoo.randomize(model, row)
+    model.eval().save_pretrained(tmp_path)
+    zoo.save_tokenizer(tmp_path, row)
+    runner, tokenizer = _runner(tmp_path)
+    rows = _rows(tokenizer, SENTENCES[:1])
+    ids, mask = tc.padded_batch(runner, rows)
+    if kind in PARALLEL_MLP:
+        expected = layer_minus_mlp(runner, kind, ids, mask)
+    else:
+        expected = own_outputs(runner, kind, ids, mask, (SEQUENTIAL_READ[kind], True))
+    n = len(rows[0])
+    blocks = tc.traces(runner, rows, [["x"] * n])[0].blocks
+    assert blocks is not None
+    for block, own in zip(blocks, expected, strict=True):
+        want = own[0, :n].double()
+        error = float((decompose.terms(block, torch.arange(n)).sum(1) - want).norm()
+                      / want.norm())
+        assert (error <= RTOL) == holds, error
+        if holds:
+            decompose.norm_rows(block, torch.arange(n), 1 << 20)
+        else:  # the run-time check refuses what the terms get wrong
+            with pytest.raises(CheckFailed, match="do not add up"):
+                decompose.norm_rows(block, torch.arange(n), 1 << 20)
 
 
 @pytest.mark.parametrize("kind", ["gpt_neox", "falcon", "gemma2", "olmo2"])
