@@ -4,9 +4,9 @@ add up to the block's own output, read here through hooks written for each famil
 relative); padded batches give each sentence's own result; leave-one-out equals running the
 erased input alone through the model; rollout stays lower-triangular on causal models and flow
 equals an independent max flow. The families of issue #34 (GPT-NeoX, GPT-J, Phi, Cohere, Falcon,
-BLOOM, Gemma 2/3, OLMo-2, and config variants of Falcon, GPT-NeoX and BLOOM) are checked the
-same way against the layer's output minus its MLP's (parallel blocks) or the input of the module
-after the block. Each check has a negative control."""
+BLOOM, Gemma 2/3, OLMo-2, Phi-3, GPTBigCode, and config variants of Falcon, GPT-NeoX, GPTBigCode
+and BLOOM) are checked the same way against the layer's output minus its MLP's (parallel blocks)
+or the input of the module after the block. Each check has a negative control."""
 
 from __future__ import annotations
 
@@ -114,7 +114,8 @@ PARALLEL_MLP = {"gpt_neox": "mlp", "gptj": "mlp", "phi": "mlp", "cohere": "mlp",
 # the sequential ones, read through a hook here at the input of the module after the block
 # (Gemma 2/3 and OLMo-2: a norm on the attention output, then the residual)
 SEQUENTIAL_READ = {"bloom": "post_attention_layernorm", "gemma2": "pre_feedforward_layernorm",
-                   "gemma3": "pre_feedforward_layernorm", "olmo2": "mlp"}
+                   "gemma3": "pre_feedforward_layernorm", "olmo2": "mlp",
+                   "phi3": "post_attention_layernorm", "gpt_bigcode": "ln_2"}
 NEW_KINDS = (*PARALLEL_MLP, *SEQUENTIAL_READ)
 
 
@@ -187,7 +188,9 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind, 
     # negative control on the row itself: the run-time check refuses a wrong description
     from attnviz.errors import CheckFailed
 
-    if right_grouped := tc.BLOCKS[kind].value_grouped:  # each group's key slice, not its value
+    row = tc.BLOCKS[kind]
+    # each group's key slice (or, stacked, the slice before the values) read as its value
+    if right_grouped := row.value_grouped or row.value_stacked:
         real = tc._value_states
 
         def keys_slice(block, v, H, d):
@@ -199,7 +202,7 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind, 
             for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
                 decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
         monkeypatch.setattr(tc, "_value_states", real)
-    assert right_grouped == (kind in ("gpt_neox", "falcon", "bloom"))
+    assert right_grouped == (kind in ("gpt_neox", "falcon", "bloom", "phi3", "gpt_bigcode"))
 
     right = tc.BLOCKS[kind]
     runner.block = replace(right, plus_residual=not right.plus_residual)  # residual lost/doubled
@@ -209,13 +212,15 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind, 
 
 
 # config variants of the same model types: Falcon-7B's multi-query parallel block, Falcon-RW's
-# sequential one with [q; k; v] per head, GPT-NeoX without the parallel residual; BLOOM whose
+# sequential one with [q; k; v] per head, GPT-NeoX without the parallel residual, GPTBigCode
+# with multi-head attention ([q; k; v] per head); BLOOM whose
 # residual is the normed input is refused (its row assumes the layer's input)
 VARIANTS = [("falcon", {"new_decoder_architecture": False, "multi_query": True,
                         "parallel_attn": True}, True),
             ("falcon", {"new_decoder_architecture": False, "multi_query": False,
                         "parallel_attn": False, "num_kv_heads": 4}, True),
             ("gpt_neox", {"use_parallel_residual": False}, True),
+            ("gpt_bigcode", {"multi_query": False}, True),
             ("bloom", {"apply_residual_connection_post_layernorm": True}, False)]
 
 
@@ -257,7 +262,7 @@ def test_config_variants_of_the_new_families(tmp_path, kind, changes, holds):
                 decompose.norm_rows(block, torch.arange(n), 1 << 20)
 
 
-@pytest.mark.parametrize("kind", ["gpt_neox", "falcon", "gemma2", "olmo2"])
+@pytest.mark.parametrize("kind", ["gpt_neox", "falcon", "gemma2", "olmo2", "phi3"])
 def test_new_families_gram_norms_and_alti_equal_the_terms(new_folders, kind):
     """--method norms (per-key Gram matrices, the norm on the attention output folded into the
     coefficients) against every term formed and its norm taken, and ALTI against the formula

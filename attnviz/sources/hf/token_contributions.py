@@ -41,6 +41,8 @@ class Block:
     read_input: bool  # True: the input of `read` (a pre-LN model's next norm); else its output
     residual: str = ""  # the module whose input is the block's residual ("": the layer)
     value_third: bool = False  # a fused [q; k; v] projection: the value is its last third
+    # a fused [q (H·d); k (H_kv·d); v (H_kv·d)] projection (Phi-3): the value is its last H_kv·d
+    value_stacked: bool = False
     # a fused projection laid out per key-value group as [q per head of the group; k; v], each
     # head_dim wide (GPT-NeoX, BLOOM: one query head per group, [q; k; v] per head; Falcon's
     # grouped and multi-query layouts): the value is each group's last slice
@@ -108,6 +110,10 @@ BLOCKS: dict[str, Block] = {
     # its attention module adds the residual itself; read before the norm after it
     "bloom": Block("h", "self_attention.query_key_value", "self_attention.dense",
                    "post_attention_layernorm", True, value_grouped=True),
+    # [q; k; v] stacked whole (Phi-3), or grouped: per head with multi-head attention and
+    # [q; k; v] with one key-value head (GPTBigCode's multi_query: the two layouts agree)
+    "phi3": replace(_LLAMA, value="self_attn.qkv_proj", value_stacked=True),
+    "gpt_bigcode": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_grouped=True),
     # gemma3_text: Gemma 3's text-only models (the multimodal ones are refused as towers)
     **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), _GEMMA2),
     "olmo2": _OUT_NORMED,
@@ -236,16 +242,19 @@ def _value_states(block: Block, v: torch.Tensor, H: int, d: int) -> torch.Tensor
     """(n, H_kv·d): the value states out of the captured projection output (n, width)."""
     if block.value_third:  # GPT-2's [q; k; v]
         return v[:, 2 * v.shape[-1] // 3:]
-    if block.value_grouped:
-        # width = (H + 2·H_kv)·d: each of H_kv groups holds H / H_kv query heads, a key, a value
-        groups = (v.shape[-1] // d - H) // 2
-        n = v.shape[0]
-        if groups < 1 or H % groups or v.shape[-1] != (H + 2 * groups) * d:
-            raise CheckpointError(f"the fused projection's width {v.shape[-1]} does not fit "
-                                  f"{H} heads of {d}", fix=f"choose rollout or flow with "
-                                  f"{option('method')}")
-        return v.reshape(n, groups, H // groups + 2, d)[:, :, -1].reshape(n, groups * d)
-    return v
+    if not (block.value_grouped or block.value_stacked):
+        return v
+    # width = (H + 2·H_kv)·d
+    groups = (v.shape[-1] // d - H) // 2
+    n = v.shape[0]
+    if groups < 1 or H % groups or v.shape[-1] != (H + 2 * groups) * d:
+        raise CheckpointError(f"the fused projection's width {v.shape[-1]} does not fit "
+                              f"{H} heads of {d}", fix=f"choose rollout or flow with "
+                              f"{option('method')}")
+    if block.value_stacked:
+        return v[:, -groups * d:]
+    # each of H_kv groups holds H / H_kv query heads, a key, a value
+    return v.reshape(n, groups, H // groups + 2, d)[:, :, -1].reshape(n, groups * d)
 
 
 def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
