@@ -4,9 +4,10 @@ add up to the block's own output, read here through hooks written for each famil
 relative); padded batches give each sentence's own result; leave-one-out equals running the
 erased input alone through the model; rollout stays lower-triangular on causal models and flow
 equals an independent max flow. The families of issue #34 (GPT-NeoX, GPT-J, Phi, Cohere, Falcon,
-BLOOM, Gemma 2/3, OLMo-2, Phi-3, GPTBigCode, and config variants of Falcon, GPT-NeoX, GPTBigCode
-and BLOOM) are checked the same way against the layer's output minus its MLP's (parallel blocks)
-or the input of the module after the block. Each check has a negative control."""
+BLOOM, Gemma 2/3, OLMo-2, Phi-3, GPTBigCode, OLMoE, Persimmon, GPT-Neo, and config variants of
+Falcon, GPT-NeoX, GPTBigCode and BLOOM) are checked the same way against the layer's output
+minus its MLP's (parallel blocks) or the input of the module after the block. Each check has a
+negative control."""
 
 from __future__ import annotations
 
@@ -115,7 +116,9 @@ PARALLEL_MLP = {"gpt_neox": "mlp", "gptj": "mlp", "phi": "mlp", "cohere": "mlp",
 # (Gemma 2/3 and OLMo-2: a norm on the attention output, then the residual)
 SEQUENTIAL_READ = {"bloom": "post_attention_layernorm", "gemma2": "pre_feedforward_layernorm",
                    "gemma3": "pre_feedforward_layernorm", "olmo2": "mlp",
-                   "phi3": "post_attention_layernorm", "gpt_bigcode": "ln_2"}
+                   "phi3": "post_attention_layernorm", "gpt_bigcode": "ln_2",
+                   "olmoe": "post_attention_layernorm", "persimmon": "post_attention_layernorm",
+                   "gpt_neo": "ln_2"}
 NEW_KINDS = (*PARALLEL_MLP, *SEQUENTIAL_READ)
 
 
@@ -202,7 +205,8 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind, 
             for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
                 decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
         monkeypatch.setattr(tc, "_value_states", real)
-    assert right_grouped == (kind in ("gpt_neox", "falcon", "bloom", "phi3", "gpt_bigcode"))
+    assert right_grouped == (kind in ("gpt_neox", "falcon", "bloom", "phi3", "gpt_bigcode",
+                                      "persimmon"))
 
     right = tc.BLOCKS[kind]
     runner.block = replace(right, plus_residual=not right.plus_residual)  # residual lost/doubled

@@ -81,7 +81,7 @@ _GEMMA2 = replace(_OUT_NORMED, norm_offset=1.0)
 BLOCKS: dict[str, Block] = {
     **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                      "qwen3_moe", "starcoder2", "olmo", "helium", "smollm3", "nemotron",
-                     "gemma", "stablelm"), _LLAMA),
+                     "gemma", "stablelm", "olmoe"), _LLAMA),
     "gpt2": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_third=True,
                   conv1d=True),
     **dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert", "electra", "roformer",
@@ -114,6 +114,9 @@ BLOCKS: dict[str, Block] = {
     # [q; k; v] with one key-value head (GPTBigCode's multi_query: the two layouts agree)
     "phi3": replace(_LLAMA, value="self_attn.qkv_proj", value_stacked=True),
     "gpt_bigcode": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_grouped=True),
+    "persimmon": replace(_LLAMA, value="self_attn.query_key_value", out="self_attn.dense",
+                         value_grouped=True),
+    "gpt_neo": Block("h", "attn.attention.v_proj", "attn.attention.out_proj", "ln_2", True),
     # gemma3_text: Gemma 3's text-only models (the multimodal ones are refused as towers)
     **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), _GEMMA2),
     "olmo2": _OUT_NORMED,
