@@ -3,7 +3,11 @@ the t5 and bart encoders) and the real all-MiniLM-L6-v2: each attention block's 
 add up to the block's own output, read here through hooks written for each family (≤ 1e-5
 relative); padded batches give each sentence's own result; leave-one-out equals running the
 erased input alone through the model; rollout stays lower-triangular on causal models and flow
-equals an independent max flow. Each check has a negative control."""
+equals an independent max flow. The families of issue #34 (GPT-NeoX, GPT-J, Phi, Cohere, Falcon,
+BLOOM, Gemma 2/3, OLMo-2, Phi-3, GPTBigCode, OLMoE, Persimmon, GPT-Neo, and config variants of
+Falcon, GPT-NeoX, GPTBigCode and BLOOM) are checked the same way against the layer's output
+minus its MLP's (parallel blocks) or the input of the module after the block. Each check has a
+negative control."""
 
 from __future__ import annotations
 
@@ -56,9 +60,10 @@ def _rows(tokenizer, sentences):
     return [list(tokenizer(s)["input_ids"]) for s in sentences]
 
 
-def own_outputs(runner, kind, ids, mask):
-    """Each layer's block output through a hook written here (not the module under test)."""
-    path, is_input = OWN_OUTPUT.get(kind, ("attention.output", False))
+def own_outputs(runner, kind, ids, mask, where=None):
+    """Each layer's block output through a hook written here (not the module under test);
+    `where`: (module, is_input) in place of OWN_OUTPUT's row."""
+    path, is_input = where or OWN_OUTPUT.get(kind, ("attention.output", False))
     layers = runner.runner.get_submodule(runner.block.layers)
     seen = []
 
@@ -100,6 +105,205 @@ def test_terms_add_up_to_each_blocks_own_output(folders, kind):
                 block.residual), block.out_bias, block.post_norm)
             wrong = decompose.terms(bare, torch.arange(n)).sum(1)
             assert float((wrong - want).norm() / want.norm()) > 1e-3
+
+
+# families added by issue #34, each with its language-model head; parallel blocks (attention
+# and MLP on the same normed input) are checked as the layer's own output minus its MLP's
+# output, a sequential one (BLOOM) at the input of the norm after its attention
+PARALLEL_MLP = {"gpt_neox": "mlp", "gptj": "mlp", "phi": "mlp", "cohere": "mlp",
+                "falcon": "mlp"}
+# the sequential ones, read through a hook here at the input of the module after the block
+# (Gemma 2/3 and OLMo-2: a norm on the attention output, then the residual)
+SEQUENTIAL_READ = {"bloom": "post_attention_layernorm", "gemma2": "pre_feedforward_layernorm",
+                   "gemma3": "pre_feedforward_layernorm", "olmo2": "mlp",
+                   "phi3": "post_attention_layernorm", "gpt_bigcode": "ln_2",
+                   "olmoe": "post_attention_layernorm", "persimmon": "post_attention_layernorm",
+                   "gpt_neo": "ln_2"}
+NEW_KINDS = (*PARALLEL_MLP, *SEQUENTIAL_READ)
+
+
+@pytest.fixture(scope="module")
+def new_folders(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import zoo
+
+    return {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(kind)) for kind in NEW_KINDS}
+
+
+def layer_minus_mlp(runner, kind, ids, mask):
+    """Each layer's output minus its MLP's output, both through hooks written here: x + attn
+    for a parallel block, whatever attnviz reads."""
+    layers = runner.runner.get_submodule(runner.block.layers)
+    outs, mlps = [], []
+
+    def keep(store):
+        def hook(module, args, output):
+            # a copy: Falcon adds the attention output into its MLP's output in place
+            store.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+        return hook
+
+    handles = []
+    for layer in layers:
+        handles.append(layer.register_forward_hook(keep(outs)))
+        handles.append(layer.get_submodule(PARALLEL_MLP[kind]).register_forward_hook(keep(mlps)))
+    try:
+        with torch.no_grad():
+            runner.runner(input_ids=ids, attention_mask=mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return [o - m for o, m in zip(outs, mlps, strict=True)]
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind, monkeypatch):
+    """Σ_j T_ij equals the block's own output (≤ 1e-5 relative) for the families of issue #34,
+    with the value states cut out of fused projections (GPT-NeoX, Falcon, BLOOM). Negative
+    controls: the residual (and Gemma's / OLMo-2's norm on the attention output) left out of the
+    terms; the fused projections cut one slice off (each head's or group's key read as its
+    value) and the row with its residual dropped (parallel) or counted twice (sequential) are
+    refused by the run-time check."""
+    from dataclasses import replace
+
+    runner, tokenizer = _runner(new_folders[kind])
+    assert runner.block is tc.BLOCKS[kind]
+    rows = _rows(tokenizer, SENTENCES)
+    traces = tc.traces(runner, rows, [["x"] * len(r) for r in rows])
+    ids, mask = tc.padded_batch(runner, rows)
+    if kind in PARALLEL_MLP:
+        expected = layer_minus_mlp(runner, kind, ids, mask)
+    else:
+        expected = own_outputs(runner, kind, ids, mask, (SEQUENTIAL_READ[kind], True))
+    for b, trace in enumerate(traces):
+        n = len(trace.tokens)
+        assert trace.blocks is not None and len(trace.blocks) == len(expected)
+        for block, own in zip(trace.blocks, expected, strict=True):
+            want = own[b, :n].double()
+            got = decompose.terms(block, torch.arange(n)).sum(1)
+            assert float((got - want).norm() / want.norm()) <= RTOL
+            bare = replace(block, residual=torch.zeros_like(block.residual))
+            wrong = decompose.terms(bare, torch.arange(n)).sum(1)
+            assert float((wrong - want).norm() / want.norm()) > 1e-3
+            if block.out_norm is not None:  # the norm on the attention output left out
+                unnormed = replace(block, out_norm=None)
+                wrong = decompose.terms(unnormed, torch.arange(n)).sum(1)
+                assert float((wrong - want).norm() / want.norm()) > 1e-3
+    # negative control on the row itself: the run-time check refuses a wrong description
+    from attnviz.errors import CheckFailed
+
+    row = tc.BLOCKS[kind]
+    # each group's key slice (or, stacked, the slice before the values) read as its value
+    if right_grouped := row.value_grouped or row.value_stacked:
+        real = tc._value_states
+
+        def keys_slice(block, v, H, d):
+            shifted = torch.roll(v.view(v.shape[0], -1, d), 1, dims=1).reshape(v.shape)
+            return real(block, shifted, H, d)
+
+        monkeypatch.setattr(tc, "_value_states", keys_slice)
+        with pytest.raises(CheckFailed, match="do not add up"):
+            for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
+                decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
+        monkeypatch.setattr(tc, "_value_states", real)
+    assert right_grouped == (kind in ("gpt_neox", "falcon", "bloom", "phi3", "gpt_bigcode",
+                                      "persimmon"))
+
+    right = tc.BLOCKS[kind]
+    runner.block = replace(right, plus_residual=not right.plus_residual)  # residual lost/doubled
+    with pytest.raises(CheckFailed, match="do not add up"):
+        for block in tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks or []:
+            decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
+
+
+# config variants of the same model types: Falcon-7B's multi-query parallel block, Falcon-RW's
+# sequential one with [q; k; v] per head, GPT-NeoX without the parallel residual, GPTBigCode
+# with multi-head attention ([q; k; v] per head); BLOOM whose
+# residual is the normed input is refused (its row assumes the layer's input)
+VARIANTS = [("falcon", {"new_decoder_architecture": False, "multi_query": True,
+                        "parallel_attn": True}, True),
+            ("falcon", {"new_decoder_architecture": False, "multi_query": False,
+                        "parallel_attn": False, "num_kv_heads": 4}, True),
+            ("gpt_neox", {"use_parallel_residual": False}, True),
+            ("gpt_bigcode", {"multi_query": False}, True),
+            ("bloom", {"apply_residual_connection_post_layernorm": True}, False)]
+
+
+@pytest.mark.parametrize("kind, changes, holds", VARIANTS)
+def test_config_variants_of_the_new_families(tmp_path, kind, changes, holds):
+    import transformers
+    import zoo
+
+    from attnviz.errors import CheckFailed
+
+    row = zoo.row_of(kind)
+    config = row.config()
+    for key, value in changes.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    zoo.randomize(model, row)
+    model.eval().save_pretrained(tmp_path)
+    zoo.save_tokenizer(tmp_path, row)
+    runner, tokenizer = _runner(tmp_path)
+    rows = _rows(tokenizer, SENTENCES[:1])
+    ids, mask = tc.padded_batch(runner, rows)
+    if kind in PARALLEL_MLP:
+        expected = layer_minus_mlp(runner, kind, ids, mask)
+    else:
+        expected = own_outputs(runner, kind, ids, mask, (SEQUENTIAL_READ[kind], True))
+    n = len(rows[0])
+    blocks = tc.traces(runner, rows, [["x"] * n])[0].blocks
+    assert blocks is not None
+    for block, own in zip(blocks, expected, strict=True):
+        want = own[0, :n].double()
+        error = float((decompose.terms(block, torch.arange(n)).sum(1) - want).norm()
+                      / want.norm())
+        assert (error <= RTOL) == holds, error
+        if holds:
+            decompose.norm_rows(block, torch.arange(n), 1 << 20)
+        else:  # the run-time check refuses what the terms get wrong
+            with pytest.raises(CheckFailed, match="do not add up"):
+                decompose.norm_rows(block, torch.arange(n), 1 << 20)
+
+
+@pytest.mark.parametrize("kind", ["gpt_neox", "falcon", "gemma2", "olmo2", "phi3"])
+def test_new_families_gram_norms_and_alti_equal_the_terms(new_folders, kind):
+    """--method norms (per-key Gram matrices, the norm on the attention output folded into the
+    coefficients) against every term formed and its norm taken, and ALTI against the formula
+    on the formed terms (≤ 1e-5); negative control: Gemma's (1 + w) weight read as w."""
+    from dataclasses import replace
+
+    from test_tokens import elementwise_norms, relative_error
+
+    runner, tokenizer = _runner(new_folders[kind])
+    rows = _rows(tokenizer, SENTENCES[:1])
+    trace = tc.traces(runner, rows, [["x"] * len(r) for r in rows])[0]
+    assert trace.blocks is not None
+    everything = torch.arange(len(trace.tokens))
+    for block in trace.blocks:
+        want = elementwise_norms(block, everything)
+        assert relative_error(decompose.norm_rows(block, everything, 1 << 20), want) <= RTOL
+        T = decompose.terms(block, everything)
+        y = T.sum(1, keepdim=True)
+        alti = (y.abs().sum(-1) - (y - T).abs().sum(-1)).clamp(min=0)
+        assert relative_error(decompose.alti_rows(block, everything, 1 << 20), alti) <= RTOL
+    if kind == "gemma2":
+        from attnviz.errors import CheckFailed
+
+        runner.block = replace(tc.BLOCKS[kind], norm_offset=0.0)
+        block = tc.traces(runner, rows, [["x"] * len(rows[0])])[0].blocks[0]
+        with pytest.raises(CheckFailed, match="do not add up"):
+            decompose.norm_rows(block, everything, 1 << 20)
+
+
+@pytest.mark.parametrize("kind", NEW_KINDS)
+def test_new_families_on_the_command(new_folders, kind):
+    """norms and ALTI run (no note about a missing decomposition) and each row sums to 1."""
+    result = run_tokens(TokensRequest(SENTENCES[:1], model=str(new_folders[kind]),
+                                      check=False))
+    assert not any("no decomposition" in note for note in result.notes)
+    doc_methods = {str(m) for m in result.methods}
+    assert {"norms", "alti"} <= doc_methods, doc_methods
 
 
 @pytest.mark.parametrize("kind", [*LM_KINDS, *ENCODER_KINDS, "minilm"])

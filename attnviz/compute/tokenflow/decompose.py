@@ -10,6 +10,9 @@ mean weight (the output bias shared as attention shares the rest: Σ_j ᾱ_ij = 
 residual. A norm after the residual (post-LN: BERT, BART) is linear once its per-token scale is
 fixed: LN(Σ_j T_ij) = Σ_j γ ⊙ (T_ij − mean(T_ij)) / σ_i + ᾱ_ij β, with σ_i the scale of the
 whole sum, so the identity Σ_j T_ij = y_i holds after it too (an RMSNorm: γ ⊙ T_ij / rms_i).
+A norm on the attention sublayer's output before the residual (Gemma 2/3, OLMo-2: x + N(attn))
+is frozen the same way, its scale fixed by the whole attention output a_i = y_i − r_i: each
+term's attention part goes through it, the residual does not.
 
 Kobayashi et al. 2021 ("norms"): c_ij = ‖T_ij‖₂, each row normalized.
 ALTI: c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_ij‖₁), each row normalized.
@@ -21,7 +24,7 @@ Terms are built for a block of query rows at a time: (rows, L, E) floats, sized 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,6 +54,11 @@ class BlockTerms:
     post_norm: PostNorm | None = None
     output: torch.Tensor | None = None  # (L, E) the block's own output, where the source read it
     identity_rtol: float = 1e-4  # how close Σ_j T_ij must come to `output` (its dtype's rounding)
+    out_norm: PostNorm | None = None  # a norm on the attention output, before the residual
+
+    def __post_init__(self) -> None:
+        # one frozen norm per block: the Gram form scales the attention terms by one s_i
+        assert self.post_norm is None or self.out_norm is None
 
 
 def check_identity(block: BlockTerms, rows: torch.Tensor, y: torch.Tensor) -> None:
@@ -78,6 +86,8 @@ def terms(block: BlockTerms, rows: torch.Tensor) -> torch.Tensor:
     mean_alpha = alpha.mean(0)  # (r, L)
     if block.out_bias is not None:
         T = T + mean_alpha[..., None] * block.out_bias.double()
+    if block.out_norm is not None:  # its scale fixed by the attention output alone
+        T = _normed(T, block.out_norm, mean_alpha)
     T[torch.arange(len(rows)), rows] += block.residual[rows].double()
     if block.post_norm is not None:
         T = _normed(T, block.post_norm, mean_alpha)
@@ -183,13 +193,19 @@ def key_grams(block: BlockTerms) -> KeyGrams:
     values = block.values.double()
     if block.out_bias is not None:
         values = values + block.out_bias.double() / H
-    norm = block.post_norm
+    norm = _frozen_norm(block)
     vectors = linear_part(values, norm).transpose(0, 1)  # (L, H, E)
     beta = None if norm is None or norm.rms or norm.bias is None else norm.bias.double()
     if beta is not None:
         vectors = torch.cat([vectors, beta.expand(vectors.shape[0], 1, -1)], 1)
     grams = (vectors @ vectors.transpose(1, 2)).permute(1, 2, 0).contiguous()
     return KeyGrams(vectors, grams, values, beta is not None)
+
+
+def _frozen_norm(block: BlockTerms) -> PostNorm | None:
+    """The norm whose per-row scale multiplies the attention terms (after or before the
+    residual sum), None without one."""
+    return block.post_norm if block.post_norm is not None else block.out_norm
 
 
 def norm_rows_per_block(length: int, heads: int, budget: int) -> int:
@@ -226,7 +242,11 @@ def norm_rows(block: BlockTerms, rows: torch.Tensor, budget: int) -> torch.Tenso
         # the self term j = i, which also carries the residual, built directly
         own_coeff = torch.stack([c[torch.arange(r), chunk] for c in coeff], -1).double()
         own = (own_coeff[..., None] * keys.vectors[chunk]).sum(1)
-        own = own + (residual[chunk] if scale is None else residual[chunk] * scale[:, None])
+        # the residual is scaled by a norm after the sum, not by one on the attention output
+        if scale is not None and block.post_norm is not None:
+            own = own + residual[chunk] * scale[:, None]
+        else:
+            own = own + residual[chunk]
         out[torch.arange(start, start + r), chunk] = torch.linalg.vector_norm(own, dim=-1)
     return out
 
@@ -254,6 +274,12 @@ def _check_and_scale(block: BlockTerms, keys: KeyGrams, narrow: torch.Tensor,
     values in float32 where the check's tolerance allows)."""
     K = alpha.shape[-1]
     norm = block.post_norm
+    if block.out_norm is not None:
+        attn = torch.bmm(alpha.double(), keys.values[:, :K]).sum(0)  # a_i, before the norm
+        scale = _row_scale(attn, block.out_norm)
+        y = _normed_sum(attn, scale, alpha.double().mean(0).sum(-1), block.out_norm)
+        check_identity(block, chunk, y + block.residual[chunk].double())
+        return scale
     if norm is None:
         if block.output is not None:
             y = torch.bmm(alpha.to(narrow.dtype), narrow[:, :K]).sum(0).double()
@@ -305,19 +331,22 @@ def _keys(block: BlockTerms, keys: int) -> BlockTerms:
     """The block with its keys cut to the first `keys` (the residual keeps every row)."""
     if keys == block.maps.shape[-1]:
         return block
-    return BlockTerms(block.maps[..., :keys], block.values[:, :keys], block.residual,
-                      block.out_bias, block.post_norm, identity_rtol=block.identity_rtol)
+    return replace(block, maps=block.maps[..., :keys], values=block.values[:, :keys],
+                   output=None)
 
 
 def _float64(block: BlockTerms) -> BlockTerms:
     def wide(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.double()
 
-    norm = block.post_norm
-    return BlockTerms(block.maps.double(), block.values.double(), block.residual.double(),
-                      wide(block.out_bias), None if norm is None else PostNorm(
-                          norm.weight.double(), wide(norm.bias), norm.eps, norm.rms),
-                      identity_rtol=block.identity_rtol)
+    def wide_norm(norm: PostNorm | None) -> PostNorm | None:
+        return None if norm is None else PostNorm(norm.weight.double(), wide(norm.bias),
+                                                  norm.eps, norm.rms)
+
+    return replace(block, maps=block.maps.double(), values=block.values.double(),
+                   residual=block.residual.double(), out_bias=wide(block.out_bias),
+                   post_norm=wide_norm(block.post_norm), out_norm=wide_norm(block.out_norm),
+                   output=None)
 
 
 def _row_normalized(M: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ residual), the value states, and the block's output, which the tests compare wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -41,9 +41,22 @@ class Block:
     read_input: bool  # True: the input of `read` (a pre-LN model's next norm); else its output
     residual: str = ""  # the module whose input is the block's residual ("": the layer)
     value_third: bool = False  # a fused [q; k; v] projection: the value is its last third
+    # a fused [q (H·d); k (H_kv·d); v (H_kv·d)] projection (Phi-3): the value is its last H_kv·d
+    value_stacked: bool = False
+    # a fused projection laid out per key-value group as [q per head of the group; k; v], each
+    # head_dim wide (GPT-NeoX, BLOOM: one query head per group, [q; k; v] per head; Falcon's
+    # grouped and multi-query layouts): the value is each group's last slice
+    value_grouped: bool = False
+    # parallel blocks (GPT-J, Phi, Cohere, GPT-NeoX, Falcon): `read` is the attention
+    # sublayer's output, and the block's output is it plus the residual (the MLP, which reads
+    # the same normed input, writes outside the block as in every family)
+    plus_residual: bool = False
     conv1d: bool = False  # W_O stored (in, out) (GPT-2's Conv1D)
     post_norm: str | None = None  # post-LN: the norm after the residual sum
-    rms: bool = False
+    # a norm on the attention sublayer's output, before the residual (Gemma 2/3, OLMo-2)
+    out_norm: str | None = None
+    rms: bool = False  # the norm (post_norm or out_norm) is an RMSNorm
+    norm_offset: float = 0.0  # the norm multiplies by offset + weight (Gemma's 1 + w)
 
 
 # pre-LN decoders: x + attn(norm(x)), read at the input of the norm before the MLP
@@ -57,11 +70,18 @@ _BERT = Block("encoder.layer", "attention.self.value", "attention.output.dense",
               "attention.output", False, post_norm="attention.output.LayerNorm")
 _BART = Block("layers", "self_attn.v_proj", "self_attn.out_proj", "self_attn_layer_norm",
               False, post_norm="self_attn_layer_norm")
+# parallel attention + MLP: x + attn(norm(x)) + mlp(norm(x)); the block is x + attn(norm(x))
+_PARALLEL = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "self_attn", False,
+                  plus_residual=True)
+# x + N(attn(·)): a norm on the attention output, before the residual
+_OUT_NORMED = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
+                    False, plus_residual=True, out_norm="post_attention_layernorm", rms=True)
+_GEMMA2 = replace(_OUT_NORMED, norm_offset=1.0)
 # model_type → its block; every row is checked at run time (Σ_j T_ij = the block's output)
 BLOCKS: dict[str, Block] = {
     **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                      "qwen3_moe", "starcoder2", "olmo", "helium", "smollm3", "nemotron",
-                     "gemma", "stablelm"), _LLAMA),
+                     "gemma", "stablelm", "olmoe"), _LLAMA),
     "gpt2": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_third=True,
                   conv1d=True),
     **dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert", "electra", "roformer",
@@ -77,6 +97,29 @@ BLOCKS: dict[str, Block] = {
     **dict.fromkeys(("bart", "marian", "plbart"), _BART),
     **dict.fromkeys(("mbart", "pegasus", "m2m_100", "blenderbot", "biogpt", "xglm"),
                     _FAIRSEQ_PRE),
+    # use_parallel_residual or not, the block's output is x + attn(norm(x))
+    "gpt_neox": Block("layers", "attention.query_key_value", "attention.dense", "attention",
+                      False, value_grouped=True, plus_residual=True),
+    "gptj": Block("h", "attn.v_proj", "attn.out_proj", "attn", False, plus_residual=True),
+    "phi": Block("layers", "self_attn.v_proj", "self_attn.dense", "self_attn", False,
+                 plus_residual=True),
+    "cohere": _PARALLEL,
+    # parallel (new_decoder_architecture, parallel_attn) or sequential: x + attn(norm(x))
+    "falcon": Block("h", "self_attention.query_key_value", "self_attention.dense",
+                    "self_attention", False, value_grouped=True, plus_residual=True),
+    # its attention module adds the residual itself; read before the norm after it
+    "bloom": Block("h", "self_attention.query_key_value", "self_attention.dense",
+                   "post_attention_layernorm", True, value_grouped=True),
+    # [q; k; v] stacked whole (Phi-3), or grouped: per head with multi-head attention and
+    # [q; k; v] with one key-value head (GPTBigCode's multi_query: the two layouts agree)
+    "phi3": replace(_LLAMA, value="self_attn.qkv_proj", value_stacked=True),
+    "gpt_bigcode": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_grouped=True),
+    "persimmon": replace(_LLAMA, value="self_attn.query_key_value", out="self_attn.dense",
+                         value_grouped=True),
+    "gpt_neo": Block("h", "attn.attention.v_proj", "attn.attention.out_proj", "ln_2", True),
+    # gemma3_text: Gemma 3's text-only models (the multimodal ones are refused as towers)
+    **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), _GEMMA2),
+    "olmo2": _OUT_NORMED,
 }
 
 
@@ -198,6 +241,25 @@ class _Hooks:
         return hook
 
 
+def _value_states(block: Block, v: torch.Tensor, H: int, d: int) -> torch.Tensor:
+    """(n, H_kv·d): the value states out of the captured projection output (n, width)."""
+    if block.value_third:  # GPT-2's [q; k; v]
+        return v[:, 2 * v.shape[-1] // 3:]
+    if not (block.value_grouped or block.value_stacked):
+        return v
+    # width = (H + 2·H_kv)·d
+    groups = (v.shape[-1] // d - H) // 2
+    n = v.shape[0]
+    if groups < 1 or H % groups or v.shape[-1] != (H + 2 * groups) * d:
+        raise CheckpointError(f"the fused projection's width {v.shape[-1]} does not fit "
+                              f"{H} heads of {d}", fix=f"choose rollout or flow with "
+                              f"{option('method')}")
+    if block.value_stacked:
+        return v[:, -groups * d:]
+    # each of H_kv groups holds H / H_kv query heads, a key, a value
+    return v.reshape(n, groups, H // groups + 2, d)[:, :, -1].reshape(n, groups * d)
+
+
 def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """W_O (E, H·d) and b_O of one layer, in (out, in) orientation."""
     assert runner.block is not None
@@ -209,15 +271,16 @@ def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Te
     return weight, None if bias is None else bias.detach().float()
 
 
-def _post_norm(runner: ModelRunner, layer: Any) -> PostNorm | None:
+def _norm(runner: ModelRunner, layer: Any, path: str | None) -> PostNorm | None:
+    """The norm at `path` under the layer, frozen (None where the row names none)."""
     block = runner.block
-    if block is None or block.post_norm is None:
+    if block is None or path is None:
         return None
-    norm = _module(layer, block.post_norm)
+    norm = _module(layer, path)
     bias = getattr(norm, "bias", None)
     eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-12
-    return PostNorm(norm.weight.detach().float(), None if bias is None else bias.detach().float(),
-                    float(eps), block.rms)
+    return PostNorm(norm.weight.detach().float() + block.norm_offset,
+                    None if bias is None else bias.detach().float(), float(eps), block.rms)
 
 
 def traces(runner: ModelRunner, rows: list[list[int]], tokens: list[list[str]]
@@ -249,6 +312,8 @@ def traces(runner: ModelRunner, rows: list[list[int]], tokens: list[list[str]]
 
 def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int, n: int
             ) -> tuple[list[BlockTerms], list[torch.Tensor]]:
+    block = runner.block
+    assert block is not None
     blocks, outputs = [], []
     for i, layer in enumerate(hooks.layers):
         residual, values, output = hooks.residual[i], hooks.values[i], hooks.outputs[i]
@@ -258,20 +323,21 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
                                   f"{option('method')}", where=printable(runner.source))
         W_o, b_o = _out_weight(runner, layer)
         H = maps[i].shape[0]
-        v = values[b, :n].float().cpu()  # (n, H_kv·d) or GPT-2's (n, 3E)
-        if runner.block is not None and runner.block.value_third:
-            v = v[:, 2 * v.shape[-1] // 3:]
         d = W_o.shape[1] // H
+        v = _value_states(block, values[b, :n].float().cpu(), H, d)
         H_kv = v.shape[-1] // d
         group = H // H_kv
         per_head = v.view(n, H_kv, d).transpose(0, 1)  # (H_kv, n, d)
         U = torch.stack([per_head[h // group] @ W_o[:, h * d:(h + 1) * d].T.cpu()
                          for h in range(H)])  # (H, n, E)
         own = output[b, :n].float().cpu()
+        if block.plus_residual:
+            own = own + residual[b, :n].float().cpu()
         rtol = TOLERANCE.get(str(output.dtype).removeprefix("torch."), 1e-4)
         blocks.append(BlockTerms(maps[i], U, residual[b, :n].float().cpu(),
                                  None if b_o is None else b_o.cpu(),
-                                 _post_norm(runner, layer), own, rtol))
+                                 _norm(runner, layer, block.post_norm), own, rtol,
+                                 _norm(runner, layer, block.out_norm)))
         outputs.append(own)
     return blocks, outputs
 
