@@ -16,9 +16,13 @@ COMMANDS = ["split", "inspect", "heatmap", "generate", "ablate", "circuits", "pa
 
 
 def _example(example: str):
-    """An example that opens a torch pickle runs where torch >= 2.10 (refused below, by design)."""
-    opens_pickle = any(word.endswith(PICKLE_SUFFIXES) for word in shlex.split(example))
+    """An example that opens a torch pickle runs where torch >= 2.10 (refused below, by design);
+    one that runs a Hugging Face model (`--model`, `-m`) needs the hf extra."""
+    words = shlex.split(example)
+    opens_pickle = any(word.endswith(PICKLE_SUFFIXES) for word in words)
     marks = [needs_safe_pickles] if opens_pickle else []
+    if "--model" in words or "-m" in words:
+        marks.append(pytest.mark.hf)
     return pytest.param(example, id=example[:60], marks=marks)
 
 
