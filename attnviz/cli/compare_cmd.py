@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from attnviz.cli.corpus_options import Field, Limit, Long, MaxTokens, Sample, Weighting
 from attnviz.cli.heatmap_options import Device, Dtype, MemoryBudget
 from attnviz.cli.options import (
     HeadDim,
@@ -20,7 +21,6 @@ from attnviz.cli.options import (
     console,
     path_arg,
     plain,
-    positive,
     strict_json,
 )
 from attnviz.core import choices
@@ -39,26 +39,12 @@ Against = Annotated[str | None, typer.Option("--against", "-a", callback=path_ar
 Weights = Annotated[Path | None, typer.Option("--weights", "-w", callback=path_arg, help=(
     "Model A as a checkpoint (.safetensors, .pt/.pth/.bin, or a folder): its weights alone "
     "are compared (a corpus needs --model)."))]
-Field = Annotated[str | None, typer.Option("--field", help=(
-    "JSON lines: the string field that holds each example's text."))]
-Limit = Annotated[int | None, typer.Option("--limit", callback=positive, help=(
-    "Only the first N examples (of the sample, with --sample)."))]
-Sample = Annotated[int | None, typer.Option("--sample", callback=positive, help=(
-    "N examples drawn uniformly from the corpus in one pass (reservoir sampling, --seed)."))]
 Seed = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help=(
     "Seed of --sample's draw."))]
-Long = Annotated[choices.LongExamples, choice_option(choices.LongExamples, "--long", help=(
-    "An example longer than --max-tokens: truncate it to its first --max-tokens tokens, or "
-    "skip it (both counted)."))]
-Weighting = Annotated[choices.Weighting, choice_option(choices.Weighting, "--weighting", help=(
-    "attention: the weights α_ij; norm: the value-weighted maps ‖α_ij · W_O^h v_j‖, rows "
-    "normalized."))]
 Overview = Annotated[choices.CorpusShows, choice_option(choices.CorpusShows, "--overview", help=(
     "What each cell of the corpus's layers × heads grid shows: a statistic's difference "
     "(against − model) ± half its 95% interval, or label (each head's type in both models). "
     "--json and --csv hold every statistic."))]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", callback=positive, help=(
-    "Longest example run, in each model's tokens (see --long)."))]
 Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help=(
     "Write a figure: each head's weight distance, and with a corpus each statistic's "
     "difference per head with its 95% interval as error bars (.png, .svg, .pdf)."))]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from attnviz.cli.corpus_options import Field, Limit, Long, MaxTokens, Sample, Weighting
 from attnviz.cli.heatmap_options import Device, DeviceMap, Dtype, MaxMemory, MemoryBudget
 from attnviz.cli.options import Json, Model, choice_option, console, path_arg, plain, positive
 from attnviz.core import choices
@@ -23,20 +24,8 @@ if TYPE_CHECKING:
 Corpus = Annotated[Path, typer.Argument(callback=path_arg, help=(
     "The corpus: a text file with one example per line, JSON lines (with --field), or '-' "
     "for standard input. Read as a stream: any size."))]
-Field = Annotated[str | None, typer.Option("--field", help=(
-    "JSON lines: the string field that holds each example's text."))]
-Limit = Annotated[int | None, typer.Option("--limit", callback=positive, help=(
-    "Only the first N examples (of the sample, with --sample)."))]
-Sample = Annotated[int | None, typer.Option("--sample", callback=positive, help=(
-    "N examples drawn uniformly from the corpus in one pass (reservoir sampling, --seed)."))]
 Seed = Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help=(
     "Seed of --sample and of the bootstrap resamples."))]
-Long = Annotated[choices.LongExamples, choice_option(choices.LongExamples, "--long", help=(
-    "An example longer than --max-tokens: truncate it to its first --max-tokens tokens, or "
-    "skip it (both counted)."))]
-Weighting = Annotated[choices.Weighting, choice_option(choices.Weighting, "--weighting", help=(
-    "attention: the weights α_ij; norm: the value-weighted maps ‖α_ij · W_O^h v_j‖, rows "
-    "normalized."))]
 Resamples = Annotated[int, typer.Option("--resamples", callback=positive, help=(
     "Bootstrap resamples (examples drawn with replacement) behind each type's stability."))]
 Overview = Annotated[choices.CorpusShows, choice_option(choices.CorpusShows, "--overview", help=(
@@ -50,8 +39,6 @@ Csv = Annotated[Path | None, typer.Option("--csv", callback=path_arg, help=(
     "count (.csv)."))]
 Html = Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
     "Write an offline page: types, statistics with intervals, the settle curve (.html)."))]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", callback=positive, help=(
-    "Longest example run, in the model's tokens (see --long)."))]
 State = Annotated[Path | None, typer.Option("--state", callback=path_arg, help=(
     "Save the partial sums to this file every --save-every batches (atomically), for "
     "--resume; under torchrun each rank writes FILE.rankR."))]
