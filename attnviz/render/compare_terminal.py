@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
+from attnviz.render.head_grid import Row, grid_lines, short_number
 from attnviz.render.maps_terminal import colour_off
 from attnviz.render.overview_terminal import TYPES
 
@@ -20,31 +21,6 @@ if TYPE_CHECKING:
     from attnviz.compute.comparison.head_weights import WeightComparison
 
 MAX_LISTED = 12  # heads listed under the difference grid
-Row = tuple[str, list[tuple[str, str]]]  # a layer's label, its cells (text, style)
-
-
-def grid_lines(rows: list[Row], width: int) -> list[Text]:
-    """Rows of cells under a header of head numbers, wrapped into blocks of heads that fit."""
-    label_width = max([5, *(len(label) for label, _ in rows)])
-    heads = max((len(cells) for _, cells in rows), default=0)
-    cell = 1 + max([len(str(max(heads - 1, 0))),
-                    *(len(text) for _, cells in rows for text, _ in cells)])
-    per_block = max(1, (width - label_width) // cell)
-    lines: list[Text] = []
-    for start in range(0, heads, per_block):
-        stop = min(heads, start + per_block)
-        header = Text("layer".ljust(label_width))
-        for h in range(start, stop):
-            header.append(str(h).rjust(cell))
-        lines.append(header)
-        for label, cells in rows:
-            line = Text(label.ljust(label_width))
-            for text, style in cells[start:stop]:
-                line.append(text.rjust(cell), style=style)
-            lines.append(line)
-    return lines
-
-
 def _distance(value: float) -> str:
     if value == 0:
         return "0"
@@ -59,20 +35,6 @@ def weights_rows(weights: WeightComparison, colour: bool) -> list[Row]:
               (_distance(h.distance), "bold" if colour and h.distance >= 0.01 else "")
               for h in layer.heads])
             for layer in weights.layers]
-
-
-def _num(value: float, sign: bool = False) -> str:
-    """Short numbers for a cell: .53, 1.2, 14 (with `sign`: +.05, −.10)."""
-    magnitude = abs(value)
-    if magnitude >= 10:
-        text = f"{magnitude:.0f}"
-    elif magnitude >= 1:
-        text = f"{magnitude:.1f}"
-    else:
-        text = f"{magnitude:.2f}".replace("0.", ".", 1)
-    if value < 0 and text.strip(".0"):
-        return "-" + text
-    return ("+" + text) if sign else text
 
 
 def difference_rows(corpus: CorpusComparison, statistic: str, colour: bool) -> list[Row]:
@@ -90,10 +52,11 @@ def difference_rows(corpus: CorpusComparison, statistic: str, colour: bool) -> l
                 cells.append(("0", "dim" if colour else ""))
                 continue
             if low != low:  # one example: no interval
-                cells.append((_num(diff, True), ""))
+                cells.append((short_number(diff, True), ""))
                 continue
             changed = low > 0 or high < 0
-            text = f"{_num(diff, True)}±{_num((high - low) / 2)}" + ("*" if changed else "")
+            text = (f"{short_number(diff, True)}±{short_number((high - low) / 2)}"
+                    + ("*" if changed else ""))
             style = ("red" if diff > 0 else "cyan") if colour and changed else ""
             cells.append((text, style))
         rows.append((info.label, cells))
@@ -220,9 +183,9 @@ def _changed_values(corpus: CorpusComparison, statistic: str) -> list[Text]:
     lines = []
     if found:
         found.sort(reverse=True)
-        shown = ", ".join(f"{label}.{h} {_num(float(d.diff[l, h, s]), True)} "
-                          f"[{_num(float(d.low[l, h, s]), True)}, "
-                          f"{_num(float(d.high[l, h, s]), True)}]"
+        shown = ", ".join(f"{label}.{h} {short_number(float(d.diff[l, h, s]), True)} "
+                          f"[{short_number(float(d.low[l, h, s]), True)}, "
+                          f"{short_number(float(d.high[l, h, s]), True)}]"
                           for _, label, h, l in found[:MAX_LISTED])  # noqa: E741
         more = f" and {len(found) - MAX_LISTED} more" if len(found) > MAX_LISTED else ""
         lines.append(Text(f"changed ({_heads(len(found))}): {shown}{more}"))

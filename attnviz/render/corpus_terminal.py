@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.text import Text
 
+from attnviz.render.head_grid import Row, grid_lines, heads_per_block, short_number
 from attnviz.render.maps_terminal import colour_off
 from attnviz.render.overview_terminal import TYPES
 
@@ -29,54 +30,30 @@ def _cell(head: CorpusHead, statistic: str | None, short: bool) -> str:
     if s.mean is None:
         return "–"
     if s.low is None or s.high is None:
-        return _num(s.mean)
-    return f"{_num(s.mean)}±{_num((s.high - s.low) / 2)}"
+        return short_number(s.mean)
+    return f"{short_number(s.mean)}±{short_number((s.high - s.low) / 2)}"
 
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
 
 
-def _num(value: float) -> str:
-    if abs(value) >= 10:
-        return f"{value:.0f}"
-    if abs(value) >= 1:
-        return f"{value:.1f}"
-    return f"{value:.2f}".replace("0.", ".", 1)
-
-
 def overview_lines(result: CorpusResult, width: int, statistic: str | None,
                    colour: bool) -> list[Text]:
     """The grid, wrapped into blocks of heads that fit `width`."""
-    summary = result.summary
     rows: dict[tuple[int, str], list[CorpusHead]] = {}
-    for head in summary.heads:
+    for head in result.summary.heads:
         rows.setdefault((head.layer, head.label), []).append(head)
-    label_width = max([5, *(len(label) for _, label in rows)])
-    heads = max((len(r) for r in rows.values()), default=0)
-    cells: dict[tuple[int, str], list[str]] = {}
-    cell = per_block = 1
+    heads = max((len(row) for row in rows.values()), default=0)
+    grid: list[Row] = []
     for short in (False, True):
-        cells = {key: [_cell(h, statistic, short) for h in row] for key, row in rows.items()}
-        cell = 1 + max([len(str(heads - 1)), *(len(c) for row in cells.values() for c in row)])
-        per_block = max(1, (width - label_width) // cell)
-        if per_block >= heads:
+        grid = [(label, [(_cell(h, statistic, short),
+                          TYPES.get(h.type, ("", "", "", ""))[3]
+                          if colour and statistic is None else "") for h in row])
+                for (_, label), row in rows.items()]
+        if heads_per_block(grid, width) >= heads:
             break
-    lines: list[Text] = []
-    for start in range(0, heads, per_block):
-        stop = min(heads, start + per_block)
-        header = Text("layer".ljust(label_width))
-        for h in range(start, stop):
-            header.append(str(h).rjust(cell))
-        lines.append(header)
-        for key, row in rows.items():
-            line = Text(key[1].ljust(label_width))
-            for head, text in zip(row[start:stop], cells[key][start:stop], strict=False):
-                style = TYPES.get(head.type, ("", "", "", ""))[3] if colour and \
-                    statistic is None else ""
-                line.append(text.rjust(cell), style=style)
-            lines.append(line)
-    return lines
+    return grid_lines(grid, width)
 
 
 def print_corpus(console: Console, result: CorpusResult, statistic: str | None = None) -> None:
