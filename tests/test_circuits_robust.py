@@ -233,23 +233,23 @@ def test_compose_heads_of_different_sizes():
 
 BUNDLED_FIX = "— drop it, or pass --weights or --model"
 RANDOM_REST = ("applies to a checkpoint's layers: the random nn.MultiheadAttention has as many "
-               "key/value heads as heads, each --embed-dim / --num-heads wide")
+               "key/value heads as heads, each --spec E / --num-heads wide")
 
 
 @pytest.mark.parametrize("args, message", [
     (("-H", "3"), "error: --num-heads applies to a checkpoint's layers: the bundled model's "
      f"head counts are its own (--num-heads) {BUNDLED_FIX}"),
-    (("--num-kv-heads", "1"), "error: --num-kv-heads applies to a checkpoint's layers: the "
-     f"bundled model's head counts are its own (--num-kv-heads) {BUNDLED_FIX}"),
-    (("--head-dim", "16"), "error: --head-dim applies to a checkpoint's layers: the bundled "
-     f"model's head counts are its own (--head-dim) {BUNDLED_FIX}"),
-    (("-H", "2", "--head-dim", "32"), "error: --num-heads and --head-dim apply to a "
+    (("--num-kv-heads", "1"), "error: --spec kv applies to a checkpoint's layers: the "
+     f"bundled model's head counts are its own (--spec kv) {BUNDLED_FIX}"),
+    (("--head-dim", "16"), "error: --spec d applies to a checkpoint's layers: the bundled "
+     f"model's head counts are its own (--spec d) {BUNDLED_FIX}"),
+    (("-H", "2", "--head-dim", "32"), "error: --num-heads and --spec d apply to a "
      "checkpoint's layers: the bundled model's head counts are its own (--num-heads) — drop "
      "them, or pass --weights or --model"),
-    (("--random", "--num-kv-heads", "2"), f"error: --num-kv-heads {RANDOM_REST} (--num-kv-heads)"
-     " — drop it; size the random layer with --embed-dim and --num-heads"),
-    (("--random", "--head-dim", "4"), f"error: --head-dim {RANDOM_REST} (--head-dim) — drop "
-     "it; size the random layer with --embed-dim and --num-heads"),
+    (("--random", "--num-kv-heads", "2"), f"error: --spec kv {RANDOM_REST} (--spec kv)"
+     " — drop it; size the random layer with --spec E and --num-heads"),
+    (("--random", "--head-dim", "4"), f"error: --spec d {RANDOM_REST} (--spec d) — drop "
+     "it; size the random layer with --spec E and --num-heads"),
 ])
 def test_head_options_refused_where_they_cannot_apply(cli, args, message):
     from helpers import assert_clean_error

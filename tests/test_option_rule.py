@@ -99,21 +99,23 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "budget:panels": ["--budget", "panels=1"], "budget:memory": ["--budget", "memory=1MB"],
     },
     "split": {
-        "layer": ["--layer", "1"], "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
-        "num_kv_heads": ["--num-kv-heads", "2"], "head_dim": ["--head-dim", "4"],
-        "kdim": ["--kdim", "8"], "vdim": ["--vdim", "8"], "bias": ["--no-bias"],
-        "seed": ["--seed", "3"], "out": ["--out", f"{OUT}/f.png"],
+        "layer": ["--layer", "1"], "spec:E": ["--spec", "E=32"], "num_heads": ["-H", "2"],
+        "spec:kv": ["--spec", "kv=2"], "spec:d": ["--spec", "d=4"],
+        "spec:kdim": ["--spec", "kdim=8"], "spec:vdim": ["--spec", "vdim=8"],
+        "bias": ["--no-bias"],
+        "spec:seed": ["--spec", "seed=3"], "out": ["--out", f"{OUT}/f.png"],
         "png": ["--png", f"{OUT}/g.png"], "verify": ["--verify"],
     },
     "inspect": {
         "layer": ["--layer", "1"], "num_heads": ["-H", "2"],
-        "num_kv_heads": ["--num-kv-heads", "1"], "head_dim": ["--head-dim", "8"],
+        "spec:kv": ["--spec", "kv=1"], "spec:d": ["--spec", "d=8"],
         "scan": ["--scan"],
     },
     "circuits": {
-        "layer": ["--layer", "1"], "embed_dim": ["-E", "32"], "num_heads": ["-H", "2"],
-        "num_kv_heads": ["--num-kv-heads", "2"], "head_dim": ["--head-dim", "2"],
-        "kdim": ["--kdim", "8"], "vdim": ["--vdim", "8"], "seed": ["--seed", "3"],
+        "layer": ["--layer", "1"], "spec:E": ["--spec", "E=32"], "num_heads": ["-H", "2"],
+        "spec:kv": ["--spec", "kv=2"], "spec:d": ["--spec", "d=2"],
+        "spec:kdim": ["--spec", "kdim=8"], "spec:vdim": ["--spec", "vdim=8"],
+        "spec:seed": ["--spec", "seed=3"],
         "composition": ["--no-composition"], "out": ["--out", f"{OUT}/f.png"],
         "device": ["--device", "cpu"],
     },
@@ -181,8 +183,8 @@ OVERRIDES: dict[tuple[str, str], dict[str, list[str]]] = {
     ("heatmap", "model"): {"stats": ["--stats"], "maps": ["--maps"]},
     ("generate", "model"): {"stats": ["--stats"], "maps": ["--maps"]},
     ("ablate", "model"): {"stats": ["--stats"], "maps": ["--maps"]},
-    ("split", "weights"): {"head_dim": ["--head-dim", "8"]},  # bert-tiny's own d is 4
-    ("split", "model"): {"num_kv_heads": ["--num-kv-heads", "1"]},  # the zoo llama's is 2
+    ("split", "weights"): {"spec:d": ["--spec", "d=8"]},  # bert-tiny's own d is 4
+    ("split", "model"): {"spec:kv": ["--spec", "kv=1"]},  # the zoo llama's is 2
     # a --model run gives its own pair: another corrupted prompt, answer and wrong answer
     ("patch", "model"): {"corrupt": ["-c", "the cat sat on a mat"], "answer": ["-a", "mat"],
                          "wrong": ["--wrong", "mat"]},
@@ -197,7 +199,7 @@ SOURCES: dict[str, dict[str, list[str]]] = {
     "generate": {"bundled": [*SENTENCES]},
     "ablate": {"bundled": [*SENTENCES], "random": ["--random", *SENTENCES],
                "weights": [*WEIGHTS, "--layer", "0", *SENTENCES]},
-    "split": {"random": [], "weights": [*WEIGHTS, "--layer", "0"]},
+    "split": {"random": ["--random"], "weights": [*WEIGHTS, "--layer", "0"]},
     "inspect": {"checkpoint": [str(SAMPLES / "llama-gqa-tiny")]},
     "circuits": {"bundled": [], "random": ["--random"], "weights": WEIGHTS},
     "attribute": {"bundled": [*SENTENCES]},

@@ -214,11 +214,15 @@ def test_png_is_written_with_four_panels(cli, tmp_path, flag):
 
 @pytest.mark.parametrize("args,code,fragment", [
     (["-E", "50", "-H", "6"], 2, "choose --num-heads from 1, 2, 5, 10, 25, 50"),
-    (["-E", "0"], 2, "--embed-dim must be a positive integer"),
+    (["-E", "0"], 2, "--spec E= must be a positive integer"),
+    (["--spec", "E=0"], 2, "--spec E= must be a positive integer"),
+    (["--spec", "positions=sinusoidal"], 2, "unknown --spec key 'positions'"),
+    (["--spec", "E=32", "-E", "32"], 2, "--spec E= is given twice"),
+    (["--random", "--weights", "x.safetensors"], 2, "--random and --weights exclude"),
     (["-H", "-2"], 2, "--num-heads must be a positive integer"),
-    (["--kdim", "0"], 2, "--kdim must be a positive integer"),
+    (["--kdim", "0"], 2, "--spec kdim= must be a positive integer"),
     (["-E", "100000"], 2, "larger than"),
-    (["-E", "abc"], 2, "--embed-dim"),
+    (["-E", "abc"], 2, "--spec E="),
     (["--nope"], 2, "No such option"),
     (["--layer", "0"], 2, "need --weights"),
     (["--weights", "/nonexistent.safetensors"], 2, "no such file"),

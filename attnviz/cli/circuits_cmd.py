@@ -7,17 +7,18 @@ from typing import Annotated
 
 import typer
 
-from attnviz.cli.heatmap_options import Device, Random, random_spec
+from attnviz.cli.compound import (
+    LAYER_SPEC_KEYS,
+    LAYER_SPEC_RENAMED,
+    LayerSpec,
+    key_values,
+    old_spellings,
+)
+from attnviz.cli.heatmap_options import Device, RandomLayer, random_spec
 from attnviz.cli.options import (
-    EmbedDim,
-    HeadDim,
     Json,
-    KDim,
     Model,
     NumHeads,
-    NumKvHeads,
-    Seed,
-    VDim,
     console,
     path_arg,
     plain,
@@ -38,18 +39,14 @@ Out = Annotated[Path | None, typer.Option("--out", "-o", callback=path_arg, help
     ".svg, .pdf)."))]
 
 
+@old_spellings(*LAYER_SPEC_RENAMED)
 def circuits(
     weights: WeightsOption = None,
     model: Model = None,
     layer: Layer = None,
-    random: Random = False,
-    embed_dim: EmbedDim = None,
+    random: RandomLayer = False,
     num_heads: NumHeads = None,
-    num_kv_heads: NumKvHeads = None,
-    head_dim: HeadDim = None,
-    kdim: KDim = None,
-    vdim: VDim = None,
-    seed: Seed = None,
+    spec: LayerSpec = None,
     composition: Composition = None,
     out: Out = None,
     as_json: Json = False,
@@ -64,9 +61,9 @@ def circuits(
 
     out_path = check_output_path(out, FIGURE_SUFFIXES, inputs_read(
         weights, model, None, weights is None and model is None)) if out else None
-    spec, hints = random_spec(random, LayerOptions(embed_dim, num_heads, num_kv_heads, head_dim,
-                                                   kdim, vdim, seed=seed))
-    result = run_circuits(CircuitsRequest(weights, model, layer, hints, spec, composition,
+    sizes = key_values("--spec", spec, LAYER_SPEC_KEYS)
+    layer_spec, hints = random_spec(random, LayerOptions(num_heads=num_heads, **sizes))
+    result = run_circuits(CircuitsRequest(weights, model, layer, hints, layer_spec, composition,
                                           device))
     if out_path is not None:
         from attnviz.cli.paths import write_figure

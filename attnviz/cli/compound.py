@@ -31,6 +31,15 @@ Spec = Annotated[list[str] | None, typer.Option("--spec", metavar="KEY=VALUE,…
     "heads, for grouped-query layers) and d (the head dimension, where H·d ≠ E), which win "
     "over config and metadata. Both: positions=sinusoidal adds position encodings to the "
     "inputs. Heads: -H."))]
+LayerSpec = Annotated[list[str] | None, typer.Option("--spec", metavar="KEY=VALUE,…", help=(
+    "The layer's sizes, as KEY=VALUE pairs joined by commas. Random init: E (its width, "
+    "default 64), kdim, vdim (key and value input widths, default E), seed (default 0). A "
+    "checkpoint layer: kv (key/value heads, for grouped-query layers) and d (the head "
+    "dimension, where H·d ≠ E), which win over config and metadata. Heads: -H."))]
+HeadSpec = Annotated[list[str] | None, typer.Option("--spec", metavar="KEY=VALUE,…", help=(
+    "The layers' head geometry where the checkpoint does not say it, as KEY=VALUE pairs "
+    "joined by commas: kv (key/value heads, for grouped-query layers), d (the head dimension, "
+    "where H·d ≠ E); they win over config and metadata. Heads: -H."))]
 Budget = Annotated[list[str] | None, typer.Option("--budget", metavar="KEY=VALUE,…", help=(
     "Bounds checked before any work, as KEY=VALUE pairs joined by commas: tokens (the longest "
     "sentence, default 256; attention costs O(L²) per head), sentences (in one batch, default "
@@ -169,7 +178,15 @@ GENERATE_FLAGS = {name: shown for name, shown in COMPOUND_FLAGS.items() if name 
 # that is the scorecard, the way out is the maps alone
 ABLATE_FLAGS = {**COMPOUND_FLAGS,
                 "ablate": "'attnviz ablate' (run 'attnviz heatmap' for the maps alone)"}
-COMMAND_FLAGS = {"heatmap": COMPOUND_FLAGS, "ablate": ABLATE_FLAGS, "generate": GENERATE_FLAGS}
+# `split` and `circuits` take the layer's sizes as `--spec` (no positions: they run no inputs)
+LAYER_SPEC_KEYS = {key: target for key, target in SPEC_KEYS.items() if key != "positions"}
+LAYER_SPEC_FLAGS = {target.keyword: f"--spec {key}" for key, target in LAYER_SPEC_KEYS.items()}
+# `inspect` reads checkpoints only: its --spec gives the head geometry
+HEAD_SPEC_KEYS = {key: SPEC_KEYS[key] for key in ("kv", "d")}
+HEAD_SPEC_FLAGS = {target.keyword: f"--spec {key}" for key, target in HEAD_SPEC_KEYS.items()}
+COMMAND_FLAGS = {"heatmap": COMPOUND_FLAGS, "ablate": ABLATE_FLAGS, "generate": GENERATE_FLAGS,
+                 "split": LAYER_SPEC_FLAGS, "circuits": LAYER_SPEC_FLAGS,
+                 "inspect": HEAD_SPEC_FLAGS}
 
 _spelled: ContextVar[dict[str, str] | None] = ContextVar("attnviz_spelled", default=None)
 
@@ -252,6 +269,8 @@ SPEC_RENAMED = (
     Renamed("head_dim", ("--head-dim",), "--spec d={}"),
     Renamed("positions", ("--positions",), "--spec positions={}"),
 )
+LAYER_SPEC_RENAMED = tuple(old for old in SPEC_RENAMED if old.name != "positions")
+HEAD_SPEC_RENAMED = tuple(old for old in SPEC_RENAMED if old.name in ("num_kv_heads", "head_dim"))
 BUDGET_RENAMED = (
     Renamed("max_tokens", ("--max-tokens",), "--budget tokens={}"),
     Renamed("max_sentences", ("--max-sentences",), "--budget sentences={}"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 EXAMPLES = {
     "split": [
-        ("attnviz split -E 32 -H 4", "random nn.MultiheadAttention(32, 4) and its proof"),
-        ("attnviz split -E 32 -H 4 --kdim 16 --vdim 24", "W_k, W_v not square"),
+        ("attnviz split --spec E=32 -H 4", "random nn.MultiheadAttention(32, 4) and its proof"),
+        ("attnviz split --spec E=32,kdim=16,vdim=24 -H 4", "W_k, W_v not square"),
         ("attnviz split --weights sample_weights/llama-gqa-tiny --layer 1",
          "a checkpoint layer (grouped-query)"),
         ("attnviz split --weights sample_weights/mha.safetensors --json", "as one JSON document"),
@@ -47,7 +47,7 @@ EXAMPLES = {
     "circuits": [
         ("attnviz circuits", "the bundled model: its induction heads K-compose with layer 0"),
         ("attnviz circuits --weights sample_weights/llama-gqa-tiny --layer 1", "one layer (GQA)"),
-        ("attnviz circuits --random -E 32 -H 4 --json", "a random layer, as JSON"),
+        ("attnviz circuits --random --spec E=32 -H 4 --json", "a random layer, as JSON"),
     ],
     "attribute": [
         ("attnviz attribute", "the bundled model: which heads write its induction answer"),

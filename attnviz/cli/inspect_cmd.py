@@ -7,17 +7,23 @@ from typing import Annotated
 
 import typer
 
+from attnviz.cli.compound import (
+    HEAD_SPEC_KEYS,
+    HEAD_SPEC_RENAMED,
+    HeadSpec,
+    key_values,
+    old_spellings,
+)
 from attnviz.cli.options import (
-    HeadDim,
     Json,
     NumHeads,
-    NumKvHeads,
     console,
     path_arg,
     strict_json,
 )
 
 
+@old_spellings(*HEAD_SPEC_RENAMED)
 def inspect(
     checkpoint: Annotated[Path, typer.Argument(callback=path_arg, help=(
         "A .safetensors or .pt/.pth/.bin file, or a Hugging Face model folder."))],
@@ -25,8 +31,7 @@ def inspect(
         "Show per-head slices and norms of one layer (index or name); reads its tensors."))]
     = None,
     num_heads: NumHeads = None,
-    num_kv_heads: NumKvHeads = None,
-    head_dim: HeadDim = None,
+    spec: HeadSpec = None,
     scan: Annotated[bool, typer.Option("--scan", help=(
         "Read every attention tensor (one at a time) and count NaN/Inf values."))] = False,
     as_json: Json = False,
@@ -35,8 +40,9 @@ def inspect(
     from attnviz.app.inspect_checkpoint import InspectRequest, inspect_checkpoint
     from attnviz.core.request import HeadHints
 
+    sizes = key_values("--spec", spec, HEAD_SPEC_KEYS)
     result = inspect_checkpoint(InspectRequest(checkpoint, layer,
-                                               HeadHints(num_heads, num_kv_heads, head_dim), scan))
+                                               HeadHints(num_heads, **sizes), scan))
     if as_json:
         typer.echo(strict_json(result.doc))
         return

@@ -142,7 +142,7 @@ PANELS: dict[str, dict[str, str]] = {
     },
     "inspect": {
         "checkpoint": ARGUMENTS,
-        **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},
+        **{name: CHECKPOINT_LAYER for name in ("num_heads", "spec")},
         "layer": SELECTION,
         **{name: OUTPUTS for name in ("scan", "as_json")},
     },

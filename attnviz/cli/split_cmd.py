@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from attnviz.cli.compound import (
+    LAYER_SPEC_KEYS,
+    LAYER_SPEC_RENAMED,
+    LayerSpec,
+    key_values,
+    old_spellings,
+)
 from attnviz.cli.options import (
-    EmbedDim,
-    HeadDim,
     Json,
-    KDim,
     Model,
     NumHeads,
-    NumKvHeads,
-    SplitSeed,
-    VDim,
     console,
     plain,
     strict_json,
@@ -32,21 +33,22 @@ from attnviz.cli.split_options import (
 )
 from attnviz.errors import UsageError
 
+SplitRandom = Annotated[bool, typer.Option("--random", help=(
+    "A random nn.MultiheadAttention (its size: -H and --spec; the default without --weights "
+    "or --model)."))]
+
 if TYPE_CHECKING:
     from attnviz.app.split import SplitResult
 
 
+@old_spellings(*LAYER_SPEC_RENAMED)
 def split(
     weights: WeightsOption = None,
     layer: LayerOption = None,
-    embed_dim: EmbedDim = None,
+    random: SplitRandom = False,
     num_heads: NumHeads = None,
-    num_kv_heads: NumKvHeads = None,
-    head_dim: HeadDim = None,
-    kdim: KDim = None,
-    vdim: VDim = None,
+    spec: LayerSpec = None,
     bias: BiasOption = True,
-    seed: SplitSeed = None,
     out: OutOption = None,
     png: PngOption = None,
     as_json: Json = False,
@@ -66,13 +68,19 @@ def split(
     png_path = check_output_path(figure, FIGURE_SUFFIXES, inputs_read(weights, model, None, False),
                                  "out" if out is not None else "png") if figure else None
     checkpoint = weights is not None or model is not None
+    if random and checkpoint:
+        given = "--weights" if weights is not None else "--model"
+        raise UsageError(f"--random and {given} exclude each other",
+                         fix="give one source (split runs random init when given none)")
     if checkpoint and not bias:
         raise UsageError("--no-bias applies to random init only", fix="drop it")
-    random, hints = LayerOptions(embed_dim, num_heads, num_kv_heads, head_dim, kdim, vdim, bias,
-                                 seed).build(not checkpoint, "random init only; a checkpoint's "
-                                             "shapes come from its weights", "drop {them}",
-                                             seed_is_random=False)
-    result = run_split(SplitRequest(weights, model, layer, hints, random, seed or 0, verify))
+    sizes = key_values("--spec", spec, LAYER_SPEC_KEYS)
+    seed = sizes.get("seed")
+    random_layer, hints = LayerOptions(num_heads=num_heads, bias=bias, **sizes).build(
+        not checkpoint, "random init only; a checkpoint's shapes come from its weights",
+        "drop {them}", seed_is_random=False)
+    result = run_split(SplitRequest(weights, model, layer, hints, random_layer, seed or 0,
+                                    verify))
     if png_path is not None:
         from attnviz.cli.paths import write_figure
         from attnviz.render.split_figure import split_figure
