@@ -7,8 +7,8 @@ block's per-source terms against the block's own output read through hooks writt
   output of self_attn_layer_norm; with project_in/out, and without an elementwise affine);
 - CodeGen (parallel: the layer's output minus its MLP's; qkv_proj in 4 model-parallel shards
   of [q; v; k]), with one head and two heads per shard;
-- Granite (x + m·attn: the layer's input plus residual_multiplier times its self_attn's
-  output), with m ≠ 1;
+- Granite and its MoE models (x + m·attn: the layer's input plus residual_multiplier times
+  its self_attn's output), with m ≠ 1;
 - ALBERT (one layer module run once per layer: the attention module's output at each call),
   shared by all layers, and in two groups of two inner layers.
 
@@ -44,17 +44,32 @@ VARIANTS = {
     "codegen": ("codegen", {}),  # 4 heads: one per shard
     "codegen-8": ("codegen", {"n_head": 8}),  # two heads per shard
     "granite": ("granite", {"residual_multiplier": 0.3, "attention_multiplier": 0.5}),
+    "granitemoe": ("granitemoe", {"residual_multiplier": 0.3, "attention_multiplier": 0.5}),
+    "granitemoeshared": ("granitemoeshared", {"residual_multiplier": 0.3}),
     "albert": ("albert", {}),  # one layer module, run twice
     "albert-groups": ("albert", {"num_hidden_layers": 4, "num_hidden_groups": 2,
                                  "inner_group_num": 2}),  # 4 modules, 8 calls
 }
 
 
+def _extra():
+    """Granite's MoE models, built as the zoo builds its rows (kept out of zoo.ZOO, whose
+    rows every --model capture test runs): the same attention block as Granite."""
+    import zoo
+
+    moe = {**zoo._DECODER, "num_local_experts": 2, "num_experts_per_tok": 1}
+    return {"granitemoe": zoo.Kind(zoo._config("GraniteMoeConfig", **moe), "GraniteMoeModel",
+                                   side="left"),
+            "granitemoeshared": zoo.Kind(zoo._config("GraniteMoeSharedConfig",
+                                                     shared_intermediate_size=32, **moe),
+                                         "GraniteMoeSharedModel", side="left")}
+
+
 def _build(folder, kind, changes):
     import transformers
     import zoo
 
-    row = zoo.row_of(kind)
+    row = _extra()[kind] if kind.startswith("granitemoe") else zoo.row_of(kind)
     config = row.config()
     for key, value in changes.items():
         setattr(config, key, value)
@@ -125,7 +140,7 @@ def own_outputs(runner, name, ids, mask):
         return [c["read"] for c in calls]
     if kind == "codegen":  # parallel: x + attn(ln(x)) + mlp(ln(x)), less the MLP's write
         return [c["layer"] - c["mlp"] for c in calls]
-    scale = float(runner.config.residual_multiplier) if kind == "granite" else 1.0
+    scale = float(runner.config.residual_multiplier) if kind.startswith("granite") else 1.0
     return [c["input"] + scale * c["attn"] for c in calls]
 
 
@@ -193,11 +208,12 @@ def test_codegen_wrong_value_slices_are_refused(folders, name):
     assert tc.traces(runner, rows[:1], [["x"] * len(rows[0])])[0].blocks
 
 
-def test_granite_multiplier_dropped_is_refused(folders):
-    runner, tokenizer = _runner(folders["granite"])
+@pytest.mark.parametrize("name", ["granite", "granitemoe", "granitemoeshared"])
+def test_granite_multiplier_dropped_is_refused(folders, name):
+    runner, tokenizer = _runner(folders[name])
     rows = _rows(tokenizer, SENTENCES)
     assert runner.model.base_model.layers[0].residual_multiplier == pytest.approx(0.3)
-    runner.block = replace(tc.BLOCKS["granite"], out_scale="")
+    runner.block = replace(tc.BLOCKS[name], out_scale="")
     _refused(runner, rows)
 
 
@@ -250,7 +266,8 @@ def test_gram_norms_and_alti_equal_the_terms(folders, name):
         assert relative_error(decompose.alti_rows(block, everything, 1 << 20), alti) <= RTOL
 
 
-@pytest.mark.parametrize("name", ["opt-pre", "opt-post", "codegen", "granite", "albert"])
+@pytest.mark.parametrize("name", ["opt-pre", "opt-post", "codegen", "granite", "granitemoe",
+                                  "albert"])
 def test_on_the_command(folders, name):
     """norms and ALTI run (no note about a missing decomposition), each row summing to 1."""
     result = run_tokens(TokensRequest(SENTENCES[:1], model=str(folders[name]), check=False))

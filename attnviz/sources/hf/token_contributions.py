@@ -11,8 +11,10 @@ hidden state there, ‖h′ − h‖ / ‖h‖.
 A family's block is data (BLOCKS): where its layers sit, the value projection (GPT-2's fused
 c_attn: its last third), the output projection (Conv1D: stored (in, out)), where the block's
 own output can be read (the input of the norm after it, or a module's output) and, for post-LN
-models, the norm applied after the residual. Captured per layer: the layer's input (the
-residual), the value states, and the block's output, which the tests compare with Σ_j T_ij.
+models, the norm applied after the residual; a family whose block depends on a config flag
+(OPT's pre- or post-LN) has one row per layout. Captured per call of a layer (ALBERT's shared
+layer runs once per layer): the layer's input (the residual), the value states, and the block's
+output, which the tests compare with Σ_j T_ij.
 """
 
 from __future__ import annotations
@@ -150,7 +152,8 @@ BLOCKS: dict[str, Block | Layouts] = {
     "codegen": Block("h", "attn.qkv_proj", "attn.out_proj", "attn", False, value_shards=4,
                      plus_residual=True),
     # x + m·attn(norm(x)) (its attention_multiplier scales the scores: in the maps already)
-    "granite": replace(_LLAMA, out_scale="residual_multiplier"),
+    **dict.fromkeys(("granite", "granitemoe", "granitemoeshared"),
+                    replace(_LLAMA, out_scale="residual_multiplier")),
     # one layer module (per group) run num_hidden_layers times: one block per call;
     # LN(x + dense(attn(x))) inside the attention module
     "albert": Block("encoder.albert_layer_groups.*.albert_layers", "attention.value",
