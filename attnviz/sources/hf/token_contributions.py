@@ -11,8 +11,10 @@ hidden state there, ‖h′ − h‖ / ‖h‖.
 A family's block is data (BLOCKS): where its layers sit, the value projection (GPT-2's fused
 c_attn: its last third), the output projection (Conv1D: stored (in, out)), where the block's
 own output can be read (the input of the norm after it, or a module's output) and, for post-LN
-models, the norm applied after the residual. Captured per layer: the layer's input (the
-residual), the value states, and the block's output, which the tests compare with Σ_j T_ij.
+models, the norm applied after the residual; a family whose block depends on a config flag
+(OPT's pre- or post-LN) has one row per layout. Captured per call of a layer (ALBERT's shared
+layer runs once per layer): the layer's input (the residual), the value states, and the block's
+output, which the tests compare with Σ_j T_ij.
 """
 
 from __future__ import annotations
@@ -57,6 +59,25 @@ class Block:
     out_norm: str | None = None
     rms: bool = False  # the norm (post_norm or out_norm) is an RMSNorm
     norm_offset: float = 0.0  # the norm multiplies by offset + weight (Gemma's 1 + w)
+    # a fused projection in this many model-parallel shards, each [q; v; k] of E/shards
+    # columns (CodeGen: 4): the value is each shard's middle slice
+    value_shards: int = 0
+    # a layer attribute scaling the attention sublayer's output before the residual (Granite's
+    # residual_multiplier: x + m·attn(…)); folded into W_O and b_O
+    out_scale: str = ""
+    # the read site sees the batch's tokens flattened, (B·L, E) (OPT's pre-LN layer reshapes
+    # before its final_layer_norm)
+    read_flat: bool = False
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """A family whose block depends on one config flag: the row for each of its values (OPT's
+    do_layer_norm_before: pre-LN, or post-LN as opt-350m); a value no row names is refused."""
+
+    flag: str
+    default: object  # the flag's value when the config leaves it out
+    rows: tuple[tuple[object, Block], ...]
 
 
 # pre-LN decoders: x + attn(norm(x)), read at the input of the norm before the MLP
@@ -77,8 +98,14 @@ _PARALLEL = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "self_attn",
 _OUT_NORMED = Block("layers", "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
                     False, plus_residual=True, out_norm="post_attention_layernorm", rms=True)
 _GEMMA2 = replace(_OUT_NORMED, norm_offset=1.0)
-# model_type → its block; every row is checked at run time (Σ_j T_ij = the block's output)
-BLOCKS: dict[str, Block] = {
+# OPT: pre-LN (x + attn(LN(x)), read before final_layer_norm), or post-LN as opt-350m
+# (LN(x + attn(x)), read after self_attn_layer_norm, which the pre-LN layout calls first)
+_OPT = Layouts("do_layer_norm_before", True, (
+    (True, replace(_FAIRSEQ_PRE, layers="decoder.layers", read_flat=True)),
+    (False, replace(_BART, layers="decoder.layers"))))
+# model_type → its block (or its layouts); every row is checked at run time (Σ_j T_ij = the
+# block's output)
+BLOCKS: dict[str, Block | Layouts] = {
     **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                      "qwen3_moe", "starcoder2", "olmo", "helium", "smollm3", "nemotron",
                      "gemma", "stablelm", "olmoe"), _LLAMA),
@@ -120,7 +147,28 @@ BLOCKS: dict[str, Block] = {
     # gemma3_text: Gemma 3's text-only models (the multimodal ones are refused as towers)
     **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), _GEMMA2),
     "olmo2": _OUT_NORMED,
+    "opt": _OPT,
+    # parallel: attn + mlp + x; qkv_proj in 4 model-parallel shards, each [q; v; k]
+    "codegen": Block("h", "attn.qkv_proj", "attn.out_proj", "attn", False, value_shards=4,
+                     plus_residual=True),
+    # x + m·attn(norm(x)) (its attention_multiplier scales the scores: in the maps already)
+    **dict.fromkeys(("granite", "granitemoe", "granitemoeshared"),
+                    replace(_LLAMA, out_scale="residual_multiplier")),
+    # one layer module (per group) run num_hidden_layers times: one block per call;
+    # LN(x + dense(attn(x))) inside the attention module
+    "albert": Block("encoder.albert_layer_groups.*.albert_layers", "attention.value",
+                    "attention.dense", "attention", False,
+                    post_norm="attention.LayerNorm"),
 }
+
+
+def block_of(config: Any) -> Block | None:
+    """The config's block: its model type's row, or its layout's (None: attnviz knows none)."""
+    row = BLOCKS.get(str(getattr(config, "model_type", "")))
+    if isinstance(row, Layouts):
+        flag = getattr(config, row.flag, row.default)
+        return next((block for value, block in row.rows if value == flag), None)
+    return row
 
 
 @dataclass(frozen=True)
@@ -173,7 +221,7 @@ def load_runner(opened: OpenedModel, device: str, dtype: str) -> ModelRunner:
     runner = base.get_encoder() if encoder_decoder else base
     causal_lm = kind == "causal" and arch is not None
     return ModelRunner(model, runner, opened.tokenizer, opened.config, causal_lm, target,
-                       BLOCKS.get(str(opened.config.model_type)), str(opened.folder), causal_lm,
+                       block_of(opened.config), str(opened.folder), causal_lm,
                        kind == "seq2seq" and arch is not None)
 
 
@@ -194,41 +242,64 @@ def padded_batch(runner: ModelRunner, rows: list[list[int]]) -> tuple[torch.Tens
     return ids.to(runner.device), mask.to(runner.device)
 
 
+def layer_modules(root: Any, pattern: str) -> list[Any]:
+    """The layer modules at `pattern`: a ModuleList's path, where `*` stands for each entry
+    of a ModuleList on the way (ALBERT's encoder.albert_layer_groups.*.albert_layers)."""
+    found = [root]
+    for part in pattern.split("."):
+        found = [child for module in found
+                 for child in (list(module) if part == "*" else [_module(module, part)])]
+    return [layer for listed in found for layer in listed]
+
+
 class _Hooks:
-    """Per layer: the residual (the block's input), the value states and the block's output."""
+    """Per call of a layer module: the residual (the block's input), the value states and the
+    block's output, each the first seen within that call. A family whose layers run once each
+    gives one call per layer; ALBERT's shared layer runs num_hidden_layers times, one block
+    per call, as its attention maps are one per call."""
 
     def __init__(self, runner: ModelRunner) -> None:
         assert runner.block is not None
         self.block = runner.block
-        self.layers = list(_module(runner.runner, self.block.layers))
-        self.residual: list[torch.Tensor | None] = [None] * len(self.layers)
-        self.values: list[torch.Tensor | None] = [None] * len(self.layers)
-        self.outputs: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.layers = layer_modules(runner.runner, self.block.layers)
+        self.calls: list[int] = []  # per call: the index of the layer module that ran
+        self.residual: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+        self.outputs: list[torch.Tensor | None] = []
         self.handles: list[Any] = []
 
     def __enter__(self) -> _Hooks:
         for i, layer in enumerate(self.layers):
+            # registered first: it runs before any other pre-hook on the layer itself
+            self.handles.append(layer.register_forward_pre_hook(self._called(i)))
             self.handles += [
                 _module(layer, self.block.residual).register_forward_pre_hook(
-                    self._keep(self.residual, i, "input"), with_kwargs=True),
+                    self._keep(self.residual, "input"), with_kwargs=True),
                 _module(layer, self.block.value).register_forward_hook(
-                    self._keep(self.values, i, "output"), with_kwargs=True),
+                    self._keep(self.values, "output"), with_kwargs=True),
             ]
             site = _module(layer, self.block.read)
             if self.block.read_input:
                 self.handles.append(site.register_forward_pre_hook(
-                    self._keep(self.outputs, i, "input"), with_kwargs=True))
+                    self._keep(self.outputs, "input"), with_kwargs=True))
             else:
                 self.handles.append(site.register_forward_hook(
-                    self._keep(self.outputs, i, "output"), with_kwargs=True))
+                    self._keep(self.outputs, "output"), with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self.handles:
             handle.remove()
 
+    def _called(self, i: int) -> Any:
+        def hook(module: Any, args: tuple) -> None:
+            self.calls.append(i)
+            for store in (self.residual, self.values, self.outputs):
+                store.append(None)
+        return hook
+
     @staticmethod
-    def _keep(store: list[torch.Tensor | None], i: int, what: str) -> Any:
+    def _keep(store: list[torch.Tensor | None], what: str) -> Any:
         def hook(module: Any, args: tuple, kwargs: dict, *output: Any) -> None:
             if what == "input":
                 value = args[0] if args else kwargs.get("hidden_states")
@@ -236,8 +307,9 @@ class _Hooks:
                 value = output[0]
                 if isinstance(value, tuple):
                     value = value[0]
-            if store[i] is None and isinstance(value, torch.Tensor):  # the first call
-                store[i] = value.detach()
+            # the first capture within the layer's current call
+            if store and store[-1] is None and isinstance(value, torch.Tensor):
+                store[-1] = value.detach()
         return hook
 
 
@@ -245,6 +317,13 @@ def _value_states(block: Block, v: torch.Tensor, H: int, d: int) -> torch.Tensor
     """(n, H_kv·d): the value states out of the captured projection output (n, width)."""
     if block.value_third:  # GPT-2's [q; k; v]
         return v[:, 2 * v.shape[-1] // 3:]
+    if block.value_shards:  # CodeGen: per shard [q; v; k], the shards' values side by side
+        shards, n = block.value_shards, v.shape[0]
+        if v.shape[-1] != 3 * H * d or (H * d) % shards:
+            raise CheckpointError(f"the fused projection's width {v.shape[-1]} does not fit "
+                                  f"{shards} shards of [q; v; k] for {H} heads of {d}",
+                                  fix=f"choose rollout or flow with {option('method')}")
+        return v.reshape(n, shards, 3, H * d // shards)[:, :, 1].reshape(n, H * d)
     if not (block.value_grouped or block.value_stacked):
         return v
     # width = (H + 2·H_kv)·d
@@ -261,14 +340,25 @@ def _value_states(block: Block, v: torch.Tensor, H: int, d: int) -> torch.Tensor
 
 
 def _out_weight(runner: ModelRunner, layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """W_O (E, H·d) and b_O of one layer, in (out, in) orientation."""
-    assert runner.block is not None
-    module = _module(layer, runner.block.out)
+    """W_O (E, H·d) and b_O of one layer, in (out, in) orientation, times the layer's scale on
+    its attention output where the row names one (Granite's residual_multiplier)."""
+    block = runner.block
+    assert block is not None
+    module = _module(layer, block.out)
     weight = module.weight.detach().float()
-    if runner.block.conv1d:
+    if block.conv1d:
         weight = weight.T
     bias = getattr(module, "bias", None)
-    return weight, None if bias is None else bias.detach().float()
+    bias = None if bias is None else bias.detach().float()
+    if block.out_scale:
+        scale = getattr(layer, block.out_scale, None)
+        if not isinstance(scale, (int, float)):
+            raise CheckpointError(f"the layer has no number {block.out_scale!r} scaling its "
+                                  "attention output", fix=f"choose rollout or flow with "
+                                  f"{option('method')}", where=printable(runner.source))
+        weight = weight * float(scale)
+        bias = None if bias is None else bias * float(scale)
+    return weight, bias
 
 
 def _norm(runner: ModelRunner, layer: Any, path: str | None) -> PostNorm | None:
@@ -279,7 +369,11 @@ def _norm(runner: ModelRunner, layer: Any, path: str | None) -> PostNorm | None:
     norm = _module(layer, path)
     bias = getattr(norm, "bias", None)
     eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-12
-    return PostNorm(norm.weight.detach().float() + block.norm_offset,
+    weight = getattr(norm, "weight", None)
+    if weight is None:  # no elementwise affine (OPT's layer_norm_elementwise_affine=False)
+        size = getattr(norm, "normalized_shape", None)
+        weight = torch.ones(size[-1] if isinstance(size, tuple) else runner.config.hidden_size)
+    return PostNorm(weight.detach().float() + block.norm_offset,
                     None if bias is None else bias.detach().float(), float(eps), block.rms)
 
 
@@ -314,13 +408,25 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
             ) -> tuple[list[BlockTerms], list[torch.Tensor]]:
     block = runner.block
     assert block is not None
+    if len(hooks.calls) != len(maps):
+        raise CheckpointError(f"the model's layers ran {len(hooks.calls)} times for "
+                              f"{len(maps)} attention maps", fix=f"choose rollout or flow "
+                              f"with {option('method')}", where=printable(runner.source))
     blocks, outputs = [], []
-    for i, layer in enumerate(hooks.layers):
+    for i, which in enumerate(hooks.calls):
+        layer = hooks.layers[which]
         residual, values, output = hooks.residual[i], hooks.values[i], hooks.outputs[i]
         if residual is None or values is None or output is None:
             raise CheckpointError(f"layer {i} of the model did not run as attnviz expects its "
                                   "family to", fix=f"choose rollout or flow with "
                                   f"{option('method')}", where=printable(runner.source))
+        if block.read_flat and output.numel() == residual.numel():
+            output = output.reshape(residual.shape)  # (B·L, E) back, in the order flattened
+        if output.shape != residual.shape:
+            raise CheckpointError(f"layer {i}'s block output has shape {tuple(output.shape)}, "
+                                  f"its input {tuple(residual.shape)}", fix=f"choose rollout "
+                                  f"or flow with {option('method')}, and report this model",
+                                  where=printable(runner.source))
         W_o, b_o = _out_weight(runner, layer)
         H = maps[i].shape[0]
         d = W_o.shape[1] // H
