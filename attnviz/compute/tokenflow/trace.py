@@ -41,3 +41,9 @@ class CrossTrace:
     encoder: list[torch.Tensor]  # per encoder layer (H, S, S)
     decoder: list[torch.Tensor]  # per decoder layer (H, T, T)
     cross: list[torch.Tensor]  # per decoder layer (H, T, S)
+    # the per-source terms (compute/tokenflow/cross_parts.py), None where the source cannot
+    # decompose the family: the encoder's blocks (over S), the decoder's self-attention blocks
+    # (over T) and its cross-attention blocks over the joint nodes [decoder; source]
+    encoder_blocks: list[BlockTerms] | None = None
+    decoder_blocks: list[BlockTerms] | None = None
+    cross_blocks: list[BlockTerms] | None = None
