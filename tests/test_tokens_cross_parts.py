@@ -13,6 +13,7 @@ Each check has a negative control."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,9 +116,9 @@ def test_each_sublayers_terms_add_up_to_its_own_output(folders, kind):
     for b, trace in enumerate(traces):
         T = len(decoder[b])
         rows_t = torch.arange(T)
-        assert trace.decoder_blocks and trace.cross_blocks and trace.encoder_blocks
-        for i, (self_block, cross_block) in enumerate(zip(trace.decoder_blocks,
-                                                          trace.cross_blocks, strict=True)):
+        assert trace.blocks is not None
+        for i, (self_block, cross_block) in enumerate(zip(trace.blocks.decoder,
+                                                          trace.blocks.cross, strict=True)):
             for block, name in ((self_block, "self"), (cross_block, "cross")):
                 y, own = summed(block, rows_t), want[name][i][b, :T].double()
                 error = float((y - own).norm() / own.norm())
@@ -125,13 +126,13 @@ def test_each_sublayers_terms_add_up_to_its_own_output(folders, kind):
             # negative control: the cross sublayer built from another layer's cross maps misses
             # by far more than the tolerance (pre-LN Pegasus: its residual dominates the sum)
             other = trace.cross[(i + 1) % len(trace.cross)]
-            wrong = cross_parts.cross_block(other, cross_block.values[:, T:],
-                                            cross_block.residual[:T], cross_block.out_bias,
-                                            cross_block.post_norm, None, 1e-4)
+            wrong = cross_parts.cross_block(replace(
+                cross_block, maps=other, values=cross_block.values[:, T:],
+                residual=cross_block.residual[:T], output=None))
             own = want["cross"][i][b, :T].double()
             assert float((summed(wrong, rows_t) - own).norm() / own.norm()) > 10 * RTOL
         # the cross sublayer's terms over decoder keys are its residual alone (j = t)
-        T_cross = decompose.terms(trace.cross_blocks[0], rows_t)[:, :T]
+        T_cross = decompose.terms(trace.blocks.cross[0], rows_t)[:, :T]
         off = T_cross.clone()
         off[rows_t, rows_t] = 0
         assert float(off.abs().max()) == 0.0 and float(T_cross[0, 0].abs().max()) > 0
@@ -141,8 +142,6 @@ def test_each_sublayers_terms_add_up_to_its_own_output(folders, kind):
 def test_a_decoder_described_wrongly_is_refused(folders, monkeypatch, kind):
     """The run-time identity check: a decoder row whose cross sublayer names the
     self-attention's output projection is refused, for norms and for ALTI; the true row runs."""
-    from dataclasses import replace
-
     from attnviz.errors import CheckFailed
 
     right = token_cross.DECODERS[kind]
@@ -180,15 +179,15 @@ def joint_composition(trace, p, method):
     N = T + S
     v = torch.zeros(N, dtype=torch.float64)
     v[p] = 1.0
-    for self_block, cross_block in zip(reversed(trace.decoder_blocks),
-                                       reversed(trace.cross_blocks), strict=True):
+    for self_block, cross_block in zip(reversed(trace.blocks.decoder),
+                                       reversed(trace.blocks.cross), strict=True):
         X = torch.eye(N, dtype=torch.float64)
         X[:T] = full_matrix(cross_block, method)[:T]
         A = torch.eye(N, dtype=torch.float64)
         A[:T, :T] = full_matrix(self_block, method)
         v = v @ X @ A
     source = v[T:]
-    for block in reversed(trace.encoder_blocks):
+    for block in reversed(trace.blocks.encoder):
         source = source @ full_matrix(block, method)
     return source, v[:T]
 
@@ -199,8 +198,7 @@ def test_composition_equals_the_joint_matrix_product(folders, kind):
     rows, decoder = _inputs(runner, tokenizer)
     for b, trace in enumerate(token_cross.cross_traces(runner, rows, decoder)):
         p = len(decoder[b]) - 1
-        got = cross_parts.compose_cross(trace.encoder_blocks, trace.decoder_blocks,
-                                        trace.cross_blocks, p, 1 << 20)
+        got = cross_parts.compose_cross(trace.blocks, p, 1 << 20)
         for m in METHODS:
             source, kept = joint_composition(trace, p, m)
             assert torch.allclose(got[m].chain[0], source, atol=1e-10), (kind, m)
@@ -210,8 +208,9 @@ def test_composition_equals_the_joint_matrix_product(folders, kind):
             assert torch.allclose(got[m].chain[-1].sum() + kept.sum(),
                                   torch.tensor(1.0, dtype=torch.float64))
             # negative control: the decoder's layers taken in the wrong order
-            wrong = cross_parts.compose_cross(trace.encoder_blocks, trace.decoder_blocks[::-1],
-                                              trace.cross_blocks[::-1], p, 1 << 20, (m,))
+            flipped = replace(trace.blocks, decoder=trace.blocks.decoder[::-1],
+                              cross=trace.blocks.cross[::-1])
+            wrong = cross_parts.compose_cross(flipped, p, 1 << 20, (m,))
             assert not torch.allclose(wrong[m].chain[0], source, atol=1e-6)
 
 
@@ -276,11 +275,9 @@ def test_a_padded_batch_gives_each_sentence_its_own_result(folders):
     results = []
     for b, trace in enumerate(batch):
         p = len(decoder[b]) - 1
-        got = cross_parts.compose_cross(trace.encoder_blocks, trace.decoder_blocks,
-                                        trace.cross_blocks, p, 1 << 20)
+        got = cross_parts.compose_cross(trace.blocks, p, 1 << 20)
         alone = token_cross.cross_traces(runner, [rows[b]], [decoder[b]])[0]
-        want = cross_parts.compose_cross(alone.encoder_blocks, alone.decoder_blocks,
-                                         alone.cross_blocks, p, 1 << 20)
+        want = cross_parts.compose_cross(alone.blocks, p, 1 << 20)
         for m in METHODS:
             assert torch.allclose(got[m].chain, want[m].chain, atol=1e-6)
             assert torch.allclose(got[m].decoder_share, want[m].decoder_share, atol=1e-6)

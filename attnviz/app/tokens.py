@@ -280,7 +280,7 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
     found = token_cross.cross_traces(runner, rows, decoder)
     longest = max(len(t.source) + len(t.target) for t in found)
     levels = cross_levels(len(found[0].encoder), len(found[0].decoder))
-    decomposed = all(t.cross_blocks is not None for t in found)
+    decomposed = all(t.blocks is not None for t in found)
     methods, left_out = chosen_methods(request, longest, levels, decomposed)
     sentences = []
     for b, trace in enumerate(found):
@@ -331,10 +331,10 @@ def analyse_cross(request: TokensRequest, trace: CrossTrace, position: int,
         shares[TokenMethod.FLOW] = kept
     asked = tuple(m for m in methods if m in decompose.CONTRIBUTION_METHODS)
     if asked:
-        assert trace.encoder_blocks and trace.decoder_blocks and trace.cross_blocks
-        composed = cross_parts.compose_cross(
-            trace.encoder_blocks, trace.decoder_blocks, trace.cross_blocks, position,
-            budget_bytes(request.memory_budget), asked, keep=request.keep_matrices)
+        assert trace.blocks is not None
+        composed = cross_parts.compose_cross(trace.blocks, position,
+                                             budget_bytes(request.memory_budget), asked,
+                                             keep=request.keep_matrices)
         for m, c in composed.items():
             chains[m], shares[m], own[m] = c.chain, c.decoder_share, c.matrices
     if not request.keep_matrices:

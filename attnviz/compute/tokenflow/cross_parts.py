@@ -22,40 +22,46 @@ Shapes: cross maps (H, T, S), values (H, S, E), residual (T, E); one sentence.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from attnviz.compute.tokenflow.decompose import (
     CONTRIBUTION_METHODS,
     BlockTerms,
-    PostNorm,
     contribution_rows,
 )
 from attnviz.core.choices import TokenMethod
 
 
-def cross_block(maps: torch.Tensor, values: torch.Tensor, residual: torch.Tensor,
-                out_bias: torch.Tensor | None, post_norm: PostNorm | None,
-                output: torch.Tensor | None, identity_rtol: float) -> BlockTerms:
-    """The cross-attention sublayer as one block over the joint nodes [decoder (T); encoder
-    outputs (S)]: decoder row t reads key T + j with weight α^h_tj, and key t (itself) only
-    through its residual; the encoder rows are never queried (zero maps and residual)."""
-    H, T, S = maps.shape
-    E = residual.shape[-1]
+def cross_block(sub: BlockTerms) -> BlockTerms:
+    """The cross-attention sublayer `sub` (maps (H, T, S), values (H, S, E) over the encoder
+    outputs, residual and output (T, E)) as one block over the joint nodes [decoder (T);
+    encoder outputs (S)]: decoder row t reads key T + j with weight α^h_tj, and key t (itself)
+    only through its residual; the encoder rows are never queried (zero maps and residual)."""
+    H, T, S = sub.maps.shape
+    E = sub.residual.shape[-1]
     N = T + S
-    joint_maps = torch.zeros(H, N, N, dtype=maps.dtype)
-    joint_maps[:, :T, T:] = maps
-    joint_values = torch.zeros(H, N, E, dtype=values.dtype)
-    joint_values[:, T:] = values
-    joint_residual = torch.zeros(N, E, dtype=residual.dtype)
-    joint_residual[:T] = residual
-    joint_output = None
-    if output is not None:
-        joint_output = torch.zeros(N, E, dtype=output.dtype)
-        joint_output[:T] = output
-    return BlockTerms(joint_maps, joint_values, joint_residual, out_bias, post_norm,
-                      joint_output, identity_rtol)
+    maps = torch.zeros(H, N, N, dtype=sub.maps.dtype)
+    maps[:, :T, T:] = sub.maps
+    values = torch.zeros(H, N, E, dtype=sub.values.dtype)
+    values[:, T:] = sub.values
+    residual = torch.zeros(N, E, dtype=sub.residual.dtype)
+    residual[:T] = sub.residual
+    output = None
+    if sub.output is not None:
+        output = torch.zeros(N, E, dtype=sub.output.dtype)
+        output[:T] = sub.output
+    return replace(sub, maps=maps, values=values, residual=residual, output=output)
+
+
+@dataclass(frozen=True)
+class CrossBlocks:
+    """One sentence's per-source terms for the decoder's view, each list bottom layer first."""
+
+    encoder: list[BlockTerms]  # the encoder's self-attention blocks (over S)
+    decoder: list[BlockTerms]  # the decoder's self-attention blocks (over T, causal)
+    cross: list[BlockTerms]  # its cross-attention blocks over the joint nodes (`cross_block`)
 
 
 @dataclass(frozen=True)
@@ -85,14 +91,12 @@ def _step(block: BlockTerms, vectors: dict[TokenMethod, torch.Tensor], budget: i
     return {m: v[rows] @ computed[m] for m, v in vectors.items()}
 
 
-def compose_cross(encoder: list[BlockTerms], decoder: list[BlockTerms], cross: list[BlockTerms],
-                  position: int, budget: int,
+def compose_cross(blocks: CrossBlocks, position: int, budget: int,
                   methods: tuple[TokenMethod, ...] = CONTRIBUTION_METHODS, keep: bool = True
                   ) -> dict[TokenMethod, CrossComposed]:
     """Each asked contribution method's decoder view of the source for decoder position
-    `position`: `decoder` the decoder's self-attention blocks (over T), `cross` its
-    cross-attention blocks over the joint nodes (`cross_block`), `encoder` the encoder's
-    blocks (over S), each list bottom layer first."""
+    `position`; `keep` False: no encoder matrices, the chains alone."""
+    encoder, decoder, cross = blocks.encoder, blocks.decoder, blocks.cross
     asked = tuple(m for m in CONTRIBUTION_METHODS if m in methods)
     T = decoder[0].residual.shape[0]
     S = encoder[0].residual.shape[0]

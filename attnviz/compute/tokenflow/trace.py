@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnviz.compute.tokenflow.cross_parts import CrossBlocks
 from attnviz.compute.tokenflow.decompose import BlockTerms
 
 
@@ -42,8 +43,5 @@ class CrossTrace:
     decoder: list[torch.Tensor]  # per decoder layer (H, T, T)
     cross: list[torch.Tensor]  # per decoder layer (H, T, S)
     # the per-source terms (compute/tokenflow/cross_parts.py), None where the source cannot
-    # decompose the family: the encoder's blocks (over S), the decoder's self-attention blocks
-    # (over T) and its cross-attention blocks over the joint nodes [decoder; source]
-    encoder_blocks: list[BlockTerms] | None = None
-    decoder_blocks: list[BlockTerms] | None = None
-    cross_blocks: list[BlockTerms] | None = None
+    # decompose the family
+    blocks: CrossBlocks | None = None

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.tokenflow.cross_parts import cross_block
+from attnviz.compute.tokenflow.cross_parts import CrossBlocks, cross_block
 from attnviz.compute.tokenflow.decompose import BlockTerms, PostNorm
 from attnviz.compute.tokenflow.trace import CrossTrace, Erasures
 from attnviz.errors import CheckpointError, option, printable
@@ -89,8 +89,8 @@ class _Captured:
     """Per decoder layer and sublayer ("self", "cross"): the residual, the value states and
     the sublayer's output, each the first call's (hooks on the model's own modules)."""
 
-    def __init__(self, row: DecoderRow, layers: list[Any]) -> None:
-        self.row, self.layers = row, layers
+    def __init__(self, row: DecoderRow, layers: list[Any], source: str) -> None:
+        self.row, self.layers, self.source = row, layers, source
         self.seen: dict[tuple[str, str, int], torch.Tensor] = {}
         self.handles: list[Any] = []
 
@@ -121,13 +121,34 @@ class _Captured:
         else:
             self.handles.append(module.register_forward_hook(keep, with_kwargs=True))
 
-    def get(self, name: str, what: str, i: int, source: str) -> torch.Tensor:
+    def get(self, name: str, what: str, i: int) -> torch.Tensor:
         found = self.seen.get((name, what, i))
         if found is None:
             raise CheckpointError(f"decoder layer {i} did not run as attnviz expects its family "
                                   "to", fix=f"choose rollout or flow with {option('method')}",
-                                  where=printable(source))
+                                  where=printable(self.source))
         return found
+
+    def terms(self, name: str, i: int, b: int, maps: torch.Tensor) -> BlockTerms:
+        """Sentence b's sublayer `name` of decoder layer i as a (rectangular) block: `maps`
+        (H, Q, K) over its Q queries and K keys, U (H, K, E), the residual and the sublayer's
+        own output (Q, E), b_O and the frozen post-norm."""
+        sub = self.row.self_attn if name == "self" else self.row.cross
+        layer = self.layers[i]
+        H, Q, K = maps.shape
+        out = layer.get_submodule(sub.out)
+        W_o = out.weight.detach().float().cpu()  # (E, H·d)
+        d = W_o.shape[1] // H
+        v = self.get(name, "value", i)[b, :K].float().cpu()  # (K, H·d)
+        per_head = v.view(K, H, d).transpose(0, 1)  # (H, K, d)
+        U = torch.stack([per_head[h] @ W_o[:, h * d:(h + 1) * d].T for h in range(H)])
+        output = self.get(name, "output", i)
+        bias = getattr(out, "bias", None)
+        norm = None if sub.post_norm is None else _frozen(layer.get_submodule(sub.post_norm))
+        return BlockTerms(maps, U, self.get(name, "residual", i)[b, :Q].float().cpu(),
+                          None if bias is None else bias.detach().float().cpu(), norm,
+                          output[b, :Q].float().cpu(),
+                          TOLERANCE.get(str(output.dtype).removeprefix("torch."), 1e-4))
 
 
 def _frozen(module: Any) -> PostNorm:
@@ -135,27 +156,6 @@ def _frozen(module: Any) -> PostNorm:
     eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", None) or 1e-12
     return PostNorm(module.weight.detach().float().cpu(),
                     None if bias is None else bias.detach().float().cpu(), float(eps))
-
-
-def _terms(layer: Any, sub: Sublayer, captured: _Captured, name: str, i: int, b: int,
-           maps: torch.Tensor, source: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                     torch.Tensor | None, PostNorm | None,
-                                                     float]:
-    """(U (H, K, E), residual (Q, E), the sublayer's own output (Q, E), b_O, the frozen
-    post-norm, the identity tolerance) for sentence b: Q queries, K keys (`maps` (H, Q, K))."""
-    H, Q, K = maps.shape
-    out = layer.get_submodule(sub.out)
-    W_o = out.weight.detach().float().cpu()  # (E, H·d)
-    d = W_o.shape[1] // H
-    v = captured.get(name, "value", i, source)[b, :K].float().cpu()  # (K, H·d)
-    per_head = v.view(K, H, d).transpose(0, 1)  # (H, K, d)
-    U = torch.stack([per_head[h] @ W_o[:, h * d:(h + 1) * d].T for h in range(H)])
-    output = captured.get(name, "output", i, source)
-    bias = getattr(out, "bias", None)
-    norm = None if sub.post_norm is None else _frozen(layer.get_submodule(sub.post_norm))
-    return (U, captured.get(name, "residual", i, source)[b, :Q].float().cpu(),
-            output[b, :Q].float().cpu(), None if bias is None else bias.detach().float().cpu(),
-            norm, TOLERANCE.get(str(output.dtype).removeprefix("torch."), 1e-4))
 
 
 def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[int]]
@@ -171,7 +171,8 @@ def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[
     row = decoder_row(runner)
     captured = None
     if row is not None:
-        captured = _Captured(row, list(runner.model.get_decoder().get_submodule(row.layers)))
+        captured = _Captured(row, list(runner.model.get_decoder().get_submodule(row.layers)),
+                             runner.source)
     with torch.no_grad(), guard.silenced():
         def run() -> Any:
             return runner.model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec_ids,
@@ -192,17 +193,13 @@ def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[
             [m[b, :, :S, :S].float().cpu() for m in out.encoder_attentions],
             [m[b, :, :T, :T].float().cpu() for m in out.decoder_attentions],
             [m[b, :, :T, :S].float().cpu() for m in out.cross_attentions])
-        if captured is not None and encoded is not None:
-            trace.encoder_blocks = encoded[b].blocks
-            trace.decoder_blocks, trace.cross_blocks = [], []
-            for i, layer in enumerate(captured.layers):
-                U, r, y, b_o, norm, rtol = _terms(layer, captured.row.self_attn, captured,
-                                                  "self", i, b, trace.decoder[i], runner.source)
-                trace.decoder_blocks.append(BlockTerms(trace.decoder[i], U, r, b_o, norm, y,
-                                                       rtol))
-                U, r, y, b_o, norm, rtol = _terms(layer, captured.row.cross, captured, "cross",
-                                                  i, b, trace.cross[i], runner.source)
-                trace.cross_blocks.append(cross_block(trace.cross[i], U, r, b_o, norm, y, rtol))
+        own = None if encoded is None else encoded[b].blocks
+        if captured is not None and own is not None:
+            layers = range(len(captured.layers))
+            trace.blocks = CrossBlocks(
+                own,
+                [captured.terms("self", i, b, trace.decoder[i]) for i in layers],
+                [cross_block(captured.terms("cross", i, b, trace.cross[i])) for i in layers])
         found.append(trace)
     return found
 
