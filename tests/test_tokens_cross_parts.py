@@ -30,6 +30,7 @@ from attnviz.sources.hf.load import open_model
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_thread")]
 
 KINDS = ("t5", "bart", "mbart", "pegasus")
+MORE = ("mt5", "marian", "plbart", "m2m_100", "blenderbot")  # the identity test's other rows
 SOURCES = ["the cat sat on the mat the cat", "a small dog"]
 TARGETS = ["a dog ran", "the cat"]
 RTOL = 1e-5
@@ -41,8 +42,15 @@ def folders(tmp_path_factory):
     pytest.importorskip("transformers")
     import zoo
 
-    return {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(f"{kind}-cross"))
-            for kind in KINDS}
+    built = {kind: zoo.build_lm(kind, tmp_path_factory.mktemp(f"{kind}-cross"))
+             for kind in KINDS}
+
+    class Lazy(dict):
+        def __missing__(self, kind):
+            self[kind] = zoo.build_lm(kind, tmp_path_factory.mktemp(f"{kind}-cross"))
+            return self[kind]
+
+    return Lazy(built)
 
 
 def _runner(folder: Path):
@@ -62,9 +70,9 @@ def _inputs(runner, tokenizer, sources=SOURCES, targets=TARGETS):
 def _sites(kind):
     """Per family, hooks written here at other sites than token_cross reads: (self sublayer's
     output, cross sublayer's output) as a function of what they capture per layer."""
-    if kind == "t5":  # the next sublayer's input
+    if kind in ("t5", "mt5"):  # the next sublayer's input
         return {"self": ("layer.1", "input"), "cross": ("layer.2", "input")}
-    if kind == "bart":  # post-LN: the input of the next sublayer's first projection
+    if kind in ("bart", "marian", "plbart"):  # post-LN: the next sublayer's first projection
         return {"self": ("encoder_attn.q_proj", "input"), "cross": ("fc1", "input")}
     # pre-LN: the layer's output minus its MLP's; the cross output minus the cross attention's
     return {"layer": ("", "output"), "fc2": ("fc2", "output"),
@@ -75,7 +83,7 @@ def hooked_outputs(runner, kind, rows, decoder):
     """{"self"|"cross": per decoder layer (B, T, E)} through hooks registered here."""
     ids, mask = tc.padded_batch(runner, rows)
     dec_ids, dec_mask = tc.padded_batch(runner, decoder)
-    layers = list(runner.model.get_decoder().get_submodule("block" if kind == "t5" else "layers"))
+    layers = list(runner.model.get_decoder().get_submodule("block" if "t5" in kind else "layers"))
     sites = _sites(kind)
     seen: dict[str, list] = {name: [] for name in sites}
     handles = []
@@ -107,7 +115,7 @@ def summed(block, rows):
     return decompose.terms(block, rows).sum(1)  # (r, E): Σ_j T_ij, after a frozen post-norm
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + MORE)
 def test_each_sublayers_terms_add_up_to_its_own_output(folders, kind):
     runner, tokenizer = _runner(folders[kind])
     rows, decoder = _inputs(runner, tokenizer)
@@ -117,22 +125,22 @@ def test_each_sublayers_terms_add_up_to_its_own_output(folders, kind):
         T = len(decoder[b])
         rows_t = torch.arange(T)
         assert trace.blocks is not None
-        for i, (self_block, cross_block) in enumerate(zip(trace.blocks.decoder,
-                                                          trace.blocks.cross, strict=True)):
-            for block, name in ((self_block, "self"), (cross_block, "cross")):
+        for i, (self_block, cross_sub) in enumerate(zip(trace.blocks.decoder,
+                                                        trace.blocks.cross, strict=True)):
+            joint = cross_parts.cross_block(cross_sub)
+            for block, name in ((self_block, "self"), (joint, "cross")):
                 y, own = summed(block, rows_t), want[name][i][b, :T].double()
                 error = float((y - own).norm() / own.norm())
                 assert error < RTOL, (kind, b, i, name, error)
-            # negative control: the cross sublayer built from another layer's cross maps misses
-            # by far more than the tolerance (pre-LN Pegasus: its residual dominates the sum)
-            other = trace.cross[(i + 1) % len(trace.cross)]
-            wrong = cross_parts.cross_block(replace(
-                cross_block, maps=other, values=cross_block.values[:, T:],
-                residual=cross_block.residual[:T], output=None))
+            # negative control: the cross sublayer built with another layer's value terms
+            # misses by far more than the tolerance (the residual dominates pre-LN sums)
+            other = trace.blocks.cross[(i + 1) % len(trace.cross)].values
+            wrong = cross_parts.cross_block(replace(cross_sub, values=other, output=None))
             own = want["cross"][i][b, :T].double()
-            assert float((summed(wrong, rows_t) - own).norm() / own.norm()) > 10 * RTOL
+            miss = float((summed(wrong, rows_t) - own).norm() / own.norm())
+            assert miss > 10 * RTOL, (kind, miss)
         # the cross sublayer's terms over decoder keys are its residual alone (j = t)
-        T_cross = decompose.terms(trace.blocks.cross[0], rows_t)[:, :T]
+        T_cross = decompose.terms(cross_parts.cross_block(trace.blocks.cross[0]), rows_t)[:, :T]
         off = T_cross.clone()
         off[rows_t, rows_t] = 0
         assert float(off.abs().max()) == 0.0 and float(T_cross[0, 0].abs().max()) > 0
@@ -179,10 +187,10 @@ def joint_composition(trace, p, method):
     N = T + S
     v = torch.zeros(N, dtype=torch.float64)
     v[p] = 1.0
-    for self_block, cross_block in zip(reversed(trace.blocks.decoder),
-                                       reversed(trace.blocks.cross), strict=True):
+    for self_block, cross_sub in zip(reversed(trace.blocks.decoder),
+                                     reversed(trace.blocks.cross), strict=True):
         X = torch.eye(N, dtype=torch.float64)
-        X[:T] = full_matrix(cross_block, method)[:T]
+        X[:T] = full_matrix(cross_parts.cross_block(cross_sub), method)[:T]
         A = torch.eye(N, dtype=torch.float64)
         A[:T, :T] = full_matrix(self_block, method)
         v = v @ X @ A
@@ -352,3 +360,17 @@ def test_erased_copies_erase_one_token_each():
     assert torch.equal(replaced, torch.tensor([[5, 0, 7, 8], [5, 6, 7, 0]]))
     # negative control: the original is untouched
     assert torch.equal(ids, torch.tensor([[5, 6, 7, 8]]))
+
+
+def test_terms_are_built_only_for_norms_or_alti(folders):
+    """Rollout and flow alone: no hooks, no blocks (the joint terms cost memory); asked for, the
+    blocks are there (the control)."""
+    runner, tokenizer = _runner(folders["bart"])
+    rows, decoder = _inputs(runner, tokenizer)
+    assert all(t.blocks is None
+               for t in token_cross.cross_traces(runner, rows, decoder, terms=False))
+    assert all(t.blocks is not None for t in token_cross.cross_traces(runner, rows, decoder))
+    result = run_tokens(TokensRequest(SOURCES[:1], model=str(folders["bart"]), check=False,
+                                      targets=tuple(TARGETS[:1]),
+                                      methods=(TokenMethod.ROLLOUT, TokenMethod.FLOW)))
+    assert result.methods == (TokenMethod.ROLLOUT, TokenMethod.FLOW)

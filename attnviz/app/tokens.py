@@ -277,10 +277,12 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
     from attnviz.compute.tokenflow.cross import cross_levels
     from attnviz.sources.hf import token_cross
 
-    found = token_cross.cross_traces(runner, rows, decoder)
+    contributions = {TokenMethod.NORMS, TokenMethod.ALTI}
+    wanted = request.methods is None or bool(contributions & set(request.methods))
+    found = token_cross.cross_traces(runner, rows, decoder, terms=wanted)
     longest = max(len(t.source) + len(t.target) for t in found)
     levels = cross_levels(len(found[0].encoder), len(found[0].decoder))
-    decomposed = all(t.blocks is not None for t in found)
+    decomposed = token_cross.decoder_row(runner) is not None
     methods, left_out = chosen_methods(request, longest, levels, decomposed)
     sentences = []
     for b, trace in enumerate(found):

@@ -61,7 +61,9 @@ class CrossBlocks:
 
     encoder: list[BlockTerms]  # the encoder's self-attention blocks (over S)
     decoder: list[BlockTerms]  # the decoder's self-attention blocks (over T, causal)
-    cross: list[BlockTerms]  # its cross-attention blocks over the joint nodes (`cross_block`)
+    # its cross-attention sublayers as rectangular blocks: maps (H, T, S), values (H, S, E),
+    # residual and output (T, E); `cross_block` makes each the joint block, one at a time
+    cross: list[BlockTerms]
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def compose_cross(blocks: CrossBlocks, position: int, budget: int,
     dec = {m: start.clone() for m in asked}
     enc = {m: torch.zeros(S, dtype=torch.float64) for m in asked}
     for self_block, cross_sub in zip(reversed(decoder), reversed(cross), strict=True):
-        joint = _step(cross_sub, dec, budget, T + S)  # (T + S,) per method
+        joint = _step(cross_block(cross_sub), dec, budget, T + S)  # (T + S,) per method
         for m in asked:
             enc[m] = enc[m] + joint[m][T:]
             dec[m] = joint[m][:T]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attnviz.compute.tokenflow.cross_parts import CrossBlocks, cross_block
+from attnviz.compute.tokenflow.cross_parts import CrossBlocks
 from attnviz.compute.tokenflow.decompose import BlockTerms, PostNorm
 from attnviz.compute.tokenflow.trace import CrossTrace, Erasures
 from attnviz.errors import CheckpointError, option, printable
@@ -158,17 +158,18 @@ def _frozen(module: Any) -> PostNorm:
                     None if bias is None else bias.detach().float().cpu(), float(eps))
 
 
-def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[int]]
-                 ) -> list[CrossTrace]:
+def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[int]],
+                 terms: bool = True) -> list[CrossTrace]:
     """Each sentence's encoder, decoder and cross maps from one padded forward of the whole
     encoder-decoder (sources and decoder inputs right-padded, each with its mask) and, for a
-    family in DECODERS, the decoder's sublayers' terms from hooks on that forward and the
-    encoder's blocks from token_contributions' trace of the encoder."""
+    family in DECODERS when `terms` (norms or ALTI will run), the decoder's sublayers' terms
+    from hooks on that forward and the encoder's blocks from token_contributions' trace of the
+    encoder."""
     from attnviz.sources.hf.token_names import token_names
 
     ids, mask = padded_batch(runner, rows)
     dec_ids, dec_mask = padded_batch(runner, decoder)
-    row = decoder_row(runner)
+    row = decoder_row(runner) if terms else None
     captured = None
     if row is not None:
         captured = _Captured(row, list(runner.model.get_decoder().get_submodule(row.layers)),
@@ -199,7 +200,7 @@ def cross_traces(runner: ModelRunner, rows: list[list[int]], decoder: list[list[
             trace.blocks = CrossBlocks(
                 own,
                 [captured.terms("self", i, b, trace.decoder[i]) for i in layers],
-                [cross_block(captured.terms("cross", i, b, trace.cross[i])) for i in layers])
+                [captured.terms("cross", i, b, trace.cross[i]) for i in layers])
         found.append(trace)
     return found
 
