@@ -568,10 +568,13 @@ def test_target_on_the_command_line(seq2seq, folders, cli):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     s = doc["sentences"][0]
-    assert doc["methods"] == ["rollout"] and s["decoder_tokens"][-1] == s["output"].split("@")[0]
+    assert doc["methods"] == ["rollout", "flow", "norms", "alti"]
+    assert s["decoder_tokens"][-1] == s["output"].split("@")[0]
     assert sum(s["chains"]["rollout"][0]) + sum(s["decoder_share"]) == pytest.approx(1.0)
-    assert_clean_error(cli("tokens", "--model", seq2seq["t5"], "the cat", "--target", "a dog",
-                           "--method", "alti"), 2, "--method")
+    # flow asked past its limit is refused up front (tests/test_tokens_cross_parts.py: the rest)
+    long = " ".join(["the cat sat"] * 20)
+    assert_clean_error(cli("tokens", "--model", seq2seq["t5"], long, "--target", "a dog",
+                           "--method", "flow"), 2, "--method")
     assert_clean_error(cli("tokens", "the cat", "--target", "a dog"), 2, "--target")
     assert_clean_error(cli("tokens", "--model", folders["llama"], "the cat", "--target", "a"),
                        2, "--target")

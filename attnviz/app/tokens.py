@@ -23,7 +23,7 @@ from attnviz.errors import UsageError, option
 if TYPE_CHECKING:
     import torch
 
-    from attnviz.compute.tokenflow.trace import Erasures, TokenTrace
+    from attnviz.compute.tokenflow.trace import CrossTrace, Erasures, TokenTrace
     from attnviz.sources.hf.token_contributions import EraseSpec, ModelRunner
 
 METHODS = tuple(TokenMethod)
@@ -272,46 +272,86 @@ def _run_model(request: TokensRequest) -> TokensResult:
 
 def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]],
                decoder: list[list[int]], spec: EraseSpec) -> TokensResult:
-    """The decoder's view of the source: rollout from a decoder position through the decoder's
-    self- and cross-attention and the encoder, checked by erasing source tokens."""
-    from attnviz.compute.tokenflow.cross import cross_rollout
-    from attnviz.compute.tokenflow.faithfulness import spearman
+    """The decoder's view of the source: every method from a decoder position through the
+    decoder's self- and cross-attention and the encoder, checked by erasing source tokens."""
+    from attnviz.compute.tokenflow.cross import cross_levels
     from attnviz.sources.hf import token_cross
 
-    asked = set(request.methods or ()) - {TokenMethod.ROLLOUT}
-    if asked:
-        raise UsageError(f"the decoder's view of the source ({option('target')}) has rollout "
-                         f"only; {', '.join(sorted(map(str, asked)))} trace one stack",
-                         fix=f"drop {option('method')} or {option('target')}",
-                         option="method")
+    contributions = {TokenMethod.NORMS, TokenMethod.ALTI}
+    wanted = request.methods is None or bool(contributions & set(request.methods))
+    found = token_cross.cross_traces(runner, rows, decoder, terms=wanted)
+    longest = max(len(t.source) + len(t.target) for t in found)
+    levels = cross_levels(len(found[0].encoder), len(found[0].decoder))
+    decomposed = token_cross.decoder_row(runner) is not None
+    methods, left_out = chosen_methods(request, longest, levels, decomposed)
     sentences = []
-    for b, trace in enumerate(token_cross.cross_traces(runner, rows, decoder)):
+    for b, trace in enumerate(found):
         p = output_position(trace.target, request.position, True)
-        chain, share, matrices = cross_rollout(trace.encoder, trace.decoder, trace.cross, p,
-                                               request.heads, request.residual_weight)
-        if not request.keep_matrices:
-            matrices = []
-        s = SentenceTokens(trace.source, p,
-                           [f"encoder layer {i}" for i in range(len(trace.encoder))],
-                           {TokenMethod.ROLLOUT: chain}, matrices,
-                           {TokenMethod.ROLLOUT: matrices}, output_tokens=trace.target,
-                           decoder_share=share)
-        if request.check:
-            erased = token_cross.cross_erasures(runner, rows[b], decoder[b], p, spec)
-            import torch
-
-            effects = torch.full((len(trace.source),), float("nan"), dtype=torch.float64)
-            effects[erased.erased] = erased.effects
-            s.effects, s.erasures = effects, erased
-            s.correlations[TokenMethod.ROLLOUT] = spearman(chain[0][erased.erased],
-                                                           erased.effects)
-        sentences.append(s)
-    methods = (TokenMethod.ROLLOUT,)
+        erased = token_cross.cross_erasures(runner, rows[b], decoder[b], p, spec) \
+            if request.check else None
+        sentences.append(analyse_cross(request, trace, p, methods, erased))
     first = sentences[0].erasures
-    notes = [f"the decoder's view of the source: rollout from the decoder position through the "
-             f"decoder's self- and cross-attention, then the encoder; flow, norms and alti "
-             f"trace one stack (drop {option('target')} for the encoder's own)"]
+    notes = [f"the decoder's view of the source: each method from the decoder position through "
+             f"the decoder's self- and cross-attention, then the encoder (drop "
+             f"{option('target')} for the encoder's own)"]
+    if not decomposed:
+        from attnviz.errors import printable
+
+        notes.append(f"model type {printable(str(runner.config.model_type))!r}: attnviz does "
+                     "not decompose this encoder-decoder's sublayers")
     return TokensResult(str(runner.source), False, methods, sentences,
                         summarize(sentences, methods), request.heads, request.residual_weight,
                         None if first is None else first.measure,
-                        None if first is None else first.how, notes)
+                        None if first is None else first.how, notes + left_out)
+
+
+def analyse_cross(request: TokensRequest, trace: CrossTrace, position: int,
+                  methods: tuple[TokenMethod, ...], erasures: Erasures | None
+                  ) -> SentenceTokens:
+    """Every method on one sentence's decoder view: per method a chain over the source tokens
+    down the encoder's layers (row 0 the source tokens) and the share left on the decoder's
+    own tokens; each one's correlation with erasing source tokens."""
+    import torch
+
+    from attnviz.compute.tokenflow import cross, cross_parts, decompose, faithfulness
+
+    chains: dict[TokenMethod, torch.Tensor] = {}
+    shares: dict[TokenMethod, torch.Tensor] = {}
+    own: dict[TokenMethod, list[torch.Tensor]] = {}
+    chain, share, matrices = cross.cross_rollout(trace.encoder, trace.decoder, trace.cross,
+                                                 position, request.heads,
+                                                 request.residual_weight)
+    if TokenMethod.ROLLOUT in methods:
+        chains[TokenMethod.ROLLOUT], shares[TokenMethod.ROLLOUT] = chain, share
+    if TokenMethod.FLOW in methods:
+        # from the inputs only (one max flow per source and decoder token): the rows between
+        # and at the encoder's output are NaN (not computed)
+        flow, kept = cross.cross_flow(trace.encoder, trace.decoder, trace.cross, position,
+                                      request.heads, request.residual_weight)
+        chains[TokenMethod.FLOW] = torch.cat([flow[None],
+                                              torch.full_like(chain[1:], float("nan"))])
+        shares[TokenMethod.FLOW] = kept
+    asked = tuple(m for m in methods if m in decompose.CONTRIBUTION_METHODS)
+    if asked:
+        assert trace.blocks is not None
+        composed = cross_parts.compose_cross(trace.blocks, position,
+                                             budget_bytes(request.memory_budget), asked,
+                                             keep=request.keep_matrices)
+        for m, c in composed.items():
+            chains[m], shares[m], own[m] = c.chain, c.decoder_share, c.matrices
+    if not request.keep_matrices:
+        matrices, own = [], {}
+    s = SentenceTokens(trace.source, position,
+                       [f"encoder layer {i}" for i in range(len(trace.encoder))],
+                       {m: chains[m] for m in methods}, matrices,
+                       {m: own.get(m, matrices) for m in methods}, output_tokens=trace.target,
+                       decoder_share=shares.get(TokenMethod.ROLLOUT),
+                       decoder_shares={m: shares[m] for m in methods})
+    if erasures is not None:
+        effects = torch.full((len(trace.source),), float("nan"), dtype=torch.float64)
+        effects[erasures.erased] = erasures.effects
+        s.effects, s.erasures = effects, erasures
+        for m in methods:
+            s.correlations[m] = faithfulness.spearman(chains[m][0][erasures.erased],
+                                                      erasures.effects)
+    return s

@@ -25,7 +25,7 @@ from attnviz.core.choices import Erase, HeadReduce, TokenMethod
 Target = Annotated[list[str] | None, typer.Option("--target", "-t", help=(
     "--model, encoder-decoder: the decoder's text, one --target per sentence in order; traces "
     "a decoder position back to the source through the decoder's self- and cross-attention "
-    "and the encoder (rollout only)."))]
+    "and the encoder, with every method."))]
 Position = Annotated[str | None, typer.Option("--position", "-p", help=(
     "The output position traced back: an index (negative from the end) or a word (default: "
     "the last token for a causal model, the first for an encoder; with --target, a decoder "

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from attnviz.core.choices import TokenMethod
 from attnviz.errors import printable, with_options
 from attnviz.render.maps_terminal import colour_off, ramp, shade
 
@@ -88,9 +89,11 @@ def print_tokens(console: Console, result: TokensResult) -> None:
                 f"   ρ with erasure {'n/a' if rho is None else f'{rho:+.2f}'}"
             top = ", ".join(_named(s, j) for j in s.top(m))
             console.print(Text(f"{m!s:>8}: top {top}{agree}"), overflow="fold")
-        if s.decoder_share is not None:
-            kept = float(s.decoder_share.sum())
-            console.print(Text(f"   rollout left {kept:.3f} of the output on the decoder's own "
+        for m, share in s.decoder_shares.items():
+            if m is TokenMethod.FLOW:  # max flows, not shares of one unit
+                continue
+            kept = float(share.sum())
+            console.print(Text(f"   {m} left {kept:.3f} of the output on the decoder's own "
                                f"tokens and passed {1 - kept:.3f} to the source", style="dim"),
                           overflow="fold")
         effects = s.effects

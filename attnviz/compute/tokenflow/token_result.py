@@ -29,7 +29,9 @@ class SentenceTokens:
     # the decoder's view of the source (an encoder-decoder with a target): the decoder's
     # tokens, which `position` indexes, and the share of the output left on them
     output_tokens: list[str] | None = None
-    decoder_share: Any | None = None  # (T,) float64
+    decoder_share: Any | None = None  # (T,) float64: rollout's
+    # every method's (T,) share left on the decoder's tokens (flow: each one's max flow)
+    decoder_shares: dict[TokenMethod, Any] = field(default_factory=dict)
 
     @property
     def output_is_input(self) -> bool:
@@ -99,6 +101,7 @@ class TokensResult:
                 "effects": floats(s.effects),
                 "output": s.output_name(), "decoder_tokens": s.output_tokens,
                 "decoder_share": floats(s.decoder_share),
+                "decoder_shares": {str(m): floats(v) for m, v in s.decoder_shares.items()},
                 "correlations": {str(m): c for m, c in s.correlations.items()},
             } for s in self.sentences],
             "notes": self.notes,

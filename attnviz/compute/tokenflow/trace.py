@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnviz.compute.tokenflow.cross_parts import CrossBlocks
 from attnviz.compute.tokenflow.decompose import BlockTerms
 
 
@@ -41,3 +42,6 @@ class CrossTrace:
     encoder: list[torch.Tensor]  # per encoder layer (H, S, S)
     decoder: list[torch.Tensor]  # per decoder layer (H, T, T)
     cross: list[torch.Tensor]  # per decoder layer (H, T, S)
+    # the per-source terms (compute/tokenflow/cross_parts.py), None where the source cannot
+    # decompose the family
+    blocks: CrossBlocks | None = None

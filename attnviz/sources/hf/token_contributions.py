@@ -19,6 +19,7 @@ output, which the tests compare with Σ_j T_ij.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -502,32 +503,45 @@ def erasures(runner: ModelRunner, row: list[int], position: int, spec: EraseSpec
     per_copy = 4 * (3 * H * len(row) ** 2 + 12 * len(row) * E)
     if runner.causal_lm:
         per_copy += 4 * int(getattr(config, "vocab_size", 0) or 0) * len(row)
-    step = max(1, budget // max(1, per_copy))
-    effects = []
-    target = int(base.argmax()) if runner.causal_lm else -1
-    for start in range(0, len(erased), step):
-        chunk = erased[start:start + step]
-        copies, masks = ids.repeat(len(chunk), 1), mask.repeat(len(chunk), 1)
-        for c, j in enumerate(chunk):
-            if baseline is None:
-                masks[c, j] = 0
-            else:
-                copies[c, j] = baseline
-        got = _measure(runner, copies, masks, position)
-        if runner.causal_lm:
-            effects.append((base[target] - got[:, target]).double().cpu())
-        else:
-            effects.append(((got - base).norm(dim=-1) / base.norm().clamp(min=1e-30))
-                           .double().cpu())
+    target = int(base.argmax()) if runner.causal_lm else None
+    effects = [effect(base, _measure(runner, copies, masks, position), target)
+               for copies, masks in erased_copies(ids, mask, erased,
+                                                  max(1, budget // max(1, per_copy)), baseline)]
     values = torch.cat(effects) if effects else torch.zeros(0, dtype=torch.float64)
     how = ("masked through the model's attention mask, as padding (the output token itself, "
            "whose query still runs, is not erased)" if baseline is None else
            f"replaced by the token {printable(baseline_name)!r} (id {baseline})")
     measure = (f"drop in log p(next token) at the output, for the token the model predicts "
-               f"there (id {target})" if runner.causal_lm else
+               f"there (id {target})" if target is not None else
                "relative change ‖h′ − h‖ / ‖h‖ of the output's final hidden state")
     return Erasures(erased, values, measure, how,
-                    float(base[target]) if runner.causal_lm else None)
+                    None if target is None else float(base[target]))
+
+
+def erased_copies(ids: torch.Tensor, mask: torch.Tensor, erased: list[int], step: int,
+                  baseline: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Leave-one-out copies of one sentence (ids and mask (1, L)), `step` per chunk (what one
+    forward holds): copy c of a chunk has its token erased — masked through the attention mask
+    like padding (`baseline` None), or replaced by the baseline token."""
+    for start in range(0, len(erased), step):
+        chunk = erased[start:start + step]
+        copies, masks = ids.repeat(len(chunk), 1), mask.repeat(len(chunk), 1)
+        rows = torch.arange(len(chunk), device=ids.device)
+        cols = torch.tensor(chunk, dtype=torch.long, device=ids.device)
+        if baseline is None:
+            masks[rows, cols] = 0
+        else:
+            copies[rows, cols] = baseline
+        yield copies, masks
+
+
+def effect(base: torch.Tensor, got: torch.Tensor, target: int | None) -> torch.Tensor:
+    """Per copy (float64, on the CPU): the drop in log p(target) from the unerased `base`
+    log-probabilities (an LM head), else (target None) the relative change ‖h′ − h‖ / ‖h‖ of
+    the measured vector."""
+    if target is not None:
+        return (base[target] - got[:, target]).double().cpu()
+    return ((got - base).norm(dim=-1) / base.norm().clamp(min=1e-30)).double().cpu()
 
 
 def open_inputs(model: str, sentences: list[str], targets: list[str] | None,
