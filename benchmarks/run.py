@@ -1313,7 +1313,7 @@ def tokens_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
 
     runner = token_contributions.ModelRunner(
         model, model, Tokenizer(), config, False, torch.device("cpu"),
-        token_contributions.BLOCKS["llama"], "benchmark", True)
+        token_contributions.block_of(config), "benchmark", True)
     trace = token_contributions.traces(runner, [ids[0].tolist()], [["w"] * L])[0]
     assert trace.blocks is not None
     largest = {"terms": 0, "norms": 0}
