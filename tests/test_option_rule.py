@@ -157,8 +157,8 @@ VALUES: dict[str, dict[str, list[str]]] = {
         "target": ["--target", "the cat", "--target", "a dog"],
     },
     "compare": {
-        "num_heads": ["-H", "2"], "num_kv_heads": ["--num-kv-heads", "2"],
-        "head_dim": ["--head-dim", "8"], "field": ["--field", "text"], "limit": ["--limit", "1"],
+        "num_heads": ["-H", "2"], "spec:kv": ["--spec", "kv=2"],
+        "spec:d": ["--spec", "d=8"], "field": ["--field", "text"], "limit": ["--limit", "1"],
         "sample": ["--sample", "1"], "seed": ["--seed", "3"], "long": ["--long", "skip"],
         "max_tokens": ["--max-tokens", "3"], "memory_budget": ["--memory-budget", "1MB"],
         "weighting": ["--weighting", "norm"], "device": ["--device", "cpu"],

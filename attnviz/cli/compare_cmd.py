@@ -9,14 +9,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from attnviz.cli.compound import (
+    HEAD_SPEC_KEYS,
+    HEAD_SPEC_RENAMED,
+    HeadSpec,
+    key_values,
+    old_spellings,
+)
 from attnviz.cli.corpus_options import Field, Limit, Long, MaxTokens, Sample, Weighting
 from attnviz.cli.heatmap_options import Device, Dtype, MemoryBudget
 from attnviz.cli.options import (
-    HeadDim,
     Json,
     Model,
     NumHeads,
-    NumKvHeads,
     choice_option,
     console,
     path_arg,
@@ -56,14 +61,14 @@ Html = Annotated[Path | None, typer.Option("--html", callback=path_arg, help=(
     "statistic of each head's difference with its 95% interval (.html)."))]
 
 
+@old_spellings(*HEAD_SPEC_RENAMED)
 def compare(
     corpus: Corpus = None,
     model: Model = None,
     against: Against = None,
     weights: Weights = None,
     num_heads: NumHeads = None,
-    num_kv_heads: NumKvHeads = None,
-    head_dim: HeadDim = None,
+    spec: HeadSpec = None,
     field: Field = None,
     limit: Limit = None,
     sample: Sample = None,
@@ -89,8 +94,9 @@ def compare(
 
     shown = _shown(overview, corpus is not None, as_json)
     outputs = _check_outputs(corpus, model, against, weights, out, csv, html)
+    hints = HeadHints(num_heads, **key_values("--spec", spec, HEAD_SPEC_KEYS))
     request = CompareRequest(
-        against or "", model, weights, corpus, HeadHints(num_heads, num_kv_heads, head_dim),
+        against or "", model, weights, corpus, hints,
         field, device, dtype, weighting, max_tokens, long, parse_memory_budget(memory_budget),
         limit, sample, seed)
     leader = os.environ.get("RANK", "0") in ("", "0")

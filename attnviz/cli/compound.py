@@ -181,12 +181,12 @@ ABLATE_FLAGS = {**COMPOUND_FLAGS,
 # `split` and `circuits` take the layer's sizes as `--spec` (no positions: they run no inputs)
 LAYER_SPEC_KEYS = {key: target for key, target in SPEC_KEYS.items() if key != "positions"}
 LAYER_SPEC_FLAGS = {target.keyword: f"--spec {key}" for key, target in LAYER_SPEC_KEYS.items()}
-# `inspect` reads checkpoints only: its --spec gives the head geometry
+# `inspect` and `compare` read checkpoints' layers as they are: --spec gives the head geometry
 HEAD_SPEC_KEYS = {key: SPEC_KEYS[key] for key in ("kv", "d")}
 HEAD_SPEC_FLAGS = {target.keyword: f"--spec {key}" for key, target in HEAD_SPEC_KEYS.items()}
 COMMAND_FLAGS = {"heatmap": COMPOUND_FLAGS, "ablate": ABLATE_FLAGS, "generate": GENERATE_FLAGS,
                  "split": LAYER_SPEC_FLAGS, "circuits": LAYER_SPEC_FLAGS,
-                 "inspect": HEAD_SPEC_FLAGS}
+                 "inspect": HEAD_SPEC_FLAGS, "compare": HEAD_SPEC_FLAGS}
 
 _spelled: ContextVar[dict[str, str] | None] = ContextVar("attnviz_spelled", default=None)
 

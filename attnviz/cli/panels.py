@@ -107,7 +107,7 @@ PANELS: dict[str, dict[str, str]] = {
     "compare": {
         "corpus": ARGUMENTS,
         **{name: SOURCE for name in ("model", "against", "weights", "device")},
-        **{name: CHECKPOINT_LAYER for name in ("num_heads", "num_kv_heads", "head_dim")},
+        **{name: CHECKPOINT_LAYER for name in ("num_heads", "spec")},
         "dtype": HF_MODEL,
         **{name: INPUT for name in ("field", "limit", "sample", "seed", "long")},
         "weighting": MEASURES,
