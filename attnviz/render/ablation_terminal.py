@@ -82,7 +82,9 @@ def print_scorecard(console: Console, report: AblationReport, stats: list[HeadSt
                           overflow="fold")
     top = report.ranked()[:3]
     types = {(s.layer, s.head): s.label or "–" for s in stats}
-    ranked = ", ".join(f"L{e.label}.{e.head} ({types.get((e.layer, e.head), '–')})"
+    # a numbered layer reads L3.1; a named one (an encoder-decoder's 'enc 1') enc 1.1
+    ranked = ", ".join(f"{'L' * e.label.isdigit()}{e.label}.{e.head} "
+                       f"({types.get((e.layer, e.head), '–')})"
                        for e in top) or UNDEFINED
     fallback = f" ({report.fallback})" if report.fallback else ""
     console.print(Text(f"largest effect{fallback}: {ranked}; pattern ranking (--rank) and "

@@ -287,6 +287,27 @@ def check_sizes(meta: Any, store: TensorStore, where: str) -> None:
                               "config.json", where=where)
 
 
+def computed_tables(model: Any) -> set[str]:
+    """Parameters the model computes instead of learning, which a checkpoint need not hold:
+    sinusoidal position tables (Marian, Pegasus, RoFormer; transformers 5 saves none of them,
+    and its ignore list names them with a prefix a base model's keys lack), each kept only
+    where the loaded table equals what its module's own `create_weight` builds."""
+    import torch
+
+    names = set()
+    for prefix, module in model.named_modules():
+        make = getattr(module, "create_weight", None)
+        weight = getattr(module, "weight", None)
+        if "Sinusoidal" not in type(module).__name__ or not callable(make) or \
+                not isinstance(weight, torch.Tensor) or weight.device.type == "meta":
+            continue
+        with torch.no_grad():
+            expected = make().to(dtype=weight.dtype, device=weight.device)
+        if expected.shape == weight.shape and torch.equal(expected, weight.detach()):
+            names.add(f"{prefix}.weight" if prefix else "weight")
+    return names
+
+
 def check_loaded(info: dict[str, Any], runner_names: set[str], where: str) -> None:
     """transformers' loading report in attnviz's words: weights of the part that runs must
     all come from the checkpoint (none left at random initialization), none resized."""

@@ -288,8 +288,9 @@ def load_weights(opened: OpenedModel, device: str = "cpu", dtype: str = "float32
                               "compare maps in", fix=f"pass {option('dtype')} float32", where=where)
     runner = getattr(model, opened.tower) if opened.tower is not None else model
     runner_params = {id(p) for p in runner.parameters()}
+    computed = guard.computed_tables(model)
     guard.check_loaded(info, {name for name, p in model.named_parameters()
-                              if id(p) in runner_params}, where)
+                              if id(p) in runner_params and name not in computed}, where)
     return LoadedModel(model, opened.tokenizer, folder, opened.config, dtype,
                        capture_path(model), _store=opened.store, tower=opened.tower,
                        position_limit=opened.position_limit, max_memory=max_memory,
