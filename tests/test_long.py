@@ -333,7 +333,7 @@ def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypat
         monkeypatch.setattr(row_stats, "FREQUENT_MIN", common)
         monkeypatch.setattr(row_stats, "DENSE_PAIRS", dense)
         got = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=budget)).layers[0]
-        for a, b in zip(reference, got.stats, strict=True):
+        for a, b in zip(reference, got.streamed.stats, strict=True):
             for key in STAT_KEYS:
                 assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-6), \
                     (common, dense, key)
