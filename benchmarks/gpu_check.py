@@ -108,9 +108,10 @@ def streamed_on_both(gpu: torch.device, run, repeats: int, keys: tuple[str, ...]
     (cpu_s, cpu), (gpu_s, on_gpu) = (timed(lambda d=device: run(d), device, repeats=repeats)
                                      for device in (torch.device("cpu"), gpu))
     maps = max(float(abs(a.values - b.values).max())
-               for a, b in zip(cpu.views, on_gpu.views, strict=True))
+               for a, b in zip(cpu.streamed.views, on_gpu.streamed.views, strict=True))
     stats = max(abs(getattr(a, k) - getattr(b, k)) / max(1.0, abs(getattr(a, k)))
-                for a, b in zip(cpu.stats, on_gpu.stats, strict=True) for k in keys)
+                for a, b in zip(cpu.streamed.stats, on_gpu.streamed.stats, strict=True)
+                for k in keys)
     return cpu_s, gpu_s, maps, stats
 
 

@@ -946,7 +946,7 @@ def structure(workdir: Path, sizes: Sizes, layer: Path) -> Row:
                 for a, b in zip(shown["blocks"], shown["full"], strict=True))
     reference = head_stats(full.layers[0].weights, batch.tokens, 0)
     stat = max(abs(getattr(a, k) - getattr(b, k)) / max(1.0, abs(getattr(a, k)))
-               for a, b in zip(reference, blocks.layers[0].stats, strict=True)
+               for a, b in zip(reference, blocks.layers[0].streamed.stats, strict=True)
                for k in ("entropy", "max_weight", "distance", "self", "duplicate"))
     pngs = {name: workdir / f"structure-{name}.png" for name in shown}
     for name, shown_views in shown.items():

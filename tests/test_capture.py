@@ -24,6 +24,7 @@ from zoo import (  # noqa: E402
     load_tokenizer,
 )
 
+from attnviz.core.choices import LayerKind  # noqa: E402
 from attnviz.errors import UsageError  # noqa: E402
 from attnviz.sources.hf import capture as cap  # noqa: E402
 
@@ -188,22 +189,22 @@ def test_encoder_decoder_layers(loaded, kind):
     source, target = enc["input_ids"].shape[1], enc["decoder_input_ids"].shape[1]
     result, maps = captured(m, enc)
     kinds = [layer.kind for layer in result.layers]
-    assert kinds == [cap.LayerKind.SELF] * 2 + [cap.LayerKind.DECODER_SELF,
-                                                 cap.LayerKind.CROSS] * 2
+    assert kinds == [LayerKind.SELF] * 2 + [LayerKind.DECODER_SELF,
+                                                 LayerKind.CROSS] * 2
     with torch.no_grad():
         out = m.reference(**enc, output_attentions=True)
-    expected = {cap.LayerKind.SELF: list(out.encoder_attentions),
-                cap.LayerKind.DECODER_SELF: list(out.decoder_attentions),
-                cap.LayerKind.CROSS: list(out.cross_attentions)}
-    shapes = {cap.LayerKind.SELF: (source, source), cap.LayerKind.DECODER_SELF: (target, target),
-              cap.LayerKind.CROSS: (target, source)}
+    expected = {LayerKind.SELF: list(out.encoder_attentions),
+                LayerKind.DECODER_SELF: list(out.decoder_attentions),
+                LayerKind.CROSS: list(out.cross_attentions)}
+    shapes = {LayerKind.SELF: (source, source), LayerKind.DECODER_SELF: (target, target),
+              LayerKind.CROSS: (target, source)}
     for layer in result.layers:
         weights = maps.maps(layer.index)
         assert weights.shape == (1, 4, *shapes[layer.kind])
         assert_same(weights, expected[layer.kind].pop(0))
-        if layer.kind == cap.LayerKind.DECODER_SELF:  # causal: nothing above the diagonal
+        if layer.kind == LayerKind.DECODER_SELF:  # causal: nothing above the diagonal
             assert not weights.triu(1).any()
-        assert ("decoder" in layer.name) == (layer.kind != cap.LayerKind.SELF)
+        assert ("decoder" in layer.name) == (layer.kind != LayerKind.SELF)
 
 
 def test_negative_controls(loaded, monkeypatch):

@@ -29,6 +29,7 @@ from attnviz.core.choices import (
     Dtype,
     Erase,
     HeadReduce,
+    LayerKind,
     LongExamples,
     OverviewShows,
     PatchDirection,
@@ -87,7 +88,8 @@ def test_every_choice_is_a_str_enum_printed_as_its_value():
              if isinstance(value, type) and issubclass(value, Choice) and value is not Choice]
     assert set(enums) == {ColorScale, Weighting, AblationMode, Positions, Dtype, OverviewShows,
                           Probe, PatchMetric, PatchDirection, PatchSite, HeadReduce,
-                          TokenMethod, Erase, LongExamples, CorpusShows}
+                          TokenMethod, Erase, LongExamples, CorpusShows,
+                          LayerKind}  # LayerKind: no option; a run's layers print it (--json)
     for enum in enums:
         for member in enum:
             assert isinstance(member, str) and member == member.value

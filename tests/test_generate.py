@@ -546,7 +546,8 @@ def test_long_generation_streams_within_the_budget(lm_folder: Any, kind: str,
     assert any("teacher-forced forward" in note for note in streamed.run.notes)
     kept = [layer for layer in streamed.run.layers if layer.weights is None]
     assert kept, "nothing streamed"
-    views = {(v.sentence, v.layer, v.head): v.values for layer in kept for v in layer.views or []}
+    views = {(v.sentence, v.layer, v.head): v.values for layer in kept
+             for v in layer.streamed.views}
     for view in select_maps(whole.run, None, False) + select_maps(whole.run, None, True):
         if (view.sentence, view.layer, view.head) not in views:
             continue
@@ -593,8 +594,7 @@ def test_one_layer_shown_captures_only_it(lm_folder: Any, kind: str) -> None:
         sentences=tuple(PROMPTS), model=folder, device="cpu", layer="-1",
         generate=GenerateSpec(N_NEW)))
     assert one.generation.generated_ids == every.generation.generated_ids
-    assert [layer.display_label for layer in one.run.layers] == \
-        [every.run.layers[-1].display_label]
+    assert [layer.label for layer in one.run.layers] == [every.run.layers[-1].label]
     torch.testing.assert_close(one.run.layers[0].weights, every.run.layers[-1].weights,
                                atol=TOL, rtol=0)
     assert not torch.allclose(one.run.layers[0].weights, every.run.layers[0].weights,

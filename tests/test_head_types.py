@@ -67,7 +67,7 @@ def test_streamed_statistics_equal_whole_map_statistics():
     for b, tokens in enumerate(TOKENS):
         n = len(tokens)
         reducer.add(b, 0, maps[b, :, :n, :n].contiguous())
-    streamed = reducer.finish(None, None, "test").stats
+    streamed = reducer.finish().stats
     whole = head_stats(maps, TOKENS, 0)
     for field in ("next", "punctuation", "previous"):
         assert [getattr(s, field) for s in streamed] == pytest.approx(

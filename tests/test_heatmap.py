@@ -345,7 +345,7 @@ def test_streamed_views_do_not_keep_full_maps_alive(monkeypatch):
     batch = make_batch([" ".join(f"w{i}" for i in range(60)), "a b c"])
     run = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
         random=RandomSpec(16, 2)))
-    short = [v for v in run.layers[0].views if v.sentence == 1]
+    short = [v for v in run.layers[0].streamed.views if v.sentence == 1]
     assert len(short) == 3 and all(not v.downsampled for v in short)  # 2 heads + their mean
     assert all(v.values.flags.owndata for v in short[:2])
 
@@ -369,15 +369,15 @@ def test_streamed_maps_equal_the_padded_batch(monkeypatch, source):
     streamed = heatmap_mod.run_on_batch(batch, request).layers[0]
     assert full.weights is not None and streamed.weights is None
     H = full.layer.num_heads
-    for view in streamed.views:
+    for view in streamed.streamed.views:
         n = len(batch.tokens[view.sentence])
         maps = full.weights[view.sentence, :, :n]  # (H, n, S): real queries
         keys = list(range(n)) + list(range(batch.max_len, maps.shape[-1]))  # + bias_k column
         expected = maps[:, :, keys].mean(0) if view.head is None else maps[view.head][:, keys]
         np.testing.assert_allclose(view.values, expected.numpy(), atol=1e-6)
-    assert len(streamed.views) == len(batch.tokens) * (H + 1)
+    assert len(streamed.streamed.views) == len(batch.tokens) * (H + 1)
     full_stats = head_stats(full.weights, batch.tokens, 0)
-    for a, b in zip(full_stats, streamed.stats, strict=True):
+    for a, b in zip(full_stats, streamed.streamed.stats, strict=True):
         assert a.head == b.head
         for key in ("entropy", "max_weight", "distance", "first", "previous", "self",
                     "duplicate", "induction"):

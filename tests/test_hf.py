@@ -65,7 +65,7 @@ def test_minilm_maps_equal_output_attentions(loaded):
     result = run(model, sentences)
     assert [c.index for c in result.layers] == list(range(6))
     assert {c.heads for c in result.layers} == {12}
-    assert result.layers[0].display_name == "encoder.layer.0.attention.self"
+    assert result.layers[0].name == "encoder.layer.0.attention.self"
     eager = transformers.AutoModel.from_pretrained(model.folder,
                                                    attn_implementation="eager").eval()
     for b, sentence in enumerate(sentences):

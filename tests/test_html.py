@@ -36,7 +36,7 @@ SHORT = ["a", "dog"]
 
 def _stats(attention_run):
     return [s for c in attention_run.layers for s in (
-        c.stats if c.weights is None else head_stats(c.weights, attention_run.batch.tokens,
+        c.streamed.stats if c.weights is None else head_stats(c.weights, attention_run.batch.tokens,
                                                      c.index))]
 
 

@@ -93,7 +93,7 @@ def test_block_maps_equal_full_maps(monkeypatch, case, rows, cells, common):
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", cells)
     monkeypatch.setattr(row_stats, "FREQUENT_MIN", common)
     full, streamed = _runs(case, rows)
-    layer = streamed.layers[0]
+    layer = streamed.layers[0].streamed
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, cells)
     assert worst_map <= 1e-6
     assert worst_stat <= 1e-6
@@ -117,7 +117,7 @@ def test_wrong_normalizers_are_caught():
             attn = torch.zeros_like(block)
             attn[..., :stop] = torch.softmax(block[..., :stop], -1)
             reducer.add_rows(b, 0, start, attn, block)
-    wrong = reducer.finish(layer.layer, None, "wrong")
+    wrong = reducer.finish()
     worst_map, worst_stat = _mismatch(full, wrong.views, wrong.stats, 512)
     assert worst_map > 1e-3 and worst_stat > 1e-3
 
@@ -147,7 +147,7 @@ def test_add_rows_takes_blocks_from_any_producer(monkeypatch, with_scores):
                             None if scores is None else scores[:, start:stop])
             start, i = stop, i + 1
     for reducer in (whole, blocks):
-        done = reducer.finish(layer.layer, None, "test")
+        done = reducer.finish()
         worst_map, worst_stat = _mismatch(full, done.views, done.stats, 6)
         assert worst_map <= 1e-6 and worst_stat <= 1e-6
 
@@ -223,7 +223,7 @@ def test_query_row_of_a_block_run_equals_the_full_maps(case):
     expected = full.layers[0].weights[0, :, 13]  # (H, S) with padding columns
     keys = list(range(len(full.batch.tokens[0]))) + \
         list(range(full.batch.max_len, expected.shape[-1]))
-    got = streamed.layers[0].query_weights
+    got = streamed.layers[0].streamed.query_weights
     torch.testing.assert_close(got, expected[:, keys], atol=1e-6, rtol=0)
 
 
@@ -333,7 +333,7 @@ def test_copies_by_matmul_columns_dense_masks_and_gathered_pairs_agree(monkeypat
         monkeypatch.setattr(row_stats, "FREQUENT_MIN", common)
         monkeypatch.setattr(row_stats, "DENSE_PAIRS", dense)
         got = heatmap_mod.run_on_batch(batch, build(**request, memory_budget=budget)).layers[0]
-        for a, b in zip(reference, got.stats, strict=True):
+        for a, b in zip(reference, got.streamed.stats, strict=True):
             for key in STAT_KEYS:
                 assert getattr(b, key) == pytest.approx(getattr(a, key), rel=1e-6), \
                     (common, dense, key)
@@ -354,7 +354,7 @@ def test_4096_tokens_block_maps_equal_full_maps():
         **request, memory_budget=2**30, keep_full_maps=True))
     streamed = heatmap_mod.run_on_batch(batch, heatmap_mod.HeatmapRequest.build(
         **request, memory_budget=_budget_for(256, batch, 0)))
-    layer = streamed.layers[0]
+    layer = streamed.layers[0].streamed
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, 512)
     assert worst_map <= 1e-6 and worst_stat <= 1e-3
     pos = torch.arange(4096, dtype=torch.float64)

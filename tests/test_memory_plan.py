@@ -97,7 +97,7 @@ def _grouped(monkeypatch, case: str, rows: int, heads: int, **request):
 def test_blocks_of_several_heads_equal_full_maps(monkeypatch, case, heads):
     monkeypatch.setattr(streaming, "DISPLAY_CELLS", 6)
     full, streamed = _grouped(monkeypatch, case, 4, heads)
-    layer = streamed.layers[0]
+    layer = streamed.layers[0].streamed
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, 6)
     assert worst_map <= 1e-6 and worst_stat <= 1e-6
 
@@ -107,8 +107,8 @@ def test_blocks_of_several_heads_keep_the_query_row(monkeypatch):
     expected = full.layers[0].weights[0, :, 13]  # (H, S) with padding columns
     keys = list(range(len(full.batch.tokens[0]))) + \
         list(range(full.batch.max_len, expected.shape[-1]))
-    torch.testing.assert_close(streamed.layers[0].query_weights, expected[:, keys], atol=1e-6,
-                               rtol=0)
+    torch.testing.assert_close(streamed.layers[0].streamed.query_weights, expected[:, keys],
+                               atol=1e-6, rtol=0)
 
 
 def test_mixed_up_heads_in_a_block_are_caught(monkeypatch):
@@ -119,7 +119,7 @@ def test_mixed_up_heads_in_a_block_are_caught(monkeypatch):
     monkeypatch.setattr(layer_stream, "_rows",
                         lambda tensor, ranges: rows_of(tensor, list(reversed(ranges))))
     full, streamed = _grouped(monkeypatch, "plain", 4, 3)
-    layer = streamed.layers[0]
+    layer = streamed.layers[0].streamed
     worst_map, worst_stat = _mismatch(full, layer.views, layer.stats, 6)
     assert worst_map > 1e-3 and worst_stat > 1e-3
 
@@ -179,8 +179,8 @@ def test_maps_past_512_keys_stream_unless_read():
     streamed = heatmap_mod.run_on_batch(batch, build(**request))
     full = heatmap_mod.run_on_batch(batch, build(**request, weighting="norm"))
     assert streamed.layers[0].weights is None and full.layers[0].weights is not None
-    worst_map, worst_stat = _mismatch(full, streamed.layers[0].views, streamed.layers[0].stats,
-                                      streaming.DISPLAY_CELLS)
+    kept = streamed.layers[0].streamed
+    worst_map, worst_stat = _mismatch(full, kept.views, kept.stats, streaming.DISPLAY_CELLS)
     assert worst_map <= 1e-6 and worst_stat <= 1e-4
     weighted = heatmap_mod.run_heatmap(build(
         sentences=(" ".join(f"w{i % 50}" for i in range(600)),), random=RandomSpec(32, 4),
@@ -302,9 +302,11 @@ def test_model_maps_past_512_keys_stream_like_a_standalone_layer(zoo_model, tmp_
     layer = streamed.layers[0]
     assert layer.weights is None and ", streamed" in layer.method
     assert whole.layers[0].weights is not None
-    worst_map, worst_stat = _mismatch(whole, layer.views, layer.stats, streaming.DISPLAY_CELLS)
+    worst_map, worst_stat = _mismatch(whole, layer.streamed.views, layer.streamed.stats,
+                                      streaming.DISPLAY_CELLS)
     assert worst_map <= 1e-6 and worst_stat <= 1e-4
-    other = runs("1")[0].layers[0]  # negative control: layer 1's views are not layer 0's maps
+    # negative control: layer 1's views are not layer 0's maps
+    other = runs("1")[0].layers[0].streamed
     assert _mismatch(whole, other.views, other.stats, streaming.DISPLAY_CELLS)[0] > 1e-3
 
     short = plan_run(loaded, RunInputs([" ".join(["the", "cat"] * 249)], max_tokens=4000),
@@ -326,11 +328,11 @@ def test_statistics_alone_skip_the_display_views(monkeypatch):
     build = HeatmapRequest.build
     spec = RandomSpec(embed_dim=32, num_heads=4)
     kept = heatmap_mod.run_on_batch(batch, build(random=spec, max_tokens=40000))
-    assert calls and kept.layers[0].weights is None and kept.layers[0].views
+    assert calls and kept.layers[0].weights is None and kept.layers[0].streamed.views
     calls.clear()
     bare = heatmap_mod.run_on_batch(batch, build(random=spec, max_tokens=40000, views=False))
-    assert calls == [] and bare.layers[0].views == []
-    assert bare.layers[0].stats == kept.layers[0].stats
+    assert calls == [] and bare.layers[0].streamed.views == []
+    assert bare.layers[0].streamed.stats == kept.layers[0].streamed.stats
 
 
 def test_model_overview_builds_no_views_unless_an_output_shows_maps(cli, zoo_model, tmp_path,

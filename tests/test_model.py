@@ -110,7 +110,7 @@ def assert_streamed_views(whole: Any, streamed: Any, batch: Any) -> None:
     import numpy as np
 
     assert streamed.weights is None and ", streamed" in streamed.method
-    for view in streamed.views:
+    for view in streamed.streamed.views:
         n = len(batch.tokens[view.sentence])
         maps = whole.weights[view.sentence, :, :n, :n]
         expected = maps.mean(0) if view.head is None else maps[view.head]
@@ -186,8 +186,8 @@ def test_probed_run_equals_a_run_that_numbers_its_own_layers(model, kind):
         probed = plan_run(m.loaded, text, spec, ModelRun(need_layers=True))
         assert direct.layers is None and probed.layers is not None
         a, b = run_plan(m.loaded, direct), run_plan(m.loaded, probed)
-        assert [(c.index, c.label, c.kind, c.display_name, c.heads) for c in a.layers] == \
-            [(c.index, c.label, c.kind, c.display_name, c.heads) for c in b.layers]
+        assert [(c.index, c.label, c.kind, c.name, c.heads) for c in a.layers] == \
+            [(c.index, c.label, c.kind, c.name, c.heads) for c in b.layers]
         for x, y in zip(a.layers, b.layers, strict=True):
             assert torch.equal(x.weights, y.weights) and x.causal == y.causal
             assert (x.inputs is None) == (y.inputs is None)
@@ -213,7 +213,7 @@ def test_query_from_captured_q_and_k(model, kind):
         rows = captured.rows_of(result.batch)[0]
         breakdown = query_breakdown(result, captured.index, 0, len(rows) - 1)
         assert breakdown.source == "captured" and breakdown.max_diff <= ATOL
-        number = int(captured.display_label.split()[-1])
+        number = int(captured.label.split()[-1])
         reference = expected[stack][number][0, :, len(rows) - 1]  # (H, S)
         for head in breakdown.heads:
             assert_same(torch.tensor(head.weights), reference[head.head])
@@ -331,13 +331,14 @@ def test_streamed_run_equals_full_maps(model, kind, monkeypatch):
     assert "long input" in streamed.notes[0]
     for a, b in zip(full.layers, streamed.layers, strict=True):
         assert_streamed_views(a, b, full.batch)
-        for x, y in zip(head_stats(a.weights, full.batch.tokens, a.index), b.stats, strict=True):
+        for x, y in zip(head_stats(a.weights, full.batch.tokens, a.index), b.streamed.stats,
+                        strict=True):
             assert (x.layer, x.head) == (y.layer, y.head)
             assert x.entropy == pytest.approx(y.entropy, rel=1e-5, abs=1e-7)
     n = len(full.batch.tokens[1])
     last = streamed.layers[-1]
-    assert last.query_row == (1, n - 2)
-    assert_same(last.query_weights, full.layers[-1].weights[1, :, n - 2, :n])
+    assert last.streamed.query_row == (1, n - 2)
+    assert_same(last.streamed.query_weights, full.layers[-1].weights[1, :, n - 2, :n])
     assert [layer.inputs is None for layer in streamed.layers] == [True, False]
 
 
@@ -447,16 +448,16 @@ def test_keys_seen_is_worked_out_once_per_mask_and_block(monkeypatch):
 def test_encoder_decoder_labels_and_grammar(model):
     m = model("marian")
     result = run(m, SENTENCES, None, TARGETS)
-    assert [c.display_label for c in result.layers] == [
+    assert [c.label for c in result.layers] == [
         "enc 0", "enc 1", "dec 0", "cross 0", "dec 1", "cross 1"]
     assert [c.causal for c in result.layers] == [False, False, True, False, True, False]
     assert [c.weights.shape[2:] for c in result.layers[2:4]] == [
         (max(map(len, result.target.tokens)),) * 2,
         (max(map(len, result.target.tokens)), max(map(len, result.batch.tokens)))]
     chosen = run(m, SENTENCES, "cross -1,1", TARGETS)
-    assert [c.display_label for c in chosen.layers] == ["enc 1", "cross 1"]
+    assert [c.label for c in chosen.layers] == ["enc 1", "cross 1"]
     encoder = run(m, SENTENCES)  # no target: the encoder alone
-    assert [c.display_label for c in encoder.layers] == ["enc 0", "enc 1"]
+    assert [c.label for c in encoder.layers] == ["enc 0", "enc 1"]
     assert any("encoder ran alone" in note for note in encoder.notes)
     with pytest.raises(UsageError, match="no 'cross' layers") as info:
         run(m, SENTENCES, "cross 0")

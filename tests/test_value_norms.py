@@ -76,10 +76,11 @@ def test_displayed_rows_are_the_norms_normalized(tmp_path):
                      .HeadHints(4), weighting="norm", keep_full_maps=True)
     result = run_heatmap(job)
     layer = result.run.layers[0]
-    raw = layer.attention_weights * layer.value_norms[:, :, None, :]
+    weighting = layer.weighting
+    raw = weighting.attention_weights * weighting.value_norms[:, :, None, :]
     assert _close(layer.weights, raw / raw.sum(-1, keepdim=True))
     assert _close(layer.weights.sum(-1), torch.ones_like(layer.weights.sum(-1)))
-    assert not _close(layer.weights, layer.attention_weights)  # not the attention itself
+    assert not _close(layer.weights, weighting.attention_weights)  # not the attention itself
     assert result.to_json()["weighting"] == "norm"
     assert any("weighting norm" in note for note in result.run.notes)
 

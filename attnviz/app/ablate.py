@@ -30,7 +30,7 @@ def ablate_standalone(run: AttentionRun, mode: str, head: int | None,
         if captured.layer is None:
             raise UsageError("the scorecard needs the layers' weights",
                              fix=f"drop {option('ablate')}")
-        heads += [(captured.index, captured.display_label, captured.layer, h)
+        heads += [(captured.index, captured.label, captured.layer, h)
                   for h in range(captured.heads) if head is None or h == head]
     return ablate_run(run, heads, mode, torch.device(run.device), report, memory_budget)
 
@@ -44,6 +44,6 @@ def ablate_hf(loaded: LoadedModel, plan: Plan, run: AttentionRun, mode: str, hea
     shown = plan.shown if plan.shown is not None else []
     by_index = {layer.index: layer for layer in shown}
     calls = [by_index[c.index] for c in run.layers if c.index in by_index]
-    heads = [(c.index, c.display_label, h) for c in run.layers for h in range(c.heads)
+    heads = [(c.index, c.label, h) for c in run.layers for h in range(c.heads)
              if head is None or h == head]
     return ablate_model(loaded, plan, calls, heads, mode, report)

@@ -191,7 +191,7 @@ def _weighed(run: AttentionRun, norm: bool) -> AttentionRun:
     if norm:
         from attnviz.app.weighting import weigh_run
 
-        weigh_run(run)
+        return weigh_run(run)
     return run
 
 

@@ -31,7 +31,7 @@ EXPORT_NAMES = {"self": ("attn", "inputs"), "decoder-self": ("decoder", "inputs.
 def export_key(captured: LayerAttention) -> tuple[str, str]:
     """(maps key, inputs key) of a layer: attn.N / inputs.N, decoder.N / inputs.decoder.N and
     cross.N / inputs.cross.N, N its number within its stack."""
-    return keys_for(captured.kind, captured.display_label)
+    return keys_for(captured.kind, captured.label)
 
 
 def keys_for(kind: str, label: str) -> tuple[str, str]:
@@ -69,15 +69,16 @@ def export(run: AttentionRun, path: Path, extra_metadata: dict[str, str] | None 
     for captured in run.layers:
         maps_key, inputs_key = export_key(captured)
         # full maps: a streamed run wrote its file as it went (above)
-        attention = captured.attention_weights if captured.attention_weights is not None \
-            else captured.weights
+        weighting = captured.weighting
+        attention = weighting.attention_weights if weighting is not None and \
+            weighting.attention_weights is not None else captured.weights
         tensors[maps_key] = cast("torch.Tensor", attention).float().contiguous()
-        if captured.value_norms is not None and attention is not None \
-                and captured.attention_weights is not None:
+        if weighting is not None and attention is not None \
+                and weighting.attention_weights is not None:
             from attnviz.compute.measures.value_norms import norm_maps
 
             # --weighting norm: the raw α_ij · ‖W_O^h v_j‖ beside the attention maps
-            tensors[norm_key(maps_key)] = norm_maps(attention, captured.value_norms).float() \
+            tensors[norm_key(maps_key)] = norm_maps(attention, weighting.value_norms).float() \
                 .contiguous()
         if captured.inputs is not None:
             tensors[inputs_key] = captured.inputs.float().contiguous()
@@ -333,7 +334,6 @@ def run_model_exporting(loaded: LoadedModel, plan: Plan, path: Path,
         run = run_plan(loaded, plan, replace(plan.how, allow_stream=True, values=False),
                         writer.rows)
         writer.metadata["causal"] = str(run.causal).lower()
-        writer.finish({keys_for(c.kind, c.display_label)[1]: c.inputs for c in run.layers
+        writer.finish({keys_for(c.kind, c.label)[1]: c.inputs for c in run.layers
                        if c.inputs is not None})
-    run.exported = path
-    return run
+    return replace(run, exported=path)

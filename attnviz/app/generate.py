@@ -160,7 +160,7 @@ def focus_in(run: AttentionRun, layer: LayerAttention, generation: Generation,
             maps = layer.weights[b, :, row, :len(keys)]  # (H, S)
             weights = maps.mean(0) if head is None else maps[head]
             values, positions = weights.topk(min(top, len(keys)))
-            out.append(Focus(b, row, token, layer.display_label, head,
+            out.append(Focus(b, row, token, layer.label, head,
                              [(int(p), keys[int(p)], float(v))
                               for v, p in zip(values, positions, strict=True)]))
     return out

@@ -16,6 +16,7 @@ only its encoder's maps stream.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from attnviz.errors import CheckpointError, printable
@@ -89,8 +90,6 @@ def run_streamed(loaded: LoadedModel, request: HeatmapRequest, sentences: list[s
         run = run_model_exporting(loaded, plan, export_path, record.export_metadata())
     if run is None:
         run = run_plan(loaded, plan)
-    run.notes.append(f"generation: {record.method}")
     note = aside_note(steps.set_aside, spec.sample)
-    if note is not None:
-        run.notes.append(note)
-    return run, record
+    notes = (f"generation: {record.method}",) + (() if note is None else (note,))
+    return replace(run, notes=(*run.notes, *notes)), record

@@ -17,6 +17,7 @@ from attnviz.app.heatmap_sources import check_panels, parse_memory_budget, reque
 from attnviz.app.naming import run_title
 from attnviz.app.source_layers import run_on_batch
 from attnviz.app.weighting import weigh_run
+from attnviz.core.choices import LayerKind
 from attnviz.core.request import HeatmapRequest, Selection
 from attnviz.errors import (
     CheckFailed,
@@ -240,18 +241,19 @@ def summarize(attention_run: AttentionRun, selection: Selection, weighting: str 
         maps.check_head(head, captured.heads)
     check_finite_maps(attention_run)
     if weighting == "norm" and attention_run.weighting != "norm":
-        weigh_run(attention_run)
+        attention_run = weigh_run(attention_run)
     head_stats: list[HeadStats] = []
     batch = attention_run.batch
     for captured in attention_run.layers:
         if captured.weights is None:
-            head_stats += captured.stats or []
+            head_stats += [] if captured.streamed is None else captured.streamed.stats
             continue
-        cross = captured.kind == "cross"
+        cross = captured.kind == LayerKind.CROSS
         found = stats.head_stats(captured.weights, captured.rows_of(batch), captured.index,
                                      key_tokens=captured.columns_of(batch) if cross else None)
-        if captured.label is not None:
-            found = [replace(s, layer_label=captured.label) for s in found]
+        label = captured.stack_label()
+        if label is not None:
+            found = [replace(s, layer_label=label) for s in found]
         head_stats += found
     if head is not None:  # --head shows one head: its statistics alone, as its map
         head_stats = [s for s in head_stats if s.head == head]

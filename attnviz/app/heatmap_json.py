@@ -15,8 +15,8 @@ def run_json(run: Any, head_stats: list[Any], breakdown: Any) -> dict[str, Any]:
         "inputs": run.inputs_described,
         "sentences": run.batch.sentences,
         "tokens": run.batch.tokens,
-        "layers": [{"index": c.index, "label": c.display_label, "kind": c.kind,
-                    "name": c.display_name, "num_heads": c.heads, "method": c.method}
+        "layers": [{"index": c.index, "label": c.label, "kind": c.kind,
+                    "name": c.name, "num_heads": c.heads, "method": c.method}
                    for c in run.layers],
         "head_stats": [s.to_json() for s in head_stats],
     }

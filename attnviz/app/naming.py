@@ -40,9 +40,9 @@ def run_title(run: AttentionRun) -> str:
         kind = store.config.get("model_type")
         name += f" ({kind})" if isinstance(kind, str) else ""
     indices = [captured.index for captured in run.layers]
-    labels = [captured.display_label for captured in run.layers]
+    labels = [captured.label for captured in run.layers]
     if len(indices) == 1:
-        shown = run.layers[0].display_name
+        shown = run.layers[0].name
         where = f"layer {labels[0]}" + (f" ({shown})" if shown else "")
     elif labels != [str(i) for i in indices]:  # an encoder-decoder's stacks: enc 0, cross 1, …
         where = "layers " + ", ".join(labels)

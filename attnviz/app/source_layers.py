@@ -157,10 +157,9 @@ class CheckpointLayer(_OnBatch):
         assert plan.store is not None
         attention_run = run_standalone(request, plan, plan.layer, plan.store,
                                        request.source.causal or plan.layer.causal)
-        renumber(attention_run, plan.index)
-        attention_run.notes.insert(0, synthetic_note(plan.store, request.source.weights,
-                                                     plan.index))
-        return attention_run
+        attention_run = renumber(attention_run, plan.index)
+        note = synthetic_note(plan.store, request.source.weights, plan.index)
+        return replace(attention_run, notes=(note, *attention_run.notes))
 
 
 class BundledModel(CheckpointLayer):
@@ -211,8 +210,7 @@ def run_standalone(request: HeatmapRequest, plan: LayerPlan, layer: AttentionLay
         result = run_layer(layer, store, batch, replace(run, allow_stream=True, keep=False),
                            plan.store, sink)
         sink.close()
-    result.exported = export
-    return result
+    return replace(result, exported=export)
 
 
 def run_on_batch(batch: Batch, request: HeatmapRequest) -> AttentionRun:

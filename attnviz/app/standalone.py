@@ -18,17 +18,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.t
 HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
 
 
-def renumber(attention_run: AttentionRun, index: int) -> None:
+def renumber(attention_run: AttentionRun, index: int) -> AttentionRun:
     """A standalone layer runs alone; its maps, statistics and export keys carry the index
     `inspect` gives it in its checkpoint (`--layer 3` shows L3), not 0."""
     from dataclasses import replace
 
-    for i, captured in enumerate(attention_run.layers):
+    layers = []
+    for captured in attention_run.layers:
         kept = captured.streamed
         if kept is not None:
             kept = replace(kept, views=[replace(view, layer=index) for view in kept.views],
                            stats=[replace(stat, layer=index) for stat in kept.stats])
-        attention_run.layers[i] = replace(captured, index=index, streamed=kept)
+        layers.append(replace(captured, index=index, label=str(index), streamed=kept))
+    return replace(attention_run, layers=tuple(layers))
 
 
 def model_folder(store: TensorStore, weights: Path | None) -> Path | None:

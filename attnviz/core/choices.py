@@ -179,3 +179,11 @@ class CorpusShows(Choice):
     INDUCTION = "induction"
     NEXT = "next"
     PUNCTUATION = "punctuation"
+
+
+class LayerKind(Choice):
+    """What kind of attention a shown layer is (not an option: a model's layers say it)."""
+
+    SELF = "self"  # encoder, encoder-only or decoder-only self-attention
+    DECODER_SELF = "decoder-self"  # an encoder-decoder model's (causal) decoder self-attention
+    CROSS = "cross"  # decoder queries over encoder keys: maps are (B, H, T, S)

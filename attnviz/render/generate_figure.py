@@ -136,7 +136,7 @@ def add_cross_strip(fig: Figure, run: AttentionRun, generation: Generation,
                       parse_math=False)
         ax.tick_params(length=0, labelsize=TEXT_PT)
         who = "mean over heads" if head is None else f"head {head}"
-        ax.set_title(safe(f"sentence {b + 1} · {layer.display_label} · {who}"),
+        ax.set_title(safe(f"sentence {b + 1} · {layer.label} · {who}"),
                      fontsize=TEXT_PT + 1, loc="left", parse_math=False)
         ax.set_ylabel("generated (own scale)", fontsize=TEXT_PT)
         top -= count * cell + STRIP_GAP

@@ -111,10 +111,10 @@ def print_header(out: Console, run: AttentionRun, compact: bool,
         causal = run.causal if captured.causal is None else captured.causal
         described = (captured.heads, captured.method, causal)
         if compact:
-            kinds.setdefault(described, []).append(captured.display_label)
+            kinds.setdefault(described, []).append(captured.label)
             continue
         out.print(safe_text(
-            f"layer {captured.display_label} ({captured.display_name or 'top level'}, "
+            f"layer {captured.label} ({captured.name or 'top level'}, "
             f"{captured.heads} heads): {captured.method}" + ("; causal" if causal else "")))
     for (heads, method, causal), labels in kinds.items():
         out.print(safe_text(f"layer{'s' if len(labels) > 1 else ''} {_span(labels)} ({heads} "

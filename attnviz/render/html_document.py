@@ -78,7 +78,7 @@ def document_from_run(run: AttentionRun, head_stats: list[HeadStats] | list[dict
         "sentences": [{"text": str(text), "tokens": [str(t) for t in tokens]}
                       for text, tokens in zip(run.batch.sentences, run.batch.tokens,
                                               strict=True)],
-        "layers": [{"index": c.index, "name": str(c.display_name),
+        "layers": [{"index": c.index, "name": str(c.name),
                     "num_heads": int(c.heads), "method": str(c.method)}
                    for c in run.layers],
         # HeadStats as a table: one row per (layer, head), values rounded to 4 digits

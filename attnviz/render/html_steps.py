@@ -41,12 +41,12 @@ def generation_document(run: AttentionRun, generation: Generation,
     used = 0
     for layer in step_layers(run):
         if layer.weights is None:
-            left_out.append(layer.display_label)
+            left_out.append(layer.label)
             continue
         rows = [_rows(run, layer, generation, b) for b in range(len(generation.generated_ids))]
         cells = sum(len(r["heads"]) * r["rows"] * r["cols"] for r in rows)
         if used + cells > budget:
-            left_out.append(layer.display_label)
+            left_out.append(layer.label)
             continue
         used += cells
         entries += rows
@@ -81,7 +81,7 @@ def _rows(run: AttentionRun, layer: LayerAttention, generation: Generation,
     rows = layer.weights[b, :, first:first + count, :len(keys)]  # (H, T, K)
     values = np.ascontiguousarray(rows.numpy(), dtype=np.float32)
     if not np.isfinite(values).all():
-        raise ValueError(f"non-finite attention weights in layer {layer.display_label}")
+        raise ValueError(f"non-finite attention weights in layer {layer.label}")
     codes, scales = quantize(values)
     return {"sentence": b, "layer": layer.index, "kind": layer.kind,
             "heads": list(range(values.shape[0])), "rows": count, "cols": len(keys),

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from attnviz.compute.forward_pass.attention import layer_attention
 from attnviz.compute.forward_pass.forward import load_weights
 from attnviz.compute.forward_pass.inputs import Batch, TokenLimit, length_problem, padding_mask
-from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
+from attnviz.compute.forward_pass.results import AttentionRun, standalone_layer
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import HeadHints
 from attnviz.core.words import hashed_ids
@@ -140,9 +140,10 @@ def run_tiny(store: TensorStore, batch: Batch, layer_indices: list[int] | None,
             weights = load_weights(layer, store, device=str(device))
             out, attn, method = layer_attention(layer, weights, (h, h, h), pad, causal=True)
             if i in wanted:
-                captured.append(LayerAttention(i, layer, attn.float().cpu(), h.float().cpu(),
-                                               method))
+                captured.append(standalone_layer(i, layer, attn.float().cpu(), h.float().cpu(),
+                                                 method, True))
             x = x + out
     described = ("the bundled model's own embeddings of hashed word ids, plus its learned "
                  "positions; each layer's input is LayerNorm of the residual stream")
-    return AttentionRun(batch, captured, store.source, described, str(device), True, store)
+    return AttentionRun(batch, tuple(captured), store.source, described, str(device), True,
+                        store)

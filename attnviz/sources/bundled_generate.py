@@ -12,13 +12,15 @@ as an id without a token is everywhere.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
 from attnviz.compute.forward_pass.attention import layer_attention
 from attnviz.compute.forward_pass.forward import load_weights
 from attnviz.compute.forward_pass.inputs import Batch, length_problem
-from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention
+from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention, standalone_layer
 from attnviz.core.request import GenerateSpec
 from attnviz.core.words import hashed_ids
 from attnviz.errors import CheckpointError, UsageError
@@ -58,7 +60,7 @@ def continue_text(store: TensorStore, batch: Batch, spec: GenerateSpec,
     all_ids = [hashed_ids(t, vocab) + g for t, g in zip(batch.tokens, generated, strict=True)]
     run = model.run(full, all_ids, layer_indices)
     method = METHOD.replace("greedy decoding", "sampling") if spec.sample else METHOD
-    run.notes.append(f"generation: {method}")
+    run = replace(run, notes=(*run.notes, f"generation: {method}"))
     prompts = [hashed_ids(t, vocab) for t in batch.tokens]
     return run, Generation(prompts, generated, names, [" ".join(n) for n in names],
                            [len(t) for t in batch.tokens], spec, method)
@@ -108,8 +110,8 @@ class _Model:
                                  self.param(f"layers.{i}.ln.bias"), eps=1e-5)
                 out, attn, method = layer_attention(layer, weights, (h, h, h), pad, causal=True)
                 if keep is not None and i in keep:
-                    captured.append(LayerAttention(i, layer, attn.float().cpu(),
-                                                   h.float().cpu(), method))
+                    captured.append(standalone_layer(i, layer, attn.float().cpu(),
+                                                     h.float().cpu(), method, True))
                 x = x + out
         return x, captured
 
@@ -136,5 +138,5 @@ class _Model:
         described = ("the bundled model's own embeddings of hashed word ids (generated ids as "
                      "they are), plus its learned positions; each layer's input is LayerNorm "
                      "of the residual stream")
-        return AttentionRun(batch, captured, self.store.source, described, str(self.device),
-                            True, self.store)
+        return AttentionRun(batch, tuple(captured), self.store.source, described,
+                            str(self.device), True, self.store)

@@ -31,7 +31,7 @@ class LayerInfo:
 
 
 def run_layers(run: AttentionRun) -> list[LayerInfo]:
-    return [LayerInfo(layer.index, layer.label or str(layer.index), layer.heads)
+    return [LayerInfo(layer.index, layer.label, layer.heads)
             for layer in run.layers]
 
 

@@ -33,7 +33,8 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
         for captured in run.layers:
             if captured.weights is None:  # streamed: display-sized views were kept instead
                 _check_kept(captured, head, average)
-                views += [v for v in captured.views or [] if v.sentence == b and (
+                kept = [] if captured.streamed is None else captured.streamed.views
+                views += [v for v in kept if v.sentence == b and (
                     v.head is None if average else
                     v.head is not None and (head is None or v.head == head))]
                 continue
@@ -53,7 +54,7 @@ def select_maps(run: AttentionRun, head: int | None, average: bool) -> list[MapV
             else:
                 chosen = list(enumerate(maps))
             views += [MapView(b, captured.index, h, m.numpy(), list(rows), col_labels, False,
-                              label=captured.label) for h, m in chosen]
+                              label=captured.stack_label()) for h, m in chosen]
     return views
 
 

@@ -20,7 +20,7 @@ from attnviz.compute.forward_pass.forward import (
     torch_mha_expressible,
 )
 from attnviz.compute.forward_pass.inputs import Batch, input_vectors, padding_mask
-from attnviz.compute.forward_pass.results import SDPA_TOLERANCE, AttentionRun, LayerAttention
+from attnviz.compute.forward_pass.results import SDPA_TOLERANCE, AttentionRun, standalone_layer
 from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, option
 from attnviz.load.store import TensorStore
@@ -88,17 +88,18 @@ def run_layer(layer: AttentionLayer, weights_store: TensorStore, batch: Batch,
                      f"(≤ {streaming.DISPLAY_CELLS} per side); {option('export')} "
                      + ("wrote every full map block by block" if sink is not None else
                         "writes the full maps block by block"))
-        return AttentionRun(batch, [streamed], weights_store.source, described, str(device),
-                            causal, weights_store, notes)
+        return AttentionRun(batch, (streamed,), weights_store.source, described, str(device),
+                            causal, weights_store, tuple(notes))
     if sink is not None:
         raise ValueError("a row sink needs a streamed run")
     weights = load_weights(layer, weights_store, device=str(device))
     _, attn, method = layer_attention(layer, weights, (x.to(device), key.to(device),
                                                        value.to(device)), pad.to(device), causal)
-    result = LayerAttention(0, layer, attn.float().cpu(), x, method,
-                            None if key is x else key, None if value is x else value)
-    return AttentionRun(batch, [result], weights_store.source, described, str(device), causal,
-                        weights_store, notes)
+    result = replace(standalone_layer(0, layer, attn.float().cpu(), x, method, causal),
+                     key_inputs=None if key is x else key,
+                     value_inputs=None if value is x else value)
+    return AttentionRun(batch, (result,), weights_store.source, described, str(device), causal,
+                        weights_store, tuple(notes))
 
 
 def check_finite_maps(run: AttentionRun) -> None:

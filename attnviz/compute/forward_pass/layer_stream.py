@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from attnviz.compute.forward_pass import kernel
 from attnviz.compute.forward_pass.forward import LayerWeights, load_weights
 from attnviz.compute.forward_pass.inputs import Batch
-from attnviz.compute.forward_pass.results import LayerAttention
+from attnviz.compute.forward_pass.results import LayerAttention, standalone_layer
 from attnviz.compute.forward_pass.streaming import MapReducer
 from attnviz.core import memory
 from attnviz.core.layer import AttentionLayer
@@ -101,8 +101,9 @@ def stream_layer(layer: AttentionLayer, store: TensorStore, batch: Batch,
                         reducer.add_rows(b, h0, start, attn[:, :real], scores[:, :real],
                                          top[:, :real])
     rows = plan.rows
-    return reducer.finish(layer, x.cpu(), f"explicit per head, streamed ({plan.describe()}, "
-                                          f"{rows} row{'s' if rows > 1 else ''} per block)")
+    return standalone_layer(0, layer, reducer.finish(), x.cpu(),
+                            f"explicit per head, streamed ({plan.describe()}, "
+                            f"{rows} row{'s' if rows > 1 else ''} per block)", causal)
 
 
 def _project(layer: AttentionLayer, weights: LayerWeights, heads: range, x: torch.Tensor,

@@ -6,13 +6,14 @@ rows and columns are real. Renderers slice; they never recompute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from attnviz.compute.display.views import MapView
 from attnviz.compute.forward_pass.inputs import Batch
+from attnviz.core.choices import LayerKind
 from attnviz.core.layer import AttentionLayer
 from attnviz.load.store import TensorStore
 
@@ -55,19 +56,13 @@ class StreamedMaps:
 
 @dataclass(frozen=True)
 class ModelCall:
-    """A layer captured from a model's forward pass (attnviz.sources.hf): the module's name and
-    head count as the pass reported them, what kind of attention it is (self, decoder-self,
-    cross), its label ("3", "enc 0", "cross 1"), and the query's and key's tokens where they are
-    not the batch's (decoder rows are target tokens)."""
+    """What a layer captured from a model's forward pass (attnviz.sources.hf) has besides its
+    maps: the query's and key's tokens where they are not the batch's (decoder rows are target
+    tokens), and for --query what its attention call received."""
 
-    name: str
-    num_heads: int | None
-    kind: str = "self"
-    label: str | None = None
     query_tokens: list[list[str]] | None = None
     key_tokens: list[list[str]] | None = None
-    scores: CapturedScores | None = None  # for --query: what its attention received
-    causal: bool | None = None  # observed on the maps (None: not known)
+    scores: CapturedScores | None = None
 
 
 @dataclass(frozen=True)
@@ -82,115 +77,79 @@ class ValueWeighting:
 
 @dataclass(frozen=True)
 class LayerAttention:
-    """One shown layer's attention: its full maps (`weights`), or, when streamed, what
-    `streamed` keeps; with `call` for a layer captured from a model and `weighting` for
-    --weighting norm. Frozen: a changed layer is a new one (`dataclasses.replace`)."""
+    """One shown layer's attention. Every layer has the fields up to `causal`, and its maps as
+    exactly one of two kinds: full maps (`weights`) or, when streamed, what `streamed` keeps.
+    A layer captured from a model has `call`; --weighting norm adds `weighting`.
+    Frozen: a changed layer is a new one (`dataclasses.replace`)."""
 
     index: int  # position of the layer in the model (0 for a standalone layer)
-    layer: AttentionLayer | None  # attnviz's description; None for a layer captured from a model
-    weights: torch.Tensor | None  # (B, H, L, S) float32 on the CPU; None when streamed
-    # (B, L, E) the vectors entering the layer; None for a streamed model layer before the last
-    inputs: torch.Tensor | None
+    name: str  # the module's name (a standalone layer: its checkpoint prefix)
+    label: str  # how the layer is shown: "3", "enc 0", "cross 1"
+    heads: int  # query heads (0: not known, a streamed layer whose count nobody reported)
+    kind: LayerKind
     method: str  # which computation produced the weights
+    causal: bool  # no query attends to a later key (a model layer: observed on its maps)
+    weights: torch.Tensor | None  # (B, H, L, S) float32 on the CPU; None exactly when streamed
+    streamed: StreamedMaps | None = None
+    layer: AttentionLayer | None = None  # attnviz's description; None for a model's layer
+    # (B, L, E) the vectors entering the layer; None for a streamed model layer before the last
+    inputs: torch.Tensor | None = None
     key_inputs: torch.Tensor | None = None  # (B, S, kdim) when kdim ≠ E, else None (= inputs)
     value_inputs: torch.Tensor | None = None
-    streamed: StreamedMaps | None = None
     call: ModelCall | None = None
     weighting: ValueWeighting | None = None
 
-    @property
-    def views(self) -> list[MapView] | None:
-        return None if self.streamed is None else self.streamed.views
+    def __post_init__(self) -> None:
+        if (self.weights is None) == (self.streamed is None):
+            raise ValueError(f"layer {self.label} needs exactly one of full maps and streamed "
+                             "maps")
 
-    @property
-    def stats(self) -> list[HeadStats] | None:
-        return None if self.streamed is None else self.streamed.stats
-
-    @property
-    def query_row(self) -> tuple[int, int] | None:
-        return None if self.streamed is None else self.streamed.query_row
-
-    @property
-    def query_weights(self) -> torch.Tensor | None:
-        return None if self.streamed is None else self.streamed.query_weights
-
-    @property
-    def name(self) -> str | None:
-        return None if self.call is None else self.call.name
-
-    @property
-    def num_heads(self) -> int | None:
-        return None if self.call is None else self.call.num_heads
-
-    @property
-    def kind(self) -> str:
-        return "self" if self.call is None else self.call.kind
-
-    @property
-    def label(self) -> str | None:
-        return None if self.call is None else self.call.label
-
-    @property
-    def query_tokens(self) -> list[list[str]] | None:
-        return None if self.call is None else self.call.query_tokens
-
-    @property
-    def key_tokens(self) -> list[list[str]] | None:
-        return None if self.call is None else self.call.key_tokens
-
-    @property
-    def scores(self) -> CapturedScores | None:
-        return None if self.call is None else self.call.scores
-
-    @property
-    def causal(self) -> bool | None:
-        return None if self.call is None else self.call.causal
-
-    @property
-    def value_norms(self) -> torch.Tensor | None:
-        return None if self.weighting is None else self.weighting.value_norms
-
-    @property
-    def attention_weights(self) -> torch.Tensor | None:
-        return None if self.weighting is None else self.weighting.attention_weights
-
-    @property
-    def heads(self) -> int:
-        """Query heads: attnviz's description, else what the model reported, else the maps'."""
-        if self.num_heads is not None:
-            return self.num_heads
-        if self.layer is not None and self.layer.num_heads is not None:
-            return self.layer.num_heads
-        return 0 if self.weights is None else int(self.weights.shape[1])
-
-    @property
-    def display_name(self) -> str:
-        return self.name if self.name is not None else (
-            self.layer.name if self.layer is not None else "")
-
-    @property
-    def display_label(self) -> str:
-        return self.label if self.label is not None else str(self.index)
+    def stack_label(self) -> str | None:
+        """The label when the layer is not labelled by its number ("enc 0", "cross 1"), else
+        None: statistics and --query carry only those."""
+        return None if self.label == str(self.index) else self.label
 
     def rows_of(self, batch: Batch) -> list[list[str]]:
         """Each sentence's query tokens (the map's rows)."""
-        return self.query_tokens if self.query_tokens is not None else batch.tokens
+        tokens = None if self.call is None else self.call.query_tokens
+        return tokens if tokens is not None else batch.tokens
 
     def columns_of(self, batch: Batch) -> list[list[str]]:
         """Each sentence's key tokens (the map's columns)."""
-        return self.key_tokens if self.key_tokens is not None else batch.tokens
+        tokens = None if self.call is None else self.call.key_tokens
+        return tokens if tokens is not None else batch.tokens
 
 
-@dataclass
+def heads_seen(reported: int | None, weights: torch.Tensor | None) -> int:
+    """Query heads: as described or reported, else the maps', else 0 (streamed, not known)."""
+    if reported is not None:
+        return reported
+    return 0 if weights is None else int(weights.shape[1])
+
+
+def standalone_layer(index: int, layer: AttentionLayer, maps: torch.Tensor | StreamedMaps,
+                     inputs: torch.Tensor | None, method: str, causal: bool) -> LayerAttention:
+    """A layer attnviz computed from its own description: named by its checkpoint prefix,
+    labelled by its index, self-attention; `maps`: full (B, H, L, S) or streamed."""
+    weights = maps if isinstance(maps, torch.Tensor) else None
+    streamed = maps if isinstance(maps, StreamedMaps) else None
+    return LayerAttention(index, layer.name, str(index), heads_seen(layer.num_heads, weights),
+                          LayerKind.SELF, method, causal, weights, streamed, layer, inputs)
+
+
+@dataclass(frozen=True)
 class AttentionRun:
+    """A run's shown layers and what they were computed from. Frozen: a changed run is a new
+    one (`dataclasses.replace`)."""
+
     batch: Batch
-    layers: list[LayerAttention]
+    layers: tuple[LayerAttention, ...]
     source: str
     inputs_described: str
     device: str
     causal: bool
     store: TensorStore | None  # where the layers' weights are read from (None: a model run)
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
     # how closely a float32 recomputation from the slices must match these maps (looser for a
     # model run in half precision)
     tolerance: float = SDPA_TOLERANCE

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from attnviz.compute.display.cells import BlockSpan, ColumnPlans, cell_sums
 from attnviz.compute.display.maps import MAX_VIEW_HEADS
 from attnviz.compute.display.views import DisplayGrid, MapView, display_grid, grid_view
-from attnviz.compute.forward_pass.results import LayerAttention, StreamedMaps
+from attnviz.compute.forward_pass.results import StreamedMaps
 from attnviz.compute.measures.row_stats import (
     NOT_STATISTICS,
     ROW_TERMS,
@@ -39,7 +39,6 @@ from attnviz.compute.measures.row_stats import (
 )
 from attnviz.compute.measures.stats import StatSums, add_sums, finish_stats
 from attnviz.core import memory
-from attnviz.core.layer import AttentionLayer
 from attnviz.errors import CheckFailed, option
 
 DISPLAY_CELLS = 512  # the largest map a figure panel or terminal view needs
@@ -228,8 +227,7 @@ class MapReducer:
         total, heads = self._mean.get(sentence, (None, 0))
         self._mean[sentence] = (values.copy() if total is None else total + values, heads + 1)
 
-    def finish(self, layer: AttentionLayer, inputs: torch.Tensor | None,
-               method: str) -> LayerAttention:
+    def finish(self) -> StreamedMaps:
         if self._open:
             sentence, head = next(iter(self._open))
             raise ValueError(f"sentence {sentence}, head {head} is missing query rows")
@@ -244,6 +242,5 @@ class MapReducer:
         stats = [s for head in sorted(self._sums)
                  for s in finish_stats(self._sums[head], self.layer_index, first_head=head)]
         rows = torch.stack([self._rows[h] for h in sorted(self._rows)]) if self._rows else None
-        kept = StreamedMaps(self.views + means, stats,
+        return StreamedMaps(self.views + means, stats,
                             self.query_row if rows is not None else None, rows)
-        return LayerAttention(self.layer_index, layer, None, inputs, method, streamed=kept)

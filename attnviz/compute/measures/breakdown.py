@@ -58,7 +58,7 @@ def query_breakdown(run: AttentionRun, layer_index: int, sentence: int,
     """Recompute one query's attention head by head from the weight slices, and check it
     against the maps the run produced."""
     captured = run.layer(layer_index)
-    if captured.scores is not None:
+    if captured.call is not None and captured.call.scores is not None:
         return captured_breakdown(run, captured, sentence, query)
     layer = captured.layer
     if layer is None or run.store is None:
@@ -103,8 +103,8 @@ def captured_breakdown(run: AttentionRun, captured: LayerAttention, sentence: in
     """One query's scores head by head from the q_h and k_h the model's attention received:
     scaling · q_h·k_h (softcapped, plus any position bias, then the mask, as eager applies
     them), softmax; checked against the maps the run captured."""
-    scores_in = captured.scores
-    assert scores_in is not None
+    assert captured.call is not None and captured.call.scores is not None
+    scores_in = captured.call.scores
     keys = len(captured.columns_of(run.batch)[sentence])
     p = scores_in.query_offsets[sentence] + query  # the query's row in the padded batch
     k0 = scores_in.key_offsets[sentence]
@@ -133,7 +133,7 @@ def captured_breakdown(run: AttentionRun, captured: LayerAttention, sentence: in
                           heads_out, max_diff,
                           "the model's own: q_h and k_h as its attention function received "
                           "them (after its position scheme, if any)", "captured",
-                          captured.label, "; ".join(added))
+                          captured.stack_label(), "; ".join(added))
 
 
 def _captured_scores(scores_in: CapturedScores, dots: torch.Tensor, sentence: int,
@@ -172,10 +172,11 @@ def _run_weights_of(captured: LayerAttention, batch: Batch, sentence: int,
                     query: int) -> torch.Tensor:
     """The run's weights of one query row, every head: (H, S) over real keys (+ bias_k)."""
     if captured.weights is None:
-        if captured.query_row != (sentence, query) or captured.query_weights is None:
+        kept = captured.streamed
+        if kept is None or kept.query_row != (sentence, query) or kept.query_weights is None:
             raise UsageError("this streamed run kept no weights for that query",
                              fix=f"pass {option('query')} to the run that streams")
-        return captured.query_weights
+        return kept.query_weights
     columns = captured.columns_of(batch)
     width = max(len(t) for t in columns)
     expected = captured.weights[sentence, :, query, :len(columns[sentence])]

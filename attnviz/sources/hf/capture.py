@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from attnviz.core import memory
+from attnviz.core.choices import LayerKind
 from attnviz.errors import CheckpointError, UsageError
 from attnviz.sources.hf.capture_eager import (
     ACTIVE,
@@ -44,12 +45,11 @@ from attnviz.sources.hf.capture_types import (
     CapturedLayer,
     CapturePath,
     CaptureResult,
-    LayerKind,
     MapCollector,
     OnBlock,
 )
 
-__all__ = ["NAME", "CapturePath", "CaptureResult", "CapturedLayer", "LayerKind", "MapCollector",
+__all__ = ["NAME", "CapturePath", "CaptureResult", "CapturedLayer", "MapCollector",
            "OnBlock", "calls_interface", "capture", "eager_function", "generic_eager", "register",
            "uses_interface"]
 

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from attnviz.core import memory
+from attnviz.core.choices import LayerKind
 from attnviz.errors import CheckpointError
 from attnviz.sources.hf.capture_types import (
     CROSS_PARTS,
     SCORE_KWARGS,
     SDPA_UNSUPPORTED,
     CapturedLayer,
-    LayerKind,
     OnBlock,
 )
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from attnviz.core.choices import LayerKind
+
 NAME = "attnviz"  # must not contain "sdpa", "flash", "flex" or "/": transformers treats those apart
 # on_block(layer index, first query row, weights (B, H, rows, S)); called once per block.
 OnBlock = Callable[[int, int, torch.Tensor], None]
@@ -28,12 +30,6 @@ class CapturePath(str, Enum):
 
     INTERFACE = "attention interface"  # attnviz's function, the module's own eager per block
     OUTPUT_ATTENTIONS = "output_attentions (eager)"  # the model's own returned maps
-
-
-class LayerKind(str, Enum):
-    SELF = "self"  # encoder, encoder-only or decoder-only self-attention
-    DECODER_SELF = "decoder-self"  # an encoder-decoder model's (causal) decoder self-attention
-    CROSS = "cross"  # decoder queries over encoder keys: maps are (B, H, T, S)
 
 
 @dataclass

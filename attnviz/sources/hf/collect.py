@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnviz.sources.hf import capture
+from attnviz.core.choices import LayerKind
 from attnviz.sources.hf.layers import (
     ModelLayer,
     Plan,
@@ -90,7 +90,7 @@ class Collector:
         self.feeders: dict[int, MapReducer | _RowsToAdd] = {}
         for index, reducer in reducers.items():
             layer = self.by_index[index]
-            if layer.kind != capture.LayerKind.CROSS:
+            if layer.kind != LayerKind.CROSS:
                 # self-attention: each block of query rows is reduced at once (memory per head
                 # O(block × S), never a whole map)
                 self.feeders[index] = reducer
@@ -125,7 +125,7 @@ class Collector:
             self.maps[index] = torch.zeros(
                 weights.shape[0], weights.shape[1], max(map(len, rows_of)),
                 max(map(len, cols_of)))
-        causal = self.causal.get(index, layer.kind != capture.LayerKind.CROSS)
+        causal = self.causal.get(index, layer.kind != LayerKind.CROSS)
         for b, (rows, cols) in enumerate(zip(rows_of, cols_of, strict=True)):
             n, m, q0, k0 = len(rows), len(cols), q_offsets[b], k_offsets[b]
             lo, hi = max(row_start, q0), min(row_start + count, q0 + n)

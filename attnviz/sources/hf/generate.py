@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from attnviz.core.choices import LayerKind
 from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, printable, printable_path
 from attnviz.load.paths import library_path
@@ -67,14 +68,14 @@ class Steps:
 
     sequences: torch.Tensor  # (B, L + T) decoder-only, (B, 1 + T) encoder-decoder
     prompt_width: int  # L: the padded prompt's width (1 for an encoder-decoder: start token)
-    kinds: dict[str, capture.LayerKind] = field(default_factory=dict)  # module name: kind, in order
+    kinds: dict[str, LayerKind] = field(default_factory=dict)  # module name: kind, in order
     heads: dict[str, int] = field(default_factory=dict)
     blocks: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # (B, H, rows, K)
     method: str = METHOD
     calls: dict[str, int] = field(default_factory=dict)  # name: its call index in a forward
     set_aside: list[str] = field(default_factory=list)  # generation_config fields overridden
 
-    def add(self, name: str, kind: capture.LayerKind, weights: torch.Tensor,
+    def add(self, name: str, kind: LayerKind, weights: torch.Tensor,
             call: int | None = None) -> None:
         self.kinds.setdefault(name, kind)
         if call is not None:
@@ -177,7 +178,7 @@ def generate(loaded: LoadedModel, prompts: list[list[int]], spec: GenerateSpec,
                                                   **({} if interface or not keep else
                                                      {"output_attentions": True}))
         if not interface and keep:
-            add_returned(steps, encoder_outputs.attentions, capture.LayerKind.SELF, "enc")
+            add_returned(steps, encoder_outputs.attentions, LayerKind.SELF, "enc")
         kwargs.update(attention_mask=mask, encoder_outputs=encoder_outputs)
     else:
         ids, mask = pad_left(prompts, filler, device)

@@ -7,7 +7,13 @@ from __future__ import annotations
 import torch
 
 from attnviz.compute.forward_pass.inputs import Batch
-from attnviz.compute.forward_pass.results import AttentionRun, LayerAttention, ModelCall
+from attnviz.compute.forward_pass.results import (
+    AttentionRun,
+    LayerAttention,
+    ModelCall,
+    heads_seen,
+)
+from attnviz.core.choices import LayerKind
 from attnviz.core.request import GenerateSpec
 from attnviz.errors import CheckpointError, printable
 from attnviz.sources.generate_spec import Generation
@@ -45,15 +51,13 @@ def run_generation(loaded: LoadedModel, sentences: list[str], prompts: list[list
         target = None
         results = [_layer(layer, steps, None, lengths, (width, steps.prompt_width),
                           [len(p) for p in prompts]) for layer in layers]
-    run = AttentionRun(batch, results, printable(str(loaded.folder)),
+    note = aside_note(steps.set_aside, spec.sample)
+    notes = (f"generation: {steps.method}",) + (() if note is None else (note,))
+    run = AttentionRun(batch, tuple(results), printable(str(loaded.folder)),
                        "the model's own hidden states entering each attention module, step by "
                        "step through its own KV cache", str(input_device(loaded.model)),
-                       not loaded.encoder_decoder, None,
-                       [f"generation: {steps.method}"], TOLERANCE[loaded.dtype], target=target,
-                       path=PATHS[loaded.path])
-    note = aside_note(steps.set_aside, spec.sample)
-    if note is not None:
-        run.notes.append(note)
+                       not loaded.encoder_decoder, None, notes, TOLERANCE[loaded.dtype],
+                       target=target, path=PATHS[loaded.path])
     return run, record
 
 
@@ -97,8 +101,7 @@ def _until_eos(ids: list[int], stops: set[int]) -> list[int]:
 def _layers(loaded: LoadedModel, steps: Steps) -> list[ModelLayer]:
     """The attention modules in call order, numbered per stack as `heatmap --model` numbers
     them (a bare number; 'enc N', 'dec N', 'cross N' for encoder-decoders)."""
-    kinds = capture.LayerKind
-    order = {kinds.SELF: 0, kinds.DECODER_SELF: 1, kinds.CROSS: 1}
+    order = {LayerKind.SELF: 0, LayerKind.DECODER_SELF: 1, LayerKind.CROSS: 1}
     names = sorted(steps.kinds, key=lambda n: order[steps.kinds[n]])  # stable: call order
     counts: dict[str, int] = {}
     layers = []
@@ -121,14 +124,14 @@ def _layer(layer: ModelLayer, steps: Steps, target: Batch | None, row_lengths: l
     (generation steps, the padded prompt's width)."""
     width, prompt_width = widths
     blocks = steps.blocks[layer.name]
-    if layer.kind == capture.LayerKind.SELF and target is not None:  # an encoder: one forward
+    if layer.kind == LayerKind.SELF and target is not None:  # an encoder: one forward
         maps = torch.cat(blocks, dim=2)  # (B, H, S, S), right-padded already
         return _result(layer, maps, "the module's own eager attention (encoder, once)",
                        target.tokens)
     full = _join(layer, blocks, prompt_width, width)  # (B, H, P, P|S)
     offsets = [0] * len(row_lengths) if prompt_lengths is None else \
         [prompt_width - n for n in prompt_lengths]
-    cross = layer.kind == capture.LayerKind.CROSS
+    cross = layer.kind == LayerKind.CROSS
     heads = full.shape[1]
     out = torch.zeros(full.shape[0], heads, max(row_lengths),
                       full.shape[3] if cross else max(row_lengths))
@@ -158,13 +161,13 @@ def _join(layer: ModelLayer, blocks: list[torch.Tensor], prompt_width: int, widt
     first = blocks[0]  # (B, H, L, L) prefill; (B, H, 1, S) cross
     batch, heads = first.shape[:2]
     total = prompt_width + width
-    keys = first.shape[3] if layer.kind == capture.LayerKind.CROSS else total
+    keys = first.shape[3] if layer.kind == LayerKind.CROSS else total
     full = torch.zeros(batch, heads, total, keys)
     full[:, :, :prompt_width, :first.shape[3]] = first
     for step, block in enumerate(blocks[1:], 1):  # (B, H, 1, K)
         row = prompt_width + step - 1
         k = block.shape[3]
-        if layer.kind == capture.LayerKind.CROSS:
+        if layer.kind == LayerKind.CROSS:
             full[:, :, row, :k] = block[:, :, 0]
         else:
             full[:, :, row, row + 1 - k:row + 1] = block[:, :, 0]
@@ -173,11 +176,11 @@ def _join(layer: ModelLayer, blocks: list[torch.Tensor], prompt_width: int, widt
 
 def _result(layer: ModelLayer, maps: torch.Tensor, method: str,
             target_tokens: list[list[str]] | None) -> LayerAttention:
-    decoder = layer.kind != capture.LayerKind.SELF
+    decoder = layer.kind != LayerKind.SELF
     decoder_only = target_tokens is None  # a decoder-only model's self-attention is causal
-    return LayerAttention(layer.index, None, maps, None, method, call=ModelCall(
-        layer.display_name, layer.num_heads, layer.kind.value,
-        label=layer.label if layer.stack else None,
-        causal=decoder_only or layer.kind == capture.LayerKind.DECODER_SELF,
-        query_tokens=target_tokens if decoder else None,
-        key_tokens=target_tokens if layer.kind == capture.LayerKind.DECODER_SELF else None))
+    return LayerAttention(
+        layer.index, layer.display_name, layer.label if layer.stack else str(layer.index),
+        heads_seen(layer.num_heads, maps), layer.kind, method,
+        decoder_only or layer.kind == LayerKind.DECODER_SELF, maps, call=ModelCall(
+            query_tokens=target_tokens if decoder else None,
+            key_tokens=target_tokens if layer.kind == LayerKind.DECODER_SELF else None))

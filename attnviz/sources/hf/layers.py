@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from attnviz.core import memory
+from attnviz.core.choices import LayerKind
 from attnviz.core.request import DEFAULT_MAX_TOKENS
 from attnviz.core.selection import parse_stack_layers
 from attnviz.errors import (
@@ -29,7 +30,7 @@ class ModelLayer:
     index: int  # call order (capture's numbering)
     name: str  # the calling module's name in the runner
     display_name: str  # … in the whole model
-    kind: capture.LayerKind
+    kind: LayerKind
     stack: str  # "" (single-stack model), "enc", "dec" or "cross"
     stack_index: int  # its number within the stack
     num_heads: int | None
@@ -192,14 +193,14 @@ def attention_like(module: Any) -> bool:
 
 
 def rows_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
-    if layer.kind == capture.LayerKind.SELF:
+    if layer.kind == LayerKind.SELF:
         return plan.prepared.batch.tokens
     assert plan.prepared.target is not None
     return plan.prepared.target.tokens
 
 
 def cols_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
-    if layer.kind == capture.LayerKind.DECODER_SELF:
+    if layer.kind == LayerKind.DECODER_SELF:
         assert plan.prepared.target is not None
         return plan.prepared.target.tokens
     return plan.prepared.batch.tokens
@@ -208,9 +209,9 @@ def cols_tokens(plan: Plan, layer: ModelLayer) -> list[list[str]]:
 def offsets(plan: Plan, layer: ModelLayer) -> tuple[list[int], list[int]]:
     source = plan.prepared.offsets
     target = plan.prepared.target_offsets or [0] * len(source)
-    if layer.kind == capture.LayerKind.SELF:
+    if layer.kind == LayerKind.SELF:
         return source, source
-    if layer.kind == capture.LayerKind.CROSS:
+    if layer.kind == LayerKind.CROSS:
         return target, source
     return target, target
 

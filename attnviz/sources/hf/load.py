@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from attnviz.compute.forward_pass.device import resolve_device
+from attnviz.core.choices import LayerKind
 from attnviz.errors import (
     CheckpointError,
     ConfigError,
@@ -35,8 +36,8 @@ from attnviz.sources.hf.versions import check_versions, install_hint
 DTYPES = ("float32", "bfloat16", "float16", "auto")  # = core.choices.Dtype (a test keeps it)
 # The model itself computes in its dtype; float32 must agree to rounding, half precision loosely.
 TOLERANCE = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
-STACK_OF = {capture.LayerKind.SELF: "enc", capture.LayerKind.DECODER_SELF: "dec",
-            capture.LayerKind.CROSS: "cross"}
+STACK_OF = {LayerKind.SELF: "enc", LayerKind.DECODER_SELF: "dec",
+            LayerKind.CROSS: "cross"}
 PATHS = {
     capture.CapturePath.INTERFACE: (
         "transformers attention interface: attnviz's attention function runs the layers shown "

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -14,8 +14,10 @@ from attnviz.compute.forward_pass.results import (
     CapturedScores,
     LayerAttention,
     ModelCall,
+    heads_seen,
 )
 from attnviz.core import memory
+from attnviz.core.choices import LayerKind
 from attnviz.errors import (
     CheckpointError,
     UsageError,
@@ -94,8 +96,8 @@ def run_plan(loaded: LoadedModel, plan: Plan, how: ModelRun | None = None,
                              query is not None and layer is shown[-1]) for layer in shown]
     if values:
         attach_value_norms(loaded, plan, result.layers, shown, results)
-    causal = all(r.causal for r in results if r.kind != capture.LayerKind.CROSS.value)
-    return AttentionRun(plan.prepared.batch, results, str(loaded.folder),  # exact: data
+    causal = all(r.causal for r in results if r.kind != LayerKind.CROSS)
+    return AttentionRun(plan.prepared.batch, tuple(results), str(loaded.folder),  # exact: data
                         DESCRIBED_INPUTS, str(input_device(loaded.model)), causal, None,
                         _notes(loaded, plan, bool(setup.reducers)), TOLERANCE[loaded.dtype],
                         target=plan.prepared.target, path=PATHS[result.path])
@@ -108,7 +110,7 @@ def memory_plan(plan: Plan, memory_budget: int | None = None,
     WHOLE_KEYS keys and are not kept (then each is reduced block by block, and --export written
     as it goes). Not probed: the input is short, nothing streams."""
     shown = plan.shown or []
-    source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
+    source_layers = [layer for layer in shown if layer.kind == LayerKind.SELF]
     heads = max((layer.num_heads or 0 for layer in source_layers), default=0)
     return memory.model_plan(len(plan.prepared.batch.tokens), plan.prepared.batch.max_len,
                              heads, len(source_layers), memory_budget, keep)
@@ -134,7 +136,7 @@ def _setup(plan: Plan, how: ModelRun) -> _Setup:
     last = shown[-1]
     query_row = None if query is None else (
         query[0], find_query(rows_tokens(plan, last)[query[0]], query[1]))
-    source_layers = [layer for layer in shown if layer.kind == capture.LayerKind.SELF]
+    source_layers = [layer for layer in shown if layer.kind == LayerKind.SELF]
     stream = how.allow_stream and planned.streamed
     reducers = {layer.index: streaming.MapReducer(
         layer.index, batch.tokens, query_row if layer is last else None, views=how.views)
@@ -217,24 +219,25 @@ def _layer_result(ran: _Ran, layer: ModelLayer, call: capture.CapturedLayer,
     if x is not None:
         x = realign_rows(x, offsets(plan, layer)[0], [len(t) for t in rows_tokens(plan, layer)])
     model_call = ModelCall(
-        layer.display_name, call.num_heads, layer.kind.value,
-        layer.label if layer.stack else None,
-        None if layer.kind == capture.LayerKind.SELF else rows_tokens(plan, layer),
-        None if layer.kind != capture.LayerKind.DECODER_SELF else cols_tokens(plan, layer),
-        _scores(call, plan, layer) if with_scores else None, collector.causal.get(layer.index))
-    if layer.index not in setup.reducers:
-        return LayerAttention(layer.index, None, collector.maps[layer.index], x, method,
-                              call=model_call)
-    finished = setup.reducers[layer.index].finish(
-        cast(Any, None), x, f"{method}, streamed ({streaming.STREAMED})")
-    kept = finished.streamed
-    if layer.stack and kept is not None:
-        kept = replace(kept, views=[_labelled(v, layer.label) for v in kept.views],
-                       stats=[_labelled_stats(s, layer.label) for s in kept.stats])
-    return replace(finished, streamed=kept, call=model_call)
+        None if layer.kind == LayerKind.SELF else rows_tokens(plan, layer),
+        None if layer.kind != LayerKind.DECODER_SELF else cols_tokens(plan, layer),
+        _scores(call, plan, layer) if with_scores else None)
+    weights, kept = collector.maps.get(layer.index), None
+    if layer.index in setup.reducers:
+        kept = setup.reducers[layer.index].finish()
+        method = f"{method}, streamed ({streaming.STREAMED})"
+        if layer.stack:
+            kept = replace(kept, views=[_labelled(v, layer.label) for v in kept.views],
+                           stats=[_labelled_stats(s, layer.label) for s in kept.stats])
+    # causal as observed on the maps; a layer whose maps were never seen counts as not causal
+    return LayerAttention(layer.index, layer.display_name,
+                          layer.label if layer.stack else str(layer.index),
+                          heads_seen(call.num_heads, weights), layer.kind, method,
+                          collector.causal.get(layer.index, False), weights, kept, inputs=x,
+                          call=model_call)
 
 
-def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
+def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> tuple[str, ...]:
     from attnviz.compute.forward_pass import streaming
 
     notes = []
@@ -252,7 +255,7 @@ def _notes(loaded: LoadedModel, plan: Plan, streamed: bool) -> list[str]:
     if loaded.encoder_decoder and plan.prepared.target is None:
         notes.append(f"encoder-decoder model: its encoder ran alone ({option('target')} 'text', "
                      "one per sentence, runs the decoder too: 'dec N' and 'cross N' layers)")
-    return notes
+    return tuple(notes)
 
 
 def _size(size: int) -> str:

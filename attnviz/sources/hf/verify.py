@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from attnviz.core.choices import LayerKind
 from attnviz.core.layer import AttentionLayer
 from attnviz.core.request import DEFAULT_MAX_TOKENS
 from attnviz.errors import (
@@ -16,7 +17,6 @@ from attnviz.errors import (
     option,
     printable,
 )
-from attnviz.sources.hf import capture
 from attnviz.sources.hf.layers import ModelLayer, ModelRun, Plan, RunInputs, plan_run
 from attnviz.sources.hf.load import TOLERANCE, LoadedModel
 from attnviz.sources.hf.run import run_plan
@@ -90,7 +90,7 @@ def recompute_supported(loaded: LoadedModel, call: ModelLayer) -> str | None:
     if kind not in SCHEMES:
         return (f"attnviz does not recompute the positions of model_type {kind!r} (supported: "
                 f"{', '.join(sorted(SCHEMES))})")
-    if call.kind != capture.LayerKind.SELF:
+    if call.kind != LayerKind.SELF:
         return "the recompute proof covers self-attention over the source only"
     return None
 
