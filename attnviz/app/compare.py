@@ -143,14 +143,14 @@ def run_compare(request: CompareRequest, progress: ProgressHook | None = None) -
     weights = compare_weights(opened[0].layers, opened[0].store, opened[1].layers,
                               opened[1].store, request.sides())
     del opened  # headers only; the corpus run loads the models for their forward pass
-    result = CompareResult(str(a_source), request.against, weights)
-    if weights.all_identical:
-        result.notes.append("every attention tensor of the two models is byte-identical: "
-                            "their heads cannot differ on any input (unless other weights do)")
+    notes = ["every attention tensor of the two models is byte-identical: their heads "
+             "cannot differ on any input (unless other weights do)"] if weights.all_identical \
+        else []
+    corpus = None
     if request.corpus is not None:
         assert request.model is not None
-        result.corpus = run_paired(request, progress)
-    return result
+        corpus = run_paired(request, progress)
+    return CompareResult(str(a_source), request.against, weights, corpus, tuple(notes))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Built by `attnviz.app.compare`, drawn by `attnviz.render.compare_*`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -75,13 +75,13 @@ def _num(value: Any) -> float | None:
     return number if number == number else None  # NaN (no examples): null
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompareResult:
     source_a: str
     source_b: str
     weights: WeightComparison
     corpus: CorpusComparison | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"model": self.source_a, "against": self.source_b,

@@ -160,7 +160,7 @@ def _sites(model: Any, loaded: LoadedModel, plan: Plan, shown: list[ModelLayer]
         layer = described.get(call.index)
         if layer is None:
             raise CheckpointError(f"attnviz does not recognize the W_O of layer "
-                                  f"{printable(call.display_name)!r}, which the scorecard "
+                                  f"{printable(call.full_name)!r}, which the scorecard "
                                   "needs", fix=f"drop {option('ablate')}; 'attnviz inspect' "
                                   "shows which layers attnviz recognizes")
         parameter, _ = parameter_of(model, layer.o_weight.key)
@@ -175,7 +175,7 @@ def _sites(model: Any, loaded: LoadedModel, plan: Plan, shown: list[ModelLayer]
                 fix=f"drop {option('ablate')}")
         expected[id(module)] = sum(1 for c in every if c.name == call.name)
         sites.append(_Site(call.index, name, module, number, layer, _stream_real(plan, call),
-                           call.display_name))
+                           call.full_name))
     return sites, expected
 
 

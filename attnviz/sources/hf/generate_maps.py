@@ -179,7 +179,7 @@ def _result(layer: ModelLayer, maps: torch.Tensor, method: str,
     decoder = layer.kind != LayerKind.SELF
     decoder_only = target_tokens is None  # a decoder-only model's self-attention is causal
     return LayerAttention(
-        layer.index, layer.display_name, layer.label if layer.stack else str(layer.index),
+        layer.index, layer.full_name, layer.label if layer.stack else str(layer.index),
         heads_seen(layer.num_heads, maps), layer.kind, method,
         decoder_only or layer.kind == LayerKind.DECODER_SELF, maps, call=ModelCall(
             query_tokens=target_tokens if decoder else None,

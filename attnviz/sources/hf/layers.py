@@ -29,7 +29,7 @@ class ModelLayer:
 
     index: int  # call order (capture's numbering)
     name: str  # the calling module's name in the runner
-    display_name: str  # … in the whole model
+    full_name: str  # … in the whole model (a tower's runner adds its prefix)
     kind: LayerKind
     stack: str  # "" (single-stack model), "enc", "dec" or "cross"
     stack_index: int  # its number within the stack

@@ -230,7 +230,7 @@ def _layer_result(ran: _Ran, layer: ModelLayer, call: capture.CapturedLayer,
             kept = replace(kept, views=[_labelled(v, layer.label) for v in kept.views],
                            stats=[_labelled_stats(s, layer.label) for s in kept.stats])
     # causal as observed on the maps; a layer whose maps were never seen counts as not causal
-    return LayerAttention(layer.index, layer.display_name,
+    return LayerAttention(layer.index, layer.full_name,
                           layer.label if layer.stack else str(layer.index),
                           heads_seen(call.num_heads, weights), layer.kind, method,
                           collector.causal.get(layer.index, False), weights, kept, inputs=x,

@@ -78,7 +78,7 @@ class _Observer:
             handle.remove()
         maps = collector.maps.get(self.call.index)
         if maps is None:
-            raise CheckpointError(f"the forward pass did not reach {self.call.display_name!r}",
+            raise CheckpointError(f"the forward pass did not reach {self.call.full_name!r}",
                                   fix="report this model to attnviz")
         o_input = seen[self.call.occurrence] if len(seen) > self.call.occurrence else None
         if o_input is not None:
@@ -176,7 +176,7 @@ def prove_split(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str]
         notes.append("the input of the output projection was not captured: W_v not checked")
     else:
         checks += _value_checks(loaded.model, used, observe, base_o, judge)
-    return ProofResult(call.index, call.label, call.display_name, used, checks, unchanged,
+    return ProofResult(call.index, call.label, call.full_name, used, checks, unchanged,
                        judge.changed, len(sentences), notes)
 
 

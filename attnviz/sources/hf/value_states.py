@@ -42,12 +42,12 @@ def recognized_layers(loaded: LoadedModel, calls: list[ModelLayer]) -> dict[int,
         if len(names) != 1:
             continue
         q_name = names[0]
-        owners = [call for call in calls if q_name.startswith(call.display_name + ".")]
+        owners = [call for call in calls if q_name.startswith(call.full_name + ".")]
         if not owners:
             continue
-        longest = max(len(call.display_name) for call in owners)
+        longest = max(len(call.full_name) for call in owners)
         for call in owners:
-            if len(call.display_name) == longest:
+            if len(call.full_name) == longest:
                 found[call.index] = layer
     return found
 
@@ -64,7 +64,7 @@ def attach_value_norms(loaded: LoadedModel, plan: Plan, calls: list[capture.Capt
         own = described.get(layer.index)
         if own is None or call.value is None or result.weights is None:
             raise CheckpointError(f"attnviz does not recognize the W_O of layer "
-                                  f"{printable(layer.display_name)!r}, which {option('weighting')} "
+                                  f"{printable(layer.full_name)!r}, which {option('weighting')} "
                                   "norm needs",
                                   fix=f"drop {option('weighting')}; 'attnviz inspect' shows which "
                                   "layers attnviz recognizes")
@@ -76,7 +76,7 @@ def _norms(loaded: LoadedModel, plan: Plan, layer: ModelLayer, own: AttentionLay
            values: torch.Tensor, width: int) -> torch.Tensor:
     H, H_kv = own.num_heads or 0, own.num_kv_heads or 0
     if values.ndim != 4 or values.shape[1] != H_kv or values.shape[-1] != own.head_dim:
-        raise CheckpointError(f"the value states of {printable(layer.display_name)!r} have shape "
+        raise CheckpointError(f"the value states of {printable(layer.full_name)!r} have shape "
                               f"{tuple(values.shape)}, not (B, {H_kv}, S, {own.head_dim}) as "
                               "attnviz reads the layer", fix="report this model to attnviz")
     W_o = read_ref(loaded.store, own.o_weight).float()  # (E, H·d)

@@ -51,13 +51,13 @@ def call_of(layers: list[ModelLayer] | None, model: Any, layer: AttentionLayer) 
         raise CheckFailed("the run did not number the model's attention layers",
                           fix="report this")
     q_name, _ = parameter_of(model, layer.q_weight.key)
-    owners = [call for call in layers if q_name.startswith(call.display_name + ".")]
+    owners = [call for call in layers if q_name.startswith(call.full_name + ".")]
     if not owners:
         raise CheckpointError(f"no attention call of the model's forward pass holds "
                               f"{printable(layer.q_weight.key)!r}",
                               fix="report this model to attnviz")
-    longest = max(len(call.display_name) for call in owners)
-    return next(call for call in owners if len(call.display_name) == longest)
+    longest = max(len(call.full_name) for call in owners)
+    return next(call for call in owners if len(call.full_name) == longest)
 
 
 # --- the recompute proof -----------------------------------------------------------------------
@@ -117,7 +117,7 @@ def verify_layer(loaded: LoadedModel, layer: AttentionLayer, sentences: list[str
     run = run_plan(loaded, Plan(plan.prepared, plan.layers, [call]))
     captured = run.layer(call.index)
     if captured.inputs is None or captured.weights is None:
-        raise CheckFailed(f"the input of {printable(call.display_name)!r} was not captured",
+        raise CheckFailed(f"the input of {printable(call.full_name)!r} was not captured",
                           fix="report this model to attnviz")
     used = described or layer
     positions = positions_for(loaded.store.config, used, call.stack_index,
