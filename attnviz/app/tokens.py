@@ -70,28 +70,22 @@ class TokensRequest:
 
 
 # a tokenizer's word markers (GPT-2's Ġ, sentencepiece's ▁, WordPiece's ##, byte-level Ċ):
-# `--position the` finds "Ġthe" and "▁the" when no token is "the" itself
+# `--position the` finds "The", "Ġthe" and "▁the"; `--position Ġthe` only "Ġthe"
 WORD_MARKERS = ("Ġ", "▁", "##", "Ċ")
 
 
-def word_matches(tokens: list[str], word: str) -> list[int]:
-    """The indices of the tokens that are `word` (case-insensitive); where none is, those that
-    are `word` once a tokenizer's word markers are stripped."""
-    lowered = [t.lower() for t in tokens]
-    wanted = word.lower()
-    exact = [i for i, t in enumerate(lowered) if t == wanted]
-    if exact:
-        return exact
-    stripped = wanted
+def _bare(token: str) -> str:
     for marker in WORD_MARKERS:
-        stripped = stripped.replace(marker.lower(), "")
+        token = token.replace(marker, "")
+    return token
 
-    def bare(token: str) -> str:
-        for marker in WORD_MARKERS:
-            token = token.replace(marker.lower(), "")
-        return token
 
-    return [i for i, t in enumerate(lowered) if stripped and bare(t) == stripped]
+def word_matches(tokens: list[str], word: str) -> list[int]:
+    """The indices of the tokens that are `word`, case aside, as written or once a tokenizer's
+    word markers are stripped from them."""
+    wanted = word.lower()
+    return [i for i, t in enumerate(tokens)
+            if wanted and wanted in (t.lower(), _bare(t).lower())]
 
 
 def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
