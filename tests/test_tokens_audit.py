@@ -462,3 +462,51 @@ def test_a_word_position_matches_past_word_markers_and_names_a_repeat():
     assert repeated_word_note(pieces, "-2", 4, 0) is None
     with pytest.raises(UsageError, match="not in the sentence"):
         output_position(pieces, "dog", True)
+
+
+# ---- what counts as causal, and what the terminal names --------------------------------------
+
+def test_a_causal_lm_head_that_reads_every_token_counts_as_an_encoder(tmp_path):
+    """BertLMHeadModel without is_decoder has a causal LM head class but reads later tokens:
+    traced as the model runs (every token in the table, the chain and the erasures), not as
+    its head's class says. Negative control: the tokens after the position hold a real share
+    of rollout, which the old rule (a causal LM head → causal) hid and never erased."""
+    import zoo
+
+    folder = zoo.build_lm("bert", tmp_path / "bert-lm", model_class="BertLMHeadModel")
+    text = "the cat sat on the mat"
+    result = run_tokens(TokensRequest([text], model=str(folder), position="2"))
+    s = result.sentences[0]
+    assert not result.causal and s.reached(result.causal) == len(s.tokens)
+    assert s.erasures.erased == [j for j in range(len(s.tokens)) if j != 2]
+    model, tokenizer, lm = load(folder)
+    assert lm
+    row = list(tokenizer(text)["input_ids"])
+    with torch.no_grad():
+        maps = [a[0] for a in model(input_ids=torch.tensor([row]),
+                                    output_attentions=True).attentions]
+    want = product_row([mixed(A, "mean", 0.5) for A in maps], 2)
+    assert torch.allclose(s.chains[TokenMethod.ROLLOUT][0], want, atol=ATOL, rtol=0)
+    effects = leave_one_out(model, True, row, 2, False)
+    assert torch.allclose(s.erasures.effects, torch.tensor(list(effects.values()),
+                                                           dtype=torch.float64),
+                          atol=EFFECT_ATOL, rtol=0)
+    assert float(want[3:].sum()) > 1e-2  # the share the causal reading left unshown
+
+
+def test_top_tokens_are_among_those_the_output_sees(cli):
+    """On a causal model the top tokens of an early position are never later tokens (which
+    hold 0), and with nothing erased the erasure line says so. Negative control: ranked over
+    every token, the top names a later one."""
+    result = run_tokens(TokensRequest(["the cat sat on the mat"], position="1"))
+    s = result.sentences[0]
+    for m in result.methods:
+        assert all(j <= 1 for j in s.top(m, reach=s.reached(result.causal)))
+    assert any(j > 1 for j in s.top(TokenMethod.ROLLOUT))
+    shown = cli("tokens", "the cat sat on the mat", "--position", "1")
+    assert shown.exit_code == 0, shown.output
+    tops = [line for line in shown.output.splitlines() if ": top " in line]
+    assert len(tops) == 5 and not any(f"@{j}" in line for line in tops for j in range(2, 6))
+    alone = cli("tokens", "cat")
+    assert alone.exit_code == 0, alone.output
+    assert "erasure: top – (no token the output sees could be erased)" in alone.output

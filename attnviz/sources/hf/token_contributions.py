@@ -450,14 +450,15 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
 
 
 def seen_causal(runner: ModelRunner, found: list[TokenTrace]) -> bool:
-    """Causal when it has a causal LM head, or when no query of the first layer reads a later
-    key in any sentence of two tokens or more (what the model does, whatever its config says);
-    one-token sentences only: its config's is_decoder."""
-    if runner.causal_lm:
-        return True
+    """Causal when no query of the first layer reads a later key in any sentence of two tokens
+    or more (what the model does, whatever its head or config says: a BertLMHeadModel built
+    without is_decoder has a causal LM head and reads every token); with one-token sentences
+    only: a causal LM head, or the config's is_decoder."""
     seen = [float(t.maps[0].triu(1).abs().max()) == 0.0 for t in found
             if t.maps and t.maps[0].shape[-1] > 1]
-    return all(seen) if seen else bool(getattr(runner.config, "is_decoder", False))
+    if seen:
+        return all(seen)
+    return runner.causal_lm or bool(getattr(runner.config, "is_decoder", False))
 
 
 def _measure(runner: ModelRunner, ids: torch.Tensor, mask: torch.Tensor, position: int
