@@ -510,3 +510,152 @@ def test_top_tokens_are_among_those_the_output_sees(cli):
     alone = cli("tokens", "cat")
     assert alone.exit_code == 0, alone.output
     assert "erasure: top – (no token the output sees could be erased)" in alone.output
+
+
+# ---- the decoder's view: norms and ALTI from the model's own sublayers -----------------------
+
+def _layer_io(model: Any, kind: str, ids: torch.Tensor, dec: torch.Tensor) -> dict[str, Any]:
+    """Each encoder and decoder layer's input, and each sublayer's own output (T5: the
+    sublayer module's output; BART: the output of the norm after its residual sum)."""
+    encoder = model.get_encoder().block if kind == "t5" else model.get_encoder().layers
+    decoder = model.get_decoder().block if kind == "t5" else model.get_decoder().layers
+    got: dict[str, list[torch.Tensor]] = {key: [] for key in
+                                          ("enc_in", "dec_in", "enc", "self", "cross")}
+    handles = []
+
+    def keep_input(key: str) -> Any:
+        return lambda m, a, k: got[key].append((a[0] if a else k["hidden_states"])[0].detach())
+
+    def keep_output(key: str) -> Any:
+        return lambda m, a, o: got[key].append((o[0] if isinstance(o, tuple) else o)[0]
+                                               .detach().double())
+
+    for layer in encoder:
+        handles.append(layer.register_forward_pre_hook(keep_input("enc_in"), with_kwargs=True))
+        site = layer.layer[0] if kind == "t5" else layer.self_attn_layer_norm
+        handles.append(site.register_forward_hook(keep_output("enc")))
+    for layer in decoder:
+        handles.append(layer.register_forward_pre_hook(keep_input("dec_in"), with_kwargs=True))
+        sites = (layer.layer[0], layer.layer[1]) if kind == "t5" else \
+            (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm)
+        handles.append(sites[0].register_forward_hook(keep_output("self")))
+        handles.append(sites[1].register_forward_hook(keep_output("cross")))
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, decoder_input_ids=dec, output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return {"encoder": encoder, "decoder": decoder, "out": out, **got}
+
+
+def _self_terms(kind: str, attention: Any, norm_in: Any, post: Any, x: torch.Tensor,
+                A: torch.Tensor) -> torch.Tensor:
+    """A self-attention sublayer's terms: T5 x + o(SA(LN(x))); BART LN(x + out(SA(x)))."""
+    H = A.shape[0]
+    if kind == "t5":
+        return raw_terms(A, per_head(attention.v(norm_in(x[None]))[0], attention.o.weight, H),
+                         None, x)
+    U = per_head(attention.v_proj(x[None])[0], attention.out_proj.weight, H)
+    return frozen_layer_norm(raw_terms(A, U, attention.out_proj.bias, x), post,
+                             A.double().mean(0))
+
+
+def _cross_terms(kind: str, layer: Any, residual: torch.Tensor, enc: torch.Tensor,
+                 C: torch.Tensor, with_residual: bool = True) -> torch.Tensor:
+    """(T, 1 + S, E): per decoder row its residual, then one term per encoder output; a
+    BART post-LN frozen over the whole row (β shared by the cross weights alone)."""
+    H = C.shape[0]
+    attention = layer.layer[1].EncDecAttention if kind == "t5" else layer.encoder_attn
+    if kind == "t5":
+        U = per_head(attention.v(enc[None])[0], attention.o.weight, H)
+    else:
+        U = per_head(attention.v_proj(enc[None])[0], attention.out_proj.weight, H)
+    share = C.double().mean(0)
+    T = torch.einsum("htj,hje->tje", C.double(), U)
+    if kind == "bart":
+        T = T + share[..., None] * attention.out_proj.bias.double()
+    rows = torch.cat([residual.double()[:, None] * float(with_residual), T], 1)
+    if kind == "bart":
+        norm = layer.encoder_attn_layer_norm
+        sigma = (rows.sum(1).var(-1, unbiased=False) + norm.eps).sqrt()
+        rows = norm.weight.double() * (rows - rows.mean(-1, keepdim=True)) / sigma[:, None, None]
+        rows[:, 1:] += share[..., None] * norm.bias.double()
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_cross_view_contributions_equal_an_independent_recomputation(folders, kind):
+    """--target norms and ALTI: every sublayer's terms formed here from the model's own
+    modules (each sum checked against the sublayer's own output, ≤ 1e-5), the joint
+    [decoder; encoder output] matrices composed by full products, then the encoder's; the
+    source chain and the decoder's share equal the command's. Negative control: the cross
+    sublayer's residual left out of its row moves the source vector."""
+    import transformers
+
+    folder = folders[kind]
+    source, target = "the cat sat on the mat", "a dog ran far"
+    result = run_tokens(TokensRequest([source], model=str(folder), targets=(target,),
+                                      methods=(TokenMethod.NORMS, TokenMethod.ALTI),
+                                      check=False))
+    s = result.sentences[0]
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+        folder, attn_implementation="eager", dtype=torch.float32).eval()
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    row = list(tokenizer(source)["input_ids"])
+    decoder = [model.config.decoder_start_token_id, *tokenizer(target)["input_ids"]]
+    io = _layer_io(model, kind, torch.tensor([row]), torch.tensor([decoder]))
+    out = io["out"]
+    T, S = len(decoder), len(row)
+    N, p = T + S, s.position
+    enc_out = out.encoder_last_hidden_state[0]
+
+    def identity(terms: torch.Tensor, own: torch.Tensor) -> None:
+        assert float((terms.sum(1) - own).norm() / own.norm()) <= 1e-5
+
+    with torch.no_grad():
+        encoder = []
+        for layer, x, A, own in zip(io["encoder"], io["enc_in"], out.encoder_attentions,
+                                    io["enc"], strict=True):
+            sub = layer.layer[0] if kind == "t5" else layer
+            attention = sub.SelfAttention if kind == "t5" else layer.self_attn
+            terms = _self_terms(kind, attention, getattr(sub, "layer_norm", None),
+                                getattr(layer, "self_attn_layer_norm", None), x, A[0])
+            identity(terms, own)
+            encoder.append(contributions(terms))
+        joint: list[list[torch.Tensor]] = [[], [], []]  # norms, alti, alti w/o cross residual
+        for layer, x, A, C, mid, own in zip(io["decoder"], io["dec_in"],
+                                            out.decoder_attentions, out.cross_attentions,
+                                            io["self"], io["cross"], strict=True):
+            sub = layer.layer[0] if kind == "t5" else layer
+            attention = sub.SelfAttention if kind == "t5" else layer.self_attn
+            terms = _self_terms(kind, attention, getattr(sub, "layer_norm", None),
+                                getattr(layer, "self_attn_layer_norm", None), x, A[0])
+            identity(terms, mid)
+            rows = _cross_terms(kind, layer, mid, enc_out, C[0])
+            identity(rows, own)
+            bare = _cross_terms(kind, layer, mid, enc_out, C[0], with_residual=False)
+            for k, (self_part, cross_part) in enumerate(
+                    [*zip(contributions(terms), contributions(rows), strict=True),
+                     (contributions(terms)[1], contributions(bare)[1])]):
+                M = torch.eye(N, dtype=torch.float64)
+                M[:T, :T] = self_part
+                X = torch.eye(N, dtype=torch.float64)
+                X[:T, :T] = torch.diag(cross_part[:, 0])
+                X[:T, T:] = cross_part[:, 1:]
+                joint[k] += [M, X]
+
+    def carried(levels: list[torch.Tensor], layers: list[torch.Tensor]) -> tuple[
+            torch.Tensor, torch.Tensor]:
+        v = product_row(levels, p)
+        rows = [v[T:]]
+        for M in reversed(layers):
+            rows.append(rows[-1] @ M)
+        return torch.stack(rows[::-1]), v[:T]
+
+    for k, m in enumerate((TokenMethod.NORMS, TokenMethod.ALTI)):
+        chain, share = carried(joint[k], [pair[k] for pair in encoder])
+        assert torch.allclose(s.chains[m], chain, atol=ATOL, rtol=0), m
+        assert torch.allclose(s.decoder_shares[m], share, atol=ATOL, rtol=0), m
+    wrong, _ = carried(joint[2], [pair[1] for pair in encoder])
+    assert float((s.chains[TokenMethod.ALTI][0] - wrong[0]).abs().max()) > 1e-3
