@@ -659,3 +659,111 @@ def test_cross_view_contributions_equal_an_independent_recomputation(folders, ki
         assert torch.allclose(s.decoder_shares[m], share, atol=ATOL, rtol=0), m
     wrong, _ = carried(joint[2], [pair[1] for pair in encoder])
     assert float((s.chains[TokenMethod.ALTI][0] - wrong[0]).abs().max()) > 1e-3
+
+
+# ---- families beyond the zoo: built from a config, decomposed by the rows added here ---------
+
+# family → (config class, extra config, the norm before attention, the norm on the attention
+# output (None: none), the module whose output the layer adds last: the block's output is the
+# layer's output minus it, a read no row of attnviz uses)
+BEYOND = {
+    "arcee": ("ArceeConfig", {}, "input_layernorm", None, "mlp"),
+    "glm": ("GlmConfig", {"head_dim": 8}, "input_layernorm", None, "mlp"),
+    "seed_oss": ("SeedOssConfig", {"head_dim": 8}, "input_layernorm", None, "mlp"),
+    "ministral": ("MinistralConfig", {"sliding_window": 4, "head_dim": 8}, "input_layernorm",
+                  None, "mlp"),
+    "apertus": ("ApertusConfig", {}, "attention_layernorm", None, "mlp"),
+    "olmo3": ("Olmo3Config", {"sliding_window": 4}, None, "post_attention_layernorm",
+              "post_feedforward_layernorm"),
+    "exaone4": ("Exaone4Config", {"sliding_window": 4}, None, "post_attention_layernorm",
+                "post_feedforward_layernorm"),
+    "glm4": ("Glm4Config", {"head_dim": 8}, "input_layernorm", "post_self_attn_layernorm",
+             "post_mlp_layernorm"),
+    # parallel: x + attn(norm(x)) + mlp(norm(x))
+    "cohere2": ("Cohere2Config", {"sliding_window": 4}, "input_layernorm", None, "mlp"),
+}
+
+
+@pytest.fixture(scope="module")
+def beyond(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    import zoo
+
+    made = {}
+    for name, (config, extra, *_) in BEYOND.items():
+        folder = tmp_path_factory.mktemp(name)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(
+            getattr(transformers, config)(**{**zoo._DECODER, **extra}),
+            attn_implementation="eager")
+        zoo.randomize(model, zoo.Kind(lambda: None, ""))
+        model.eval().save_pretrained(folder)
+        zoo.save_tokenizer(folder, zoo.Kind(lambda: None, ""))
+        made[name] = folder
+    return made
+
+
+@pytest.mark.parametrize("name", list(BEYOND))
+def test_families_beyond_the_zoo_decompose_as_recomputed_here(beyond, name):
+    """Each family's terms formed here (the value projection on the layer's own normed input,
+    a norm on the attention output frozen at the whole output's scale) add up to the block's
+    output read as the layer's output minus its last branch (≤ 1e-5); norms and ALTI composed
+    by full products equal the command's. Negative control: the residual left out of the
+    self terms breaks the identity."""
+    _, _, norm_in, out_norm, last = BEYOND[name]
+    text = "the cat sat on the mat the cat"
+    result = run_tokens(TokensRequest([text], model=str(beyond[name]),
+                                      methods=(TokenMethod.NORMS, TokenMethod.ALTI),
+                                      check=False))
+    s = result.sentences[0]
+    model, tokenizer, _ = load(beyond[name])
+    ids = torch.tensor([list(tokenizer(text)["input_ids"])])
+    layers = model.model.layers
+    inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
+    branches: list[torch.Tensor] = []
+    handles = []
+    for layer in layers:
+        handles += [
+            layer.register_forward_pre_hook(
+                lambda m, a, k: inputs.append((a[0] if a else k["hidden_states"])[0]),
+                with_kwargs=True),
+            layer.register_forward_hook(
+                lambda m, a, o: outputs.append((o[0] if isinstance(o, tuple) else o)[0])),
+            layer.get_submodule(last).register_forward_hook(
+                lambda m, a, o: branches.append(o[0]))]
+    try:
+        with torch.no_grad():
+            maps = [a[0] for a in model(input_ids=ids, output_attentions=True).attentions]
+    finally:
+        for h in handles:
+            h.remove()
+    pairs = []
+    with torch.no_grad():
+        for layer, x, A, out, branch in zip(layers, inputs, maps, outputs, branches,
+                                            strict=True):
+            attention = layer.self_attn
+            normed = x if norm_in is None else layer.get_submodule(norm_in)(x[None])[0]
+            U = per_head(attention.v_proj(normed[None])[0], attention.o_proj.weight, A.shape[0])
+            bias = attention.o_proj.bias
+            if out_norm is None:
+                T = raw_terms(A, U, bias, x)
+            else:
+                T = raw_terms(A, U, bias, None)
+                norm = layer.get_submodule(out_norm)
+                scale = (T.sum(1).pow(2).mean(-1) + norm.variance_epsilon).rsqrt()
+                T = T * scale[:, None, None] * norm.weight.double()
+                i = torch.arange(T.shape[0])
+                T[i, i] += x.double()
+            own = (out - branch).double()
+            assert float((T.sum(1) - own).norm() / own.norm()) <= 1e-5
+            i = torch.arange(T.shape[0])
+            bare = T.clone()
+            bare[i, i] -= x.double()
+            assert float((bare.sum(1) - own).norm() / own.norm()) > 1e-3
+            pairs.append(contributions(T))
+    p = s.position
+    assert p == ids.shape[1] - 1 and result.causal
+    for k, m in enumerate((TokenMethod.NORMS, TokenMethod.ALTI)):
+        want = product_row([pair[k] for pair in pairs], p)
+        assert torch.allclose(s.chains[m][0], want, atol=ATOL, rtol=0), m
