@@ -767,3 +767,34 @@ def test_families_beyond_the_zoo_decompose_as_recomputed_here(beyond, name):
     for k, m in enumerate((TokenMethod.NORMS, TokenMethod.ALTI)):
         want = product_row([pair[k] for pair in pairs], p)
         assert torch.allclose(s.chains[m][0], want, atol=ATOL, rtol=0), m
+
+
+def test_export_holds_the_decoders_view(folders, tmp_path):
+    """--export of a --target run, read back with safetensors: every chain, each method's
+    share on the decoder's own tokens and the decoder's tokens equal --json's. Negative
+    control: a run without --target writes no decoder share."""
+    import json
+
+    from safetensors import safe_open
+
+    from attnviz.app.tokens_export import write_export
+
+    result = run_tokens(TokensRequest(["the cat sat on the mat"], model=str(folders["t5"]),
+                                      targets=("a dog ran",)))
+    path = tmp_path / "cross.safetensors"
+    write_export(result, path)
+    doc = result.to_json()["sentences"][0]
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        assert json.loads(meta["decoder_tokens"]) == [doc["decoder_tokens"]]
+        for m in result.methods:
+            share = f.get_tensor(f"s0.{m}.decoder_share")
+            assert torch.allclose(share, torch.tensor(doc["decoder_shares"][str(m)],
+                                                      dtype=torch.float64))
+        assert torch.equal(f.get_tensor("s0.rollout")[0],
+                           torch.tensor(doc["scores"]["rollout"], dtype=torch.float64))
+    plain = tmp_path / "plain.safetensors"
+    write_export(run_tokens(TokensRequest(["the cat sat"], check=False)), plain)
+    with safe_open(str(plain), "pt") as f:
+        assert not any("decoder_share" in k for k in f.keys())
+        assert "decoder_tokens" not in f.metadata()
