@@ -69,6 +69,25 @@ class TokensRequest:
                              option="erase")
 
 
+# a tokenizer's word markers (GPT-2's Ġ, sentencepiece's ▁, WordPiece's ##, byte-level Ċ):
+# `--position the` finds "The", "Ġthe" and "▁the"; `--position Ġthe` only "Ġthe"
+WORD_MARKERS = ("Ġ", "▁", "##", "Ċ")
+
+
+def _bare(token: str) -> str:
+    for marker in WORD_MARKERS:
+        token = token.replace(marker, "")
+    return token
+
+
+def word_matches(tokens: list[str], word: str) -> list[int]:
+    """The indices of the tokens that are `word`, case aside, as written or once a tokenizer's
+    word markers are stripped from them."""
+    wanted = word.lower()
+    return [i for i, t in enumerate(tokens)
+            if wanted and wanted in (t.lower(), _bare(t).lower())]
+
+
 def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
     """--position: an index (negative from the end) or a word (its last occurrence for a causal
     model, where later tokens are out of its reach, else its first); default the last token
@@ -78,19 +97,37 @@ def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
     try:
         index = int(spec)
     except ValueError:
-        lowered = [t.lower() for t in tokens]
-        word = spec.lower()
-        if word not in lowered:
+        found = word_matches(tokens, spec)
+        if not found:
             from attnviz.errors import printable
 
             shown = ", ".join(printable(t) for t in dict.fromkeys(tokens))
             raise UsageError(f"token {printable(spec)!r} is not in the sentence",
                              fix=f"choose one of {shown}", option="position") from None
-        return len(lowered) - 1 - lowered[::-1].index(word) if causal else lowered.index(word)
+        return found[-1] if causal else found[0]
     if not -len(tokens) <= index < len(tokens):
         raise UsageError(f"position {index} is out of range",
                          fix=f"the sentence has {len(tokens)} tokens", option="position")
     return index % len(tokens)
+
+
+def repeated_word_note(tokens: list[str], spec: str | None, position: int, sentence: int
+                       ) -> str | None:
+    """A note when --position names a word found more than once: which one is traced."""
+    if spec is None:
+        return None
+    try:
+        int(spec)
+        return None
+    except ValueError:
+        found = word_matches(tokens, spec)
+    if len(found) < 2:
+        return None
+    from attnviz.errors import printable
+
+    return (f"sentence {sentence + 1}: {printable(spec)!r} occurs at "
+            f"{', '.join(map(str, found))}; traced {position} (a causal model's last "
+            f"occurrence, an encoder's first); give {option('position')} an index for another")
 
 
 def chosen_methods(request: TokensRequest, longest: int, layers: int, can_decompose: bool
@@ -198,6 +235,8 @@ def _finish(request: TokensRequest, traced: _Traced,
     """Positions, methods, the check and the correlations, for any source."""
     positions = [output_position(t.tokens, request.position, traced.causal)
                  for t in traced.traces]
+    repeated = [repeated_word_note(t.tokens, request.position, p, b)
+                for b, (t, p) in enumerate(zip(traced.traces, positions, strict=True))]
     longest = max(len(t.tokens) for t in traced.traces)
     methods, left_out = chosen_methods(request, longest, len(traced.traces[0].maps),
                                        traced.can_decompose)
@@ -209,7 +248,8 @@ def _finish(request: TokensRequest, traced: _Traced,
     return TokensResult(traced.source, traced.causal, methods, sentences,
                         summarize(sentences, methods), request.heads, request.residual_weight,
                         None if first is None else first.measure,
-                        None if first is None else first.how, traced.notes + left_out)
+                        None if first is None else first.how,
+                        traced.notes + [n for n in repeated if n is not None] + left_out)
 
 
 def _run_bundled(request: TokensRequest) -> TokensResult:
@@ -287,6 +327,9 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
     sentences = []
     for b, trace in enumerate(found):
         p = output_position(trace.target, request.position, True)
+        repeated = repeated_word_note(trace.target, request.position, p, b)
+        if repeated is not None:
+            left_out.append(repeated)
         erased = token_cross.cross_erasures(runner, rows[b], decoder[b], p, spec) \
             if request.check else None
         sentences.append(analyse_cross(request, trace, p, methods, erased))

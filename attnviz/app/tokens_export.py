@@ -6,7 +6,10 @@ Per sentence s (0-based):
 - `s{s}.rollout_matrix.{l}`: rollout's mixed Ã_l (L, L);
 - `s{s}.norms_matrix.{l}`, `s{s}.alti_matrix.{l}`: their per-layer contribution matrices
   (L, L) (rows the output does not reach are 0);
-- `s{s}.effects`: the leave-one-out effects (L,) (NaN where a token was not erased).
+- `s{s}.effects`: the leave-one-out effects (L,) (NaN where a token was not erased);
+- the decoder's view (--target): `s{s}.{method}.decoder_share` (T,), what each method leaves
+  on the decoder's own tokens (flow: each one's max flow), and the decoder's tokens, which the
+  positions index, in the metadata's `decoder_tokens`.
 Metadata: the tokens, positions, methods, correlations, measure and erasure in words, and the
 settings."""
 
@@ -42,6 +45,8 @@ def write_export(result: TokensResult, path: Path) -> None:
             tensors[f"s{s}.rollout_matrix.{layer}"] = M.double().contiguous()
         if sentence.effects is not None:
             tensors[f"s{s}.effects"] = sentence.effects.double().contiguous()
+        for m, share in sentence.decoder_shares.items():
+            tensors[f"s{s}.{m}.decoder_share"] = share.double().contiguous()
     metadata = {
         "tokens": json.dumps([s.tokens for s in result.sentences]),
         "positions": json.dumps([s.position for s in result.sentences]),
@@ -52,6 +57,8 @@ def write_export(result: TokensResult, path: Path) -> None:
         "heads": str(result.heads), "residual_weight": repr(result.residual_weight),
         "measure": result.measure or "", "erased": result.erased_how or "",
     }
+    if any(s.output_tokens is not None for s in result.sentences):
+        metadata["decoder_tokens"] = json.dumps([s.output_tokens for s in result.sentences])
     check_metadata_size(metadata)
     metadata = {k: v.encode("utf-8", "backslashreplace").decode("utf-8")
                 for k, v in metadata.items()}

@@ -87,7 +87,7 @@ def print_tokens(console: Console, result: TokensResult) -> None:
             rho = s.correlations.get(m)
             agree = "" if s.effects is None else \
                 f"   ρ with erasure {'n/a' if rho is None else f'{rho:+.2f}'}"
-            top = ", ".join(_named(s, j) for j in s.top(m))
+            top = ", ".join(_named(s, j) for j in s.top(m, reach=s.reached(result.causal)))
             console.print(Text(f"{m!s:>8}: top {top}{agree}"), overflow="fold")
         for m, share in s.decoder_shares.items():
             if m is TokenMethod.FLOW:  # max flows, not shares of one unit
@@ -100,8 +100,9 @@ def print_tokens(console: Console, result: TokensResult) -> None:
         if effects is not None:
             order = sorted(s.erasures.erased if s.erasures else [],
                            key=lambda j: -float(effects[j]))[:3]
-            console.print(Text(f" erasure: top {', '.join(_named(s, j) for j in order)}"),
-                          overflow="fold")
+            named = ", ".join(_named(s, j) for j in order) if order else \
+                "– (no token the output sees could be erased)"
+            console.print(Text(f" erasure: top {named}"), overflow="fold")
     if len(result.sentences) > SENTENCES_SHOWN:
         console.print(Text(f"… {len(result.sentences) - SENTENCES_SHOWN} more sentences in the "
                            "summary below (--json holds each)", style="dim"))

@@ -53,9 +53,13 @@ class SentenceTokens:
         """The method's value per input token."""
         return [float(v) for v in self.chains[method][0]]
 
-    def top(self, method: TokenMethod, count: int = TOP_TOKENS) -> list[int]:
+    def top(self, method: TokenMethod, count: int = TOP_TOKENS, reach: int | None = None
+            ) -> list[int]:
+        """The `count` tokens the method rates highest, among the first `reach` (the tokens
+        the output can see: a causal model's later tokens, which hold 0, are never named)."""
         values = self.chains[method][0]
-        order = sorted(range(len(self.tokens)), key=lambda j: (-float(values[j]), j))
+        seen = len(self.tokens) if reach is None else min(reach, len(self.tokens))
+        order = sorted(range(seen), key=lambda j: (-float(values[j]), j))
         return order[:count]
 
 

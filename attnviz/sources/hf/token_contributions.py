@@ -109,7 +109,10 @@ _OPT = Layouts("do_layer_norm_before", True, (
 BLOCKS: dict[str, Block | Layouts] = {
     **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
                      "qwen3_moe", "starcoder2", "olmo", "helium", "smollm3", "nemotron",
-                     "gemma", "stablelm", "olmoe"), _LLAMA),
+                     "gemma", "stablelm", "olmoe", "arcee", "glm", "seed_oss", "ministral"),
+                    _LLAMA),
+    # LLaMA-like with its own norms' names
+    "apertus": replace(_LLAMA, read="feedforward_layernorm"),
     "gpt2": Block("h", "attn.c_attn", "attn.c_proj", "ln_2", True, value_third=True,
                   conv1d=True),
     **dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert", "electra", "roformer",
@@ -131,7 +134,7 @@ BLOCKS: dict[str, Block | Layouts] = {
     "gptj": Block("h", "attn.v_proj", "attn.out_proj", "attn", False, plus_residual=True),
     "phi": Block("layers", "self_attn.v_proj", "self_attn.dense", "self_attn", False,
                  plus_residual=True),
-    "cohere": _PARALLEL,
+    **dict.fromkeys(("cohere", "cohere2"), _PARALLEL),
     # parallel (new_decoder_architecture, parallel_attn) or sequential: x + attn(norm(x))
     "falcon": Block("h", "self_attention.query_key_value", "self_attention.dense",
                     "self_attention", False, value_grouped=True, plus_residual=True),
@@ -147,7 +150,10 @@ BLOCKS: dict[str, Block | Layouts] = {
     "gpt_neo": Block("h", "attn.attention.v_proj", "attn.attention.out_proj", "ln_2", True),
     # gemma3_text: Gemma 3's text-only models (the multimodal ones are refused as towers)
     **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), _GEMMA2),
-    "olmo2": _OUT_NORMED,
+    **dict.fromkeys(("olmo2", "olmo3", "exaone4"), _OUT_NORMED),
+    # GLM-4: x + N(attn(norm(x))), N its post_self_attn_layernorm
+    "glm4": replace(_OUT_NORMED, read="post_self_attn_layernorm",
+                    out_norm="post_self_attn_layernorm"),
     "opt": _OPT,
     # parallel: attn + mlp + x; qkv_proj in 4 model-parallel shards, each [q; v; k]
     "codegen": Block("h", "attn.qkv_proj", "attn.out_proj", "attn", False, value_shards=4,
@@ -450,14 +456,15 @@ def _blocks(runner: ModelRunner, hooks: _Hooks, maps: list[torch.Tensor], b: int
 
 
 def seen_causal(runner: ModelRunner, found: list[TokenTrace]) -> bool:
-    """Causal when it has a causal LM head, or when no query of the first layer reads a later
-    key in any sentence of two tokens or more (what the model does, whatever its config says);
-    one-token sentences only: its config's is_decoder."""
-    if runner.causal_lm:
-        return True
+    """Causal when no query of the first layer reads a later key in any sentence of two tokens
+    or more (what the model does, whatever its head or config says: a BertLMHeadModel built
+    without is_decoder has a causal LM head and reads every token); with one-token sentences
+    only: a causal LM head, or the config's is_decoder."""
     seen = [float(t.maps[0].triu(1).abs().max()) == 0.0 for t in found
             if t.maps and t.maps[0].shape[-1] > 1]
-    return all(seen) if seen else bool(getattr(runner.config, "is_decoder", False))
+    if seen:
+        return all(seen)
+    return runner.causal_lm or bool(getattr(runner.config, "is_decoder", False))
 
 
 def _measure(runner: ModelRunner, ids: torch.Tensor, mask: torch.Tensor, position: int
