@@ -798,3 +798,14 @@ def test_export_holds_the_decoders_view(folders, tmp_path):
     with safe_open(str(plain), "pt") as f:
         assert not any("decoder_share" in k for k in f.keys())
         assert "decoder_tokens" not in f.metadata()
+
+
+def test_a_word_missing_from_one_of_several_sentences_names_that_sentence(cli):
+    """--file or several sentences: the refusal says which sentence lacks the word, or is too
+    short for the index (exit 2); one sentence keeps "the sentence"."""
+    several = cli("tokens", "the cat sat", "a dog ran", "--position", "cat")
+    assert several.exit_code == 2 and "not in sentence 2" in several.output
+    short = cli("tokens", "the cat sat on the mat", "a dog", "--position", "4")
+    assert short.exit_code == 2 and "sentence 2 has 2 tokens" in short.output
+    one = cli("tokens", "a dog ran", "--position", "cat")
+    assert one.exit_code == 2 and "not in the sentence" in one.output

@@ -88,10 +88,13 @@ def word_matches(tokens: list[str], word: str) -> list[int]:
             if wanted and wanted in (t.lower(), _bare(t).lower())]
 
 
-def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
+def output_position(tokens: list[str], spec: str | None, causal: bool,
+                    sentence: int | None = None) -> int:
     """--position: an index (negative from the end) or a word (its last occurrence for a causal
     model, where later tokens are out of its reach, else its first); default the last token
-    (causal) or the first (encoder)."""
+    (causal) or the first (encoder). `sentence` (0-based), where there are several: named in
+    the refusal."""
+    where = "the sentence" if sentence is None else f"sentence {sentence + 1}"
     if spec is None:
         return len(tokens) - 1 if causal else 0
     try:
@@ -102,12 +105,12 @@ def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
             from attnviz.errors import printable
 
             shown = ", ".join(printable(t) for t in dict.fromkeys(tokens))
-            raise UsageError(f"token {printable(spec)!r} is not in the sentence",
+            raise UsageError(f"token {printable(spec)!r} is not in {where}",
                              fix=f"choose one of {shown}", option="position") from None
         return found[-1] if causal else found[0]
     if not -len(tokens) <= index < len(tokens):
         raise UsageError(f"position {index} is out of range",
-                         fix=f"the sentence has {len(tokens)} tokens", option="position")
+                         fix=f"{where} has {len(tokens)} tokens", option="position")
     return index % len(tokens)
 
 
@@ -233,8 +236,10 @@ class _Traced:
 def _finish(request: TokensRequest, traced: _Traced,
             erase: Callable[[int, TokenTrace, int], Erasures] | None) -> TokensResult:
     """Positions, methods, the check and the correlations, for any source."""
-    positions = [output_position(t.tokens, request.position, traced.causal)
-                 for t in traced.traces]
+    several = len(traced.traces) > 1
+    positions = [output_position(t.tokens, request.position, traced.causal,
+                                 b if several else None)
+                 for b, t in enumerate(traced.traces)]
     repeated = [repeated_word_note(t.tokens, request.position, p, b)
                 for b, (t, p) in enumerate(zip(traced.traces, positions, strict=True))]
     longest = max(len(t.tokens) for t in traced.traces)
@@ -326,7 +331,8 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
     methods, left_out = chosen_methods(request, longest, levels, decomposed)
     sentences = []
     for b, trace in enumerate(found):
-        p = output_position(trace.target, request.position, True)
+        p = output_position(trace.target, request.position, True,
+                            b if len(found) > 1 else None)
         repeated = repeated_word_note(trace.target, request.position, p, b)
         if repeated is not None:
             left_out.append(repeated)
