@@ -128,9 +128,11 @@ def repeated_word_note(tokens: list[str], spec: str | None, position: int, sente
         return None
     from attnviz.errors import printable
 
+    which = "last" if position == found[-1] else "first"
     return (f"sentence {sentence + 1}: {printable(spec)!r} occurs at "
-            f"{', '.join(map(str, found))}; traced {position} (a causal model's last "
-            f"occurrence, an encoder's first); give {option('position')} an index for another")
+            f"{', '.join(map(str, found))}; traced {position}, its {which} occurrence (the "
+            f"last on a causal model or a decoder, the first on an encoder); give "
+            f"{option('position')} an index for another")
 
 
 def chosen_methods(request: TokensRequest, longest: int, layers: int, can_decompose: bool
