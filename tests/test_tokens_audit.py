@@ -809,3 +809,31 @@ def test_a_word_missing_from_one_of_several_sentences_names_that_sentence(cli):
     assert short.exit_code == 2 and "sentence 2 has 2 tokens" in short.output
     one = cli("tokens", "a dog ran", "--position", "cat")
     assert one.exit_code == 2 and "not in the sentence" in one.output
+
+
+def test_flow_past_its_limit_is_refused_before_the_weights_load(folders, monkeypatch):
+    """--method flow on a sentence past the limit (one stack, and the decoder's view over
+    T + S nodes) is refused from the token counts and the config's layers, before any weight
+    is read. Negative control: within the limit the run goes on to load the model."""
+    from attnviz.errors import UsageError
+    from attnviz.sources.hf import token_contributions
+
+    class Loaded(Exception):
+        pass
+
+    def load_runner(*args: Any, **kwargs: Any) -> Any:
+        raise Loaded
+
+    monkeypatch.setattr(token_contributions, "load_runner", load_runner)
+    long = " ".join(["the cat sat on the mat"] * 9)  # 54 words
+    flow = (TokenMethod.FLOW,)
+    with pytest.raises(UsageError, match="past its limit"):
+        run_tokens(TokensRequest([long], model=str(folders["minilm"]), methods=flow))
+    half = " ".join(["the cat sat on the mat"] * 5)  # 30 + 30 nodes over t5's 6 levels
+    with pytest.raises(UsageError, match="past its limit"):
+        run_tokens(TokensRequest([half], model=str(folders["t5"]), targets=(half,),
+                                 methods=flow))
+    with pytest.raises(Loaded):
+        run_tokens(TokensRequest([half], model=str(folders["t5"]), methods=flow))
+    with pytest.raises(Loaded):  # flow not asked for: left out later, with a note
+        run_tokens(TokensRequest([long], model=str(folders["minilm"])))
