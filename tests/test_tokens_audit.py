@@ -837,3 +837,21 @@ def test_flow_past_its_limit_is_refused_before_the_weights_load(folders, monkeyp
         run_tokens(TokensRequest([half], model=str(folders["t5"]), methods=flow))
     with pytest.raises(Loaded):  # flow not asked for: left out later, with a note
         run_tokens(TokensRequest([long], model=str(folders["minilm"])))
+
+
+def test_the_python_api_gives_the_decoders_view(folders):
+    """attnviz.api.tokens(targets=[...]) equals the use case with --target; a bare string is
+    refused as for sentences. Negative control: without targets the encoder's own view."""
+    import json
+
+    from attnviz import api
+
+    got = api.tokens(["the cat sat on the mat"], model=folders["t5"], targets=["a dog ran"])
+    want = run_tokens(TokensRequest(["the cat sat on the mat"], model=str(folders["t5"]),
+                                    targets=("a dog ran",)))
+    assert json.dumps(got.to_json()) == json.dumps(want.to_json())  # NaN written alike
+    assert got.sentences[0].output_tokens is not None
+    with pytest.raises(TypeError, match="targets must be a list"):
+        api.tokens(["the cat sat"], model=folders["t5"], targets="a dog")
+    encoder = api.tokens(["the cat sat on the mat"], model=folders["t5"], check=False)
+    assert encoder.sentences[0].output_tokens is None
