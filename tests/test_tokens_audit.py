@@ -21,6 +21,7 @@ unfrozen, a token deleted instead of masked) is caught."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,21 @@ def test_zoo_every_method_equals_an_independent_recomputation(folders, kind, how
         p = len(s.tokens) - 1 if causal else 0
         assert s.position == p
         assert_agrees(s, independent(kind, folders[kind], text, p, causal, how, w), ALL)
+    # the terminal's path: no matrices kept, rollout as a row vector (no flow: it needs them)
+    fast = run_tokens(TokensRequest(sentences, model=str(folders[kind]), heads=HeadReduce(how),
+                                    residual_weight=w, check=False, keep_matrices=False,
+                                    methods=(TokenMethod.ROLLOUT, TokenMethod.NORMS,
+                                             TokenMethod.ALTI)))
+    for s, checked in zip(fast.sentences, result.sentences, strict=True):
+        for m in fast.methods:
+            assert torch.allclose(s.chains[m][0], checked.chains[m][0], atol=1e-12, rtol=0)
+    for m in ALL:  # over the sentences: the mean and the sample standard deviation
+        rhos = [s.correlations[m] for s in result.sentences if s.correlations[m] is not None]
+        mean, spread, count = result.summary[m]
+        assert count == len(rhos)
+        if len(rhos) == 2:
+            assert mean == pytest.approx(statistics.mean(rhos), abs=1e-12)
+            assert spread == pytest.approx(statistics.stdev(rhos), abs=1e-12)
 
 
 def test_zoo_recomputation_catches_a_changed_step(folders):
