@@ -828,9 +828,9 @@ def test_a_word_missing_from_one_of_several_sentences_names_that_sentence(cli):
 
 
 def test_flow_past_its_limit_is_refused_before_the_weights_load(folders, monkeypatch):
-    """--method flow on a sentence past the limit (one stack, and the decoder's view over
-    T + S nodes) is refused from the token counts and the config's layers, before any weight
-    is read. Negative control: within the limit the run goes on to load the model."""
+    """--method flow on a sentence past the token limit (one stack, and the decoder's view
+    over T + S nodes) is refused from the token counts, before any weight is read. Negative
+    control: within the limit the run goes on to load the model."""
     from attnviz.errors import UsageError
     from attnviz.sources.hf import token_contributions
 
@@ -845,7 +845,7 @@ def test_flow_past_its_limit_is_refused_before_the_weights_load(folders, monkeyp
     flow = (TokenMethod.FLOW,)
     with pytest.raises(UsageError, match="past its limit"):
         run_tokens(TokensRequest([long], model=str(folders["minilm"]), methods=flow))
-    half = " ".join(["the cat sat on the mat"] * 5)  # 30 + 30 nodes over t5's 6 levels
+    half = " ".join(["the cat sat on the mat"] * 5)  # 30 + 30 nodes
     with pytest.raises(UsageError, match="past its limit"):
         run_tokens(TokensRequest([half], model=str(folders["t5"]), targets=(half,),
                                  methods=flow))

@@ -297,7 +297,7 @@ def _run_model(request: TokensRequest) -> TokensResult:
         request.model, request.sentences,
         None if request.targets is None else list(request.targets), request.max_tokens,
         request.max_sentences)
-    _refuse_flow_early(request, opened.config, rows, decoder)
+    _refuse_flow_early(request, rows, decoder)
     runner = token_contributions.load_runner(opened, request.device, str(request.dtype))
     baseline = None
     if request.check and request.erase is Erase.BASELINE:
@@ -318,30 +318,24 @@ def _run_model(request: TokensRequest) -> TokensResult:
     return _finish(request, traced, erase)
 
 
-def _refuse_flow_early(request: TokensRequest, config: object, rows: list[list[int]],
+def _refuse_flow_early(request: TokensRequest, rows: list[list[int]],
                        decoder: list[list[int]] | None) -> None:
-    """--method flow past its limit, refused before the weights load: the token counts are
-    known, and the config's layer counts (1 where it names none: a lower bound, as the limit
-    grows with the layers) give the graph's levels. The check after the forward stays."""
-    from attnviz.compute.tokenflow.maxflow import flow_problem
+    """--method flow past its token limit, refused before the weights load: the token counts
+    are known then. The layers are not (a hybrid model's config counts layers that return no
+    map), so the graph's edges are checked after the forward, with the maps in hand."""
+    from attnviz.compute.tokenflow.maxflow import FLOW_MAX_TOKENS
 
     if request.methods is None or TokenMethod.FLOW not in request.methods:
         return
-
-    def count(*names: str) -> int:
-        found = (getattr(config, n, None) for n in names)
-        return next((v for v in found if isinstance(v, int) and v > 0), 1)
-
-    encoder = count("encoder_layers", "num_hidden_layers", "num_layers")
     if decoder is None:
-        nodes, levels = max(len(r) for r in rows), encoder
+        nodes = max(len(r) for r in rows)
     else:
         nodes = max(len(r) + len(d) for r, d in zip(rows, decoder, strict=True))
-        levels = encoder + 2 * count("decoder_layers", "num_decoder_layers", "num_layers")
-    problem = flow_problem(nodes, levels)
-    if problem is not None:
-        raise UsageError(problem, fix=f"drop flow from {option('method')}, or pass a shorter "
-                         "sentence", option="method")
+    if nodes > FLOW_MAX_TOKENS:
+        raise UsageError(f"attention flow solves one exact max flow per input token over "
+                         f"layers × L² edges in plain Python; {nodes} tokens is past its limit "
+                         f"of {FLOW_MAX_TOKENS} tokens", fix=f"drop flow from "
+                         f"{option('method')}, or pass a shorter sentence", option="method")
 
 
 def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]],
