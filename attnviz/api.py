@@ -457,11 +457,14 @@ def tokens(sentences: Sequence[str], *, model: str | Path | None = None,
            heads: str = "mean", residual_weight: float = 0.5, check: bool = True,
            erase: str = "mask", baseline: str | None = None, memory_budget: int | None = None,
            max_tokens: int = DEFAULT_MAX_TOKENS, max_sentences: int = DEFAULT_MAX_SENTENCES,
-           device: str = "cpu", dtype: str = "float32") -> TokensResult:
+           device: str = "cpu", dtype: str = "float32",
+           targets: Sequence[str] | None = None) -> TokensResult:
     """Which input tokens reach one output position through all layers, on the bundled model
     (default) or a Hugging Face folder (`model`): attention rollout, attention flow, norms and
     ALTI side by side (`result.sentences[i].chains[method]`, the matrices, the leave-one-out
-    effects) and each method's rank correlation with erasure (`result.summary`)."""
+    effects) and each method's rank correlation with erasure (`result.summary`). `targets`
+    (an encoder-decoder `model`, one per sentence): the decoder's view of the source, as
+    `--target` (`result.sentences[i].output_tokens`, `.decoder_shares`)."""
     from attnviz.app.tokens import TokensRequest, run_tokens
     from attnviz.core.choices import Erase, HeadReduce, TokenMethod
 
@@ -476,7 +479,10 @@ def tokens(sentences: Sequence[str], *, model: str | Path | None = None,
         Erase.parse(erase, "erase"), _str(baseline, "baseline"), budget,
         _int(max_tokens, "max_tokens", 1) or DEFAULT_MAX_TOKENS,
         _int(max_sentences, "max_sentences", 1) or DEFAULT_MAX_SENTENCES,
-        _str(device, "device", allow_none=False) or "cpu", Dtype.parse(dtype, "dtype")))
+        _str(device, "device", allow_none=False) or "cpu", Dtype.parse(dtype, "dtype"),
+        None if targets is None else tuple(_texts(targets, "targets") or [])))
+
+
 def corpus(path: str | Path, *, model: str | Path | None = None, field: str | None = None,
            limit: int | None = None, sample: int | None = None, seed: int = 0,
            long: str = "truncate", weighting: str = "attention", max_tokens: int = 128,

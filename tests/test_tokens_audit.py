@@ -21,6 +21,7 @@ unfrozen, a token deleted instead of masked) is caught."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -346,6 +347,21 @@ def test_zoo_every_method_equals_an_independent_recomputation(folders, kind, how
         p = len(s.tokens) - 1 if causal else 0
         assert s.position == p
         assert_agrees(s, independent(kind, folders[kind], text, p, causal, how, w), ALL)
+    # the terminal's path: no matrices kept, rollout as a row vector (no flow: it needs them)
+    fast = run_tokens(TokensRequest(sentences, model=str(folders[kind]), heads=HeadReduce(how),
+                                    residual_weight=w, check=False, keep_matrices=False,
+                                    methods=(TokenMethod.ROLLOUT, TokenMethod.NORMS,
+                                             TokenMethod.ALTI)))
+    for s, checked in zip(fast.sentences, result.sentences, strict=True):
+        for m in fast.methods:
+            assert torch.allclose(s.chains[m][0], checked.chains[m][0], atol=1e-12, rtol=0)
+    for m in ALL:  # over the sentences: the mean and the sample standard deviation
+        rhos = [s.correlations[m] for s in result.sentences if s.correlations[m] is not None]
+        mean, spread, count = result.summary[m]
+        assert count == len(rhos)
+        if len(rhos) == 2:
+            assert mean == pytest.approx(statistics.mean(rhos), abs=1e-12)
+            assert spread == pytest.approx(statistics.stdev(rhos), abs=1e-12)
 
 
 def test_zoo_recomputation_catches_a_changed_step(folders):
@@ -798,3 +814,60 @@ def test_export_holds_the_decoders_view(folders, tmp_path):
     with safe_open(str(plain), "pt") as f:
         assert not any("decoder_share" in k for k in f.keys())
         assert "decoder_tokens" not in f.metadata()
+
+
+def test_a_word_missing_from_one_of_several_sentences_names_that_sentence(cli):
+    """--file or several sentences: the refusal says which sentence lacks the word, or is too
+    short for the index (exit 2); one sentence keeps "the sentence"."""
+    several = cli("tokens", "the cat sat", "a dog ran", "--position", "cat")
+    assert several.exit_code == 2 and "not in sentence 2" in several.output
+    short = cli("tokens", "the cat sat on the mat", "a dog", "--position", "4")
+    assert short.exit_code == 2 and "sentence 2 has 2 tokens" in short.output
+    one = cli("tokens", "a dog ran", "--position", "cat")
+    assert one.exit_code == 2 and "not in the sentence" in one.output
+
+
+def test_flow_past_its_limit_is_refused_before_the_weights_load(folders, monkeypatch):
+    """--method flow on a sentence past the token limit (one stack, and the decoder's view
+    over T + S nodes) is refused from the token counts, before any weight is read. Negative
+    control: within the limit the run goes on to load the model."""
+    from attnviz.errors import UsageError
+    from attnviz.sources.hf import token_contributions
+
+    class Loaded(Exception):
+        pass
+
+    def load_runner(*args: Any, **kwargs: Any) -> Any:
+        raise Loaded
+
+    monkeypatch.setattr(token_contributions, "load_runner", load_runner)
+    long = " ".join(["the cat sat on the mat"] * 9)  # 54 words
+    flow = (TokenMethod.FLOW,)
+    with pytest.raises(UsageError, match="past its limit"):
+        run_tokens(TokensRequest([long], model=str(folders["minilm"]), methods=flow))
+    half = " ".join(["the cat sat on the mat"] * 5)  # 30 + 30 nodes
+    with pytest.raises(UsageError, match="past its limit"):
+        run_tokens(TokensRequest([half], model=str(folders["t5"]), targets=(half,),
+                                 methods=flow))
+    with pytest.raises(Loaded):
+        run_tokens(TokensRequest([half], model=str(folders["t5"]), methods=flow))
+    with pytest.raises(Loaded):  # flow not asked for: left out later, with a note
+        run_tokens(TokensRequest([long], model=str(folders["minilm"])))
+
+
+def test_the_python_api_gives_the_decoders_view(folders):
+    """attnviz.api.tokens(targets=[...]) equals the use case with --target; a bare string is
+    refused as for sentences. Negative control: without targets the encoder's own view."""
+    import json
+
+    from attnviz import api
+
+    got = api.tokens(["the cat sat on the mat"], model=folders["t5"], targets=["a dog ran"])
+    want = run_tokens(TokensRequest(["the cat sat on the mat"], model=str(folders["t5"]),
+                                    targets=("a dog ran",)))
+    assert json.dumps(got.to_json()) == json.dumps(want.to_json())  # NaN written alike
+    assert got.sentences[0].output_tokens is not None
+    with pytest.raises(TypeError, match="targets must be a list"):
+        api.tokens(["the cat sat"], model=folders["t5"], targets="a dog")
+    encoder = api.tokens(["the cat sat on the mat"], model=folders["t5"], check=False)
+    assert encoder.sentences[0].output_tokens is None

@@ -88,10 +88,13 @@ def word_matches(tokens: list[str], word: str) -> list[int]:
             if wanted and wanted in (t.lower(), _bare(t).lower())]
 
 
-def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
+def output_position(tokens: list[str], spec: str | None, causal: bool,
+                    sentence: int | None = None) -> int:
     """--position: an index (negative from the end) or a word (its last occurrence for a causal
     model, where later tokens are out of its reach, else its first); default the last token
-    (causal) or the first (encoder)."""
+    (causal) or the first (encoder). `sentence` (0-based), where there are several: named in
+    the refusal."""
+    where = "the sentence" if sentence is None else f"sentence {sentence + 1}"
     if spec is None:
         return len(tokens) - 1 if causal else 0
     try:
@@ -102,12 +105,12 @@ def output_position(tokens: list[str], spec: str | None, causal: bool) -> int:
             from attnviz.errors import printable
 
             shown = ", ".join(printable(t) for t in dict.fromkeys(tokens))
-            raise UsageError(f"token {printable(spec)!r} is not in the sentence",
+            raise UsageError(f"token {printable(spec)!r} is not in {where}",
                              fix=f"choose one of {shown}", option="position") from None
         return found[-1] if causal else found[0]
     if not -len(tokens) <= index < len(tokens):
         raise UsageError(f"position {index} is out of range",
-                         fix=f"the sentence has {len(tokens)} tokens", option="position")
+                         fix=f"{where} has {len(tokens)} tokens", option="position")
     return index % len(tokens)
 
 
@@ -125,9 +128,11 @@ def repeated_word_note(tokens: list[str], spec: str | None, position: int, sente
         return None
     from attnviz.errors import printable
 
+    which = "last" if position == found[-1] else "first"
     return (f"sentence {sentence + 1}: {printable(spec)!r} occurs at "
-            f"{', '.join(map(str, found))}; traced {position} (a causal model's last "
-            f"occurrence, an encoder's first); give {option('position')} an index for another")
+            f"{', '.join(map(str, found))}; traced {position}, its {which} occurrence (the "
+            f"last on a causal model or a decoder, the first on an encoder); give "
+            f"{option('position')} an index for another")
 
 
 def chosen_methods(request: TokensRequest, longest: int, layers: int, can_decompose: bool
@@ -233,8 +238,10 @@ class _Traced:
 def _finish(request: TokensRequest, traced: _Traced,
             erase: Callable[[int, TokenTrace, int], Erasures] | None) -> TokensResult:
     """Positions, methods, the check and the correlations, for any source."""
-    positions = [output_position(t.tokens, request.position, traced.causal)
-                 for t in traced.traces]
+    several = len(traced.traces) > 1
+    positions = [output_position(t.tokens, request.position, traced.causal,
+                                 b if several else None)
+                 for b, t in enumerate(traced.traces)]
     repeated = [repeated_word_note(t.tokens, request.position, p, b)
                 for b, (t, p) in enumerate(zip(traced.traces, positions, strict=True))]
     longest = max(len(t.tokens) for t in traced.traces)
@@ -290,6 +297,7 @@ def _run_model(request: TokensRequest) -> TokensResult:
         request.model, request.sentences,
         None if request.targets is None else list(request.targets), request.max_tokens,
         request.max_sentences)
+    _refuse_flow_early(request, rows, decoder)
     runner = token_contributions.load_runner(opened, request.device, str(request.dtype))
     baseline = None
     if request.check and request.erase is Erase.BASELINE:
@@ -310,6 +318,26 @@ def _run_model(request: TokensRequest) -> TokensResult:
     return _finish(request, traced, erase)
 
 
+def _refuse_flow_early(request: TokensRequest, rows: list[list[int]],
+                       decoder: list[list[int]] | None) -> None:
+    """--method flow past its token limit, refused before the weights load: the token counts
+    are known then. The layers are not (a hybrid model's config counts layers that return no
+    map), so the graph's edges are checked after the forward, with the maps in hand."""
+    from attnviz.compute.tokenflow.maxflow import FLOW_MAX_TOKENS
+
+    if request.methods is None or TokenMethod.FLOW not in request.methods:
+        return
+    if decoder is None:
+        nodes = max(len(r) for r in rows)
+    else:
+        nodes = max(len(r) + len(d) for r, d in zip(rows, decoder, strict=True))
+    if nodes > FLOW_MAX_TOKENS:
+        raise UsageError(f"attention flow solves one exact max flow per input token over "
+                         f"layers × L² edges in plain Python; {nodes} tokens is past its limit "
+                         f"of {FLOW_MAX_TOKENS} tokens", fix=f"drop flow from "
+                         f"{option('method')}, or pass a shorter sentence", option="method")
+
+
 def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]],
                decoder: list[list[int]], spec: EraseSpec) -> TokensResult:
     """The decoder's view of the source: every method from a decoder position through the
@@ -326,7 +354,8 @@ def _run_cross(request: TokensRequest, runner: ModelRunner, rows: list[list[int]
     methods, left_out = chosen_methods(request, longest, levels, decomposed)
     sentences = []
     for b, trace in enumerate(found):
-        p = output_position(trace.target, request.position, True)
+        p = output_position(trace.target, request.position, True,
+                            b if len(found) > 1 else None)
         repeated = repeated_word_note(trace.target, request.position, p, b)
         if repeated is not None:
             left_out.append(repeated)
