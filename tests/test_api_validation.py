@@ -48,9 +48,9 @@ def test_zero_or_negative_sizes_are_refused_not_defaulted(call, field, value):
 
 def test_api_message_equals_the_cli_message(cli):
     """Same words as the command line; only the option's name is shown differently."""
-    result = cli("split", "-E", "0")
+    result = cli("split", "--spec", "E=50", "-H", "6")
     with pytest.raises(UsageError) as caught:
-        attnviz.split(embed_dim=0)
+        attnviz.split(embed_dim=50, num_heads=6)
     cli_line = result.stderr.strip().removeprefix("error: ")
     assert cli_line == caught.value.one_line(lambda name: "--" + name.replace("_", "-"))
 
