@@ -1,7 +1,9 @@
 """The source matrix: every sample checkpoint and every zoo model that `attnviz inspect` lists
 with a usable layer runs through every command that accepts it (inspect, split, heatmap and
-circuits with --weights; split, heatmap, circuits and tokens with --model for the zoo's
-folders). Each cell exits 0, or with a clear refusal listed below with its reason; never "no
+circuits with --weights; split, heatmap, circuits, tokens and corpus with --model for the zoo's
+folders; patch, attribute, lens, ablate and generate with --model for each family's model with
+its language-model head, zoo.LM_HEADS, each cell also checked against the model's own
+forward). Each cell exits 0, or with a clear refusal listed below with its reason; never "no
 attention layer recognized" for a layer inspect listed. Every command opens its source through
 one registry (attnviz.sources.registry), which is what makes the matrix hold: the negative
 control puts heatmap's old table-only inventory back and shows the CTRL cell fails."""
