@@ -491,6 +491,15 @@ HEAD_LAYERS, HEAD_HEADS, HEAD_TOKENS = 6, 12, 32  # target 8: a 6 × 12 model, o
 ABLATE_TOKENS, QUICK_ABLATE_TOKENS = (16, 256, 1024), (16, 128)
 ABLATE_TIME_LIMIT, ABLATE_BUDGET_MB = 0.8, 256  # the default --memory-budget, stated
 ABLATE_SAME = 1e-6  # every number of attnviz's scorecard against the loop's
+# Both sides run on one intra-op thread (OMP_NUM_THREADS, which torch reads at start-up and a
+# forked child keeps): on a shared 2-core machine two threads' small operations wait on a
+# descheduled sibling, so the ratio of two processes timed a minute apart measured the load
+# between them (1.12× once, 0.50× once at 256 tokens) rather than the work (as targets 12, 13).
+ABLATE_THREADS = 1
+# Runs per side where a run takes seconds (at most 256 tokens): a median of 5 interleaved runs
+# instead of 3, since a burst of load covers a whole short run; the 1,024-token runs take
+# minutes each, over which the load averages out.
+ABLATE_SHORT, ABLATE_SHORT_REPEATS = 256, 5
 ABLATE_LOOP = """\
 import json, sys, time
 import torch
@@ -515,6 +524,8 @@ def measures(out):  # (final hidden (L, E), next-token losses (L-1,)), float64
     return out.hidden_states[-1][0].double(), losses
 
 
+with torch.no_grad():  # warm-up, untimed: attnviz's heatmap forward runs before its scorecard
+    model(ids, output_hidden_states=True, use_cache=False)
 start = time.perf_counter()
 with torch.no_grad():
     base_h, base_loss = measures(model(ids, output_hidden_states=True, use_cache=False))
@@ -532,7 +543,8 @@ with torch.no_grad():
             effects.append([layer, head, float(change), float(loss.mean() - base_loss.mean()),
                             float(loss[repeats].mean() - base_loss[repeats].mean())])
 seconds = time.perf_counter() - start
-json.dump({"seconds": seconds, "effects": effects}, open(out, "w"))
+json.dump({"seconds": seconds, "effects": effects, "threads": torch.get_num_threads()},
+          open(out, "w"))
 """
 ABLATE_OURS = """\
 import json, os, sys, time
@@ -542,9 +554,11 @@ original = ablate.ablate_hf
 
 
 def timed(*args, **kwargs):  # the scorecard's own time: the LM head's load, every forward
+    import torch
     start = time.perf_counter()
     report = original(*args, **kwargs)
-    json.dump({"seconds": time.perf_counter() - start, "copies": report.copies_per_forward},
+    json.dump({"seconds": time.perf_counter() - start, "copies": report.copies_per_forward,
+               "threads": torch.get_num_threads()},
               open(os.environ["SCORECARD_TIMING"], "w"))
     return report
 
@@ -585,8 +599,10 @@ def head_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
 
 def ablate_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
     """8a: per length, the scorecard's time (in process: `ablate_hf`, from the LM head's load
-    to the last measure) against the loop's (every forward and measure, its model loaded),
-    and each whole process's peak RSS; the numbers must equal the loop's."""
+    to the last measure) against the loop's (every forward and measure, its model loaded and
+    one forward run untimed, as attnviz's heatmap forward runs before its scorecard), both on
+    ABLATE_THREADS intra-op threads, medians of interleaved runs; and each whole process's
+    peak RSS; the numbers must equal the loop's."""
     import torch
     import transformers
 
@@ -610,12 +626,15 @@ def ablate_targets(workdir: Path, sizes: Sizes, repeats: int) -> list[Row]:
         half = words[:n // 2]  # said twice: the repeat loss is defined
         text.write_text(" ".join((half + half + words[:n])[:n]) + "\n")
         timing = workdir / f"ablate{n}.json"
-        runs = timed_runs({"loop": [PY, str(loop), str(folder), str(text), str(timing)],
-                           "ours": ["env", f"SCORECARD_TIMING={timing}", PY, str(ours),
+        threads = ["env", f"OMP_NUM_THREADS={ABLATE_THREADS}"]  # both sides alike
+        runs = timed_runs({"loop": [*threads, PY, str(loop), str(folder), str(text),
+                                    str(timing)],
+                           "ours": [*threads, f"SCORECARD_TIMING={timing}", PY, str(ours),
                                     "ablate", "--model", str(folder), "--file", str(text),
                                     "--layer", "all", "--json", "--device", "cpu",
                                     "--max-tokens", str(n + 8), "--memory-budget",
-                                    f"{ABLATE_BUDGET_MB}MB"]}, timing, repeats)
+                                    f"{ABLATE_BUDGET_MB}MB"]}, timing,
+                          max(repeats, ABLATE_SHORT_REPEATS) if n <= ABLATE_SHORT else repeats)
         rows += ablate_rows(n, width, runs)
     return rows
 
@@ -653,10 +672,20 @@ def ablate_rows(n: int, width: int, runs: dict[str, list[tuple[float, float, dic
     what = f"{HEAD_LAYERS}×{HEAD_HEADS} GPT-2 LM, E={width}, {n} tokens"
     seconds, base_seconds = median("ours", 0), median("loop", 0)
     peak, base_peak = median("ours", 1), median("loop", 1)
-    note = (f"{ours['copies']} copies per forward; " +
+    copies = sorted({sample[2]["copies"] for sample in runs["ours"]})
+    threads = sorted({sample[2]["threads"] for name in runs for sample in runs[name]})
+    alike = threads == [ABLATE_THREADS]
+    spread = ", ".join(f"{name} {min(s[0] for s in runs[name]):.2f}–"
+                       f"{max(s[0] for s in runs[name]):.2f} s" for name in ("ours", "loop"))
+    chosen = (f"{copies[0]} copies per forward in every run" if len(copies) == 1 else
+              f"copies per forward VARY between runs: {copies}")
+    note = (f"{chosen}; "
+            f"{len(runs['ours'])} interleaved runs each ({spread}), "
+            f"{'/'.join(map(str, threads))} thread{'s' * (threads != [1])} "
+            f"{'each' if alike else 'NOT AS SET'}, both warmed up; " +
             (f"every number equals the loop's (max Δ {worst:.1e} ≤ {ABLATE_SAME:.0e})" if same
              else f"NUMBERS DIFFER from the loop's (max Δ {worst:.1e}; paired {paired})"))
-    time_ok = seconds <= ABLATE_TIME_LIMIT * base_seconds and same
+    time_ok = seconds <= ABLATE_TIME_LIMIT * base_seconds and same and alike
     memory_ok = peak <= base_peak + ABLATE_BUDGET_MB
     return [Row(f"8a --ablate time, all 72 heads of a {what}",
                 "`ablate --model DIR --layer all --json`, the scorecard in process",

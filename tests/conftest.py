@@ -39,6 +39,17 @@ def zoo_model(tmp_path_factory):
     return zoo_factory(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def zoo_lm(tmp_path_factory):
+    """zoo_lm(kind) -> folder: kind's model of tests/zoo.py WITH its language-model head
+    (zoo.LM_HEADS), each built once per session."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from zoo import lm_factory
+
+    return lm_factory(tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: two torch threads spin more than they compute on a shared 2-core machine

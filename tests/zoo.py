@@ -333,3 +333,49 @@ def zoo_factory(tmp_path_factory: Any) -> Callable[[str], Path]:
         return built[kind]
 
     return get
+
+
+# ------------------------------------------------------------------------ LM-head variants
+# The class each text family's language-model head is saved as: decoders' causal LMs and
+# encoder-decoders' generation models, as config.json's `architectures` then names it (what
+# `--model` reads to find a head). Encoders are left out: their …ForCausalLM classes run
+# bidirectionally, and their masked-LM heads are no causal LM (the matrix gives an encoder's
+# base model to the LM commands as misuse). The source matrix runs patch, attribute, lens,
+# ablate and generate over these (tests/test_source_matrix.py).
+LM_HEADS: dict[str, str] = {
+    "gpt2": "GPT2LMHeadModel", "gptj": "GPTJForCausalLM", "gpt_neo": "GPTNeoForCausalLM",
+    "codegen": "CodeGenForCausalLM", "opt": "OPTForCausalLM", "bloom": "BloomForCausalLM",
+    "falcon": "FalconForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+    "gpt_bigcode": "GPTBigCodeForCausalLM", "phi": "PhiForCausalLM", "phi3": "Phi3ForCausalLM",
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+    "stablelm": "StableLmForCausalLM", "gemma3": "Gemma3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "granite": "GraniteForCausalLM", "cohere": "CohereForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM", "olmo": "OlmoForCausalLM",
+    "biogpt": "BioGptForCausalLM", "olmoe": "OlmoeForCausalLM",
+    "persimmon": "PersimmonForCausalLM", "nemotron": "NemotronForCausalLM",
+    "helium": "HeliumForCausalLM", "smollm3": "SmolLM3ForCausalLM", "xglm": "XGLMForCausalLM",
+    "t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
+    "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
+    "mbart": "MBartForConditionalGeneration", "pegasus": "PegasusForConditionalGeneration",
+    "m2m_100": "M2M100ForConditionalGeneration",
+    "blenderbot": "BlenderbotForConditionalGeneration",
+    "plbart": "PLBartForConditionalGeneration",
+    # found only by discovery (DISCOVERED)
+    "ctrl": "CTRLLMHeadModel",
+}
+
+
+def lm_factory(tmp_path_factory: Any) -> Callable[[str], Path]:
+    """`get(kind) -> folder` of kind's LM_HEADS model (`build_lm`, its named class), each built
+    at most once per session, as `zoo_factory` builds the base models."""
+    built: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in built:
+            built[kind] = build_lm(kind, tmp_path_factory.mktemp(f"lm_{kind}"), LM_HEADS[kind])
+        return built[kind]
+
+    return get

@@ -63,8 +63,9 @@ from attnviz.sources.hf.load import COMMON, FILES_FIX, LoadedModel, dtype_keywor
 from attnviz.sources.hf.value_states import recognized_layers
 
 MAX_COPIES = 128  # most copies of the batch in one forward (copy_budget.MAX_COPIES)
+# MTModel: Marian's translation model (MarianMTModel, every Helsinki-NLP opus-mt checkpoint)
 LM_SUFFIXES = {"ForCausalLM": "causal", "LMHeadModel": "causal", "ForMaskedLM": "masked",
-               "ForConditionalGeneration": "seq2seq"}
+               "ForConditionalGeneration": "seq2seq", "MTModel": "seq2seq"}
 
 
 def lm_class(config: Any) -> tuple[str | None, str | None]:
