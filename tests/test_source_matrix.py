@@ -302,8 +302,6 @@ LM_BUGS: dict[tuple[str, str], str] = {
                               "of one row (RuntimeError: shape [1, 6, 32] invalid for 768)",
     ("xglm", "patch"): "shared prefix: XGLM checks its mask's batch against the copies' "
                        "(ValueError: mask should be (4, 1, 7, 7))",
-    ("marian", "ablate"): "transformers 5 saves no sinusoidal embed_positions; the loader "
-                          "refuses them as missing (heatmap --model on this folder too)",
 }
 
 
