@@ -1316,7 +1316,7 @@ def dla_row(workdir: Path, what: str, args: list[str]) -> Row:
     """11e: `attribute`'s direct logit attribution of one prompt (the model opened once) against
     one plain forward of it (≤ 1.5×: DLA is one forward with hooks that keep each part's output
     at the one position, plus the decomposition and its checks, small beside the forward:
-    measured 1.04-1.13× at 1,024 and 256 tokens; 1.5 leaves room for a shared machine)."""
+    measured 1.04-1.26× at 256 and 1,024 tokens; 1.5 still tells it from two forwards)."""
     target = f"11e direct logit attribution, {what}"
     limit = f"≤ {ATTRIBUTE_LIMIT:g}"
     try:
