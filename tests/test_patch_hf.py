@@ -260,6 +260,7 @@ def test_shared_prefix_equals_whole_copies(lm, kind, monkeypatch):
     shared forward did run (fewer rows before the layer)."""
     model = lm(kind)
     engine, _ = engine_for(model, PAIRS[:1])
+    engine.shortcuts = False  # the shared prefix run, not skipped (see the test below)
     runs = baseline_runs(engine, {"z"}, "")
     copies = [(Patch("z", 1, h),) for h in range(model.n_heads)]
     assert engine.shares(copies) == 1
@@ -271,7 +272,7 @@ def test_shared_prefix_equals_whole_copies(lm, kind, monkeypatch):
         return real_forward(ids, real, read, hook)
     monkeypatch.setattr(model, "forward", counting)
     shared = engine.sweep(True, copies, {"source": runs.clean})
-    monkeypatch.setattr(engine, "shares", lambda copies: None)
+    monkeypatch.setattr(engine, "shares", lambda copies, record=frozenset(): None)
     whole = engine.sweep(True, copies, {"source": runs.clean})
     assert (shared - whole).abs().max() < 1e-5
     assert rows[0] == 1 and rows[-1] == model.n_heads
@@ -390,3 +391,91 @@ def test_prompts_past_the_models_positions_are_refused(cli, lm):
     short = ["patch", "the cat sat", "-c", "the dog sat", "-a", "cat", "--wrong", "dog",
              "--model", model.name, "--json"]
     assert cli(*short).exit_code == 0  # control
+
+
+def _calls(model, monkeypatch):
+    """Counters of W_O calls and of eager attention calls in `model`'s forwards."""
+    from attnviz.sources.hf import patching
+
+    counts = {"w_o": 0, "attention": 0}
+    for module in dict.fromkeys(model.o_modules):
+        module.register_forward_pre_hook(lambda *_: counts.__setitem__("w_o", counts["w_o"] + 1))
+    eager = patching.eager_function
+
+    def counted(module):
+        inner = eager(module)
+
+        def run(*args, **kwargs):
+            counts["attention"] += 1
+            return inner(*args, **kwargs)
+        return run
+    monkeypatch.setattr(patching, "eager_function", counted)
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2", "mixtral", "falcon"])
+@pytest.mark.parametrize("pairs", [1, 2])
+def test_shortcuts_equal_the_whole_forward(lm, kind, pairs, monkeypatch):
+    """The engine's shortcuts — a patched forward starting at its first patched layer from the
+    unpatched run's stream, a frozen layer's attention skipped, path patching's first pass to
+    receivers stopped once it has their inputs — give the numbers of the whole forward (every
+    head, path to the logits and to a receiver, both directions; one pair, and two padded
+    pairs). Controls: the shortcuts ran (fewer W_O and attention calls; Falcon's blocks return
+    tuples, so it runs whole), and a wrong starting stream or a wrongly frozen layer is caught."""
+    from attnviz.compute.patching import engine as engine_module
+    from attnviz.compute.patching.sweeps import head_sweep
+
+    model = lm(kind)
+    fast, _ = engine_for(model, PAIRS[:pairs])
+    slow, _ = engine_for(model, PAIRS[:pairs])
+    slow.shortcuts = False
+    runs = {"fast": baseline_runs(fast, {"z"}, ""), "slow": baseline_runs(slow, {"z"}, "")}
+    counts = _calls(model, monkeypatch)
+    used = {}
+
+    def grids(name):
+        before = dict(counts)
+        found = []
+        for direction in PatchDirection:
+            found += head_sweep(runs[name], direction, "z", lambda _: None).raw
+            for receivers in ([], [(1, 1)]):
+                found += path_sweep(runs[name], direction, receivers, "q",
+                                    lambda _: None).raw
+        used[name] = {k: counts[k] - before[k] for k in counts}
+        return torch.tensor([v for row in found for v in row], dtype=torch.float64)
+    whole, quick = grids("slow"), grids("fast")
+    assert (quick - whole).abs().max() < 1e-5
+    if model.starts:
+        assert used["fast"]["w_o"] < used["slow"]["w_o"]
+        assert used["fast"]["attention"] < used["slow"]["attention"]
+    else:
+        assert used["fast"] == used["slow"]
+        return
+    assert (whole - whole.mean()).abs().max() > 1e-4  # the grids are not flat
+    # negative control 1: start layer 1 from the other run's stream — the numbers change
+    copies = [(Patch("z", 1, h),) for h in range(model.n_heads)]
+    right = fast.sweep(True, copies, {"source": runs["fast"].clean})
+    good = dict(fast.starts)
+    fast.starts = {True: good[False], False: good[True]}
+    wrong = fast.sweep(True, copies, {"source": runs["fast"].clean})
+    fast.starts = good
+    assert (wrong - right).abs().max() > 1e-4
+    # negative control 2: one head patched (not the whole layer) and the layer skipped anyway
+    monkeypatch.setattr(engine_module, "_frozen", lambda copies, plan, record: frozenset({1}))
+    frozen = fast.sweep(True, copies, {"source": runs["fast"].clean})
+    assert (frozen - right).abs().max() > 1e-4
+
+
+def test_frozen_layers_are_whole_in_every_copy():
+    """Only a layer whose head outputs every copy replaces at every head and position, and
+    whose pattern nobody touches, counts as frozen."""
+    from attnviz.compute.patching.engine import _frozen, _plan
+
+    whole = (Patch("z", 1, None, None, "base"), Patch("z", 1, 2), Patch("z", 2, None, None))
+    copies = [whole, whole]
+    assert _frozen(copies, _plan(copies), frozenset()) == {1, 2}
+    partial = [whole, (Patch("z", 1, None, None, "base"), Patch("z", 2, 0))]
+    assert _frozen(partial, _plan(partial), frozenset()) == {1}
+    at = [(Patch("z", 1, None, 3),)]
+    assert _frozen(at, _plan(at), frozenset()) == frozenset()
+    assert _frozen(copies, _plan(copies), {("pattern", 2)}) == {1}

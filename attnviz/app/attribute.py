@@ -53,7 +53,13 @@ def run_attribute(request: AttributeRequest) -> AttributeResult:
     """Direct logit attribution of every prompt (and its corrupted twin), MAX_PROMPTS
     prompts a forward."""
     _check(request)
-    source = open_logit_source(request.model, request.device, request.dtype)
+    return attribute_opened(open_logit_source(request.model, request.device, request.dtype),
+                            request)
+
+
+def attribute_opened(source: LogitSource, request: AttributeRequest) -> AttributeResult:
+    """`run_attribute` on a source already opened (benchmarks/run.py times this part against
+    one forward of the same model)."""
     work = _work(source, request)
     results: list[PromptAttribution] = []
     for start in range(0, len(work.texts), MAX_PROMPTS):

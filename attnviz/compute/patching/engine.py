@@ -7,17 +7,25 @@ plain activation patch), the patched run's own (`base`: path patching freezes he
 a cache given per copy (`given`: path patching's second pass). Copies are copy-major: row
 c·P + p is pair p of copy c. How many copies go in one forward comes from the memory budget
 and the model's own estimate of a row's cost (`PatchModel.row_bytes`).
+
+Work whose result is known is left out, exactly (a model with `Shortcuts`): a patched forward
+starts at the first layer any copy patches (or records), from the residual stream the
+unpatched run of the same prompts recorded there — the layers before it compute the same
+thing in every copy; a layer whose head outputs every copy replaces whole (path patching's
+frozen heads) skips its attention; and a forward run only to record activations (path
+patching's first pass to receivers) stops once it has them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from attnviz.compute.patching.metric import Targets, inputs_of, score, targets
-from attnviz.compute.patching.model import Hook, PatchModel
+from attnviz.compute.patching.model import Hook, PatchModel, Shortcut, Shortcuts
 from attnviz.compute.patching.pairs import TokenizedPair
 from attnviz.core.choices import PatchMetric
 
@@ -81,43 +89,77 @@ class Engine:
     batch: PairBatch
     budget_bytes: int = 256 * 2**20
     forwards: int = field(default=0, init=False)  # forward passes run (for the output)
+    shortcuts: bool = True  # leave out known work (see the module's docstring); tests: False
+    # each unpatched run's residual stream entering each layer (clean: False, corrupted: True)
+    starts: dict[bool, Cache] = field(default_factory=dict, init=False)
+
+    @property
+    def _starting(self) -> bool:
+        return (self.shortcuts and isinstance(self.model, Shortcuts)
+                and "resid" in self.model.sites and bool(getattr(self.model, "starts", False)))
 
     @property
     def per_forward(self) -> int:
-        """Copies of the batch in one forward pass, from the memory budget."""
-        row = self.model.row_bytes(self.batch.length)
-        return max(1, min(MAX_COPIES, self.budget_bytes // max(1, row * self.batch.pairs)))
+        """Copies of the batch in one forward pass, from the memory budget: what the engine
+        holds (the unpatched runs' streams) comes off it, and each copy's estimated tensors
+        count 5/4 — the allocator keeps freed blocks and per-thread arenas beyond the tensors
+        alive at once (measured on benchmarks/run.py's GPT-2 at 256 tokens: the process's peak
+        grew about 1.05× the estimate per copy, and up to 1.2× between runs)."""
+        row = self.model.row_bytes(self.batch.length) * self.batch.pairs * 5 // 4
+        held = sum(t.numel() * t.element_size() for cache in self.starts.values()
+                   for t in cache.values())
+        return max(1, min(MAX_COPIES, (self.budget_bytes - held) // max(1, row)))
 
     def _forward(self, copies: int, corrupt: bool, hook: Hook | None,
-                 share: int | None = None) -> torch.Tensor:
+                 share: int | None = None, frozen: frozenset[int] = frozenset()
+                 ) -> torch.Tensor:
         """(copies·P,) scores of `copies` copies of the clean (or corrupted) batch. `share`:
-        the first layer any copy patches — one pair's copies are the same run before it, so
-        the forward starts with one row and the copies are made where the residual stream
-        enters that layer (every mask and position table the model built for one row
-        broadcasts over them)."""
+        the first layer any copy patches or records — one pair's copies are the same run
+        before it, so the forward starts with one row and the copies are made where the
+        residual stream enters that layer (every mask and position table the model built for
+        one row broadcasts over them); with shortcuts the layers before it are not run at all
+        (their output is the unpatched run's). `frozen`: layers whose head outputs the hook
+        replaces in every row."""
         b, device = self.batch, self.model.device
         read = b.targets.positions.repeat(copies, 1).to(device)
         self.forwards += 1
-        if share is None or copies == 1:
-            ids = (b.corrupt if corrupt else b.clean).repeat(copies, 1).to(device)
-            real = b.real.repeat(copies, 1).to(device)
-            return score(self.model.forward(ids, real, read, hook), b.targets).cpu()
-        assert b.pairs == 1 and hook is not None
-        inner = hook
+        one = share is not None and copies > 1 and self._one_row
+        rows = 1 if one else copies
+        ids = (b.corrupt if corrupt else b.clean).repeat(rows, 1).to(device)
+        real = b.real.repeat(rows, 1).to(device)
+        if one:
+            assert hook is not None
+            inner = hook
 
-        def expand(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
-            if site == "resid" and layer == share and x.shape[0] == 1:
-                x = x.expand(copies, *x.shape[1:]).contiguous()
-            return inner(site, layer, x)
-        ids = (b.corrupt if corrupt else b.clean).to(device)
-        return score(self.model.forward(ids, b.real.to(device), read, expand), b.targets).cpu()
+            def expand(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+                if site == "resid" and layer == share and x.shape[0] == 1:
+                    x = x.expand(copies, *x.shape[1:]).contiguous()
+                return inner(site, layer, x)
+            hook = expand
+        state = self.starts.get(corrupt, {}).get(("resid", share)) \
+            if share is not None and self._starting else None
+        if isinstance(self.model, Shortcuts) and self.shortcuts \
+                and (state is not None or frozen):
+            cut = Shortcut(share or 0, None if state is None
+                           else state.to(device).repeat(rows, 1, 1), frozen)
+            logits = self.model.forward_from(ids, real, read, hook, cut)
+        else:
+            logits = self.model.forward(ids, real, read, hook)
+        return score(logits, b.targets).cpu()
 
-    def shares(self, copies: list[Copy]) -> int | None:
-        """The layer the copies can share the run up to (see `_forward`), or None."""
-        if self.batch.pairs != 1 or "resid" not in self.model.sites \
-                or not self.model.shares_prefix:
+    @property
+    def _one_row(self) -> bool:
+        """Copies may be made inside the forward (see `_forward`)."""
+        return self.batch.pairs == 1 and "resid" in self.model.sites \
+            and self.model.shares_prefix
+
+    def shares(self, copies: list[Copy], record: set[Key] | frozenset[Key] = frozenset()
+               ) -> int | None:
+        """The layer the copies share the run up to (see `_forward`), or None."""
+        if not (self._one_row or self._starting):
             return None
-        first = min((patch.layer for copy in copies for patch in copy), default=0)
+        first = min([patch.layer for copy in copies for patch in copy]
+                    + [layer for _, layer in record], default=0)
         return first if first > 0 else None
 
     def run(self, corrupt: bool, record: set[str] | frozenset[str] = frozenset()
@@ -125,21 +167,32 @@ class Engine:
         """(P,) scores of the clean (or corrupted) run, and its activations at the `record`
         sites of every layer."""
         cache: Cache = {}
+        starts: Cache = {}
+        keep = self._starting
 
         def hook(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
             if site in record:
                 cache[(site, layer)] = x.detach()
+            if keep and site == "resid":
+                starts[(site, layer)] = x.detach()
             return x
         with torch.no_grad():
-            return self._forward(1, corrupt, hook), cache
+            scores = self._forward(1, corrupt, hook)
+        if keep:
+            self.starts[corrupt] = starts
+        return scores, cache
 
     def patched(self, corrupt: bool, copies: list[Copy], caches: dict[str, Cache],
-                record: set[Key] | frozenset[Key] = frozenset()) -> tuple[torch.Tensor, Cache]:
+                record: set[Key] | frozenset[Key] = frozenset(), scores: bool = True
+                ) -> tuple[torch.Tensor, Cache]:
         """(C, P) scores of one forward of C = len(copies) patched copies of the clean (or
-        corrupted) run, and the activations at the `record` sites after patching (C·P rows)."""
+        corrupted) run, and the activations at the `record` sites after patching (C·P rows).
+        Without `scores` (only the recorded activations wanted), the forward may stop once
+        it has recorded them, and the scores returned are NaN."""
         C, P = len(copies), self.batch.pairs
         plan = _plan(copies)
         recorded: Cache = {}
+        stop = self.shortcuts and not scores and bool(record)
 
         def hook(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
             edits = plan.get((site, layer))
@@ -154,10 +207,17 @@ class Engine:
                 x = view.reshape(x.shape)
             if (site, layer) in record:
                 recorded[(site, layer)] = x.detach()
+                if stop and len(recorded) == len(record):
+                    raise _Recorded
             return x
-        with torch.no_grad():
-            scores = self._forward(C, corrupt, hook, self.shares(copies))
-        return scores.reshape(C, P), recorded
+        try:
+            with torch.no_grad():
+                found = self._forward(C, corrupt, hook, self.shares(copies, record),
+                                      _frozen(copies, plan, record) if self.shortcuts
+                                      else frozenset())
+        except _Recorded:
+            found = torch.full((C * P,), math.nan, dtype=torch.float64)
+        return found.reshape(C, P), recorded
 
     def sweep(self, corrupt: bool, copies: list[Copy], caches: dict[str, Cache],
               report: Callable[[str], None] = lambda _: None) -> torch.Tensor:
@@ -197,6 +257,21 @@ class Engine:
         grads = {key: (leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)).detach()
                  for key, leaf in leaves.items()}
         return scores.detach().cpu(), acts, grads
+
+
+class _Recorded(Exception):
+    """Raised from a hook to end a forward that has recorded all it was run for."""
+
+
+def _frozen(copies: list[Copy], plan: dict[Key, list[tuple[str, list[Entry]]]],
+            record: set[Key] | frozenset[Key]) -> frozenset[int]:
+    """Layers whose head outputs every copy replaces at every head and position (their
+    attention's result is never read), and whose pattern nobody patches or records."""
+    whole = [{p.layer for p in copy if p.site == "z" and p.unit is None and p.position is None}
+             for copy in copies]
+    common = set.intersection(*whole) if whole else set()
+    return frozenset(layer for layer in common
+                     if ("pattern", layer) not in plan and ("pattern", layer) not in record)
 
 
 def by_first_layer(copies: list[Copy]) -> list[list[Copy]]:

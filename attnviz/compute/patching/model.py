@@ -16,7 +16,8 @@ and attention function; the bundled model (attnviz.sources.patch_bundled) with i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -57,4 +58,32 @@ class PatchModel(Protocol):
 
     def row_bytes(self, length: int) -> int:
         """Roughly the memory one row of `length` tokens takes in a forward (for chunking)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """Work a forward may leave out because its result is known or thrown away; a model that
+    does all the work anyway computes the same numbers.
+
+    start, state: `state` (rows, L, E) is the residual stream entering layer `start` — the
+    unpatched run's, recorded by the engine, when no copy patches a layer before it — so the
+    layers before `start` need not run (their sites are not hooked).
+    frozen: layers whose head outputs (site z) the hook replaces in every row at every head
+    and position, so their attention (scores, pattern, its product with the values) need not
+    be computed; their q, k, v are still passed through the hook.
+    """
+
+    start: int = 0
+    state: torch.Tensor | None = None
+    frozen: frozenset[int] = frozenset()
+
+
+@runtime_checkable
+class Shortcuts(Protocol):
+    """A PatchModel whose forward can take a `Shortcut`."""
+
+    def forward_from(self, ids: torch.Tensor, real: torch.Tensor, read: torch.Tensor,
+                     hook: Hook | None, shortcut: Shortcut) -> torch.Tensor:
+        """`forward`, leaving out what `shortcut` allows."""
         ...

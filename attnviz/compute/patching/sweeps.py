@@ -151,7 +151,9 @@ def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int,
     for chunk in chunks:
         report(f"path patching senders {start + 1}-{start + len(chunk)} of {len(copies)}")
         start += len(chunk)
-        first, recorded = engine.patched(corrupt, chunk, {"base": own, "source": other}, wanted)
+        # to receivers, pass 1 is run for the receivers' inputs alone: it may stop there
+        first, recorded = engine.patched(corrupt, chunk, {"base": own, "source": other}, wanted,
+                                         scores=not receivers)
         if not receivers:
             out.append(first)
             continue

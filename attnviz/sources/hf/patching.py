@@ -15,6 +15,12 @@ Every hook counts calls within one forward: the j-th call of any W_O (block, att
 is layer j, so a module that runs for several layers (ALBERT) is a layer per call. A model
 whose calls do not number its layers is refused. Inputs are right-padded with an attention
 mask, so positions count from 0 in every row (no left-padding position shift).
+
+`forward_from` takes a `Shortcut` (attnviz.compute.patching.model): the blocks before its
+start return the given residual stream instead of running (allowed when each block is its own
+module and returns the stream as a plain tensor, as checked on a trial forward), and a frozen
+layer's attention function returns zeros after its q, k, v hooks (the hook on W_O's input
+replaces every head's output there, so the attention's result is never read).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 import torch
 
 from attnviz.compute.forward_pass.device import resolve_device
-from attnviz.compute.patching.model import Hook
+from attnviz.compute.patching.model import Hook, Shortcut
 from attnviz.errors import CheckpointError, UsageError, option, printable
 from attnviz.load.paths import library_path
 from attnviz.recognize import find_layers
@@ -47,6 +53,8 @@ class _Session:
     hook: Hook | None
     calls: dict[str, int] = field(default_factory=lambda: {"attention": 0, "z": 0, "resid": 0})
     modules: list[Any] = field(default_factory=list)  # attention modules, in call order
+    frozen: frozenset[int] = frozenset()  # layers whose attention result is not needed
+    start: int = 0  # the blocks before it are skipped (their inputs are not hooked)
     names: list[str] = field(default_factory=list)  # W_O modules' names, in call order
 
     def next(self, what: str) -> int:
@@ -76,6 +84,9 @@ def patch_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     query = hook("q", layer, query.transpose(1, 2)).transpose(1, 2)
     key = hook("k", layer, key.transpose(1, 2)).transpose(1, 2)
     value = hook("v", layer, value.transpose(1, 2)).transpose(1, 2)
+    if layer in session.frozen:  # W_O's hook replaces every head's output: nothing reads it
+        return value.new_zeros(query.shape[0], query.shape[2], query.shape[1],
+                               value.shape[-1]), None
     out, weights = eager(module, query, key, value, *args, **kwargs)
     if weights is None:
         return out, weights
@@ -153,6 +164,7 @@ class HFPatchModel:
             self.notes.append("the model's attention does not go through transformers' "
                               "attention interface: q, k, v and pattern cannot be patched")
         self.layer_labels: list[str] = []
+        self.starts = False  # whether blocks may be skipped (see _count_layers)
         self.n_layers = self._count_layers()
         self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
@@ -160,7 +172,23 @@ class HFPatchModel:
         """Layers = W_O calls in one forward (a shared module counts once per call)."""
         session = _Session(None)
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-        self._run(ids, torch.ones_like(ids, dtype=torch.bool), session)
+        # each block call returned a tensor shaped as its input, and (after the first) was
+        # given the previous block's output object itself: nothing runs between blocks
+        plain: list[bool] = []
+        last: list[Any] = []
+
+        def returns(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            given = args[0] if args else kwargs.get("hidden_states")
+            plain.append(isinstance(output, torch.Tensor) and isinstance(given, torch.Tensor)
+                         and output.shape == given.shape and (not last or given is last[0]))
+            last[:] = [output]
+        handles = [b.register_forward_hook(returns, with_kwargs=True)
+                   for b in dict.fromkeys(self.blocks)]
+        try:
+            self._run(ids, torch.ones_like(ids, dtype=torch.bool), session)
+        finally:
+            for handle in handles:
+                handle.remove()
         n = session.calls["z"]
         self.layer_labels = _labels(session.names) if self.target is not None \
             else [f"L{i}" for i in range(n)]
@@ -175,6 +203,10 @@ class HFPatchModel:
             self.notes.append("the model's blocks do not run once per attention layer (an "
                               "encoder-decoder's decoder block holds two): the residual stream "
                               "is not patched")
+        # a block may be skipped (its output given) when each layer is its own block, run once,
+        # that returns the stream itself: the model passes it on to the next block unchanged
+        self.starts = (self.shares_prefix and bool(self.blocks) and len(plain) == n
+                       and all(plain) and len({id(b) for b in self.blocks}) == n)
         return n
 
     def row_bytes(self, length: int) -> int:
@@ -188,8 +220,21 @@ class HFPatchModel:
         return size * length * (16 * E + 4 * inter + 6 * self.n_heads * length) + 8 * 4096
 
     def _run(self, ids: torch.Tensor, real: torch.Tensor, session: _Session,
-             keep: torch.Tensor | None = None) -> Any:
+             keep: torch.Tensor | None = None, shortcut: Shortcut | None = None) -> Any:
         handles = []
+        skipped: list[Any] = []
+        if shortcut is not None and shortcut.start > 0 and shortcut.state is not None \
+                and self.starts:
+            state = shortcut.state
+
+            def given(*args: Any, **kwargs: Any) -> torch.Tensor:
+                return state
+            skipped = self.blocks[:shortcut.start]
+            session.start = shortcut.start
+            for number in ("z", "attention"):  # their layers' modules do not run
+                session.calls[number] = shortcut.start
+        if shortcut is not None and self.interface:
+            session.frozen = shortcut.frozen
 
         def on_z(module: Any, args: tuple) -> tuple | None:
             layer = session.next("z")
@@ -207,7 +252,7 @@ class HFPatchModel:
 
         def on_block(module: Any, args: tuple, kwargs: dict) -> tuple | None:
             layer = session.next("resid")
-            if session.hook is None:
+            if session.hook is None or layer < session.start:
                 return None
             if args:
                 return (session.hook("resid", layer, args[0]), *args[1:]), kwargs
@@ -228,21 +273,30 @@ class HFPatchModel:
             feed["logits_to_keep"] = keep
         token = ACTIVE.set(session)
         try:
+            for block in skipped:  # an instance attribute: nn.Module.__call__ calls it
+                block.forward = given
             with guard.silenced():
                 return self.model(**feed)
         finally:
             ACTIVE.reset(token)
+            for block in skipped:
+                del block.forward
             for handle in handles:
                 handle.remove()
 
     def forward(self, ids: torch.Tensor, real: torch.Tensor, read: torch.Tensor,
                 hook: Hook | None) -> torch.Tensor:
         """(N, K, V) logits at `read` (N, K), the model's own (softcapping and all)."""
+        return self.forward_from(ids, real, read, hook, None)
+
+    def forward_from(self, ids: torch.Tensor, real: torch.Tensor, read: torch.Tensor,
+                     hook: Hook | None, shortcut: Shortcut | None) -> torch.Tensor:
+        """`forward`, leaving out the work `shortcut` allows."""
         if self.target is not None:  # the answer follows the decoder prefix
             read = torch.full_like(read, len(self.target) - 1)
         wanted = torch.unique(read)  # sorted; the model computes logits at these only
         session = _Session(hook)
-        logits = self._run(ids, real, session, wanted if self._keep else None).logits
+        logits = self._run(ids, real, session, wanted if self._keep else None, shortcut).logits
         if self._keep:
             read = torch.searchsorted(wanted, read)
         if session.calls["z"] != self.n_layers:
