@@ -479,3 +479,34 @@ def test_frozen_layers_are_whole_in_every_copy():
     at = [(Patch("z", 1, None, 3),)]
     assert _frozen(at, _plan(at), frozenset()) == frozenset()
     assert _frozen(copies, _plan(copies), {("pattern", 2)}) == {1}
+
+
+@pytest.mark.parametrize("kind,shares", [("llama", True), ("gpt2", True), ("bloom", False),
+                                         ("gpt_bigcode", False), ("xglm", False)])
+def test_the_shared_prefix_runs_only_where_its_trial_holds(lm, kind, shares):
+    """BLOOM's ALiBi bias, multi-query GPTBigCode's reshapes and XGLM's mask check are built
+    for the batch the forward began with: copies made at a layer's input break them. A trial at
+    load decides; either way one pair's patched copies equal the copies run whole. Control:
+    forced on, those families fail or differ."""
+    model = lm(kind)
+    assert model.shares_prefix is shares
+    engine, _ = engine_for(model, PAIRS[:1])
+    engine.shortcuts = False
+    runs = baseline_runs(engine, {"z"}, "")
+    copies = [(Patch("z", 1, h),) for h in range(model.n_heads)]
+    got = engine.sweep(True, copies, {"source": runs.clean})
+    whole = Engine(model, engine.batch)
+    whole.shortcuts = False
+    whole.shares = lambda copies, record=frozenset(): None  # type: ignore[method-assign]
+    assert (got - whole.sweep(True, copies, {"source": runs.clean})).abs().max() < 1e-5
+    if shares:
+        return
+    model.shares_prefix = True
+    try:
+        assert engine.shares(copies) == 1
+        forced = engine.sweep(True, copies, {"source": runs.clean})
+    except (RuntimeError, ValueError):
+        return
+    finally:
+        model.shares_prefix = False
+    assert (forced - got).abs().max() > 1e-5

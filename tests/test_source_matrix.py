@@ -291,18 +291,7 @@ LM_REFUSALS: dict[tuple[str, str], Refusal] = {
 
 # Cells that fail with an unexpected error today: bugs, kept visible (strict: a fix turns the
 # cell into an XPASS failure, and the entry comes out).
-LM_BUGS: dict[tuple[str, str], str] = {
-    # patch's shared prefix (compute/patching/engine.py `_forward`: one row run up to the first
-    # patched layer, the copies made where the residual enters it) assumes every mask and
-    # position table the model built for one row broadcasts over the copies; with
-    # shares_prefix off these three run (checked by hand)
-    ("bloom", "patch"): "shared prefix: BLOOM's ALiBi bias is (B·H, 1, L) for one row "
-                        "(RuntimeError: expanded size 16 vs 4)",
-    ("gpt_bigcode", "patch"): "shared prefix: multi-query GPTBigCode reshapes with the batch "
-                              "of one row (RuntimeError: shape [1, 6, 32] invalid for 768)",
-    ("xglm", "patch"): "shared prefix: XGLM checks its mask's batch against the copies' "
-                       "(ValueError: mask should be (4, 1, 7, 7))",
-}
+LM_BUGS: dict[tuple[str, str], str] = {}
 
 
 def lm_cells(kinds: list[str]) -> list[Any]:

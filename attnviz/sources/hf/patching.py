@@ -165,8 +165,10 @@ class HFPatchModel:
                               "attention interface: q, k, v and pattern cannot be patched")
         self.layer_labels: list[str] = []
         self.starts = False  # whether blocks may be skipped (see _count_layers)
-        self.n_layers = self._count_layers()
         self._keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.n_layers = self._count_layers()
+        if self.shares_prefix and not self._prefix_broadcasts():
+            self.shares_prefix = self.starts = False
 
     def _count_layers(self) -> int:
         """Layers = W_O calls in one forward (a shared module counts once per call)."""
@@ -208,6 +210,32 @@ class HFPatchModel:
         self.starts = (self.shares_prefix and bool(self.blocks) and len(plain) == n
                        and all(plain) and len({id(b) for b in self.blocks}) == n)
         return n
+
+    def _prefix_broadcasts(self) -> bool:
+        """Whether one row's run, copied where the residual stream enters layer 1, goes on as
+        the copies' own runs do: the engine's shared prefix (compute/patching/engine.py) needs
+        every mask and position table the model built for one row to serve the copies. BLOOM's
+        ALiBi bias, XGLM's mask check and multi-query GPTBigCode's reshapes are built for the
+        batch the forward began with, so they fail (or could differ): tried once, on a
+        three-token input, against the copies run whole."""
+        if "resid" not in self.sites or self.n_layers < 2:
+            return False
+        ids = torch.tensor([[1, 2, 3]], device=self.device)
+        real = torch.ones_like(ids, dtype=torch.bool)
+        read = torch.tensor([[2], [2]], device=self.device)  # per copy
+
+        def copied(site: str, layer: int, x: torch.Tensor) -> torch.Tensor:
+            if site == "resid" and layer == 1 and x.shape[0] == 1:
+                return x.expand(2, *x.shape[1:]).contiguous()
+            return x
+        try:
+            with torch.no_grad():
+                shared = self.forward(ids, real, read, copied)
+                whole = self.forward(ids.repeat(2, 1), real.repeat(2, 1), read, None)
+        except (RuntimeError, ValueError, IndexError):
+            return False
+        return shared.shape == whole.shape and bool(torch.allclose(
+            shared.float(), whole.float(), rtol=1e-4, atol=1e-5))
 
     def row_bytes(self, length: int) -> int:
         config = self.model.config
