@@ -125,14 +125,14 @@ def _layer_list(stack: Any, prefix: str, count: int | None) -> tuple[str, Any]:
 def _final_norm(model: Any, stack: Any, prefix: str, blocks: str) -> tuple[str, Any]:
     """The one final norm: a module of the stack named as FINAL_NORMS says, outside its
     layers; where no name matches, the norm module that runs after the last layer
-    (`_norms_after_layers`)."""
+    (`norms_after_layers`)."""
     found = []
     for name, module in stack.named_modules():
         full = f"{prefix}.{name}" if prefix else name
         if name.rsplit(".", 1)[-1] in FINAL_NORMS and not full.startswith(blocks + "."):
             found.append((full, module))
     if not found:
-        found = _norms_after_layers(model, stack, prefix, blocks)
+        found = norms_after_layers(model, stack, prefix, blocks)
     if not found:
         raise CheckpointError("the model has no final norm after its last layer: a post-norm "
                               "model (BART, Marian) normalizes the residual inside each layer, "
@@ -152,7 +152,7 @@ def is_norm(module: Any) -> bool:
     return isinstance(module, torch.nn.LayerNorm) or name.endswith(("LayerNorm", "RMSNorm"))
 
 
-def _norms_after_layers(model: Any, stack: Any, prefix: str, blocks: str
+def norms_after_layers(model: Any, stack: Any, prefix: str, blocks: str
                         ) -> list[tuple[str, Any]]:
     """The stack's norm modules (outside its layers) that run after its last layer and before
     the LM head, in the order they run: hooks record one forward of one token. Registration
