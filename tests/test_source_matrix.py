@@ -279,14 +279,6 @@ LM_REFUSALS: dict[tuple[str, str], Refusal] = {
                                 "the zoo's tokenizer read as a BPE without merges"),
     ("qwen2", "attribute"): Refusal(2, "are the same token",
                                     "the zoo's tokenizer read as a BPE without merges"),
-    # CTRL is found only by discovery (its attention has no naming row)
-    ("ctrl", "patch"): Refusal(1, "attnviz finds no attention layer in the model",
-                               "patching's hooks read the naming tables, not discovery"),
-    **{("ctrl", command): Refusal(1, "no final norm after its last layer",
-                                  "CTRL's final norm (transformer.layernorm) is not a name the "
-                                  "final-norm finder knows") for command in ("attribute", "lens")},
-    ("ctrl", "ablate"): Refusal(1, "does not recognize the W_O",
-                                "the scorecard needs the W_O a naming row finds"),
 }
 
 # Cells that fail with an unexpected error today: bugs, kept visible (strict: a fix turns the

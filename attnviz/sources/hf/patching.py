@@ -36,10 +36,10 @@ from attnviz.compute.forward_pass.device import resolve_device
 from attnviz.compute.patching.model import Hook, Shortcut
 from attnviz.errors import CheckpointError, UsageError, option, printable
 from attnviz.load.paths import library_path
-from attnviz.recognize import find_layers
 from attnviz.sources.hf import capture, guard
 from attnviz.sources.hf.ablation import lm_class
 from attnviz.sources.hf.capture_eager import eager_function
+from attnviz.sources.hf.known_layers import attention_layers
 from attnviz.sources.hf.load import COMMON, FILES_FIX, OpenedModel, dtype_keyword, open_model
 from attnviz.sources.hf.verify import module_of, parameter_of
 
@@ -135,7 +135,7 @@ class HFPatchModel:
         self.device = next(model.parameters()).device
         self.notes: list[str] = []
         self.position_limit: int | None = None
-        layers = find_layers(store).layers
+        layers = attention_layers(store)
         if not layers:
             raise CheckpointError("attnviz finds no attention layer in the model",
                                   where=printable(name))

@@ -31,11 +31,11 @@ def check_values(loaded: LoadedModel) -> None:
 def recognized_layers(loaded: LoadedModel, calls: list[ModelLayer]) -> dict[int, AttentionLayer]:
     """Call index → attnviz's description of the layer it runs: the layer whose W_q lives in
     the calling module (innermost), for every call of that module (ALBERT shares one)."""
-    from attnviz.recognize import find_layers
+    from attnviz.sources.hf.known_layers import attention_layers
 
     params = [name for name, _ in loaded.model.named_parameters()]
     found: dict[int, AttentionLayer] = {}
-    for layer in find_layers(loaded.store).layers:
+    for layer in attention_layers(loaded.store):
         key = layer.q_weight.key  # as hf.verify.parameter_of matches it (prefixes may differ)
         names = [key] if key in params else \
             [n for n in params if key.endswith("." + n) or n.endswith("." + key)]
