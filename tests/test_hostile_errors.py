@@ -87,10 +87,10 @@ def mha_file(tmp_path_factory) -> Path:
 
 
 USAGE_CASES = [
-    ("seed past 2**64", ["split", "--seed", "18446744073709551616"], "--seed"),
+    ("seed past 2**64", ["split", "--seed", "18446744073709551616"], "--spec seed"),
     ("negative seed", ["heatmap", "--random", "a", "--spec", "seed=-1"], "--spec seed"),
     ("head dim -1", ["split", "--weights", "{mha}", "--head-dim", "-1"],
-     "--head-dim must be a positive integer"),
+     "--spec d= must be a positive integer"),
     ("-H 0 on a checkpoint", ["inspect", "{mha}", "-H", "0"],
      "--num-heads must be a positive integer"),
     ("kv heads 0", ["heatmap", "--weights", "{mha}", "-H", "2", "--spec", "kv=0", "a"],

@@ -601,3 +601,40 @@ def test_renamed_options_are_hidden(cli):
         assert flag not in shown, flag
     for flag in ("--spec", "--budget", "--figure", "--head"):  # control: the new spellings are
         assert flag in shown, flag
+
+
+# `split`, `circuits`, `inspect` and `compare` size a layer with the same --spec (no sentences)
+LAYER_RENAMED = [
+    ("split", [], ["-E", "32"], ["--spec", "E=32"]),
+    ("split", [], ["--kdim", "8", "--vdim", "16"], ["--spec", "kdim=8,vdim=16"]),
+    ("split", [], ["--seed", "3"], ["--spec", "seed=3"]),
+    ("split", ["--weights", str(SAMPLES / "bert-tiny"), "--layer", "0"], ["--head-dim", "8"],
+     ["--spec", "d=8"]),
+    ("circuits", ["--random"], ["-E", "32", "--seed", "2"], ["--spec", "E=32,seed=2"]),
+    ("inspect", [str(SAMPLES / "llama-gqa-tiny")], ["--num-kv-heads", "4"], ["--spec", "kv=4"]),
+    ("compare", ["--weights", str(SAMPLES / "bert-tiny"), "--against",
+                 str(SAMPLES / "bert-tiny")], ["--head-dim", "8"], ["--spec", "d=8"]),
+]
+
+
+@pytest.mark.parametrize("command, base, old, new", LAYER_RENAMED,
+                         ids=[f"{c}{' '.join(o)}" for c, _, o, _ in LAYER_RENAMED])
+def test_old_layer_spellings_still_work_as_spec(tmp_path, command, base, old, new):
+    """As above, for the commands without sentences; the control: the run without the option
+    shows something else (the setting was applied, not dropped)."""
+    walker = Walker(tmp_path)
+    with_old = walker.run([command, *base, *old])
+    with_new = walker.run([command, *base, *new])
+    plain = walker.run([command, *base])
+    assert with_old.code == with_new.code, (with_old.error, with_new.error)
+    assert (with_old.shown, with_old.error) == (with_new.shown, with_new.error)
+    assert (plain.code, plain.shown, plain.error) != (with_new.code, with_new.shown,
+                                                      with_new.error)
+
+
+@pytest.mark.parametrize("command", ["split", "circuits", "inspect", "compare"])
+def test_layer_spellings_are_hidden(cli, command):
+    shown = cli(command, "--help", env={"COLUMNS": "200"}).stdout
+    for flag in ("--embed-dim", "--kdim", "--vdim", "--head-dim", "--num-kv-heads"):
+        assert flag not in shown, flag
+    assert "--spec" in shown  # control: the new spelling is listed
