@@ -6,7 +6,7 @@ and attnviz.sources.hf.patching (--model: a causal LM's own forward, hooked)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,9 +86,11 @@ def run_patch(request: PatchRequest, report: Callable[[str], None] = lambda _: N
     result = PatchResult(model.name, request.metric, views, runs.baselines, grids,
                          (model.n_layers, model.n_heads, model.n_kv_heads), engine.forwards,
                          engine.per_forward, notes)
-    if built_in:
-        result.notes.extend(roles(result, tokenized[0].clean_names, tokenized[0].corrupt_names))
-    return result
+    if not built_in:
+        return result
+    # the built-in pair's note names its heads' roles, read from the finished grids
+    return replace(result, notes=[*result.notes, *roles(result, tokenized[0].clean_names,
+                                                        tokenized[0].corrupt_names)])
 
 
 @dataclass(frozen=True)

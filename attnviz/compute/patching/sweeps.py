@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -173,8 +173,7 @@ def path_sweep(runs: Runs, direction: PatchDirection, receivers: list[tuple[int,
     grid = _grid(runs, scores, ("path", direction,
                                 f"exact path patching, each sender head → {target}"),
                  runs.labels[:last], [f"H{h}" for h in range(runs.heads)])
-    grid.notes.extend(notes)
-    return grid
+    return replace(grid, notes=[*grid.notes, *notes])
 
 
 def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str],
@@ -201,8 +200,9 @@ def attribution_grids(runs: Runs, direction: PatchDirection, positions: list[str
         if twin is not None:
             a = [v for row in grid.mean for v in row]
             b = [v for row in twin.mean for v in row]
-            grid.notes.append(f"Pearson r with exact patching: {correlation(a, b):.3f} over "
-                              f"{len(a)} cells")
+            grid = replace(grid, notes=[
+                *grid.notes, f"Pearson r with exact patching: {correlation(a, b):.3f} over "
+                f"{len(a)} cells"])
         results.append(grid)
     whole = torch.stack([base[:, None] + t.sum(1) for t in per_head], 1)  # (P, layers, H)
     add("attribution-heads", "attribution patching (first order): head outputs",
