@@ -506,6 +506,19 @@ def relative_error(got, want):
     return float(((got - want).abs() / scale).max())
 
 
+def assert_norms_and_alti_equal_the_terms(blocks, rtol):
+    """Each block's Gram norms against every term formed and its norm taken, and its ALTI
+    against the formula on the formed terms, over every row (≤ rtol of each row's largest)."""
+    for block in blocks:
+        everything = torch.arange(block.maps.shape[-1])
+        want = elementwise_norms(block, everything)
+        assert relative_error(decompose.norm_rows(block, everything, 1 << 20), want) <= rtol
+        T = decompose.terms(block, everything)
+        y = T.sum(1, keepdim=True)
+        alti = (y.abs().sum(-1) - (y - T).abs().sum(-1)).clamp(min=0)
+        assert relative_error(decompose.alti_rows(block, everything, 1 << 20), alti) <= rtol
+
+
 def synthetic_blocks():
     """Post-LN (with and without β), RMSNorm and no norm; causal and not; biases on."""
     torch.manual_seed(3)

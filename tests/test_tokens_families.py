@@ -250,20 +250,13 @@ def _shifted(real):
 def test_gram_norms_and_alti_equal_the_terms(folders, name):
     """--method norms (per-key Gram matrices) against every term formed and its norm taken,
     and ALTI against the formula on the formed terms (≤ 1e-5)."""
-    from test_tokens import elementwise_norms, relative_error
+    from test_tokens import assert_norms_and_alti_equal_the_terms
 
     runner, tokenizer = _runner(folders[name])
     rows = _rows(tokenizer, SENTENCES[:1])
     trace = tc.traces(runner, rows, [["x"] * len(r) for r in rows])[0]
     assert trace.blocks is not None
-    everything = torch.arange(len(trace.tokens))
-    for block in trace.blocks:
-        want = elementwise_norms(block, everything)
-        assert relative_error(decompose.norm_rows(block, everything, 1 << 20), want) <= RTOL
-        T = decompose.terms(block, everything)
-        y = T.sum(1, keepdim=True)
-        alti = (y.abs().sum(-1) - (y - T).abs().sum(-1)).clamp(min=0)
-        assert relative_error(decompose.alti_rows(block, everything, 1 << 20), alti) <= RTOL
+    assert_norms_and_alti_equal_the_terms(trace.blocks, RTOL)
 
 
 @pytest.mark.parametrize("name", ["opt-pre", "opt-post", "codegen", "granite", "granitemoe",

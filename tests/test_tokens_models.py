@@ -273,27 +273,20 @@ def test_new_families_gram_norms_and_alti_equal_the_terms(new_folders, kind):
     on the formed terms (≤ 1e-5); negative control: Gemma's (1 + w) weight read as w."""
     from dataclasses import replace
 
-    from test_tokens import elementwise_norms, relative_error
+    from test_tokens import assert_norms_and_alti_equal_the_terms
 
     runner, tokenizer = _runner(new_folders[kind])
     rows = _rows(tokenizer, SENTENCES[:1])
     trace = tc.traces(runner, rows, [["x"] * len(r) for r in rows])[0]
     assert trace.blocks is not None
-    everything = torch.arange(len(trace.tokens))
-    for block in trace.blocks:
-        want = elementwise_norms(block, everything)
-        assert relative_error(decompose.norm_rows(block, everything, 1 << 20), want) <= RTOL
-        T = decompose.terms(block, everything)
-        y = T.sum(1, keepdim=True)
-        alti = (y.abs().sum(-1) - (y - T).abs().sum(-1)).clamp(min=0)
-        assert relative_error(decompose.alti_rows(block, everything, 1 << 20), alti) <= RTOL
+    assert_norms_and_alti_equal_the_terms(trace.blocks, RTOL)
     if kind == "gemma2":
         from attnviz.errors import CheckFailed
 
         runner.block = replace(tc.BLOCKS[kind], norm_offset=0.0)
         block = tc.traces(runner, rows, [["x"] * len(rows[0])])[0].blocks[0]
         with pytest.raises(CheckFailed, match="do not add up"):
-            decompose.norm_rows(block, everything, 1 << 20)
+            decompose.norm_rows(block, torch.arange(len(rows[0])), 1 << 20)
 
 
 @pytest.mark.parametrize("kind", NEW_KINDS)

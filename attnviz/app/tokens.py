@@ -168,7 +168,7 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
     """Every method on one sentence's trace, and each one's correlation with erasure."""
     import torch
 
-    from attnviz.compute.tokenflow import decompose, faithfulness, maxflow, rollout
+    from attnviz.compute.tokenflow import decompose, maxflow, rollout
 
     if request.keep_matrices or TokenMethod.FLOW in methods:  # Ã_l as matrices
         chain, matrices = rollout.rollout(trace.maps, position, request.heads,
@@ -199,13 +199,26 @@ def analyse(request: TokensRequest, trace: TokenTrace, position: int,
     result = SentenceTokens(trace.tokens, position, trace.layer_names,
                             {m: chains[m] for m in methods}, matrices,
                             {m: own.get(m, matrices) for m in methods})
-    if erasures is not None:
-        effects = torch.full((len(trace.tokens),), float("nan"), dtype=torch.float64)
-        effects[erasures.erased] = erasures.effects
-        result.effects, result.erasures = effects, erasures
-        for m in methods:
-            result.correlations[m] = faithfulness.spearman(chains[m][0][erasures.erased],
-                                                           erasures.effects)
+    return _checked(result, erasures, chains, methods)
+
+
+def _checked(result: SentenceTokens, erasures: Erasures | None,
+             chains: dict[TokenMethod, torch.Tensor], methods: tuple[TokenMethod, ...]
+             ) -> SentenceTokens:
+    """The sentence with leave-one-out's effect per token (NaN where nothing was erased) and
+    each method's Spearman ρ with it."""
+    import torch
+
+    from attnviz.compute.tokenflow import faithfulness
+
+    if erasures is None:
+        return result
+    effects = torch.full((len(result.tokens),), float("nan"), dtype=torch.float64)
+    effects[erasures.erased] = erasures.effects
+    result.effects, result.erasures = effects, erasures
+    for m in methods:
+        result.correlations[m] = faithfulness.spearman(chains[m][0][erasures.erased],
+                                                       erasures.effects)
     return result
 
 
@@ -385,7 +398,7 @@ def analyse_cross(request: TokensRequest, trace: CrossTrace, position: int,
     own tokens; each one's correlation with erasing source tokens."""
     import torch
 
-    from attnviz.compute.tokenflow import cross, cross_parts, decompose, faithfulness
+    from attnviz.compute.tokenflow import cross, cross_parts, decompose
 
     chains: dict[TokenMethod, torch.Tensor] = {}
     shares: dict[TokenMethod, torch.Tensor] = {}
@@ -419,11 +432,4 @@ def analyse_cross(request: TokensRequest, trace: CrossTrace, position: int,
                        {m: own.get(m, matrices) for m in methods}, output_tokens=trace.target,
                        decoder_share=shares.get(TokenMethod.ROLLOUT),
                        decoder_shares={m: shares[m] for m in methods})
-    if erasures is not None:
-        effects = torch.full((len(trace.source),), float("nan"), dtype=torch.float64)
-        effects[erasures.erased] = erasures.effects
-        s.effects, s.erasures = effects, erasures
-        for m in methods:
-            s.correlations[m] = faithfulness.spearman(chains[m][0][erasures.erased],
-                                                      erasures.effects)
-    return s
+    return _checked(s, erasures, chains, methods)
