@@ -506,6 +506,19 @@ def relative_error(got, want):
     return float(((got - want).abs() / scale).max())
 
 
+def assert_terms_add_up(block, want, rtol):
+    """Σ_j T_ij equals the block's own output `want` (n, E) for every row; negative control:
+    the residual left out of the self term breaks the identity."""
+    from dataclasses import replace
+
+    n = len(want)
+    got = decompose.terms(block, torch.arange(n)).sum(1)
+    assert float((got - want).norm() / want.norm()) <= rtol
+    bare = replace(block, residual=torch.zeros_like(block.residual))
+    wrong = decompose.terms(bare, torch.arange(n)).sum(1)
+    assert float((wrong - want).norm() / want.norm()) > 1e-3
+
+
 def assert_norms_and_alti_equal_the_terms(blocks, rtol):
     """Each block's Gram norms against every term formed and its norm taken, and its ALTI
     against the formula on the formed terms, over every row (≤ rtol of each row's largest)."""

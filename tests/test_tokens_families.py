@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_tokens import assert_terms_add_up
 
 from attnviz.app.tokens import TokensRequest, run_tokens
 from attnviz.compute.tokenflow import decompose
@@ -165,13 +166,7 @@ def test_terms_add_up_to_each_blocks_own_output(folders, name):
         n = len(trace.tokens)
         assert trace.blocks is not None and len(trace.blocks) == calls == len(trace.maps)
         for block, own in zip(trace.blocks, expected, strict=True):
-            want = own[b, :n].double()
-            got = decompose.terms(block, torch.arange(n)).sum(1)
-            assert float((got - want).norm() / want.norm()) <= RTOL
-            # negative control: the residual left out of the self term
-            bare = replace(block, residual=torch.zeros_like(block.residual))
-            wrong = decompose.terms(bare, torch.arange(n)).sum(1)
-            assert float((wrong - want).norm() / want.norm()) > 1e-3
+            assert_terms_add_up(block, own[b, :n].double(), RTOL)
 
 
 @pytest.mark.parametrize("name", ["opt-pre", "opt-post"])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_tokens import edmonds_karp, graph
+from test_tokens import assert_terms_add_up, edmonds_karp, graph
 
 from attnviz.app.tokens import TokensRequest, run_tokens
 from attnviz.compute.tokenflow import decompose, maxflow, rollout
@@ -97,14 +97,7 @@ def test_terms_add_up_to_each_blocks_own_output(folders, kind):
         n = len(trace.tokens)
         assert trace.blocks is not None and len(trace.blocks) == len(expected)
         for block, own in zip(trace.blocks, expected, strict=True):
-            want = own[b, :n].double()
-            got = decompose.terms(block, torch.arange(n)).sum(1)
-            assert float((got - want).norm() / want.norm()) <= RTOL
-            # negative control: the residual left out of the self term breaks the identity
-            bare = decompose.BlockTerms(block.maps, block.values, torch.zeros_like(
-                block.residual), block.out_bias, block.post_norm)
-            wrong = decompose.terms(bare, torch.arange(n)).sum(1)
-            assert float((wrong - want).norm() / want.norm()) > 1e-3
+            assert_terms_add_up(block, own[b, :n].double(), RTOL)
 
 
 # families added by issue #34, each with its language-model head; parallel blocks (attention
@@ -179,11 +172,7 @@ def test_new_families_terms_add_up_to_each_blocks_own_output(new_folders, kind, 
         assert trace.blocks is not None and len(trace.blocks) == len(expected)
         for block, own in zip(trace.blocks, expected, strict=True):
             want = own[b, :n].double()
-            got = decompose.terms(block, torch.arange(n)).sum(1)
-            assert float((got - want).norm() / want.norm()) <= RTOL
-            bare = replace(block, residual=torch.zeros_like(block.residual))
-            wrong = decompose.terms(bare, torch.arange(n)).sum(1)
-            assert float((wrong - want).norm() / want.norm()) > 1e-3
+            assert_terms_add_up(block, want, RTOL)
             if block.out_norm is not None:  # the norm on the attention output left out
                 unnormed = replace(block, out_norm=None)
                 wrong = decompose.terms(unnormed, torch.arange(n)).sum(1)
